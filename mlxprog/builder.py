@@ -1,0 +1,247 @@
+"""Build programs from Python: ``ProgramBuilder``.
+
+>>> b = mp.ProgramBuilder("affine")
+>>> x = b.input("x", (2, 3), "float32")
+>>> w = b.capture("w", (3, 4), "float32")
+>>> y = b.add(b.matmul(x, w), 1.0)
+>>> prog = b.build([y])
+
+Each op call validates its attributes and infers its result shape immediately,
+so a mistake fails at the line that made it. Python scalars given as operands
+become constants of a matching dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from .dtypes import DTYPES, is_floating, is_integer, name_of
+from .errors import ValidationError
+from .program import Constant, Instruction, Program, Ref, SubProgram, TensorSpec
+from .registry import AVal
+from .validate import Base, _placeholder, check_arity, infer, lookup_op, validate
+
+
+class Value:
+    """A value in a program under construction: a ref plus its shape and dtype.
+    Supports ``+ - * / @`` and unary ``-`` as shorthands for the ops."""
+
+    __slots__ = ("builder", "ref", "aval", "placeholder")
+
+    def __init__(self, builder: _Scope, ref: Ref, aval: AVal, placeholder: mx.array):
+        self.builder = builder
+        self.ref = ref
+        self.aval = aval
+        self.placeholder = placeholder
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The value's shape."""
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """The value's dtype."""
+        return self.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        """The value's rank."""
+        return len(self.aval.shape)
+
+    def __repr__(self) -> str:
+        return f"Value({self.ref}: {self.aval})"
+
+    def __add__(self, other): return self.builder.op("add", self, other)
+    def __radd__(self, other): return self.builder.op("add", other, self)
+    def __sub__(self, other): return self.builder.op("subtract", self, other)
+    def __rsub__(self, other): return self.builder.op("subtract", other, self)
+    def __mul__(self, other): return self.builder.op("multiply", self, other)
+    def __rmul__(self, other): return self.builder.op("multiply", other, self)
+    def __truediv__(self, other): return self.builder.op("divide", self, other)
+    def __rtruediv__(self, other): return self.builder.op("divide", other, self)
+    def __matmul__(self, other): return self.builder.op("matmul", self, other)
+    def __neg__(self): return self.builder.op("negate", self)
+
+
+class _Scope:
+    """Instruction list under construction (the program body or a subprogram)."""
+
+    def __init__(self, root: ProgramBuilder, carry: Sequence[AVal], location: str):
+        self.root = root
+        self.location = location
+        self.instructions: list[Instruction] = []
+        self.n_results = 0
+        self.carry = [
+            Value(self, Ref.of("carry", i), a, _placeholder(a)) for i, a in enumerate(carry)
+        ]
+
+    def op(self, name: str, *operands: Any, **attrs: Any) -> Value | tuple[Value, ...]:
+        """Append an instruction; return its result (a tuple for multi-output ops)."""
+        return self.op_with(name, operands, attrs)
+
+    def op_with(self, name: str, operands: Sequence[Any], attrs: dict[str, Any],
+                subprograms: dict[str, SubProgram] | None = None) -> Value | tuple[Value, ...]:
+        """Like :meth:`op`, with explicit subprograms (used by structured ops)."""
+        where = f"{self.location} > " if self.location else ""
+        where += f"instruction {len(self.instructions)}"
+        spec = lookup_op(name, where)
+        check_arity(spec, len(operands), where)
+        values = self._operands(operands, where)
+        inst = Instruction(op=name, operands=[v.ref for v in values], attrs=attrs,
+                           subprograms=subprograms or {})
+        _, _, out_avals, results = infer(
+            self.root.base(), spec, inst, [v.aval for v in values],
+            [v.placeholder for v in values], where,
+        )
+        self.instructions.append(inst)
+        outs = tuple(
+            Value(self, Ref.of("result", self.n_results + k), aval, ph)
+            for k, (aval, ph) in enumerate(zip(out_avals, results))
+        )
+        self.n_results += len(outs)
+        # Ops with a fixed single result return a Value; all others a tuple.
+        return outs[0] if spec.outputs == 1 else outs
+
+    def _operands(self, operands: Sequence[Any], where: str) -> list[Value]:
+        like = next((o for o in operands if isinstance(o, Value)), None)
+        values = []
+        for i, operand in enumerate(operands):
+            if isinstance(operand, Value):
+                if operand.builder is not self and operand.ref.kind in ("result", "carry"):
+                    raise ValidationError(
+                        f"operand {i} ({operand.ref}) belongs to another program or "
+                        "subprogram; pass it in as carry",
+                        where,
+                    )
+                values.append(operand)
+            elif isinstance(operand, (bool, int, float)):
+                values.append(self.root.constant(operand, _scalar_dtype(operand, like)))
+            else:
+                raise ValidationError(
+                    f"operand {i} is a {type(operand).__name__}; expected a Value or a "
+                    "Python scalar (use b.constant for arrays)",
+                    where,
+                )
+        return values
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        lookup_op(name, "builder")
+
+        def call(*operands: Any, **attrs: Any):
+            return self.op(name, *operands, **attrs)
+
+        call.__name__ = name
+        return call
+
+    def _subprogram(self, outputs: Sequence[Value]) -> SubProgram:
+        refs = []
+        for i, v in enumerate(outputs):
+            if not isinstance(v, Value):
+                raise ValidationError(f"output {i} is not a Value", self.location)
+            if v.builder is not self and v.ref.kind in ("result", "carry"):
+                raise ValidationError(
+                    f"output {i} ({v.ref}) belongs to another program or subprogram",
+                    self.location,
+                )
+            refs.append(v.ref)
+        return SubProgram(instructions=self.instructions, outputs=refs)
+
+
+def _scalar_dtype(value: Any, like: Value | None) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if like is not None:
+        if isinstance(value, int) and (is_integer(like.dtype) or is_floating(like.dtype)):
+            return name_of(like.dtype)
+        if isinstance(value, float) and is_floating(like.dtype):
+            return name_of(like.dtype)
+    return "int32" if isinstance(value, int) else "float32"
+
+
+class ProgramBuilder(_Scope):
+    """Builds a :class:`~mlxprog.program.Program` op by op. ``b.op(name, ...)`` or
+    ``b.<name>(...)`` appends an instruction; ``build(outputs)`` returns the program."""
+
+    def __init__(self, name: str = ""):
+        self.name = name
+        self.inputs: list[TensorSpec] = []
+        self.captures: list[TensorSpec] = []
+        self.constants: list[Constant] = []
+        self._values: list[Value] = []  # input, capture, constant values (for placeholders)
+        self._constant_cache: dict[tuple, Value] = {}
+        self._base: Base | None = None
+        super().__init__(self, (), "")
+
+    def base(self) -> Base:
+        """The inputs, captures and constants declared so far (for validation)."""
+        if self._base is None:
+            self._base = Base.__new__(Base)
+            kinds = [v.ref.kind for v in self._values]
+            self._base.n_inputs = kinds.count("input")
+            self._base.n_captures = kinds.count("capture")
+            self._base.n_constants = kinds.count("const")
+            order = {"input": 0, "capture": 1, "const": 2}
+            ordered = sorted(self._values, key=lambda v: (order[v.ref.kind], v.ref.index))
+            self._base.avals = [v.aval for v in ordered]
+            self._base.placeholders = [v.placeholder for v in ordered]
+        return self._base
+
+    def _declare(self, kind: str, table: list, spec, aval: AVal, placeholder: mx.array) -> Value:
+        value = Value(self, Ref.of(kind, len(table)), aval, placeholder)
+        table.append(spec)
+        self._values.append(value)
+        self._base = None
+        return value
+
+    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
+        """Declare an input."""
+        spec = TensorSpec(name=name, shape=list(shape), dtype=dtype)
+        if any(s.name == name for s in self.inputs):
+            raise ValidationError(f"duplicate input name {name!r}", f"input {len(self.inputs)}")
+        aval = AVal(tuple(shape), DTYPES[dtype])
+        return self._declare("input", self.inputs, spec, aval, _placeholder(aval))
+
+    def capture(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
+        """Declare a capture (a weight bound by name at compile time)."""
+        spec = TensorSpec(name=name, shape=list(shape), dtype=dtype)
+        if any(s.name == name for s in self.captures):
+            raise ValidationError(
+                f"duplicate capture name {name!r}", f"capture {len(self.captures)}"
+            )
+        aval = AVal(tuple(shape), DTYPES[dtype])
+        return self._declare("capture", self.captures, spec, aval, _placeholder(aval))
+
+    def constant(self, value: Any, dtype: str = "float32") -> Value:
+        """Declare a constant (a scalar or nested list); equal constants are shared."""
+        if isinstance(value, mx.array):
+            value = value.tolist()
+        key = (repr(value), dtype)
+        if key in self._constant_cache:
+            return self._constant_cache[key]
+        const = Constant(value=value, dtype=dtype)
+        probe = Program(constants=[const])
+        array = validate(probe).constants[0]
+        result = self._declare("const", self.constants, const, AVal.of(array), array)
+        self._constant_cache[key] = result
+        return result
+
+    def build(self, outputs: Sequence[Value] | Value) -> Program:
+        """Finish: the program with these outputs, validated."""
+        if isinstance(outputs, Value):
+            outputs = [outputs]
+        body = self._subprogram(outputs)
+        program = Program(
+            name=self.name,
+            inputs=self.inputs,
+            captures=self.captures,
+            constants=self.constants,
+            instructions=body.instructions,
+            outputs=body.outputs,
+        )
+        validate(program)
+        return program

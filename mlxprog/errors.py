@@ -1,0 +1,55 @@
+"""Error classes. Every error mlxprog raises derives from :class:`ProgramError`."""
+
+from __future__ import annotations
+
+
+class ProgramError(Exception):
+    """Base class: something about a program, its inputs or its execution failed."""
+
+
+class FormatError(ProgramError):
+    """The program text is not a well-formed mlxprog v1 document (bad JSON, wrong
+    format tag, unsupported version, a field of the wrong type)."""
+
+
+class ValidationError(ProgramError):
+    """An instruction of the program is invalid: an unknown op, a bad operand or
+    attribute, a ref that points nowhere, or shapes/dtypes that cannot work.
+
+    ``location`` names the instruction (its index and subprogram path), ``op`` the
+    op name, ``detail`` what was expected versus found.
+    """
+
+    def __init__(self, detail: str, location: str | None = None, op: str | None = None):
+        self.detail = detail
+        self.location = location
+        self.op = op
+        where = location or "program"
+        if op is not None:
+            where = f"{where} ({op})"
+        super().__init__(f"{where}: {detail}")
+
+
+class BindingError(ProgramError):
+    """A call-time or compile-time value does not fit the program: a wrong number
+    of inputs, an input of the wrong shape or dtype, a missing or mismatched
+    capture, a symbolic dimension bound inconsistently."""
+
+
+class CallbackError(ProgramError):
+    """A ``runtime_call`` callback failed: it raised (the original exception is
+    chained as ``__cause__``) or returned arrays that do not match the declared
+    outputs."""
+
+
+class LoopLimitError(ProgramError):
+    """A ``while`` loop ran past its ``max_iterations`` limit."""
+
+
+class NumericError(ProgramError):
+    """Eager execution with ``check_numerics`` found a NaN or Inf; the message
+    names the first instruction that produced one."""
+
+
+class TraceError(ProgramError):
+    """Tracing a segment under ``mx.compile`` failed and fallback is disabled."""

@@ -1,0 +1,3 @@
+"""Built-in op families. Importing this package registers every op."""
+
+from . import elementwise  # noqa: F401

@@ -1,0 +1,188 @@
+"""Elementwise ops: casts, unary math, binary arithmetic, comparisons, logic,
+``select``, ``clip``. Binary ops broadcast like numpy and promote dtypes like MLX.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..attrs import Attrs, DType
+from ..dtypes import to_mlx
+from ..registry import register_op
+
+
+class AstypeAttrs(Attrs):
+    dtype: DType
+
+
+@register_op("astype", attrs=AstypeAttrs)
+def astype(operands, attrs):
+    """Convert to ``dtype`` (values converted, as ``mx.astype``)."""
+    return operands[0].astype(to_mlx(attrs.dtype))
+
+
+class BitcastAttrs(Attrs):
+    dtype: DType
+
+
+@register_op("bitcast", attrs=BitcastAttrs)
+def bitcast(operands, attrs):
+    """Reinterpret the bits as ``dtype`` (``mx.view``); a wider or narrower dtype
+    changes the size of the last axis accordingly."""
+    return mx.view(operands[0], to_mlx(attrs.dtype))
+
+
+def _unary(name: str, fn, doc: str) -> None:
+    def impl(operands, attrs):
+        return fn(operands[0])
+
+    impl.__doc__ = doc
+    impl.__name__ = name
+    register_op(name, operands=1)(impl)
+
+
+_UNARY = {
+    "abs": (mx.abs, "Absolute value."),
+    "ceil": (mx.ceil, "Round up."),
+    "floor": (mx.floor, "Round down."),
+    "negate": (mx.negative, "Negation."),
+    "round": (mx.round, "Round half to even."),
+    "sign": (mx.sign, "-1, 0 or 1 by sign."),
+    "real": (mx.real, "Real part."),
+    "imag": (mx.imag, "Imaginary part."),
+    "conjugate": (mx.conjugate, "Complex conjugate."),
+    "is_nan": (mx.isnan, "True where NaN."),
+    "is_infinity": (mx.isinf, "True where +/-Inf."),
+    "bitwise_not": (mx.bitwise_invert, "Bitwise complement (integers and bool)."),
+    "logical_not": (mx.logical_not, "Logical negation; result is bool."),
+    "sigmoid": (mx.sigmoid, "1 / (1 + exp(-x))."),
+    "asin": (mx.arcsin, "Inverse sine."),
+    "asinh": (mx.arcsinh, "Inverse hyperbolic sine."),
+    "acos": (mx.arccos, "Inverse cosine."),
+    "acosh": (mx.arccosh, "Inverse hyperbolic cosine."),
+    "atan": (mx.arctan, "Inverse tangent."),
+    "atanh": (mx.arctanh, "Inverse hyperbolic tangent."),
+    "cos": (mx.cos, "Cosine."),
+    "cosh": (mx.cosh, "Hyperbolic cosine."),
+    "erf": (mx.erf, "Error function."),
+    "erf_inv": (mx.erfinv, "Inverse error function."),
+    "exp": (mx.exp, "Natural exponential."),
+    "expm1": (mx.expm1, "exp(x) - 1, accurate near 0."),
+    "log": (mx.log, "Natural logarithm."),
+    "log1p": (mx.log1p, "log(1 + x), accurate near 0."),
+    "log2": (mx.log2, "Base-2 logarithm."),
+    "log10": (mx.log10, "Base-10 logarithm."),
+    "rsqrt": (mx.rsqrt, "1 / sqrt(x)."),
+    "sin": (mx.sin, "Sine."),
+    "sinh": (mx.sinh, "Hyperbolic sine."),
+    "sqrt": (mx.sqrt, "Square root."),
+    "square": (mx.square, "x * x."),
+    "reciprocal": (mx.reciprocal, "1 / x."),
+    "tan": (mx.tan, "Tangent."),
+    "tanh": (mx.tanh, "Hyperbolic tangent."),
+}
+
+for _name, (_fn, _doc) in _UNARY.items():
+    _unary(_name, _fn, _doc)
+
+
+@register_op("cbrt")
+def cbrt(operands, attrs):
+    """Cube root as ``x ** (1/3)``: NaN for negative real inputs, as in the
+    reference compiler."""
+    x = operands[0]
+    return mx.power(x, mx.array(1.0 / 3.0, dtype=_float_of(x.dtype)))
+
+
+@register_op("erfc")
+def erfc(operands, attrs):
+    """Complementary error function, ``1 - erf(x)``."""
+    e = mx.erf(operands[0])
+    return mx.array(1, dtype=e.dtype) - e
+
+
+@register_op("silu")
+def silu(operands, attrs):
+    """``x * sigmoid(x)`` (swish)."""
+    x = operands[0]
+    return x * mx.sigmoid(x)
+
+
+@register_op("gelu")
+def gelu(operands, attrs):
+    """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``."""
+    x = operands[0]
+    return x * (1 + mx.erf(x / mx.array(2**0.5, dtype=x.dtype))) / mx.array(2, dtype=x.dtype)
+
+
+def _float_of(dtype: mx.Dtype) -> mx.Dtype:
+    return dtype if mx.issubdtype(dtype, mx.inexact) else mx.float32
+
+
+def _binary(name: str, fn, doc: str) -> None:
+    def impl(operands, attrs):
+        return fn(operands[0], operands[1])
+
+    impl.__doc__ = doc
+    impl.__name__ = name
+    register_op(name, operands=2)(impl)
+
+
+_BINARY = {
+    "add": (mx.add, "a + b."),
+    "subtract": (mx.subtract, "a - b."),
+    "multiply": (mx.multiply, "a * b."),
+    "divide": (mx.divide, "a / b (true division; integers give floats)."),
+    "pow": (mx.power, "a ** b."),
+    "atan2": (mx.arctan2, "Angle of (b, a): arctan(a / b) in the right quadrant."),
+    "min": (mx.minimum, "Elementwise minimum (NaN propagates)."),
+    "max": (mx.maximum, "Elementwise maximum (NaN propagates)."),
+    "quotient": (mx.floor_divide, "Floor division a // b."),
+    "left_shift": (mx.left_shift, "a << b (integers)."),
+    "right_shift": (mx.right_shift, "a >> b (integers; arithmetic for signed)."),
+    "bitwise_and": (mx.bitwise_and, "a & b."),
+    "bitwise_or": (mx.bitwise_or, "a | b."),
+    "bitwise_xor": (mx.bitwise_xor, "a ^ b."),
+    "equal": (mx.equal, "a == b; result is bool."),
+    "not_equal": (mx.not_equal, "a != b; result is bool."),
+    "greater": (mx.greater, "a > b; result is bool."),
+    "less": (mx.less, "a < b; result is bool."),
+    "greater_equal": (mx.greater_equal, "a >= b; result is bool."),
+    "less_equal": (mx.less_equal, "a <= b; result is bool."),
+    "logical_and": (mx.logical_and, "a and b; result is bool."),
+    "logical_or": (mx.logical_or, "a or b; result is bool."),
+}
+
+for _name, (_fn, _doc) in _BINARY.items():
+    _binary(_name, _fn, _doc)
+
+
+@register_op("logical_xor", operands=2)
+def logical_xor(operands, attrs):
+    """Exactly one of a, b is true; result is bool."""
+    a, b = operands
+    return mx.not_equal(a.astype(mx.bool_), b.astype(mx.bool_))
+
+
+@register_op("remainder", operands=2)
+def remainder(operands, attrs):
+    """Truncating remainder: the result has the sign of the dividend (C's ``%``
+    and ``fmod``), unlike MLX's floor-mod, as in the reference compiler."""
+    a, b = operands
+    rem = mx.remainder(a, b)
+    fix = mx.logical_and(mx.not_equal(rem, 0), mx.not_equal(a < 0, b < 0))
+    return mx.where(fix, rem - b, rem)
+
+
+@register_op("select", operands=3)
+def select(operands, attrs):
+    """``where(pred, on_true, on_false)``, broadcasting all three."""
+    pred, on_true, on_false = operands
+    return mx.where(pred, on_true, on_false)
+
+
+@register_op("clip", operands=3)
+def clip(operands, attrs):
+    """Clamp ``x`` into ``[lo, hi]`` (operands x, lo, hi)."""
+    x, lo, hi = operands
+    return mx.clip(x, lo, hi)

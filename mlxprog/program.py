@@ -1,0 +1,246 @@
+"""The program model of format v1: pydantic models, JSON load/save and the schema.
+
+These models check the *structure* of a document (field names and JSON types).
+What an instruction means (its op, operand count, attributes, shapes) is checked
+by :mod:`mlxprog.validate` against the op registry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from typing_extensions import TypeAliasType
+
+from .attrs import DType
+from .errors import FormatError
+
+FORMAT = "mlxprog"
+VERSION = 1
+
+REF_KINDS = ("input", "capture", "const", "result", "carry")
+
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+ConstValue = TypeAliasType(
+    "ConstValue",
+    Union[bool, int, float, Literal["nan", "inf", "-inf"], list["ConstValue"]],
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Ref(_Model):
+    """A reference to a value: exactly one of ``input``, ``capture``, ``const``,
+    ``result`` or ``carry``, with an integer index. Serialised as ``{"kind": index}``."""
+
+    input: int | None = Field(default=None, ge=0)
+    capture: int | None = Field(default=None, ge=0)
+    const: int | None = Field(default=None, ge=0)
+    result: int | None = Field(default=None, ge=0)
+    carry: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Ref:
+        given = [k for k in REF_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"a ref has exactly one of {', '.join(REF_KINDS)}; found {given or 'none'}"
+            )
+        return self
+
+    @model_serializer
+    def _serialize(self) -> dict[str, int]:
+        return {self.kind: self.index}
+
+    @property
+    def kind(self) -> str:
+        """Which namespace the ref points into (``"input"``, ``"result"``, ...)."""
+        for k in REF_KINDS:
+            if getattr(self, k) is not None:
+                return k
+        raise AssertionError("unreachable: validated ref has a kind")
+
+    @property
+    def index(self) -> int:
+        """The position in that namespace."""
+        return getattr(self, self.kind)
+
+    @classmethod
+    def of(cls, kind: str, index: int) -> Ref:
+        """Build a ref, e.g. ``Ref.of("result", 3)``."""
+        return cls(**{kind: index})
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.index}"
+
+
+class TensorSpec(_Model):
+    """A named array declared with its shape and dtype (an input or a capture)."""
+
+    name: str = Field(min_length=1)
+    shape: list[Annotated[int, Field(ge=0)]] = Field(description="dimension sizes")
+    dtype: DType
+
+
+class Constant(_Model):
+    """A scalar or a small nested list with a dtype. Non-finite floats are written
+    as the strings ``"nan"``, ``"inf"`` and ``"-inf"``."""
+
+    value: ConstValue
+    dtype: DType
+
+
+class SubProgram(_Model):
+    """The body of a structured op (``cond``/``body`` of ``while``, ``then``/``else``
+    of ``cond``). It sees the enclosing inputs, captures and constants plus
+    ``carry`` refs; its results are numbered locally."""
+
+    instructions: list[Instruction] = Field(default_factory=list)
+    outputs: list[Ref] = Field(default_factory=list)
+
+
+class Instruction(_Model):
+    """One op applied to operand refs, with named attributes (typed per op) and,
+    for structured ops, named subprograms."""
+
+    op: str = Field(min_length=1)
+    operands: list[Ref] = Field(default_factory=list)
+    attrs: dict[str, Any] = Field(default_factory=dict)
+    subprograms: dict[str, SubProgram] = Field(default_factory=dict)
+
+
+class Program(_Model):
+    """A whole mlxprog program (format v1). See ``docs/format.md``."""
+
+    format: Literal["mlxprog"] = FORMAT
+    version: Literal[1] = VERSION
+    name: str = ""
+    inputs: list[TensorSpec] = Field(default_factory=list)
+    captures: list[TensorSpec] = Field(default_factory=list)
+    constants: list[Constant] = Field(default_factory=list)
+    instructions: list[Instruction] = Field(default_factory=list)
+    outputs: list[Ref] = Field(default_factory=list)
+
+    # -- loading -------------------------------------------------------------
+    @classmethod
+    def loads(cls, text: str | bytes) -> Program:
+        """Parse a program from JSON text. Raises :class:`FormatError` on bad JSON,
+        a foreign format tag, an unsupported version, or a malformed field."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Program:
+        """Build a program from already-parsed JSON data (same checks as :meth:`loads`)."""
+        if not isinstance(data, dict):
+            raise FormatError(f"a program is a JSON object, found {type(data).__name__}")
+        if data.get("format") != FORMAT:
+            raise FormatError(f'"format" must be "{FORMAT}", found {data.get("format")!r}')
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise FormatError(f'"version" must be an integer, found {version!r}')
+        if version > VERSION:
+            raise FormatError(
+                f"program has format version {version}; this mlxprog reads version "
+                f"{VERSION} (upgrade mlxprog to run it)"
+            )
+        if version < 1:
+            raise FormatError(f"unknown format version {version}")
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as exc:
+            raise FormatError(_describe(exc)) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Program:
+        """Read a program from a JSON file."""
+        try:
+            text = Path(path).read_bytes()
+        except OSError as exc:
+            raise FormatError(f"cannot read program file {str(path)!r}: {exc}") from None
+        try:
+            return cls.loads(text)
+        except FormatError as exc:
+            raise FormatError(f"{path}: {exc}") from None
+
+    # -- saving --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The program as JSON-ready data (non-finite floats as strings)."""
+        data = self.model_dump(exclude_defaults=True)
+        data["format"] = FORMAT
+        data["version"] = VERSION
+        data = {k: data[k] for k in sorted(data, key=_FIELD_ORDER.index)}
+        return _encode_nonfinite(data)
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Serialise to JSON text; ``Program.loads(p.to_json()) == p``."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def save(self, path: str | Path, indent: int | None = 1) -> None:
+        """Write the program to a JSON file."""
+        Path(path).write_text(self.to_json(indent=indent) + "\n")
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """JSON Schema of the document structure (without per-op attributes; see
+        :func:`mlxprog.registry.full_schema` for the schema with them)."""
+        return cls.model_json_schema()
+
+
+_FIELD_ORDER = list(Program.model_fields)
+
+
+def _encode_nonfinite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _encode_nonfinite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode_nonfinite(v) for v in value]
+    return value
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    lines = []
+    for err in exc.errors()[:5]:
+        loc = _location(err["loc"])
+        lines.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(lines)
+    if more > 0:
+        lines.append(f"... and {more} more")
+    return "; ".join(lines)
+
+
+_SINGULAR = {
+    "instructions": "instruction",
+    "outputs": "output",
+    "operands": "operand",
+    "inputs": "input",
+    "captures": "capture",
+    "constants": "constant",
+}
+
+
+def _location(loc: tuple) -> str:
+    parts: list[str] = []
+    it = iter(loc)
+    for item in it:
+        if item in _SINGULAR:
+            parts.append(f"{_SINGULAR[item]} {next(it, '?')}")
+        elif item == "subprograms":
+            parts.append(f"subprogram {next(it, '?')!r}")
+        elif isinstance(item, str) and item.startswith(("function-", "list[", "union[")):
+            continue
+        else:
+            parts.append(str(item))
+    return " > ".join(parts) or "program"

@@ -1,0 +1,353 @@
+"""Validation: structure, refs, ops, attributes, and static shape/dtype inference.
+
+``validate(program)`` turns a :class:`~mlxprog.program.Program` into a
+:class:`ValidatedProgram`: every instruction resolved to a :class:`Step` that
+names its op spec, validated attrs and environment slots. Nothing is traced or
+evaluated; result shapes come from each op's shape rule or from running the op
+on unevaluated MLX placeholders (MLX builds graphs lazily, so this allocates
+nothing). Any problem raises :class:`~mlxprog.errors.ValidationError` naming the
+instruction, its subprogram path and the op.
+
+Environment layout (one flat list per block):
+``[inputs | captures | constants | carry | results]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+import pydantic
+
+from .attrs import Attrs
+from .dtypes import is_integer, name_of, to_mlx
+from .errors import ValidationError
+from .program import NONFINITE, Constant, Instruction, Program, Ref
+from .registry import AVal, OpSpec, lookup, suggest
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One validated instruction: op spec, attrs, operand slots, result slots."""
+
+    index: int
+    location: str
+    spec: OpSpec
+    attrs: Attrs
+    args: tuple[int, ...]
+    out: int
+    n_out: int
+    blocks: dict[str, Block] = field(default_factory=dict)
+
+    @property
+    def results(self) -> range:
+        """The environment slots this step writes."""
+        return range(self.out, self.out + self.n_out)
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """A validated instruction list (the program body or a subprogram)."""
+
+    location: str
+    steps: tuple[Step, ...]
+    n_prefix: int
+    n_carry: int
+    outputs: tuple[int, ...]
+    avals: tuple[AVal, ...]
+
+    @property
+    def n_slots(self) -> int:
+        """Size of the environment this block runs in."""
+        return len(self.avals)
+
+    @property
+    def carry_avals(self) -> list[AVal]:
+        """Shapes and dtypes of the carry values."""
+        return list(self.avals[self.n_prefix : self.n_prefix + self.n_carry])
+
+    @property
+    def out_avals(self) -> list[AVal]:
+        """Shapes and dtypes of the block's outputs."""
+        return [self.avals[s] for s in self.outputs]
+
+
+@dataclass(frozen=True, eq=False)
+class ValidatedProgram:
+    """A program that passed validation, with its resolved top-level block."""
+
+    program: Program
+    input_avals: tuple[AVal, ...]
+    capture_avals: tuple[AVal, ...]
+    constants: tuple[mx.array, ...]
+    block: Block
+
+    @property
+    def out_avals(self) -> list[AVal]:
+        """Shapes and dtypes of the program's outputs."""
+        return self.block.out_avals
+
+
+def validate(program: Program) -> ValidatedProgram:
+    """Check a program completely and resolve it for execution.
+
+    Raises :class:`ValidationError` on the first problem, naming where it is.
+    """
+    _check_unique(program.inputs, "input")
+    _check_unique(program.captures, "capture")
+    inputs = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.inputs)
+    captures = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.captures)
+    constants = tuple(_make_constant(i, c) for i, c in enumerate(program.constants))
+    base = Base(inputs, captures, constants)
+    block = validate_block(base, program.instructions, program.outputs, [], location="")
+    return ValidatedProgram(program, inputs, captures, constants, block)
+
+
+class Base:
+    """The values every block of a program sees: inputs, captures, constants."""
+
+    def __init__(self, inputs, captures, constants):
+        self.n_inputs = len(inputs)
+        self.n_captures = len(captures)
+        self.n_constants = len(constants)
+        self.avals = [*inputs, *captures, *(AVal.of(c) for c in constants)]
+        self.placeholders = [
+            *(_placeholder(a) for a in inputs),
+            *(_placeholder(a) for a in captures),
+            *constants,
+        ]
+
+
+def _placeholder(aval: AVal) -> mx.array:
+    # Never evaluated: MLX records the node without allocating its data.
+    return mx.zeros(aval.shape, aval.dtype)
+
+
+def validate_block(
+    base: Base,
+    instructions: Sequence[Instruction],
+    outputs: Sequence[Ref],
+    carry: Sequence[AVal],
+    location: str,
+) -> Block:
+    """Validate one instruction list whose carry values have the given avals.
+
+    Structured ops (``while``, ``cond``) call this for their subprograms, with
+    ``location`` naming the path to them.
+    """
+    scope = _Scope(base, carry, location)
+    steps = []
+    for index, inst in enumerate(instructions):
+        steps.append(scope.add(index, inst))
+    out_slots = tuple(
+        scope.resolve(ref, f"{_join(location, 'outputs')}", f"output {i}")
+        for i, ref in enumerate(outputs)
+    )
+    return Block(
+        location=location,
+        steps=tuple(steps),
+        n_prefix=len(base.avals),
+        n_carry=len(carry),
+        outputs=out_slots,
+        avals=tuple(scope.avals),
+    )
+
+
+def _join(location: str, part: str) -> str:
+    return f"{location} > {part}" if location else part
+
+
+class _Scope:
+    def __init__(self, base: Base, carry: Sequence[AVal], location: str):
+        self.base = base
+        self.location = location
+        self.n_carry = len(carry)
+        self.avals: list[AVal] = [*base.avals, *carry]
+        self.placeholders: list[mx.array] = [*base.placeholders, *(_placeholder(a) for a in carry)]
+        self.n_results = 0
+
+    def resolve(self, ref: Ref, where: str, what: str) -> int:
+        """The environment slot of a ref, or a ValidationError saying why it is bad."""
+        b = self.base
+        kind, idx = ref.kind, ref.index
+        if kind == "input":
+            limit, offset = b.n_inputs, 0
+        elif kind == "capture":
+            limit, offset = b.n_captures, b.n_inputs
+        elif kind == "const":
+            limit, offset = b.n_constants, b.n_inputs + b.n_captures
+        elif kind == "carry":
+            if not self.location:
+                raise ValidationError(
+                    f"{what} is a carry ref, but carry refs exist only inside subprograms",
+                    where,
+                )
+            limit, offset = self.n_carry, len(b.avals)
+        else:
+            if idx >= self.n_results:
+                raise ValidationError(
+                    f"{what} refers to result {idx}, but only {self.n_results} result(s) "
+                    "exist at this point (a ref may only point to a result already produced)",
+                    where,
+                )
+            return len(b.avals) + self.n_carry + idx
+        if idx >= limit:
+            raise ValidationError(
+                f"{what} refers to {kind} {idx}, but there are only {limit} {kind}(s)", where
+            )
+        return offset + idx
+
+    def add(self, index: int, inst: Instruction) -> Step:
+        where = _join(self.location, f"instruction {index}")
+        spec = lookup_op(inst.op, where)
+        check_arity(spec, len(inst.operands), where)
+        args = tuple(
+            self.resolve(ref, where, f"operand {i}") for i, ref in enumerate(inst.operands)
+        )
+        attrs, blocks, out_avals, placeholders = infer(
+            self.base, spec, inst, [self.avals[s] for s in args],
+            [self.placeholders[s] for s in args], where,
+        )
+        out = len(self.avals)
+        self.avals.extend(out_avals)
+        self.placeholders.extend(placeholders)
+        self.n_results += len(out_avals)
+        return Step(index, where, spec, attrs, args, out, len(out_avals), blocks)
+
+
+def lookup_op(name: str, where: str) -> OpSpec:
+    """The spec of op ``name``, or a ValidationError with a close-match suggestion."""
+    spec = lookup(name)
+    if spec is None:
+        raise ValidationError(f"unknown op {name!r}{suggest(name)}", where, name)
+    return spec
+
+
+def check_arity(spec: OpSpec, n: int, where: str) -> None:
+    """Raise unless ``n`` operands fit the op."""
+    lo, hi = spec.operand_range()
+    if n < lo or (hi is not None and n > hi):
+        raise ValidationError(
+            f"expects {spec.describe_arity()} operand(s), found {n}", where, spec.name
+        )
+
+
+def infer(base: Base, spec: OpSpec, inst: Instruction, avals: list[AVal],
+          placeholders: list[mx.array], where: str):
+    """Validate an instruction's attrs and subprograms and infer its results.
+
+    Returns ``(attrs, blocks, result avals, result placeholders)``.
+    """
+    attrs = _validate_attrs(spec, inst, avals, where)
+    unexpected = set(inst.subprograms) - set(spec.subprograms)
+    missing = set(spec.subprograms) - set(inst.subprograms)
+    if unexpected or missing:
+        want = ", ".join(spec.subprograms) or "none"
+        raise ValidationError(
+            f"takes subprograms ({want}); found ({', '.join(inst.subprograms) or 'none'})",
+            where,
+            inst.op,
+        )
+    n_out = spec.num_outputs(attrs, len(avals))
+    blocks: dict[str, Block] = {}
+    try:
+        if spec.subprograms:
+            blocks, out_avals = spec.extra["validate_structured"](base, inst, avals, attrs, where)
+            results = [_placeholder(a) for a in out_avals]
+        elif spec.shape_rule is not None:
+            out_avals = list(spec.shape_rule(avals, attrs))
+            results = [_placeholder(a) for a in out_avals]
+        else:
+            results = _as_results(spec.impl(placeholders, attrs), n_out)
+            out_avals = [AVal.of(p) for p in results]
+    except ValidationError:
+        raise
+    except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as exc:
+        shapes = ", ".join(str(a) for a in avals) or "no operands"
+        raise ValidationError(f"{_clean(exc)} (operands: {shapes})", where, inst.op) from None
+    if len(out_avals) != n_out:
+        raise ValidationError(
+            f"op produced {len(out_avals)} result(s), its spec declares {n_out}", where, inst.op
+        )
+    return attrs, blocks, out_avals, results
+
+
+def _as_results(result: Any, n_out: int) -> list[mx.array]:
+    if n_out == 1 and isinstance(result, mx.array):
+        return [result]
+    if n_out != 1 and isinstance(result, (tuple, list)):
+        if all(isinstance(r, mx.array) for r in result):
+            return list(result)
+    raise TypeError(
+        f"implementation returned {type(result).__name__}; expected "
+        + ("one mx.array" if n_out == 1 else f"a tuple of {n_out} mx.array")
+    )
+
+
+def _validate_attrs(spec: OpSpec, inst: Instruction, avals: list[AVal], where: str) -> Attrs:
+    context = {"ndims": [len(a.shape) for a in avals], "avals": avals}
+    try:
+        return spec.attrs.model_validate(inst.attrs, context=context)
+    except pydantic.ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"]) or "attrs"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(spec.attrs.model_fields) or "none"
+                msg = f"unknown attribute (known: {known})"
+            problems.append(f"attribute {name!r}: {msg}")
+        raise ValidationError("; ".join(problems), where, inst.op) from None
+
+
+def _clean(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.removeprefix("[").split("] ", 1)[-1] if text.startswith("[") else text
+
+
+def _check_unique(specs, kind: str) -> None:
+    seen: set[str] = set()
+    for i, spec in enumerate(specs):
+        if spec.name in seen:
+            raise ValidationError(f"duplicate {kind} name {spec.name!r}", f"{kind} {i}")
+        seen.add(spec.name)
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str):
+        return NONFINITE[value]
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def _make_constant(index: int, const: Constant) -> mx.array:
+    where = f"constant {index}"
+    dtype = to_mlx(const.dtype)
+    try:
+        data = np.array(_decode(const.value))
+    except ValueError:
+        raise ValidationError("value is a ragged nested list", where) from None
+    if data.dtype == object:
+        raise ValidationError("value is a ragged nested list", where)
+    if is_integer(dtype) or dtype == mx.bool_:
+        if data.dtype.kind == "f":
+            if not np.all(np.isfinite(data)) or np.any(data != np.round(data)):
+                raise ValidationError(f"non-integer value for dtype {const.dtype}", where)
+        if dtype != mx.bool_ and data.size:
+            info = np.iinfo(name_of(dtype))
+            if data.min() < info.min or data.max() > info.max:
+                raise ValidationError(
+                    f"value out of range for {const.dtype} [{info.min}, {info.max}]", where
+                )
+    if dtype == mx.bfloat16:
+        return mx.array(data.astype(np.float32)).astype(dtype)
+    if data.dtype.kind == "f" and dtype in (mx.float32, mx.float16) and data.size:
+        finite = data[np.isfinite(data)]
+        limit = np.finfo(name_of(dtype)).max
+        if finite.size and np.max(np.abs(finite)) > limit:
+            raise ValidationError(f"value out of range for {const.dtype}", where)
+    return mx.array(data, dtype=dtype)
+

@@ -1,0 +1,52 @@
+"""Test helpers: one-op programs and comparisons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+import mlxprog as mp
+from mlxprog.dtypes import name_of
+
+
+def as_mx(value: Any) -> mx.array:
+    """An mx.array from a numpy array, mx.array or scalar."""
+    return value if isinstance(value, mx.array) else mx.array(value)
+
+
+def one_op_program(op: str, *operands: Any, **attrs: Any) -> mp.Program:
+    """A program with one input per operand (same shape and dtype) applying ``op``."""
+    b = mp.ProgramBuilder(f"test_{op}")
+    values = []
+    for i, operand in enumerate(operands):
+        arr = as_mx(operand)
+        values.append(b.input(f"x{i}", arr.shape, name_of(arr.dtype)))
+    out = b.op(op, *values, **attrs)
+    return b.build(list(out) if isinstance(out, tuple) else [out])
+
+
+def run_op(op: str, *operands: Any, eager: bool = False, **attrs: Any):
+    """Run ``op`` in a compiled (or eager) one-op program; returns one array, or a
+    list for multi-output ops. Compiled and eager results are checked to agree."""
+    prog = one_op_program(op, *operands, **attrs)
+    arrays = [as_mx(o) for o in operands]
+    outs = mp.run(prog, *arrays, eager=eager)
+    mx.eval(outs)
+    single = mp.lookup(op).outputs == 1
+    return outs[0] if single else outs
+
+
+def assert_close(actual: mx.array, expected: Any, rtol: float = 1e-5, atol: float = 1e-6,
+                 dtype: Any = None) -> None:
+    """Values, shape (and dtype when given) of an mx result against numpy."""
+    expected = np.asarray(expected)
+    got = np.array(actual.astype(mx.float32) if actual.dtype == mx.bfloat16 else actual)
+    assert got.shape == expected.shape, f"shape {got.shape} != {expected.shape}"
+    if dtype is not None:
+        assert actual.dtype == dtype, f"dtype {actual.dtype} != {dtype}"
+    if got.dtype.kind in "biu" and expected.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True)
