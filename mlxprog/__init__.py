@@ -3,7 +3,7 @@
 See ``docs/`` for the format, the op reference and guides.
 """
 
-from . import ops  # noqa: F401  (registers the built-in ops)
+from . import control, ops  # noqa: F401  (register the built-in ops)
 from .attrs import Attrs, NoAttrs
 from .builder import ProgramBuilder, Value
 from .errors import (

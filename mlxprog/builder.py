@@ -54,15 +54,23 @@ class Value:
     def __repr__(self) -> str:
         return f"Value({self.ref}: {self.aval})"
 
-    def __add__(self, other): return self.builder.op("add", self, other)
-    def __radd__(self, other): return self.builder.op("add", other, self)
-    def __sub__(self, other): return self.builder.op("subtract", self, other)
-    def __rsub__(self, other): return self.builder.op("subtract", other, self)
-    def __mul__(self, other): return self.builder.op("multiply", self, other)
-    def __rmul__(self, other): return self.builder.op("multiply", other, self)
-    def __truediv__(self, other): return self.builder.op("divide", self, other)
-    def __rtruediv__(self, other): return self.builder.op("divide", other, self)
-    def __matmul__(self, other): return self.builder.op("matmul", self, other)
+    def _binary(self, name: str, a: Any, b: Any):
+        # Inputs, captures and constants belong to every scope; a result or
+        # carry pins the op to the (sub)program that owns it.
+        scope = self.builder
+        if isinstance(b, Value) and b.ref.kind in ("result", "carry"):
+            scope = b.builder
+        return scope.op(name, a, b)
+
+    def __add__(self, other): return self._binary("add", self, other)
+    def __radd__(self, other): return self._binary("add", other, self)
+    def __sub__(self, other): return self._binary("subtract", self, other)
+    def __rsub__(self, other): return self._binary("subtract", other, self)
+    def __mul__(self, other): return self._binary("multiply", self, other)
+    def __rmul__(self, other): return self._binary("multiply", other, self)
+    def __truediv__(self, other): return self._binary("divide", self, other)
+    def __rtruediv__(self, other): return self._binary("divide", other, self)
+    def __matmul__(self, other): return self._binary("matmul", self, other)
     def __neg__(self): return self.builder.op("negate", self)
 
 
@@ -85,8 +93,7 @@ class _Scope:
     def op_with(self, name: str, operands: Sequence[Any], attrs: dict[str, Any],
                 subprograms: dict[str, SubProgram] | None = None) -> Value | tuple[Value, ...]:
         """Like :meth:`op`, with explicit subprograms (used by structured ops)."""
-        where = f"{self.location} > " if self.location else ""
-        where += f"instruction {len(self.instructions)}"
+        where = self._next_location()
         spec = lookup_op(name, where)
         check_arity(spec, len(operands), where)
         values = self._operands(operands, where)
@@ -126,6 +133,55 @@ class _Scope:
                     where,
                 )
         return values
+
+    def constant(self, value: Any, dtype: str = "float32") -> Value:
+        """Declare a constant in the program's constant table (shared by all scopes)."""
+        return self.root.constant(value, dtype)
+
+    # -- structured ops ------------------------------------------------------
+    def while_loop(self, cond_fn, body_fn, init: Sequence[Value] | Value,
+                   max_iterations: int | None = None) -> tuple[Value, ...]:
+        """Append a ``while``: ``cond_fn(sb, *carry)`` returns a bool scalar,
+        ``body_fn(sb, *carry)`` returns the new carry (same shapes and dtypes);
+        ``sb`` is a sub-builder. Returns the final carry as a tuple."""
+        init = [init] if isinstance(init, Value) else list(init)
+        avals = [self._operands([v], "while")[0].aval for v in init]
+        where = self._next_location()
+        cond = self._build_sub(cond_fn, avals, f"{where} > cond")
+        body = self._build_sub(body_fn, avals, f"{where} > body")
+        attrs = {} if max_iterations is None else {"max_iterations": max_iterations}
+        return self.op_with("while", init, attrs, {"cond": cond, "body": body})
+
+    def cond(self, pred: Value, then_fn, else_fn,
+             operands: Sequence[Value] = ()) -> tuple[Value, ...]:
+        """Append a ``cond``: runs ``then_fn(sb, *operands)`` if ``pred`` is true,
+        else ``else_fn(sb, *operands)``; both return outputs of the same shapes
+        and dtypes. Returns the taken branch's outputs as a tuple."""
+        operands = list(operands)
+        avals = [v.aval for v in self._operands(operands, "cond")]
+        where = self._next_location()
+        then = self._build_sub(then_fn, avals, f"{where} > then")
+        other = self._build_sub(else_fn, avals, f"{where} > else")
+        return self.op_with("cond", [pred, *operands], {}, {"then": then, "else": other})
+
+    def runtime_call(self, callback: str, operands: Sequence[Value] = (),
+                     outputs: Sequence[tuple[Sequence[int], str]] = ()) -> tuple[Value, ...]:
+        """Append a ``runtime_call`` to the callback named ``callback``; ``outputs``
+        declares each result as ``(shape, dtype)``. Returns the results as a tuple."""
+        declared = [{"shape": list(shape), "dtype": dtype} for shape, dtype in outputs]
+        return self.op_with("runtime_call", list(operands),
+                            {"callback": callback, "outputs": declared})
+
+    def _next_location(self) -> str:
+        where = f"{self.location} > " if self.location else ""
+        return where + f"instruction {len(self.instructions)}"
+
+    def _build_sub(self, fn, carry: Sequence[AVal], location: str) -> SubProgram:
+        sub = _Scope(self.root, carry, location)
+        outputs = fn(sub, *sub.carry)
+        if isinstance(outputs, Value):
+            outputs = [outputs]
+        return sub._subprogram(list(outputs))
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

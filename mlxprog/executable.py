@@ -102,8 +102,13 @@ class _Segment:
             return [env[s] for s in writes_]
 
         self.compiled = mx.compile(segment)
+        self._closed_over = {id(v) for v in fixed if v is not None}
 
     def __call__(self, values: Sequence[mx.array], stats: Stats) -> list[mx.array]:
+        # MLX rejects an input that is also a closed-over array (a constant used
+        # as a loop's initial carry, say); a fresh wrapper of it is accepted.
+        closed_over = self._closed_over
+        values = [mx.array(v) if id(v) in closed_over else v for v in values]
         before = self.stats.traces
         start = time.perf_counter()
         out = self.compiled(*values)
@@ -131,6 +136,12 @@ class BlockRunner:
         self.units: list[_Segment | Step] = []
         self.release: list[tuple[int, ...]] = []
         self._direct: tuple | None = None
+        # Subprogram runners of structured steps share captures, options, stats.
+        self.children: dict[Step, dict[str, BlockRunner]] = {
+            step: {name: BlockRunner(sub, n_inputs, self.fixed, options, stats)
+                   for name, sub in step.blocks.items()}
+            for step in block.steps if step.blocks
+        }
         if options.eager:
             self.release = _release_plan(block)
         else:
@@ -229,13 +240,9 @@ class BlockRunner:
                 run_step_eager(step, env, release, check)
 
     def _run_host(self, step: Step, env: list) -> None:
-        results = step.spec.extra["run_host"](self, step, env)
+        operands = [env[i] for i in step.args]
+        results = step.spec.impl(self, step, operands, env[: self.n_inputs])
         env[step.out : step.out + step.n_out] = results
-
-    def sub_runner(self, block: Block) -> BlockRunner:
-        """A runner for a subprogram of this block, sharing its captures,
-        constants, options and stats."""
-        return BlockRunner(block, self.n_inputs, self.fixed, self.options, self.stats)
 
 
 def _block_reads(step: Step) -> set[int]:
@@ -361,6 +368,21 @@ def _to_array(name: str, aval: AVal, value: Any) -> mx.array:
     return array
 
 
+def _check_callbacks(block: Block, callbacks: Mapping[str, Callable]) -> None:
+    """Every ``runtime_call`` must name a callable given in ``callbacks``."""
+    for step in block.steps:
+        if step.spec.name == "runtime_call":
+            name = step.attrs.callback
+            if not callable(callbacks.get(name)):
+                given = ", ".join(sorted(callbacks)) or "none"
+                raise BindingError(
+                    f"{step.location} (runtime_call) names callback {name!r}, which is not "
+                    f"in the callbacks given to compile (given: {given})"
+                )
+        for sub in step.blocks.values():
+            _check_callbacks(sub, callbacks)
+
+
 def _count_instructions(block: Block) -> int:
     return sum(1 + sum(_count_instructions(b) for b in s.blocks.values()) for s in block.steps)
 
@@ -432,7 +454,12 @@ def compile(program: Program | ValidatedProgram, captures: Mapping[str, Any] | N
     if check_numerics and not eager:
         raise ProgramError("check_numerics=True needs eager=True (compiled graphs are opaque)")
     capture_values = bind_captures(validated, captures, weights)
-    options = Options(eager, check_numerics, dict(callbacks or {}), max_iterations)
+    # Compiled segments close over these; MLX requires closed-over arrays to be
+    # materialised (a lazy one is an "uncaptured input").
+    mx.eval(capture_values, validated.constants)
+    callbacks = dict(callbacks or {})
+    _check_callbacks(validated.block, callbacks)
+    options = Options(eager, check_numerics, callbacks, max_iterations)
     return Executable(validated, capture_values, options)
 
 

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from typing_extensions import TypeAliasType
 
 from .attrs import DType
@@ -95,6 +102,26 @@ class Constant(_Model):
 
     value: ConstValue
     dtype: DType
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _check_value(cls, value: Any) -> Any:
+        # One clear message instead of one per alternative of the union.
+        _check_const_value(value, "")
+        return value
+
+
+def _check_const_value(value: Any, path: str) -> None:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_const_value(item, f"{path}[{i}]")
+    elif not isinstance(value, (bool, int, float)) and not (
+        isinstance(value, str) and value in NONFINITE
+    ):
+        raise ValueError(
+            'a constant is a number, a bool, "nan", "inf", "-inf" or a nested list of '
+            f"them; found {value!r}" + (f" at value{path}" if path else "")
+        )
 
 
 class SubProgram(_Model):
@@ -186,9 +213,23 @@ class Program(_Model):
         """Serialise to JSON text; ``Program.loads(p.to_json()) == p``."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
-    def save(self, path: str | Path, indent: int | None = 1) -> None:
-        """Write the program to a JSON file."""
-        Path(path).write_text(self.to_json(indent=indent) + "\n")
+    def save(self, path: str | Path) -> None:
+        """Write the program to a JSON file, one declaration or instruction per
+        line (readable, and diffs show which instruction changed)."""
+        Path(path).write_text(self.to_pretty_json() + "\n")
+
+    def to_pretty_json(self) -> str:
+        """JSON text with each top-level field on its own line and each element
+        of the top-level lists (inputs, instructions, ...) on its own line."""
+        lines = []
+        for key, value in self.to_dict().items():
+            if key == "instructions":
+                lines.append(f'  "instructions": {_pretty_list(value, 2, _pretty_instruction)}')
+            elif isinstance(value, list):
+                lines.append(f"  {json.dumps(key)}: {_pretty_list(value, 2, _dumps)}")
+            else:
+                lines.append(f"  {json.dumps(key)}: {_dumps(value)}")
+        return "{\n" + ",\n".join(lines) + "\n}"
 
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
@@ -198,6 +239,34 @@ class Program(_Model):
 
 
 _FIELD_ORDER = list(Program.model_fields)
+
+
+def _dumps(value: Any, indent: int = 0) -> str:
+    return json.dumps(value, allow_nan=False)
+
+
+def _pretty_list(items: list, indent: int, render) -> str:
+    if not items:
+        return "[]"
+    pad = " " * (indent + 2)
+    body = ",\n".join(pad + render(item, indent + 2) for item in items)
+    return "[\n" + body + "\n" + " " * indent + "]"
+
+
+def _pretty_instruction(inst: dict[str, Any], indent: int) -> str:
+    """One line per instruction; a structured op's subprograms are laid out
+    below it, their instructions one per line."""
+    subprograms = inst.get("subprograms")
+    if not subprograms:
+        return _dumps(inst)
+    head = _dumps({k: v for k, v in inst.items() if k != "subprograms"})[:-1]
+    pad = " " * (indent + 2)
+    parts = []
+    for name, sub in subprograms.items():
+        body = _pretty_list(sub.get("instructions", []), indent + 2, _pretty_instruction)
+        outputs = _dumps(sub.get("outputs", []))
+        parts.append(f'{pad}{json.dumps(name)}: {{"instructions": {body}, "outputs": {outputs}}}')
+    return head + ', "subprograms": {\n' + ",\n".join(parts) + "\n" + " " * indent + "}}"
 
 
 def _encode_nonfinite(value: Any) -> Any:
@@ -214,7 +283,7 @@ def _describe(exc: pydantic.ValidationError) -> str:
     lines = []
     for err in exc.errors()[:5]:
         loc = _location(err["loc"])
-        lines.append(f"{loc}: {err['msg']}")
+        lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     more = exc.error_count() - len(lines)
     if more > 0:
         lines.append(f"... and {more} more")
@@ -233,12 +302,14 @@ _SINGULAR = {
 
 def _location(loc: tuple) -> str:
     parts: list[str] = []
-    it = iter(loc)
-    for item in it:
-        if item in _SINGULAR:
-            parts.append(f"{_SINGULAR[item]} {next(it, '?')}")
-        elif item == "subprograms":
-            parts.append(f"subprogram {next(it, '?')!r}")
+    rest = list(loc)
+    while rest:
+        item = rest.pop(0)
+        # A list field followed by an index names one element; alone, the field.
+        if item in _SINGULAR and rest and isinstance(rest[0], int):
+            parts.append(f"{_SINGULAR[item]} {rest.pop(0)}")
+        elif item == "subprograms" and rest:
+            parts.append(f"subprogram {rest.pop(0)!r}")
         elif isinstance(item, str) and item.startswith(("function-", "list[", "union[")):
             continue
         else:

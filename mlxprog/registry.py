@@ -45,18 +45,24 @@ class OpSpec:
     """Everything the validator, interpreter and docs need to know about an op.
 
     ``operands`` is the operand count: an int, or ``(min, max)`` with ``max=None``
-    for unbounded. ``outputs`` is the result count: an int, or a function of
-    ``(attrs, n_operands)``. ``shape_rule`` is optional: without it, validation
-    infers result shapes by running ``impl`` on unevaluated placeholder arrays,
-    which MLX builds lazily without allocating. Ops that run host code (``host``)
-    or own subprograms must give a rule.
+    for unbounded. ``outputs`` is the result count: an int, a function of
+    ``(attrs, n_operands)``, or None when the op's subprograms decide it.
+    ``shape_rule`` is optional: without it, validation infers result shapes by
+    running ``impl`` on unevaluated placeholder arrays, which MLX builds lazily
+    without allocating.
+
+    Host ops (``host=True``: ``while``, ``cond``, ``runtime_call``) end a compiled
+    segment; their ``impl`` is a host handler ``impl(runner, step, operands,
+    inputs)`` run between segments. They need a ``shape_rule``, or, when they own
+    ``subprograms``, a ``validate_structured(base, inst, avals, attrs, where)``
+    hook (in ``extra``) returning ``(blocks, result avals)``.
     """
 
     name: str
     impl: Impl
     attrs: type[Attrs]
     operands: int | tuple[int, int | None]
-    outputs: int | Callable[[Any, int], int]
+    outputs: int | Callable[[Any, int], int] | None
     shape_rule: ShapeRule | None
     family: str
     doc: str
@@ -79,8 +85,9 @@ class OpSpec:
             return f"{lo} or more"
         return f"{lo} to {hi}"
 
-    def num_outputs(self, attrs: Any, n_operands: int) -> int:
-        """How many results an instruction of this op produces."""
+    def num_outputs(self, attrs: Any, n_operands: int) -> int | None:
+        """How many results an instruction of this op produces (None: decided
+        by its subprograms)."""
         if callable(self.outputs):
             return self.outputs(attrs, n_operands)
         return self.outputs
@@ -98,7 +105,7 @@ def register_op(
     *,
     attrs: type[Attrs] = NoAttrs,
     operands: int | tuple[int, int | None] = 1,
-    outputs: int | Callable[[Any, int], int] = 1,
+    outputs: int | Callable[[Any, int], int] | None = 1,
     shape_rule: ShapeRule | None = None,
     family: str | None = None,
     subprograms: Sequence[str] = (),

@@ -22,7 +22,7 @@ import numpy as np
 import pydantic
 
 from .attrs import Attrs
-from .dtypes import is_integer, name_of, to_mlx
+from .dtypes import is_floating, is_integer, name_of, to_mlx
 from .errors import ValidationError
 from .program import NONFINITE, Constant, Instruction, Program, Ref
 from .registry import AVal, OpSpec, lookup, suggest
@@ -168,8 +168,9 @@ class _Scope:
         self.placeholders: list[mx.array] = [*base.placeholders, *(_placeholder(a) for a in carry)]
         self.n_results = 0
 
-    def resolve(self, ref: Ref, where: str, what: str) -> int:
-        """The environment slot of a ref, or a ValidationError saying why it is bad."""
+    def resolve(self, ref: Ref, where: str, what: str, op: str | None = None) -> int:
+        """The environment slot of a ref, or a ValidationError saying why it is bad
+        (naming ``op``, the instruction's op, when the ref is an operand)."""
         b = self.base
         kind, idx = ref.kind, ref.index
         if kind == "input":
@@ -183,6 +184,7 @@ class _Scope:
                 raise ValidationError(
                     f"{what} is a carry ref, but carry refs exist only inside subprograms",
                     where,
+                    op,
                 )
             limit, offset = self.n_carry, len(b.avals)
         else:
@@ -191,11 +193,14 @@ class _Scope:
                     f"{what} refers to result {idx}, but only {self.n_results} result(s) "
                     "exist at this point (a ref may only point to a result already produced)",
                     where,
+                    op,
                 )
             return len(b.avals) + self.n_carry + idx
         if idx >= limit:
             raise ValidationError(
-                f"{what} refers to {kind} {idx}, but there are only {limit} {kind}(s)", where
+                f"{what} refers to {kind} {idx}, but there are only {limit} {kind}(s)",
+                where,
+                op,
             )
         return offset + idx
 
@@ -204,7 +209,8 @@ class _Scope:
         spec = lookup_op(inst.op, where)
         check_arity(spec, len(inst.operands), where)
         args = tuple(
-            self.resolve(ref, where, f"operand {i}") for i, ref in enumerate(inst.operands)
+            self.resolve(ref, where, f"operand {i}", inst.op)
+            for i, ref in enumerate(inst.operands)
         )
         attrs, blocks, out_avals, placeholders = infer(
             self.base, spec, inst, [self.avals[s] for s in args],
@@ -250,7 +256,6 @@ def infer(base: Base, spec: OpSpec, inst: Instruction, avals: list[AVal],
             where,
             inst.op,
         )
-    n_out = spec.num_outputs(attrs, len(avals))
     blocks: dict[str, Block] = {}
     try:
         if spec.subprograms:
@@ -260,14 +265,15 @@ def infer(base: Base, spec: OpSpec, inst: Instruction, avals: list[AVal],
             out_avals = list(spec.shape_rule(avals, attrs))
             results = [_placeholder(a) for a in out_avals]
         else:
-            results = _as_results(spec.impl(placeholders, attrs), n_out)
+            results = _as_results(spec.impl(placeholders, attrs), spec.num_outputs(attrs, len(avals)))
             out_avals = [AVal.of(p) for p in results]
     except ValidationError:
         raise
     except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as exc:
         shapes = ", ".join(str(a) for a in avals) or "no operands"
         raise ValidationError(f"{_clean(exc)} (operands: {shapes})", where, inst.op) from None
-    if len(out_avals) != n_out:
+    n_out = spec.num_outputs(attrs, len(avals))
+    if n_out is not None and len(out_avals) != n_out:
         raise ValidationError(
             f"op produced {len(out_avals)} result(s), its spec declares {n_out}", where, inst.op
         )
@@ -330,8 +336,13 @@ def _make_constant(index: int, const: Constant) -> mx.array:
         data = np.array(_decode(const.value))
     except ValueError:
         raise ValidationError("value is a ragged nested list", where) from None
-    if data.dtype == object:
-        raise ValidationError("value is a ragged nested list", where)
+    if data.dtype == object:  # integers beyond 64 bits (ragged lists raise above)
+        try:
+            if not is_floating(dtype):
+                raise OverflowError
+            data = data.astype(np.float64)
+        except OverflowError:
+            raise ValidationError(f"value out of range for {const.dtype}", where) from None
     if is_integer(dtype) or dtype == mx.bool_:
         if data.dtype.kind == "f":
             if not np.all(np.isfinite(data)) or np.any(data != np.round(data)):
@@ -342,12 +353,19 @@ def _make_constant(index: int, const: Constant) -> mx.array:
                 raise ValidationError(
                     f"value out of range for {const.dtype} [{info.min}, {info.max}]", where
                 )
+    if dtype in _FLOAT_MAX and data.dtype.kind in "fiu" and data.size:
+        finite = data[np.isfinite(data)].astype(np.float64)
+        if finite.size and np.max(np.abs(finite)) > _FLOAT_MAX[dtype]:
+            raise ValidationError(f"value out of range for {const.dtype}", where)
     if dtype == mx.bfloat16:
         return mx.array(data.astype(np.float32)).astype(dtype)
-    if data.dtype.kind == "f" and dtype in (mx.float32, mx.float16) and data.size:
-        finite = data[np.isfinite(data)]
-        limit = np.finfo(name_of(dtype)).max
-        if finite.size and np.max(np.abs(finite)) > limit:
-            raise ValidationError(f"value out of range for {const.dtype}", where)
     return mx.array(data, dtype=dtype)
+
+
+# Largest finite values of the narrow float dtypes (numpy has no bfloat16).
+_FLOAT_MAX = {
+    mx.float16: float(np.finfo(np.float16).max),
+    mx.bfloat16: 3.3895313892515355e38,
+    mx.float32: float(np.finfo(np.float32).max),
+}
 

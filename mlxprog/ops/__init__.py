@@ -1,3 +1,17 @@
 """Built-in op families. Importing this package registers every op."""
 
-from . import elementwise  # noqa: F401
+from . import (  # noqa: F401
+    contract,
+    conv,
+    creation,
+    elementwise,
+    fft,
+    index,
+    linalg,
+    nn,
+    quant,
+    random,
+    reduce,
+    shape,
+    window,
+)
