@@ -19,6 +19,8 @@ from .errors import (
 from .executable import Executable, Stats, compile, load_weights, run
 from .program import Constant, Instruction, Program, Ref, SubProgram, TensorSpec
 from .registry import AVal, OpSpec, all_ops, lookup, register_op, unregister_op
+from .schema import full_schema
+from .symbolic import SymbolicProgram
 from .validate import ValidatedProgram, validate
 
 __version__ = "0.1.0"
@@ -28,6 +30,6 @@ __all__ = [
     "FormatError", "Instruction", "LoopLimitError", "NoAttrs", "NumericError", "OpSpec",
     "Program", "ProgramBuilder", "ProgramError", "Ref", "Stats", "SubProgram",
     "TensorSpec", "TraceError", "ValidatedProgram", "ValidationError", "Value",
-    "all_ops", "compile", "load_weights", "lookup", "register_op", "run",
+    "SymbolicProgram", "all_ops", "compile", "full_schema", "load_weights", "lookup", "register_op", "run",
     "unregister_op", "validate",
 ]

@@ -29,7 +29,7 @@ from .dtypes import DTYPE_NAMES
 class Attrs(BaseModel):
     """Base class of op attribute models: frozen, unknown keys rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class NoAttrs(Attrs):

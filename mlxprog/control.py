@@ -36,6 +36,11 @@ def _validate_while(base: Base, inst, avals: list[AVal], attrs, where: str):
 
 
 def _run_while(runner, step, operands: list[mx.array], inputs: Sequence[mx.array]):
+    """Loop while ``cond`` is true: operands are the initial carry; ``cond``
+    maps the carry to one boolean scalar, ``body`` maps it to a new carry of the
+    same shapes and dtypes; the results are the final carry. Both subprograms see
+    the program's inputs, captures and constants. ``max_iterations`` (default: the
+    Executable's limit) ends a runaway loop with ``LoopLimitError``."""
     cond, body = runner.children[step]["cond"], runner.children[step]["body"]
     limit = step.attrs.max_iterations or runner.options.max_iterations
     carry = operands
@@ -67,11 +72,6 @@ register_op(
     family="control",
     validate_structured=_validate_while,
 )(_run_while)
-_run_while.__doc__ = """Loop while ``cond`` is true: operands are the initial carry; ``cond``
-maps the carry to one boolean scalar, ``body`` maps it to a new carry of the
-same shapes and dtypes; the results are the final carry. Both subprograms see
-the program's inputs, captures and constants. ``max_iterations`` (default: the
-Executable's limit) ends a runaway loop with ``LoopLimitError``."""
 
 
 # -- cond --------------------------------------------------------------------
@@ -91,6 +91,10 @@ def _validate_cond(base: Base, inst, avals: list[AVal], attrs, where: str):
 
 
 def _run_cond(runner, step, operands: list[mx.array], inputs: Sequence[mx.array]):
+    """Run ``then`` if operand 0 (a bool or integer scalar) is true/nonzero,
+    else ``else``. The remaining operands are passed to the branch as carry; both
+    branches must produce outputs of identical shapes and dtypes. Only the taken
+    branch runs."""
     branch = "then" if operands[0].item() else "else"
     return runner.children[step][branch].run(inputs, operands[1:])
 
@@ -104,10 +108,6 @@ register_op(
     family="control",
     validate_structured=_validate_cond,
 )(_run_cond)
-_run_cond.__doc__ = """Run ``then`` if operand 0 (a bool or integer scalar) is true/nonzero,
-else ``else``. The remaining operands are passed to the branch as carry; both
-branches must produce outputs of identical shapes and dtypes. Only the taken
-branch runs."""
 
 
 # -- runtime_call ------------------------------------------------------------
@@ -128,6 +128,11 @@ def _runtime_call_shapes(avals: list[AVal], attrs: RuntimeCallAttrs) -> list[AVa
 
 
 def _run_runtime_call(runner, step, operands: list[mx.array], inputs: Sequence[mx.array]):
+    """Call the Python function registered under ``callback`` in the
+    ``callbacks`` mapping given to ``mlxprog.compile`` (a program can never name
+    importable code). It receives the operand arrays and must return arrays of the
+    declared ``outputs`` shapes and dtypes (checked). It fires on every call of the
+    Executable, in program order, even when nobody uses its results."""
     name = step.attrs.callback
     callback = runner.options.callbacks[name]
     where = f"{step.location} (runtime_call {name!r})"
@@ -178,11 +183,6 @@ register_op(
     host=True,
     family="control",
 )(_run_runtime_call)
-_run_runtime_call.__doc__ = """Call the Python function registered under ``callback`` in the
-``callbacks`` mapping given to ``mlxprog.compile`` (a program can never name
-importable code). It receives the operand arrays and must return arrays of the
-declared ``outputs`` shapes and dtypes (checked). It fires on every call of the
-Executable, in program order, even when nobody uses its results."""
 
 
 # -- shared checks -----------------------------------------------------------

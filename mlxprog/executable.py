@@ -11,6 +11,8 @@ closed over, so they are never passed per call.
 from __future__ import annotations
 
 import time
+import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -18,30 +20,38 @@ from typing import Any, Callable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from .dtypes import name_of, numpy_dtype
-from .errors import BindingError, ProgramError
+from . import dims as D
+from .dtypes import name_of, numpy_dtype, to_mlx
+from .errors import BindingError, ProgramError, TraceError
 from .interpreter import run_step_eager, run_steps
 from .program import Program
 from .registry import AVal
+from .symbolic import SymbolicProgram
 from .validate import Block, Step, ValidatedProgram, validate
 
 DEFAULT_MAX_ITERATIONS = 1_000_000
+DEFAULT_MAX_TRACES = 16
 
 
 @dataclass
 class SegmentStats:
-    """Counters of one compiled segment."""
+    """Counters of one compiled segment. ``shapeless`` segments serve every
+    binding of a symbolic program with one trace; ``fallback`` ones failed to
+    trace and run eagerly."""
 
     location: str
     instructions: int
     traces: int = 0
     calls: int = 0
+    shapeless: bool = False
+    fallback: bool = False
 
 
 @dataclass
 class Stats:
-    """What an Executable has done: calls, traces, time spent tracing, and the
-    shape of its plan. ``exe.stats`` is live; ``exe.stats.as_dict()`` snapshots it."""
+    """What an Executable has done: calls, traces, time spent tracing, the shape
+    of its plan, and (symbolic programs) its trace cache. ``exe.stats`` is live;
+    ``exe.stats.as_dict()`` snapshots it."""
 
     calls: int = 0
     traces: int = 0
@@ -51,6 +61,11 @@ class Stats:
     loop_iterations: int = 0
     callback_calls: int = 0
     eager: bool = False
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    bindings: list[dict[str, int]] = field(default_factory=list)
+    fallbacks: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as plain data."""
@@ -61,9 +76,15 @@ class Stats:
             "instructions": self.instructions,
             "segments": len(self.segments),
             "segment_traces": [s.traces for s in self.segments],
+            "shapeless_segments": sum(s.shapeless for s in self.segments),
             "loop_iterations": self.loop_iterations,
             "callback_calls": self.callback_calls,
             "eager": self.eager,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "cache_evictions": self.cache_evictions,
+            "cached_bindings": [dict(b) for b in self.bindings],
+            "fallbacks": self.fallbacks,
         }
 
     def __str__(self) -> str:
@@ -72,36 +93,50 @@ class Stats:
 
 @dataclass(frozen=True)
 class Options:
-    """Execution options shared by every block of an Executable."""
+    """Execution options shared by every block of an Executable.
+
+    ``shared_segments`` (symbolic programs) holds the shapeless segments that
+    every binding reuses; ``symbolic_locations`` names the instructions whose
+    attributes depend on dims (their segments cannot be shapeless).
+    """
 
     eager: bool
     check_numerics: bool
     callbacks: Mapping[str, Callable]
     max_iterations: int
+    fallback: str = "eager"
+    shared_segments: dict | None = None
+    symbolic_locations: frozenset = frozenset()
 
 
 class _Segment:
     """A straight-line run of steps compiled as one function of the values it reads."""
 
-    def __init__(self, runner: BlockRunner, steps: Sequence[Step], reads, writes):
+    def __init__(self, runner: BlockRunner, steps: Sequence[Step], reads, writes,
+                 shapeless: bool = False):
         self.steps = tuple(steps)
         self.reads = tuple(reads)
         self.writes = tuple(writes)
-        self.stats = SegmentStats(steps[0].location if steps else runner.block.location, len(steps))
+        self.fallback_policy = runner.options.fallback
+        self.stats = SegmentStats(steps[0].location, len(steps), shapeless=shapeless)
         n_slots = runner.block.n_slots
         fixed = runner.fixed
         n_fixed = len(fixed)
         steps_, reads_, writes_, stats = self.steps, self.reads, self.writes, self.stats
 
-        def segment(*values):
-            stats.traces += 1
+        def interpret(*values):
             env = [*fixed, *([None] * (n_slots - n_fixed))]
             for slot, value in zip(reads_, values):
                 env[slot] = value
             run_steps(steps_, env)
             return [env[s] for s in writes_]
 
-        self.compiled = mx.compile(segment)
+        def segment(*values):
+            stats.traces += 1
+            return interpret(*values)
+
+        self.interpret = interpret
+        self.compiled = mx.compile(segment, shapeless=shapeless)
         self._closed_over = {id(v) for v in fixed if v is not None}
 
     def __call__(self, values: Sequence[mx.array], stats: Stats) -> list[mx.array]:
@@ -111,12 +146,34 @@ class _Segment:
         values = [mx.array(v) if id(v) in closed_over else v for v in values]
         before = self.stats.traces
         start = time.perf_counter()
-        out = self.compiled(*values)
+        try:
+            out = self.compiled(*values)
+        except ProgramError:
+            raise
+        except Exception as exc:
+            if self.stats.traces == before:
+                raise
+            out = self._fall_back(exc, values, stats)
         if self.stats.traces != before:
             stats.traces += 1
             stats.trace_seconds += time.perf_counter() - start
         self.stats.calls += 1
         return out
+
+    def _fall_back(self, exc: Exception, values: Sequence[mx.array], stats: Stats) -> list:
+        """Tracing failed for a reason validation could not see (an op MLX cannot
+        compile): run this segment eagerly from now on, or raise."""
+        where = self.stats.location
+        if self.fallback_policy == "raise":
+            raise TraceError(f"tracing the segment starting at {where} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        warnings.warn(f"mlxprog: tracing the segment starting at {where} failed "
+                      f"({type(exc).__name__}: {exc}); running it eagerly", RuntimeWarning,
+                      stacklevel=4)
+        self.compiled = self.interpret
+        self.stats.fallback = True
+        stats.fallbacks += 1
+        return self.interpret(*values)
 
 
 class BlockRunner:
@@ -135,6 +192,8 @@ class BlockRunner:
         self.stats = stats
         self.units: list[_Segment | Step] = []
         self.release: list[tuple[int, ...]] = []
+        # Stats of the segments this runner and its subprograms' runners use.
+        self.segment_stats: list[SegmentStats] = []
         self._direct: tuple | None = None
         # Subprogram runners of structured steps share captures, options, stats.
         self.children: dict[Step, dict[str, BlockRunner]] = {
@@ -146,6 +205,9 @@ class BlockRunner:
             self.release = _release_plan(block)
         else:
             self._plan()
+        for runners in self.children.values():
+            for child in runners.values():
+                self.segment_stats.extend(child.segment_stats)
 
     def _plan(self) -> None:
         block = self.block
@@ -179,11 +241,24 @@ class BlockRunner:
                  if a not in produced and not self.n_inputs <= a < len(self.fixed)}
             )
             writes = [s for s in sorted(produced) if s in after]
-            segment = _Segment(self, group, reads, writes)
-            self.stats.segments.append(segment.stats)
-            self.units.append(segment)
+            self.units.append(self._segment(group, reads, writes))
         if all(isinstance(u, _Segment) for u in self.units) and len(self.units) <= 1:
             self._direct = self._direct_plan()
+
+    def _segment(self, group: list[Step], reads, writes) -> _Segment:
+        shared = self.options.shared_segments
+        if shared is not None and all(
+            step.spec.shapeless and step.location not in self.options.symbolic_locations
+            for step in group
+        ):
+            key = (group[0].location, group[-1].location)
+            if key not in shared:
+                shared[key] = _Segment(self, group, reads, writes, shapeless=True)
+            self.segment_stats.append(shared[key].stats)
+            return shared[key]
+        segment = _Segment(self, group, reads, writes)
+        self.segment_stats.append(segment.stats)
+        return segment
 
     def _direct_plan(self) -> tuple:
         """Where a block of at most one segment reads its values and finds its
@@ -281,32 +356,65 @@ class Executable:
     Build one with :func:`mlxprog.compile`. Inputs may be ``mx.array``, numpy
     arrays or Python scalars/lists, positionally or by input name; they are
     checked against the input specs. Outputs are a list of (lazy) ``mx.array``.
+
+    A program with symbolic dims binds them from the input shapes on each call
+    and keeps one specialised plan per binding in an LRU cache of
+    ``max_traces`` entries; segments made only of shape-polymorphic ops are
+    compiled shapeless and shared by every binding.
     """
 
-    def __init__(self, validated: ValidatedProgram, capture_values: Sequence[mx.array],
-                 options: Options):
+    def __init__(self, validated: ValidatedProgram | SymbolicProgram,
+                 capture_values: Sequence[mx.array], options: Options,
+                 max_traces: int = DEFAULT_MAX_TRACES,
+                 buckets: Mapping[str, str | Sequence[int]] | None = None):
         self.validated = validated
         self.program = validated.program
         self.options = options
-        self.stats = Stats(instructions=_count_instructions(validated.block), eager=options.eager)
-        self._input_avals = validated.input_avals
-        self._input_names = [s.name for s in validated.program.inputs]
-        fixed = [None] * len(self._input_avals) + [*capture_values, *validated.constants]
-        self._runner = BlockRunner(
-            validated.block, len(self._input_avals), fixed, options, self.stats
-        )
+        self.stats = Stats(eager=options.eager)
+        self._captures = list(capture_values)
+        specs = validated.program.inputs
+        self._input_names = [s.name for s in specs if s.value_of is None]
+        self._input_dtypes = [to_mlx(s.dtype) for s in specs if s.value_of is None]
+        self._symbolic = isinstance(validated, SymbolicProgram)
+        if self._symbolic:
+            self._max_traces = max_traces
+            self._buckets = _check_buckets(buckets or {}, validated)
+            self._runners: OrderedDict[tuple, BlockRunner] = OrderedDict()
+            self._declared = [shape for shape, s in zip(validated.input_shapes, specs)
+                              if s.value_of is None]
+            self._value_of = [None if s.value_of is None else (s.value_of, to_mlx(s.dtype))
+                              for s in specs]
+            self.stats.instructions = _count_instructions(validated.sample.block)
+        else:
+            if buckets:
+                raise BindingError("buckets= needs a program with symbolic dims")
+            self._input_avals = validated.input_avals
+            self._runner = self._make_runner(validated)
+            self.stats.segments.extend(self._runner.segment_stats)
+            self.stats.instructions = _count_instructions(validated.block)
+
+    def _make_runner(self, validated: ValidatedProgram) -> BlockRunner:
+        fixed = [None] * len(validated.input_avals) + [*self._captures, *validated.constants]
+        mx.eval(validated.constants)
+        return BlockRunner(validated.block, len(validated.input_avals), fixed, self.options,
+                           self.stats)
 
     @property
     def input_names(self) -> list[str]:
-        """Names of the inputs, in call order."""
+        """Names of the inputs a caller passes, in call order."""
         return list(self._input_names)
 
     @property
     def out_avals(self) -> list[AVal]:
-        """Shapes and dtypes of the outputs."""
+        """Shapes and dtypes of the outputs (static programs)."""
+        if self._symbolic:
+            raise ProgramError("a symbolic program's output shapes depend on its dims; "
+                               "see exe.validated.describe_outputs()")
         return self.validated.out_avals
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[mx.array]:
+        if self._symbolic:
+            return self._call_symbolic(args, kwargs)
         values = self._bind(args, kwargs)
         self.stats.calls += 1
         return self._runner.run(values)
@@ -330,6 +438,62 @@ class Executable:
             values.append(value)
         return values
 
+    def _call_symbolic(self, args: tuple, kwargs: dict) -> list[mx.array]:
+        if kwargs:
+            args = self._merge_kwargs(args, kwargs)
+        names = self._input_names
+        if len(args) != len(names):
+            raise BindingError(
+                f"program {self.program.name or '<unnamed>'} takes {len(names)} input(s) "
+                f"({', '.join(names) or 'none'}), got {len(args)}"
+            )
+        values = [
+            _to_array(name, AVal(None, dtype), value) if not isinstance(value, mx.array)
+            else _check_dtype(name, dtype, value)
+            for name, dtype, value in zip(names, self._input_dtypes, args)
+        ]
+        bindings = D.bind_dims(
+            [(n, list(d), tuple(v.shape)) for n, d, v in zip(names, self._declared, values)],
+            self.validated.dims,
+        )
+        run_bindings = {d: _bucket(v, self._buckets[d], self.validated.dims[d])
+                        if d in self._buckets else v for d, v in bindings.items()}
+        padded = run_bindings != bindings
+        if padded:
+            values = [_pad(v, declared, run_bindings)
+                      for v, declared in zip(values, self._declared)]
+        runner = self._runner_for(run_bindings)
+        given = iter(values)
+        inputs = [next(given) if dim is None else mx.array(bindings[dim[0]], dtype=dim[1])
+                  for dim in self._value_of]
+        self.stats.calls += 1
+        outputs = runner.run(inputs)
+        if padded:
+            outputs = [_unpad(o, shape, bindings)
+                       for o, shape in zip(outputs, self.validated.out_shapes)]
+        return outputs
+
+    def _runner_for(self, bindings: dict[str, int]) -> BlockRunner:
+        key = tuple(sorted(bindings.items()))
+        runner = self._runners.get(key)
+        if runner is not None:
+            self._runners.move_to_end(key)
+            self.stats.cache_hits += 1
+            return runner
+        self.stats.cache_misses += 1
+        specialized = self.validated.specialize(bindings)
+        runner = self._make_runner(specialized)
+        self._runners[key] = runner
+        self.stats.segments.extend(s for s in runner.segment_stats
+                                   if not any(s is t for t in self.stats.segments))
+        if len(self._runners) > self._max_traces:
+            _, evicted = self._runners.popitem(last=False)
+            self.stats.cache_evictions += 1
+            alive = {id(s) for r in self._runners.values() for s in r.segment_stats}
+            self.stats.segments = [s for s in self.stats.segments if id(s) in alive]
+        self.stats.bindings = [dict(k) for k in self._runners]
+        return runner
+
     def _merge_kwargs(self, args: tuple, kwargs: dict) -> tuple:
         names = self._input_names
         merged = list(args)
@@ -343,9 +507,58 @@ class Executable:
         return tuple(merged)
 
 
+def _check_dtype(name: str, dtype: mx.Dtype, value: mx.array) -> mx.array:
+    if value.dtype != dtype:
+        raise BindingError(f"input {name!r} expects {name_of(dtype)}, got {name_of(value.dtype)}")
+    return value
+
+
+def _check_buckets(buckets: Mapping[str, Any], program: SymbolicProgram) -> dict[str, Any]:
+    for dim, policy in buckets.items():
+        if dim not in program.dims:
+            raise BindingError(f"buckets names unknown dim {dim!r} "
+                               f"(dims: {', '.join(sorted(program.dims))})")
+        if policy != "pow2" and not (
+            isinstance(policy, (list, tuple)) and policy and all(
+                isinstance(v, int) and v >= 0 for v in policy)
+        ):
+            raise BindingError(f"bucket policy for {dim!r} must be 'pow2' or a list of sizes, "
+                               f"got {policy!r}")
+    return {d: (p if p == "pow2" else sorted(p)) for d, p in buckets.items()}
+
+
+def _bucket(value: int, policy: str | list[int], spec: D.DimSpec) -> int:
+    """The bucket a dim value is padded up to (the value itself if no bucket fits)."""
+    if policy == "pow2":
+        size = 1
+        while size < value:
+            size *= 2
+    else:
+        size = next((b for b in policy if b >= value), value)
+    if spec.max is not None and size > spec.max:
+        size = max(value, spec.max)
+    return size
+
+
+def _pad(value: mx.array, declared: Sequence[D.Expr], bindings: Mapping[str, int]) -> mx.array:
+    """Zero-pad each symbolic axis at its end to its size under ``bindings``."""
+    widths = [(0, D.evaluate(e, bindings) - size) for e, size in zip(declared, value.shape)]
+    if not any(high for _, high in widths):
+        return value
+    return mx.pad(value, widths)
+
+
+def _unpad(value: mx.array, shape: Sequence[D.Expr | None], bindings: Mapping[str, int]) -> mx.array:
+    """Cut each output axis whose size is a dim expression back to its true size."""
+    index = tuple(slice(0, D.evaluate(e, bindings)) if e is not None and not isinstance(e, int)
+                  else slice(None) for e in shape)
+    return value[index] if index else value
+
+
 def _mismatch(name: str, aval: AVal, shape, dtype) -> None:
+    expected = name_of(aval.dtype) + ("" if aval.shape is None else str(list(aval.shape)))
     raise BindingError(
-        f"input {name!r} expects {name_of(aval.dtype)}{list(aval.shape)}, "
+        f"input {name!r} expects {expected}, "
         f"got {name_of(dtype) if isinstance(dtype, mx.Dtype) else dtype}{list(shape)}"
     )
 
@@ -356,14 +569,14 @@ def _to_array(name: str, aval: AVal, value: Any) -> mx.array:
         if value.dtype != expected or aval.dtype == mx.bfloat16:
             if not (aval.dtype == mx.bfloat16 and value.dtype == np.float32):
                 _mismatch(name, aval, value.shape, value.dtype)
-        if tuple(value.shape) != aval.shape:
+        if aval.shape is not None and tuple(value.shape) != aval.shape:
             _mismatch(name, aval, value.shape, value.dtype)
         return mx.array(value, dtype=aval.dtype)
     try:
         array = mx.array(value, dtype=aval.dtype)
     except (TypeError, ValueError) as exc:
         raise BindingError(f"input {name!r}: cannot convert {type(value).__name__}: {exc}") from None
-    if array.shape != aval.shape:
+    if aval.shape is not None and array.shape != aval.shape:
         _mismatch(name, aval, array.shape, aval.dtype)
     return array
 
@@ -436,11 +649,14 @@ def bind_captures(validated: ValidatedProgram, captures: Mapping[str, Any] | Non
     return values
 
 
-def compile(program: Program | ValidatedProgram, captures: Mapping[str, Any] | None = None,
+def compile(program: Program | ValidatedProgram | SymbolicProgram,
+            captures: Mapping[str, Any] | None = None,
             weights: str | Path | Sequence[str | Path] | None = None,
             callbacks: Mapping[str, Callable] | None = None, eager: bool = False,
-            check_numerics: bool = False,
-            max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Executable:
+            check_numerics: bool = False, max_iterations: int = DEFAULT_MAX_ITERATIONS,
+            max_traces: int = DEFAULT_MAX_TRACES,
+            buckets: Mapping[str, str | Sequence[int]] | None = None,
+            fallback: str = "eager") -> Executable:
     """Validate a program, bind its captures and return an :class:`Executable`.
 
     ``captures`` maps capture names to arrays; ``weights`` names files read with
@@ -449,18 +665,36 @@ def compile(program: Program | ValidatedProgram, captures: Mapping[str, Any] | N
     interpreter without ``mx.compile``, evaluating each instruction and freeing
     values after their last use; ``check_numerics=True`` (eager only) raises on
     the first NaN/Inf. ``max_iterations`` is the default loop limit.
+
+    For programs with symbolic dims: ``max_traces`` bounds the number of
+    bindings kept compiled (least recently used ones are evicted);
+    ``buckets`` pads dims up to bucket sizes (``{"T": "pow2"}`` or
+    ``{"T": [128, 512, 2048]}``) so many lengths share few traces — see
+    ``docs/symbolic-shapes.md`` for the masking contract. ``fallback="eager"``
+    runs a segment that MLX fails to trace eagerly (with a warning, counted in
+    ``stats.fallbacks``); ``fallback="raise"`` raises :class:`TraceError`.
     """
-    validated = program if isinstance(program, ValidatedProgram) else validate(program)
+    validated = (program if isinstance(program, (ValidatedProgram, SymbolicProgram))
+                 else validate(program))
     if check_numerics and not eager:
         raise ProgramError("check_numerics=True needs eager=True (compiled graphs are opaque)")
+    if fallback not in ("eager", "raise"):
+        raise ProgramError(f"fallback must be 'eager' or 'raise', got {fallback!r}")
+    if max_traces < 1:
+        raise ProgramError(f"max_traces must be at least 1, got {max_traces}")
     capture_values = bind_captures(validated, captures, weights)
-    # Compiled segments close over these; MLX requires closed-over arrays to be
-    # materialised (a lazy one is an "uncaptured input").
-    mx.eval(capture_values, validated.constants)
+    # Compiled segments close over captures; MLX requires closed-over arrays to
+    # be materialised (a lazy one is an "uncaptured input").
+    mx.eval(capture_values)
     callbacks = dict(callbacks or {})
-    _check_callbacks(validated.block, callbacks)
-    options = Options(eager, check_numerics, callbacks, max_iterations)
-    return Executable(validated, capture_values, options)
+    symbolic = isinstance(validated, SymbolicProgram)
+    _check_callbacks((validated.sample if symbolic else validated).block, callbacks)
+    options = Options(
+        eager, check_numerics, callbacks, max_iterations, fallback,
+        shared_segments={} if symbolic else None,
+        symbolic_locations=validated.symbolic_locations if symbolic else frozenset(),
+    )
+    return Executable(validated, capture_values, options, max_traces, buckets)
 
 
 def run(program: Program | ValidatedProgram, *inputs: Any, **compile_kwargs: Any) -> list[mx.array]:

@@ -24,6 +24,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from .attrs import DType
+from .dims import DimSpec
 from .errors import FormatError
 
 FORMAT = "mlxprog"
@@ -89,11 +90,22 @@ class Ref(_Model):
 
 
 class TensorSpec(_Model):
-    """A named array declared with its shape and dtype (an input or a capture)."""
+    """A named array declared with its shape and dtype (an input or a capture).
+
+    An input's shape entries may name a dim of the program's ``dims`` table or
+    be an expression over dims (``"T"``, ``"2*T"``). An input with ``value_of``
+    set is not passed by the caller: it is a scalar that receives the bound
+    value of that dim on every call.
+    """
 
     name: str = Field(min_length=1)
-    shape: list[Annotated[int, Field(ge=0)]] = Field(description="dimension sizes")
+    shape: list[Annotated[int, Field(ge=0)] | str] = Field(
+        description="dimension sizes: integers, or (inputs only) dim names/expressions"
+    )
     dtype: DType
+    value_of: str | None = Field(
+        default=None, description="inputs only: receive the bound value of this dim"
+    )
 
 
 class Constant(_Model):
@@ -149,6 +161,7 @@ class Program(_Model):
     format: Literal["mlxprog"] = FORMAT
     version: Literal[1] = VERSION
     name: str = ""
+    dims: dict[str, DimSpec] = Field(default_factory=dict)
     inputs: list[TensorSpec] = Field(default_factory=list)
     captures: list[TensorSpec] = Field(default_factory=list)
     constants: list[Constant] = Field(default_factory=list)
@@ -207,7 +220,7 @@ class Program(_Model):
         data["format"] = FORMAT
         data["version"] = VERSION
         data = {k: data[k] for k in sorted(data, key=_FIELD_ORDER.index)}
-        return _encode_nonfinite(data)
+        return encode_nonfinite(data)
 
     def to_json(self, indent: int | None = None) -> str:
         """Serialise to JSON text; ``Program.loads(p.to_json()) == p``."""
@@ -233,8 +246,9 @@ class Program(_Model):
 
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
-        """JSON Schema of the document structure (without per-op attributes; see
-        :func:`mlxprog.registry.full_schema` for the schema with them)."""
+        """JSON Schema of the document structure as pydantic sees it; the
+        schema for emitters, with per-op attributes, is
+        :func:`mlxprog.schema.full_schema`."""
         return cls.model_json_schema()
 
 
@@ -269,13 +283,14 @@ def _pretty_instruction(inst: dict[str, Any], indent: int) -> str:
     return head + ', "subprograms": {\n' + ",\n".join(parts) + "\n" + " " * indent + "}}"
 
 
-def _encode_nonfinite(value: Any) -> Any:
+def encode_nonfinite(value: Any) -> Any:
+    """Replace non-finite floats (at any depth) by the strings "nan", "inf", "-inf"."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {k: _encode_nonfinite(v) for k, v in value.items()}
+        return {k: encode_nonfinite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_encode_nonfinite(v) for v in value]
+        return [encode_nonfinite(v) for v in value]
     return value
 
 

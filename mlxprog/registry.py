@@ -56,6 +56,11 @@ class OpSpec:
     inputs)`` run between segments. They need a ``shape_rule``, or, when they own
     ``subprograms``, a ``validate_structured(base, inst, avals, attrs, where)``
     hook (in ``extra``) returning ``(blocks, result avals)``.
+
+    ``shapeless`` marks an op whose MLX graph stays correct when only its input
+    shapes change (elementwise ops, reductions over fixed axes, matmul): a
+    segment of such ops in a symbolic program is compiled once with
+    ``mx.compile(shapeless=True)`` and serves every binding.
     """
 
     name: str
@@ -68,6 +73,7 @@ class OpSpec:
     doc: str
     subprograms: tuple[str, ...] = ()
     host: bool = False
+    shapeless: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def operand_range(self) -> tuple[int, int | None]:
@@ -110,6 +116,7 @@ def register_op(
     family: str | None = None,
     subprograms: Sequence[str] = (),
     host: bool = False,
+    shapeless: bool = False,
     replace: bool = False,
     **extra: Any,
 ) -> Callable[[Impl], Impl]:
@@ -143,6 +150,7 @@ def register_op(
             doc=inspect.cleandoc(fn.__doc__ or ""),
             subprograms=tuple(subprograms),
             host=host,
+            shapeless=shapeless,
             extra=dict(extra),
         )
         return fn

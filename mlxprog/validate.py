@@ -90,11 +90,22 @@ class ValidatedProgram:
         return self.block.out_avals
 
 
-def validate(program: Program) -> ValidatedProgram:
+def validate(program: Program):
     """Check a program completely and resolve it for execution.
 
-    Raises :class:`ValidationError` on the first problem, naming where it is.
+    Returns a :class:`ValidatedProgram`, or for a program with symbolic dims a
+    :class:`~mlxprog.symbolic.SymbolicProgram`. Raises :class:`ValidationError`
+    on the first problem, naming where it is.
     """
+    from .symbolic import is_symbolic, validate_symbolic
+
+    if is_symbolic(program):
+        return validate_symbolic(program)
+    return validate_static(program)
+
+
+def validate_static(program: Program) -> ValidatedProgram:
+    """Validate a program whose shapes are all concrete."""
     _check_unique(program.inputs, "input")
     _check_unique(program.captures, "capture")
     inputs = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.inputs)
@@ -167,6 +178,9 @@ class _Scope:
         self.avals: list[AVal] = [*base.avals, *carry]
         self.placeholders: list[mx.array] = [*base.placeholders, *(_placeholder(a) for a in carry)]
         self.n_results = 0
+        # Instructions without attrs or subprograms whose op and operand avals
+        # match infer alike: (op, *avals) -> infer's result, computed once.
+        self.inferred: dict[tuple, tuple] = {}
 
     def resolve(self, ref: Ref, where: str, what: str, op: str | None = None) -> int:
         """The environment slot of a ref, or a ValidationError saying why it is bad
@@ -212,10 +226,16 @@ class _Scope:
             self.resolve(ref, where, f"operand {i}", inst.op)
             for i, ref in enumerate(inst.operands)
         )
-        attrs, blocks, out_avals, placeholders = infer(
-            self.base, spec, inst, [self.avals[s] for s in args],
-            [self.placeholders[s] for s in args], where,
-        )
+        avals = [self.avals[s] for s in args]
+        key = None if inst.attrs or inst.subprograms else (inst.op, *avals)
+        inferred = self.inferred.get(key)
+        if inferred is None:
+            inferred = infer(
+                self.base, spec, inst, avals, [self.placeholders[s] for s in args], where
+            )
+            if key is not None:
+                self.inferred[key] = inferred
+        attrs, blocks, out_avals, placeholders = inferred
         out = len(self.avals)
         self.avals.extend(out_avals)
         self.placeholders.extend(placeholders)
@@ -299,13 +319,18 @@ def _validate_attrs(spec: OpSpec, inst: Instruction, avals: list[AVal], where: s
     except pydantic.ValidationError as exc:
         problems = []
         for err in exc.errors():
-            name = ".".join(str(p) for p in err["loc"]) or "attrs"
+            # Union members show up in locations as 'function-after[...]' etc.
+            parts = [str(p) for p in err["loc"] if not _is_schema_tag(p)]
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 known = ", ".join(spec.attrs.model_fields) or "none"
                 msg = f"unknown attribute (known: {known})"
-            problems.append(f"attribute {name!r}: {msg}")
+            problems.append(f"attribute {'.'.join(parts)!r}: {msg}" if parts else msg)
         raise ValidationError("; ".join(problems), where, inst.op) from None
+
+
+def _is_schema_tag(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in ("int", "str", "float", "bool"))
 
 
 def _clean(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ class AstypeAttrs(Attrs):
     dtype: DType
 
 
-@register_op("astype", attrs=AstypeAttrs)
+@register_op("astype", attrs=AstypeAttrs, shapeless=True)
 def astype(operands, attrs):
     """Convert to ``dtype`` (values converted, as ``mx.astype``)."""
     return operands[0].astype(to_mlx(attrs.dtype))
@@ -38,7 +38,7 @@ def _unary(name: str, fn, doc: str) -> None:
 
     impl.__doc__ = doc
     impl.__name__ = name
-    register_op(name, operands=1)(impl)
+    register_op(name, operands=1, shapeless=True)(impl)
 
 
 _UNARY = {
@@ -86,7 +86,7 @@ for _name, (_fn, _doc) in _UNARY.items():
     _unary(_name, _fn, _doc)
 
 
-@register_op("cbrt")
+@register_op("cbrt", shapeless=True)
 def cbrt(operands, attrs):
     """Cube root as ``x ** (1/3)``: NaN for negative real inputs, as in the
     reference compiler."""
@@ -94,24 +94,25 @@ def cbrt(operands, attrs):
     return mx.power(x, mx.array(1.0 / 3.0, dtype=_float_of(x.dtype)))
 
 
-@register_op("erfc")
+@register_op("erfc", shapeless=True)
 def erfc(operands, attrs):
     """Complementary error function, ``1 - erf(x)``."""
     e = mx.erf(operands[0])
     return mx.array(1, dtype=e.dtype) - e
 
 
-@register_op("silu")
+@register_op("silu", shapeless=True)
 def silu(operands, attrs):
     """``x * sigmoid(x)`` (swish)."""
     x = operands[0]
     return x * mx.sigmoid(x)
 
 
-@register_op("gelu")
+@register_op("gelu", shapeless=True)
 def gelu(operands, attrs):
-    """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``."""
+    """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``; integer inputs give float32."""
     x = operands[0]
+    x = x.astype(_float_of(x.dtype))
     return x * (1 + mx.erf(x / mx.array(2**0.5, dtype=x.dtype))) / mx.array(2, dtype=x.dtype)
 
 
@@ -125,7 +126,7 @@ def _binary(name: str, fn, doc: str) -> None:
 
     impl.__doc__ = doc
     impl.__name__ = name
-    register_op(name, operands=2)(impl)
+    register_op(name, operands=2, shapeless=True)(impl)
 
 
 _BINARY = {
@@ -157,31 +158,38 @@ for _name, (_fn, _doc) in _BINARY.items():
     _binary(_name, _fn, _doc)
 
 
-@register_op("logical_xor", operands=2)
+@register_op("logical_xor", operands=2, shapeless=True)
 def logical_xor(operands, attrs):
     """Exactly one of a, b is true; result is bool."""
     a, b = operands
     return mx.not_equal(a.astype(mx.bool_), b.astype(mx.bool_))
 
 
-@register_op("remainder", operands=2)
+@register_op("remainder", operands=2, shapeless=True)
 def remainder(operands, attrs):
     """Truncating remainder: the result has the sign of the dividend (C's ``%``
     and ``fmod``), unlike MLX's floor-mod, as in the reference compiler."""
     a, b = operands
+    if mx.issubdtype(a.dtype, mx.inexact) or mx.issubdtype(b.dtype, mx.inexact):
+        # Floor-mod and truncation agree on magnitudes; correcting a floor-mod
+        # result by subtracting b instead would lose small dividends to rounding
+        # and turn an infinite divisor into NaN.
+        magnitude = mx.remainder(mx.abs(a), mx.abs(b))
+        return mx.where(a < 0, -magnitude, magnitude)
+    # Integers: exact, and abs() would overflow on the most negative value.
     rem = mx.remainder(a, b)
     fix = mx.logical_and(mx.not_equal(rem, 0), mx.not_equal(a < 0, b < 0))
     return mx.where(fix, rem - b, rem)
 
 
-@register_op("select", operands=3)
+@register_op("select", operands=3, shapeless=True)
 def select(operands, attrs):
     """``where(pred, on_true, on_false)``, broadcasting all three."""
     pred, on_true, on_false = operands
     return mx.where(pred, on_true, on_false)
 
 
-@register_op("clip", operands=3)
+@register_op("clip", operands=3, shapeless=True)
 def clip(operands, attrs):
     """Clamp ``x`` into ``[lo, hi]`` (operands x, lo, hi)."""
     x, lo, hi = operands

@@ -1,0 +1,159 @@
+"""Convolutions in MLX's channels-last layout.
+
+Inputs are ``[N, *spatial, C_in]`` and weights ``[C_out, *kernel, C_in / groups]``
+(the kernel has one dimension per spatial dimension); results are
+``[N, *spatial_out, C_out]``. Channel-first data (NCHW / OIHW) must be transposed
+first. Per-spatial-dimension attributes are lists with one entry per spatial
+dimension.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from pydantic import ConfigDict, ValidationInfo, model_validator
+
+from ..attrs import Attrs, PositiveInt, Size
+from ..registry import AVal, register_op
+
+Padding = tuple[Size, Size]
+"""``[low, high]`` padding of one spatial dimension."""
+
+
+class _Attrs(Attrs):
+    # The docstring under each field becomes its description in the op reference.
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+def _check_layouts(avals: list[AVal], groups: int, spatial_ranks: range | None = None) -> int:
+    """Check the input/weight ranks and channel counts; return the spatial rank."""
+    x, w = avals[0].shape, avals[1].shape
+    spatial = len(x) - 2
+    if spatial < 1 or (spatial_ranks is not None and spatial not in spatial_ranks):
+        allowed = "at least 1"
+        if spatial_ranks is not None:
+            allowed = f"{spatial_ranks[0]} to {spatial_ranks[-1]}"
+        raise ValueError(
+            f"input (operand 0) must be [N, *spatial, C_in] with {allowed} spatial "
+            f"dimension(s); found shape {list(x)}"
+        )
+    if len(w) != len(x):
+        raise ValueError(
+            f"weight (operand 1) must be [C_out, *kernel, C_in / groups] of rank {len(x)} "
+            f"like the input; found shape {list(w)}"
+        )
+    if x[-1] != w[-1] * groups:
+        raise ValueError(
+            f"input channels {x[-1]} must equal the weight's last dimension {w[-1]} times "
+            f"groups {groups}"
+        )
+    if w[0] % groups:
+        raise ValueError(f"output channels {w[0]} must be divisible by groups {groups}")
+    return spatial
+
+
+def _check_lengths(attrs: Attrs, spatial: int) -> None:
+    for name in type(attrs).model_fields:
+        value = getattr(attrs, name)
+        if isinstance(value, list) and len(value) != spatial:
+            raise ValueError(
+                f"{name} needs one entry per spatial dimension ({spatial}); found {len(value)}"
+            )
+
+
+class ConvGeneralAttrs(_Attrs):
+    stride: list[PositiveInt] | None = None
+    """Step of the kernel per spatial dimension (default 1)."""
+    padding: list[Padding] | None = None
+    """``[low, high]`` zero padding per spatial dimension (default none)."""
+    kernel_dilation: list[PositiveInt] | None = None
+    """Spacing between kernel taps per spatial dimension (default 1)."""
+    input_dilation: list[PositiveInt] | None = None
+    """Spacing inserted between input elements per spatial dimension (default 1)."""
+    groups: PositiveInt = 1
+    """Feature groups: channels split into ``groups`` independent convolutions."""
+    flip: bool = False
+    """Flip the kernel (true convolution) instead of cross-correlating."""
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> ConvGeneralAttrs:
+        avals = (info.context or {}).get("avals")
+        if avals is not None:
+            _check_lengths(self, _check_layouts(avals, self.groups))
+        return self
+
+
+@register_op("conv_general", attrs=ConvGeneralAttrs, operands=2)
+def conv_general(operands, attrs):
+    """N-d convolution (``mx.conv_general``), cross-correlation unless ``flip``.
+    Operands: input ``[N, *spatial, C_in]`` and weight
+    ``[C_out, *kernel, C_in / groups]``; result ``[N, *spatial_out, C_out]``. The
+    input is dilated by ``input_dilation`` (``d - 1`` zeros between elements),
+    then zero-padded by ``padding``; the kernel, dilated by ``kernel_dilation``,
+    moves in steps of ``stride``. Per spatial dimension:
+    ``out = (((in - 1) * input_dilation + 1 + low + high - ((k - 1) *
+    kernel_dilation + 1)) // stride) + 1``. Output channel group ``g`` sees
+    input channel group ``g``; MLX supports ``groups > 1`` only with 1 or 2
+    spatial dimensions."""
+    x, w = operands
+    padding = attrs.padding or [(0, 0)] * (x.ndim - 2)
+    return mx.conv_general(
+        x,
+        w,
+        stride=attrs.stride or 1,
+        padding=([lo for lo, _ in padding], [hi for _, hi in padding]),
+        kernel_dilation=attrs.kernel_dilation or 1,
+        input_dilation=attrs.input_dilation or 1,
+        groups=attrs.groups,
+        flip=attrs.flip,
+    )
+
+
+class ConvTransposeAttrs(_Attrs):
+    stride: list[PositiveInt] | None = None
+    """Upsampling step per spatial dimension (default 1)."""
+    padding: list[Size] | None = None
+    """Symmetric padding removed from both ends per spatial dimension (default 0)."""
+    dilation: list[PositiveInt] | None = None
+    """Spacing between kernel taps per spatial dimension (default 1)."""
+    output_padding: list[Size] | None = None
+    """Extra elements added at the high end per spatial dimension (default 0)."""
+    groups: PositiveInt = 1
+    """Feature groups."""
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> ConvTransposeAttrs:
+        avals = (info.context or {}).get("avals")
+        if avals is not None:
+            _check_lengths(self, _check_layouts(avals, self.groups, range(1, 4)))
+        return self
+
+
+_CONV_TRANSPOSE = {1: mx.conv_transpose1d, 2: mx.conv_transpose2d, 3: mx.conv_transpose3d}
+
+
+@register_op("conv_transpose", attrs=ConvTransposeAttrs, operands=2)
+def conv_transpose(operands, attrs):
+    """Transposed convolution over 1 to 3 spatial dimensions
+    (``mx.conv_transpose1d/2d/3d``): the gradient of ``conv_general`` with respect
+    to its input. Operands: input ``[N, *spatial, C_in]`` and weight
+    ``[C_out, *kernel, C_in / groups]``; result ``[N, *spatial_out, C_out]`` with
+    ``out = (in - 1) * stride - 2 * padding + (k - 1) * dilation + output_padding
+    + 1``: input element ``i`` contributes through kernel tap ``j`` to output
+    position ``i * stride + j * dilation - padding``. As in ``conv_general``,
+    ``groups > 1`` works only with 1 or 2 spatial dimensions."""
+    x, w = operands
+    spatial = x.ndim - 2
+
+    def per_dim(value, default):
+        values = value or [default] * spatial
+        return values[0] if spatial == 1 else tuple(values)
+
+    return _CONV_TRANSPOSE[spatial](
+        x,
+        w,
+        stride=per_dim(attrs.stride, 1),
+        padding=per_dim(attrs.padding, 0),
+        dilation=per_dim(attrs.dilation, 1),
+        output_padding=per_dim(attrs.output_padding, 0),
+        groups=attrs.groups,
+    )

@@ -1,0 +1,118 @@
+"""Discrete Fourier transforms, as ``mx.fft``: complex (``fft``), real-input
+(``rfft``) and their inverses, over one axis, two axes or any set of axes.
+Sizes ``n``/``s`` pad with zeros or truncate the transformed axes (default:
+their sizes); ``norm`` picks the scaling (``"backward"``: none forward, ``1/n``
+inverse; ``"ortho"``; ``"forward"``). Complex results are ``complex64`` (MLX
+has no wider complex dtype).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import mlx.core as mx
+from pydantic import ConfigDict, model_validator
+
+from ..attrs import Attrs, Axes, Axis, PositiveInt
+from ..registry import register_op
+
+Norm = Literal["backward", "ortho", "forward"]
+
+
+class FFTAttrs(Attrs):
+    model_config = ConfigDict(validate_default=True)
+
+    n: PositiveInt | None = None  # None: the size of ``axis``
+    axis: Axis = -1
+    norm: Norm = "backward"
+
+
+class FFTNAttrs(Attrs):
+    model_config = ConfigDict(validate_default=True)
+
+    s: list[PositiveInt] | None = None  # None: the sizes of ``axes``
+    axes: Axes | None = None  # None: all axes (only without s)
+    norm: Norm = "backward"
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> FFTNAttrs:
+        if self.s is None:
+            return self
+        if self.axes is None:
+            raise ValueError(f"s={self.s} needs axes: the axes whose sizes s gives")
+        if len(self.s) != len(self.axes):
+            raise ValueError(
+                f"s and axes must have the same length; found s={self.s}, "
+                f"axes={list(self.axes)}"
+            )
+        return self
+
+
+class FFT2Attrs(FFTNAttrs):
+    axes: Axes = [-2, -1]
+
+    @model_validator(mode="after")
+    def _check_two_axes(self) -> FFT2Attrs:
+        if len(self.axes) != 2:
+            raise ValueError(f"expected 2 axes; found {list(self.axes)}")
+        return self
+
+
+def _one_axis(name: str, fn, doc: str) -> None:
+    def impl(operands, attrs):
+        return fn(operands[0], n=attrs.n, axis=attrs.axis, norm=attrs.norm)
+
+    impl.__doc__ = doc
+    impl.__name__ = name
+    register_op(name, attrs=FFTAttrs)(impl)
+
+
+def _many_axes(name: str, fn, attrs_model: type[FFTNAttrs], doc: str) -> None:
+    def impl(operands, attrs):
+        return fn(operands[0], s=attrs.s, axes=attrs.axes, norm=attrs.norm)
+
+    impl.__doc__ = doc
+    impl.__name__ = name
+    register_op(name, attrs=attrs_model)(impl)
+
+
+_one_axis("fft", mx.fft.fft, "Complex FFT along ``axis``, padded or truncated to ``n``.")
+_one_axis("ifft", mx.fft.ifft, "Inverse complex FFT along ``axis`` (length ``n``).")
+_one_axis(
+    "rfft",
+    mx.fft.rfft,
+    "FFT of real input along ``axis``: the ``n // 2 + 1`` non-negative frequencies "
+    "(complex input is treated as its real part).",
+)
+_one_axis(
+    "irfft",
+    mx.fft.irfft,
+    "Inverse of ``rfft``: a real result of length ``n`` along ``axis`` (default "
+    "``2 * (size - 1)``).",
+)
+
+_many_axes("fft2", mx.fft.fft2, FFT2Attrs, "Complex 2-D FFT over ``axes`` (default the last two).")
+_many_axes("ifft2", mx.fft.ifft2, FFT2Attrs, "Inverse complex 2-D FFT over ``axes``.")
+_many_axes(
+    "rfft2", mx.fft.rfft2, FFT2Attrs,
+    "2-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
+)
+_many_axes(
+    "irfft2", mx.fft.irfft2, FFT2Attrs,
+    "Inverse of ``rfft2``: a real result, sizes ``s`` (the last axis defaults to "
+    "``2 * (size - 1)``).",
+)
+_many_axes(
+    "fftn", mx.fft.fftn, FFTNAttrs,
+    "Complex N-D FFT over ``axes`` (default all; ``s`` needs ``axes``).",
+)
+_many_axes("ifftn", mx.fft.ifftn, FFTNAttrs, "Inverse complex N-D FFT over ``axes``.")
+_many_axes(
+    "rfftn", mx.fft.rfftn, FFTNAttrs,
+    "N-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
+)
+_many_axes(
+    "irfftn", mx.fft.irfftn, FFTNAttrs,
+    "Inverse of ``rfftn``: a real result, sizes ``s`` (the last axis defaults to "
+    "``2 * (size - 1)``).",
+)

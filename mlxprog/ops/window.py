@@ -1,0 +1,225 @@
+"""Window ops (XLA's ``reduce_window`` and ``select_and_scatter``): sliding-window
+sums, products, maxima and minima, and the max/min scatters that pooling
+gradients use.
+
+Windows are given per axis of operand 0 (every axis, batch and channel axes
+included; a window of 1 with stride 1 leaves an axis alone): ``window_dimensions``,
+``window_strides`` (default 1), ``padding`` as ``[low, high]`` per axis (default
+none) and, for the reductions, ``window_dilations`` (default 1). An axis of size
+``d`` padded to ``p = d + low + high``, with a window of ``w`` elements dilated
+by ``r`` (spanning ``(w - 1) * r + 1``) and stride ``s``, has
+``(p - (w - 1) * r - 1) // s + 1`` windows; the window must fit in ``p``.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from pydantic import ConfigDict, ValidationInfo, model_validator
+
+from ..attrs import Attrs, PositiveInt, Size
+from ..dtypes import is_floating
+from ..registry import register_op
+
+Padding = tuple[Size, Size]
+"""``[low, high]`` padding of one axis."""
+
+
+class _Attrs(Attrs):
+    # The docstring under each field becomes its description in the op reference.
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class WindowAttrs(_Attrs):
+    window_dimensions: list[PositiveInt]
+    """Window size per axis of operand 0."""
+    window_strides: list[PositiveInt] | None = None
+    """Step between windows per axis (default 1)."""
+    padding: list[Padding] | None = None
+    """``[low, high]`` per axis (default none)."""
+
+    @property
+    def strides(self) -> list[int]:
+        """``window_strides`` with its default filled in."""
+        return self.window_strides or [1] * len(self.window_dimensions)
+
+    @property
+    def pads(self) -> list[tuple[int, int]]:
+        """``padding`` with its default filled in."""
+        return self.padding or [(0, 0)] * len(self.window_dimensions)
+
+    @property
+    def dilations(self) -> list[int]:
+        """Spacing between window elements per axis."""
+        return [1] * len(self.window_dimensions)
+
+    def padded_shape(self, shape: tuple[int, ...]) -> list[int]:
+        """The shape of an operand of ``shape`` after padding."""
+        return [d + lo + hi for d, (lo, hi) in zip(shape, self.pads)]
+
+    def spans(self) -> list[int]:
+        """How many elements of the padded operand one window covers, per axis."""
+        return [(w - 1) * r + 1 for w, r in zip(self.window_dimensions, self.dilations)]
+
+    def counts(self, padded: list[int]) -> list[int]:
+        """The number of windows per axis of a padded operand (the result shape)."""
+        return [(p - span) // s + 1 for p, span, s in zip(padded, self.spans(), self.strides)]
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> WindowAttrs:
+        avals = (info.context or {}).get("avals")
+        if avals is None:
+            return self
+        shape = avals[0].shape
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is not None and len(value) != len(shape):
+                raise ValueError(
+                    f"{name} needs one entry per axis of operand 0 (rank {len(shape)}); "
+                    f"found {len(value)}"
+                )
+        for axis, (p, span) in enumerate(zip(self.padded_shape(shape), self.spans())):
+            if span > p:
+                raise ValueError(
+                    f"axis {axis}: the window spans {span} element(s) but the padded operand "
+                    f"has {p}"
+                )
+        return self
+
+
+class WindowReduceAttrs(WindowAttrs):
+    window_dilations: list[PositiveInt] | None = None
+    """Spacing between window elements per axis (default 1: contiguous)."""
+
+    @property
+    def dilations(self) -> list[int]:
+        """``window_dilations`` with its default filled in."""
+        return self.window_dilations or [1] * len(self.window_dimensions)
+
+
+def _extreme(dtype: mx.Dtype, highest: bool) -> mx.array:
+    """The largest (or smallest) value of ``dtype``; infinities for floats."""
+    if dtype == mx.bool_:
+        return mx.array(highest)
+    if is_floating(dtype):
+        return mx.array(float("inf") if highest else float("-inf"), dtype=dtype)
+    info = mx.iinfo(dtype)
+    return mx.array(info.max if highest else info.min, dtype=dtype)
+
+
+def _windows(x: mx.array, attrs: WindowAttrs) -> mx.array:
+    """A strided view of ``x`` (already padded) of shape
+    ``[windows per axis..., window elements per axis...]``."""
+    element = [1] * x.ndim  # row-major element strides (as_strided reads x flattened)
+    for axis in range(x.ndim - 2, -1, -1):
+        element[axis] = element[axis + 1] * x.shape[axis + 1]
+    return mx.as_strided(
+        x,
+        shape=[*attrs.counts(list(x.shape)), *attrs.window_dimensions],
+        strides=[
+            *(e * s for e, s in zip(element, attrs.strides)),
+            *(e * r for e, r in zip(element, attrs.dilations)),
+        ],
+    )
+
+
+def _pad(x: mx.array, attrs: WindowAttrs, fill: mx.array) -> mx.array:
+    if any(lo or hi for lo, hi in attrs.pads):
+        return mx.pad(x, attrs.pads, constant_values=fill)
+    return x
+
+
+def _window_reduce(name: str, reduce, identity, doc: str) -> None:
+    def impl(operands, attrs):
+        x = operands[0]
+        windows = _windows(_pad(x, attrs, identity(x.dtype)), attrs)
+        return reduce(windows, axis=list(range(x.ndim, 2 * x.ndim)))
+
+    impl.__doc__ = doc
+    impl.__name__ = name
+    register_op(name, attrs=WindowReduceAttrs)(impl)
+
+
+_WINDOW_REDUCTIONS = {
+    "window_sum": (
+        mx.sum,
+        lambda dtype: mx.array(0, dtype=dtype),
+        "Sum over each window; padding adds 0. The dtype follows ``mx.sum`` (small "
+        "integer and bool inputs sum in a wider integer type).",
+    ),
+    "window_product": (
+        mx.prod,
+        lambda dtype: mx.array(1, dtype=dtype),
+        "Product over each window; padding multiplies by 1. The dtype follows ``mx.prod``.",
+    ),
+    "window_max": (
+        mx.max,
+        lambda dtype: _extreme(dtype, highest=False),
+        "Maximum over each window; padding is -inf (the dtype's minimum for integers). "
+        "NaN propagates.",
+    ),
+    "window_min": (
+        mx.min,
+        lambda dtype: _extreme(dtype, highest=True),
+        "Minimum over each window; padding is +inf (the dtype's maximum for integers). "
+        "NaN propagates.",
+    ),
+}
+
+for _name, (_reduce, _identity, _doc) in _WINDOW_REDUCTIONS.items():
+    _window_reduce(_name, _reduce, _identity, _doc)
+
+
+class WindowScatterAttrs(WindowAttrs):
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> WindowScatterAttrs:
+        avals = (info.context or {}).get("avals")
+        if avals is None:
+            return self
+        operand, source, init = avals
+        windows = self.counts(self.padded_shape(operand.shape))
+        if list(source.shape) != windows:
+            raise ValueError(
+                f"source (operand 1) must have one element per window, shape {windows}; "
+                f"found {list(source.shape)}"
+            )
+        if init.shape != ():
+            raise ValueError(f"init value (operand 2) must be a scalar; found {list(init.shape)}")
+        return self
+
+
+def _window_scatter(operands, attrs, select_max: bool):
+    x, source, init = operands
+    # Padding holds the selection's identity, so a real element always wins
+    # (ties go to the first element of the window, which may be padding only if
+    # the real elements equal the identity).
+    padded = _pad(x, attrs, _extreme(x.dtype, highest=not select_max))
+    windows = _windows(padded, attrs)
+    counts = windows.shape[: x.ndim]
+    flat = [*counts, -1]
+    pick = mx.argmax if select_max else mx.argmin
+    chosen = pick(windows.reshape(flat), axis=-1, keepdims=True)
+    positions = _windows(mx.arange(padded.size).reshape(padded.shape), attrs)
+    targets = mx.take_along_axis(positions.reshape(flat), chosen, axis=-1)
+    init = init.astype(x.dtype)
+    out = mx.full((padded.size,), init).at[targets.reshape(-1)].add(source.reshape(-1))
+    out = out.reshape(padded.shape)
+    return out[tuple(slice(lo, lo + d) for (lo, _), d in zip(attrs.pads, x.shape))]
+
+
+@register_op("window_scatter_max", attrs=WindowScatterAttrs, operands=3)
+def window_scatter_max(operands, attrs):
+    """Select-and-scatter with max (the gradient of max pooling). Operands:
+    ``input``, ``source`` (one value per window, i.e. the shape ``window_max``
+    gives with the same attributes) and a scalar ``init``. Each window's source
+    value is added at the position of the window's maximum (the first one on
+    ties) in an array of ``init``. Padding never wins over a real element, as in
+    XLA. Result: the input's shape and dtype (``source`` and ``init`` are
+    converted to it)."""
+    return _window_scatter(operands, attrs, select_max=True)
+
+
+@register_op("window_scatter_min", attrs=WindowScatterAttrs, operands=3)
+def window_scatter_min(operands, attrs):
+    """Select-and-scatter with min: as ``window_scatter_max``, at each window's
+    minimum (the first one on ties)."""
+    return _window_scatter(operands, attrs, select_max=False)

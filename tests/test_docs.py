@@ -1,0 +1,202 @@
+"""Generated docs are current, and the code and programs in README.md and
+docs/format.md work."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field
+
+import mlxprog as mp
+from mlxprog.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
+from mlxprog.docs import REGENERATE, attr_docs, builtin_ops, render_op_reference, type_name
+
+ROOT = Path(__file__).parent.parent
+
+
+def code_blocks(path: Path, language: str) -> list[str]:
+    """The fenced code blocks of one language in a Markdown file."""
+    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(), re.S | re.M)
+
+
+def test_ops_md_is_current():
+    current = render_op_reference()
+    assert (ROOT / "docs" / "ops.md").read_text() == current, (
+        f"docs/ops.md is stale; regenerate it with `{REGENERATE}`"
+    )
+
+
+def test_reference_covers_every_builtin_op():
+    text = render_op_reference()
+    for name, spec in builtin_ops().items():
+        assert f"### `{name}`" in text
+        assert f"## {spec.family}" in text
+
+
+class _Shape(BaseModel):
+    shape: list[Size]
+    dtype: DType
+
+
+class _UserAttrs(mp.Attrs):
+    axis: Axis = -1
+    axes: Axes | None = None
+    eps: Float = float("inf")
+    dtype: DType
+    k: PositiveInt = 1
+    mode: Literal["a", "b"] = "a"
+    outputs: list[_Shape] = []
+
+
+@pytest.fixture
+def user_op():
+    @mp.register_op("test_docs_user_op", attrs=_UserAttrs, operands=(1, 3), outputs=2,
+                    family="userfamily")
+    def impl(operands, attrs):
+        """Does *user* things, documented here."""
+        return operands[0], operands[0]
+
+    yield mp.lookup("test_docs_user_op")
+    mp.unregister_op("test_docs_user_op")
+
+
+def test_user_ops_are_not_builtin(user_op):
+    assert user_op.name not in builtin_ops()
+    assert user_op.name in mp.all_ops()
+
+
+def test_render_op_entry(user_op):
+    text = render_op_reference({user_op.name: user_op})
+    assert "1 ops in 1 families" in text
+    assert "## userfamily" in text
+    assert "### `test_docs_user_op`\n\n*operands: 1 to 3; results: 2*" in text
+    assert "| `axis` | `axis` | `-1` |" in text
+    assert "| `axes` | `axes \\| null` | `null` |" in text
+    assert "| `eps` | `float` | `\"inf\"` |" in text
+    assert "| `dtype` | `dtype` | required |" in text
+    assert "| `mode` | `\"a\" \\| \"b\"` | `\"a\"` |" in text
+    assert "Does *user* things, documented here." in text
+
+
+def test_links_follow_github_anchors(user_op):
+    same_name = dataclasses.replace(user_op, family=user_op.name)
+    text = render_op_reference({user_op.name: same_name})
+    assert f"- [{user_op.name}](#{user_op.name}) (1)" in text
+    assert f"[`{user_op.name}`](#{user_op.name}-1)" in text
+
+
+def test_attr_docs(user_op):
+    docs = {a.name: a for a in attr_docs(user_op)}
+    assert list(docs) == list(_UserAttrs.model_fields)
+    assert docs["dtype"].default is None
+    assert docs["k"].type == "int >= 1" and docs["k"].default == "1"
+    assert docs["outputs"].type == "list[{shape: list[int >= 0], dtype: dtype}]"
+
+
+@pytest.mark.parametrize(
+    "annotation, expected",
+    [
+        (Axis, "axis"), (InsertAxis, "axis"), (Axes, "axes"), (Float, "float"),
+        (DType, "dtype"), (Size, "int >= 0"), (int, "int"), (float, "number"),
+        (bool, "bool"), (str, "string"), (Axes | None, "axes | null"),
+        (list[tuple[int, int]], "list[list[int]]"), (tuple[int, ...], "list[int]"),
+        (dict[str, float], "{string: number}"), (Literal["x", 1], '"x" | 1'),
+    ],
+)
+def test_type_name(annotation, expected):
+    assert type_name(annotation) == expected
+
+
+def test_bounds_render_as_intervals():
+    assert type_name(Annotated[float, Field(gt=0, le=1)]) == "number in (0, 1]"
+    assert type_name(Annotated[int, Field(lt=4)]) == "int < 4"
+
+
+# -- README -------------------------------------------------------------------
+
+
+def test_readme_opens_with_the_two_commands():
+    blocks = code_blocks(ROOT / "README.md", "sh")
+    assert blocks[0].strip() == (
+        "python -m pip install -e . && "
+        "mlxprog run examples/quickstart.json --input 'x=[[1,2,3],[4,5,6]]'"
+    )
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert blocks[1].strip() == ci, "README's test command must be exactly what .ci/run runs"
+
+
+def test_readme_commands_work(capsys, monkeypatch):
+    from mlxprog.cli import main
+
+    monkeypatch.chdir(ROOT)
+    for block in code_blocks(ROOT / "README.md", "sh"):
+        for line in block.strip().splitlines():
+            command = line.split("&& ")[-1]
+            if command.startswith("mlxprog "):
+                argv = [arg.strip("'") for arg in re.findall(r"'[^']*'|\S+", command)][1:]
+                assert main(argv) == 0, command
+    assert "output 0" in capsys.readouterr().out
+
+
+def test_readme_python_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for block in code_blocks(ROOT / "README.md", "python"):
+        exec(compile(block, "README.md", "exec"), {})
+    assert mp.Program.load(tmp_path / "affine.json").name == "affine"
+
+
+# -- docs/format.md -----------------------------------------------------------
+
+FORMAT_MD = ROOT / "docs" / "format.md"
+
+
+def test_format_md_json_blocks():
+    """Whole programs validate; fragments (the inside of an object) validate in
+    a program with one float32[4] input."""
+    blocks = code_blocks(FORMAT_MD, "json")
+    programs = 0
+    for block in blocks:
+        try:
+            data = json.loads(block)
+        except json.JSONDecodeError:
+            data = json.loads("{" + block + "}")
+            skeleton = {"format": "mlxprog", "version": 1,
+                        "inputs": [{"name": "x", "shape": [4], "dtype": "float32"}]}
+            mp.validate(mp.Program.from_dict({**skeleton, **data}))
+            continue
+        if "format" in data:
+            mp.validate(mp.Program.from_dict(data))
+            programs += 1
+        else:
+            mp.Instruction.model_validate(data)
+    assert programs >= 1
+
+
+def test_format_md_worked_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    worked = next(b for b in code_blocks(FORMAT_MD, "json") if '"gated_projection"' in b)
+    (tmp_path / "gated_projection.json").write_text(worked)
+    shell = code_blocks(FORMAT_MD, "sh")[-1].strip().splitlines()
+    setup = re.fullmatch(r'python -c "(.*)"', shell[0]).group(1)
+    exec(setup, {})
+    (python,) = [b for b in code_blocks(FORMAT_MD, "python") if "gated_projection" in b]
+    namespace: dict = {}
+    exec(compile(python, "format.md", "exec"), namespace)
+    x = np.ones((2, 4), np.float32)
+    h = np.split(x @ np.full((4, 6), 0.25, np.float32), 2, axis=-1)
+    h = h[0] / (1 + np.exp(-h[1]))
+    for _ in range(3):
+        h = np.tanh(h) * 0.5
+    np.testing.assert_allclose(np.array(namespace["h"]), h, rtol=1e-5)
+    np.testing.assert_allclose(np.array(namespace["row_sums"]), h.sum(-1), rtol=1e-5)
+
+    from mlxprog.cli import main
+
+    argv = [a.strip("'") for a in re.findall(r"'[^']*'|\S+", shell[1])][1:]
+    assert main(argv) == 0
