@@ -22,9 +22,11 @@ from .docs import attr_docs, describe_outputs, render_op_reference
 from .dtypes import to_mlx
 from .errors import ProgramError
 from .executable import compile as compile_program
+from .executable import plan_summary
 from .program import Instruction, Program
 from .registry import AVal, all_ops
 from .schema import full_schema
+from .symbolic import SymbolicProgram
 from .validate import validate
 
 PRINT_THRESHOLD = 64
@@ -190,9 +192,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     program = Program.load(args.program)
     validated = validate(program)
     print(f"program: {program.name or '(unnamed)'}")
+    if program.dims:
+        print(f"dims: {len(program.dims)}")
+        for name, spec in program.dims.items():
+            print(f"  {name}: {spec.describe()}")
     print(f"inputs: {len(program.inputs)}")
     for spec in program.inputs:
-        print(f"  {spec.name}: {spec.dtype}{_shape(spec.shape)}")
+        filled = f" (filled with the value of {spec.value_of})" if spec.value_of else ""
+        print(f"  {spec.name}: {spec.dtype}{_shape(spec.shape)}{filled}")
     print(f"captures: {len(program.captures)}")
     total = 0
     for spec in program.captures:  # capture shapes are always concrete
@@ -207,9 +214,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     width = max((len(op) for op in histogram), default=0)
     for op, count in sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {op:<{width}}  {count}")
-    print(f"outputs: {len(validated.out_avals)}")
-    for i, aval in enumerate(validated.out_avals):
-        print(f"  output {i}: {aval}")
+    outputs = (validated.describe_outputs() if isinstance(validated, SymbolicProgram)
+               else [str(aval) for aval in validated.out_avals])
+    print(f"outputs: {len(outputs)}")
+    for i, text in enumerate(outputs):
+        print(f"  output {i}: {text}")
+    plan = plan_summary(validated)
+    print(f"plan: {sum(line.lstrip().startswith('segment') for line in plan)} segment(s)")
+    for line in plan:
+        print(f"  {line}")
     return 0
 
 

@@ -211,14 +211,7 @@ class BlockRunner:
 
     def _plan(self) -> None:
         block = self.block
-        groups: list[list[Step] | Step] = []
-        for step in block.steps:
-            if step.spec.host:
-                groups.append(step)
-            elif groups and isinstance(groups[-1], list):
-                groups[-1].append(step)
-            else:
-                groups.append([step])
+        groups = _group_steps(block)
         # Slots needed after each group: walk backwards from the block outputs.
         needed_after: list[set[int]] = []
         live = set(block.outputs)
@@ -247,10 +240,7 @@ class BlockRunner:
 
     def _segment(self, group: list[Step], reads, writes) -> _Segment:
         shared = self.options.shared_segments
-        if shared is not None and all(
-            step.spec.shapeless and step.location not in self.options.symbolic_locations
-            for step in group
-        ):
+        if shared is not None and _shapeless(group, self.options.symbolic_locations):
             key = (group[0].location, group[-1].location)
             if key not in shared:
                 shared[key] = _Segment(self, group, reads, writes, shapeless=True)
@@ -318,6 +308,51 @@ class BlockRunner:
         operands = [env[i] for i in step.args]
         results = step.spec.impl(self, step, operands, env[: self.n_inputs])
         env[step.out : step.out + step.n_out] = results
+
+
+def _group_steps(block: Block) -> list[list[Step] | Step]:
+    """Maximal runs of compilable steps, with each host step on its own."""
+    groups: list[list[Step] | Step] = []
+    for step in block.steps:
+        if step.spec.host:
+            groups.append(step)
+        elif groups and isinstance(groups[-1], list):
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    return groups
+
+
+def _shapeless(group: Sequence[Step], symbolic_locations: frozenset) -> bool:
+    """Whether a segment can serve every binding with one shapeless trace."""
+    return all(step.spec.shapeless and step.location not in symbolic_locations
+               for step in group)
+
+
+def plan_summary(validated: ValidatedProgram | SymbolicProgram) -> list[str]:
+    """One line per segment and host step of the plan, subprograms indented
+    (for ``mlxprog inspect``)."""
+    symbolic = isinstance(validated, SymbolicProgram)
+    locations = validated.symbolic_locations if symbolic else frozenset()
+    block = validated.sample.block if symbolic else validated.block
+
+    def describe(block: Block, depth: int) -> list[str]:
+        lines = []
+        for group in _group_steps(block):
+            pad = "  " * depth
+            if isinstance(group, list):
+                kind = "shapeless" if symbolic and _shapeless(group, locations) else (
+                    "one trace per binding" if symbolic else "compiled")
+                span = group[0].location if len(group) == 1 else \
+                    f"{group[0].location} .. {group[-1].location.rsplit('> ', 1)[-1]}"
+                lines.append(f"{pad}segment: {span} ({len(group)} op(s), {kind})")
+            else:
+                lines.append(f"{pad}host: {group.location} ({group.spec.name})")
+                for sub in group.blocks.values():
+                    lines.extend(describe(sub, depth + 1))
+        return lines
+
+    return describe(block, 0)
 
 
 def _block_reads(step: Step) -> set[int]:

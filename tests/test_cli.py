@@ -208,6 +208,8 @@ def test_inspect(capsys):
         "  var       1",
         "outputs: 1",
         "  output 0: float32[2, 4]",
+        "plan: 1 segment(s)",
+        "  segment: instruction 0 .. instruction 7 (8 op(s), compiled)",
     ]
 
 
@@ -289,3 +291,30 @@ def test_help_exits_0(capsys):
     assert code == 0
     for command in ("run", "validate", "inspect", "ops", "schema"):
         assert command in out
+
+
+def test_inspect_symbolic_program_shows_dims_and_output_shapes(capsys, tmp_path):
+    path = tmp_path / "sym.json"
+    path.write_text(json.dumps({
+        "format": "mlxprog", "version": 1, "dims": {"T": {"max": 64}},
+        "inputs": [{"name": "x", "shape": ["T", 4], "dtype": "float32"},
+                   {"name": "n", "shape": [], "dtype": "int32", "value_of": "T"}],
+        "instructions": [{"op": "tanh", "operands": [{"input": 0}]},
+                         {"op": "reshape", "operands": [{"result": 0}],
+                          "attrs": {"shape": ["4*T"]}}],
+        "outputs": [{"result": 0}, {"result": 1}],
+    }))
+    code, out, _ = run_cli(capsys, "inspect", str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert "  T: [1, 64]" in lines
+    assert "  n: int32[] (filled with the value of T)" in lines
+    assert "  output 0: float32[T, 4]" in lines and "  output 1: float32[4*T]" in lines
+    # reshape's target depends on T, so this segment is traced per binding
+    assert "  segment: instruction 0 .. instruction 1 (2 op(s), one trace per binding)" in lines
+    data = json.loads(path.read_text())
+    data["instructions"] = data["instructions"][:1]
+    data["outputs"] = data["outputs"][:1]
+    path.write_text(json.dumps(data))
+    code, out, _ = run_cli(capsys, "inspect", str(path))
+    assert "  segment: instruction 0 (1 op(s), shapeless)" in out.splitlines()

