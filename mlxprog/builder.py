@@ -20,8 +20,19 @@ import mlx.core as mx
 from .dtypes import DTYPES, is_floating, is_integer, name_of
 from .errors import ValidationError
 from .program import Constant, Instruction, Program, Ref, SubProgram, TensorSpec
-from .registry import AVal
+from .dims import DimSpec, evaluate, is_dim_name, parse_dim
+from .registry import AVal, lookup, suggest
+from .symbolic import specialize_instruction
 from .validate import Base, _placeholder, check_arity, infer, lookup_op, validate
+
+
+class UnknownOpError(ValidationError, AttributeError):
+    """``b.<name>(...)`` names no registered op (an AttributeError too, so
+    ``hasattr(b, name)`` is False)."""
+
+
+# Generic sizes used for symbolic dims while building (distinct, odd, unusual).
+_SAMPLE_SIZES = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)
 
 
 class Value:
@@ -100,7 +111,9 @@ class _Scope:
         inst = Instruction(op=name, operands=[v.ref for v in values], attrs=attrs,
                            subprograms=subprograms or {})
         _, _, out_avals, results = infer(
-            self.root.base(), spec, inst, [v.aval for v in values],
+            # Only structured ops read the base (to validate their subprograms).
+            self.root.base() if spec.subprograms else None, spec,
+            self.root.at_sample(inst, where), [v.aval for v in values],
             [v.placeholder for v in values], where,
         )
         self.instructions.append(inst)
@@ -117,6 +130,10 @@ class _Scope:
         values = []
         for i, operand in enumerate(operands):
             if isinstance(operand, Value):
+                if operand.builder.root is not self.root:
+                    raise ValidationError(
+                        f"operand {i} ({operand.ref}) belongs to another ProgramBuilder", where
+                    )
                 if operand.builder is not self and operand.ref.kind in ("result", "carry"):
                     raise ValidationError(
                         f"operand {i} ({operand.ref}) belongs to another program or "
@@ -186,7 +203,8 @@ class _Scope:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
-        lookup_op(name, "builder")
+        if lookup(name) is None:
+            raise UnknownOpError(f"unknown op {name!r}{suggest(name)}", "builder", name)
 
         def call(*operands: Any, **attrs: Any):
             return self.op(name, *operands, **attrs)
@@ -199,6 +217,9 @@ class _Scope:
         for i, v in enumerate(outputs):
             if not isinstance(v, Value):
                 raise ValidationError(f"output {i} is not a Value", self.location)
+            if v.builder.root is not self.root:
+                raise ValidationError(f"output {i} ({v.ref}) belongs to another ProgramBuilder",
+                                      self.location)
             if v.builder is not self and v.ref.kind in ("result", "carry"):
                 raise ValidationError(
                     f"output {i} ({v.ref}) belongs to another program or subprogram",
@@ -225,6 +246,8 @@ class ProgramBuilder(_Scope):
 
     def __init__(self, name: str = ""):
         self.name = name
+        self.dims: dict[str, DimSpec] = {}
+        self._sample: dict[str, int] = {}
         self.inputs: list[TensorSpec] = []
         self.captures: list[TensorSpec] = []
         self.constants: list[Constant] = []
@@ -254,12 +277,48 @@ class ProgramBuilder(_Scope):
         self._base = None
         return value
 
-    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
-        """Declare an input."""
-        spec = TensorSpec(name=name, shape=list(shape), dtype=dtype)
+    def dim(self, name: str, min: int = 1, max: int | None = None) -> str:
+        """Declare a symbolic dim; returns its name, for input shapes and
+        integer attributes (``["B*T", 576]``).
+
+        While building, shapes are inferred at one generic sample value per dim
+        (``Value.shape`` shows those sizes); the built program is symbolic.
+        """
+        if name in self.dims:
+            raise ValidationError(f"dim {name!r} is declared twice", "dims")
+        if not is_dim_name(name):
+            raise ValidationError(f"dim name {name!r} is not an identifier", "dims")
+        spec = DimSpec(min=min, max=max)
+        taken = set(self._sample.values())
+        self._sample[name] = next(
+            (v for v in _SAMPLE_SIZES if v not in taken and spec.contains(v)), spec.min)
+        self.dims[name] = spec
+        return name
+
+    def at_sample(self, inst: Instruction, where: str) -> Instruction:
+        """The instruction with dim expressions in its attributes evaluated at
+        the sample binding (used for shape inference while building)."""
+        if not self.dims:
+            return inst
+        try:
+            return specialize_instruction(inst, self.dims, self._sample)
+        except ValueError as exc:
+            raise ValidationError(str(exc), where, inst.op) from None
+
+    def input(self, name: str, shape: Sequence[int | str], dtype: str = "float32",
+              value_of: str | None = None) -> Value:
+        """Declare an input. Shape entries may be dims or dim expressions; an
+        input with ``value_of`` receives that dim's value on every call (the
+        caller does not pass it)."""
+        spec = TensorSpec(name=name, shape=list(shape), dtype=dtype, value_of=value_of)
+        where = f"input {len(self.inputs)}"
         if any(s.name == name for s in self.inputs):
-            raise ValidationError(f"duplicate input name {name!r}", f"input {len(self.inputs)}")
-        aval = AVal(tuple(shape), DTYPES[dtype])
+            raise ValidationError(f"duplicate input name {name!r}", where)
+        try:
+            sizes = tuple(evaluate(parse_dim(d, self.dims), self._sample) for d in shape)
+        except ValueError as exc:
+            raise ValidationError(str(exc), where) from None
+        aval = AVal(sizes, DTYPES[dtype])
         return self._declare("input", self.inputs, spec, aval, _placeholder(aval))
 
     def capture(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
@@ -286,18 +345,22 @@ class ProgramBuilder(_Scope):
         self._constant_cache[key] = result
         return result
 
-    def build(self, outputs: Sequence[Value] | Value) -> Program:
-        """Finish: the program with these outputs, validated."""
+    def build(self, outputs: Sequence[Value] | Value, check: bool = True) -> Program:
+        """Finish: the program with these outputs, validated (``check=False``
+        skips the final whole-program validation, for callers that validate
+        the result themselves)."""
         if isinstance(outputs, Value):
             outputs = [outputs]
         body = self._subprogram(outputs)
         program = Program(
             name=self.name,
+            dims=self.dims,
             inputs=self.inputs,
             captures=self.captures,
             constants=self.constants,
             instructions=body.instructions,
             outputs=body.outputs,
         )
-        validate(program)
+        if check:
+            validate(program)
         return program

@@ -23,6 +23,7 @@ from .dtypes import to_mlx
 from .errors import ProgramError
 from .executable import compile as compile_program
 from .executable import plan_summary
+from .llm.cli import add_commands as add_llm_commands
 from .program import Instruction, Program
 from .registry import AVal, all_ops
 from .schema import full_schema
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
                                  description="Print the JSON Schema (draft 2020-12) of "
                                  "format v1, with the attributes of every registered op.")
     schema.set_defaults(handler=_cmd_schema)
+    add_llm_commands(commands)
     return parser
 
 

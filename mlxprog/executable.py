@@ -27,7 +27,7 @@ from .interpreter import run_step_eager, run_steps
 from .program import Program
 from .registry import AVal
 from .symbolic import SymbolicProgram
-from .validate import Block, Step, ValidatedProgram, validate
+from .validate import Block, Step, ValidatedProgram, exact_array, validate
 
 DEFAULT_MAX_ITERATIONS = 1_000_000
 DEFAULT_MAX_TRACES = 16
@@ -608,9 +608,9 @@ def _to_array(name: str, aval: AVal, value: Any) -> mx.array:
             _mismatch(name, aval, value.shape, value.dtype)
         return mx.array(value, dtype=aval.dtype)
     try:
-        array = mx.array(value, dtype=aval.dtype)
-    except (TypeError, ValueError) as exc:
-        raise BindingError(f"input {name!r}: cannot convert {type(value).__name__}: {exc}") from None
+        array = exact_array(value, aval.dtype)
+    except ValueError as exc:
+        raise BindingError(f"input {name!r}: {exc}") from None
     if aval.shape is not None and array.shape != aval.shape:
         _mismatch(name, aval, array.shape, aval.dtype)
     return array

@@ -20,10 +20,10 @@ def run_steps(steps: Sequence[Step], env: list) -> None:
     """Apply each step to ``env`` in order, writing results into their slots."""
     for step in steps:
         result = step.spec.impl([env[i] for i in step.args], step.attrs)
-        if step.n_out == 1:
-            env[step.out] = result
-        else:
+        if step.unpack:
             env[step.out : step.out + step.n_out] = result
+        else:
+            env[step.out] = result
 
 
 def run_step_eager(step: Step, env: list, release: Sequence[int], check_numerics: bool) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from pydantic.json_schema import models_json_schema
 
-from .program import REF_KINDS, Instruction, Program, Ref, encode_nonfinite
+from .program import Instruction, Program, encode_nonfinite
 from .registry import OpSpec, all_ops
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -30,7 +30,7 @@ def full_schema(ops: Mapping[str, OpSpec] | None = None) -> dict[str, Any]:
     (default: every registered op). ``mlxprog schema`` prints it."""
     ops = all_ops() if ops is None else ops
     attr_models = list(dict.fromkeys(spec.attrs for spec in ops.values()))
-    models = [Program, Instruction, Ref, *attr_models]
+    models = [Program, Instruction, *attr_models]
     refs, schema = models_json_schema(
         [(m, "validation") for m in models], ref_template="#/$defs/{model}"
     )
@@ -47,23 +47,10 @@ def full_schema(ops: Mapping[str, OpSpec] | None = None) -> dict[str, Any]:
         "that op's attributes, operand count and subprograms; other op names are "
         "allowed (users register ops) and checked only by mlxprog itself."
     )
-    defs[name_of(Ref)] = _ref_schema(defs[name_of(Ref)].get("description", ""))
     defs[name_of(Instruction)]["allOf"] = [
         _op_condition(spec, f"#/$defs/{name_of(spec.attrs)}") for spec in ops.values()
     ]
     return encode_nonfinite({"$schema": DIALECT, **root, "$defs": defs})
-
-
-def _ref_schema(description: str) -> dict[str, Any]:
-    """A ref as serialised: an object with exactly one of the ref kinds."""
-    return {
-        "description": description,
-        "type": "object",
-        "properties": {kind: {"type": "integer", "minimum": 0} for kind in REF_KINDS},
-        "additionalProperties": False,
-        "minProperties": 1,
-        "maxProperties": 1,
-    }
 
 
 def _op_condition(spec: OpSpec, attrs_ref: str) -> dict[str, Any]:

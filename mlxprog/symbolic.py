@@ -141,17 +141,20 @@ def specialize(program: Program, bindings: Mapping[str, int]) -> Program:
 
 
 def _specialize_instructions(instructions: list[Instruction], dims, bindings) -> list[Instruction]:
-    out = []
-    for inst in instructions:
-        attrs, used = _substitute_attrs(inst, dims, bindings, "")
-        subs = {name: SubProgram(instructions=_specialize_instructions(sub.instructions, dims,
-                                                                       bindings),
-                                 outputs=sub.outputs)
-                for name, sub in inst.subprograms.items()}
-        if used or subs:
-            inst = inst.model_copy(update={"attrs": attrs, "subprograms": subs})
-        out.append(inst)
-    return out
+    return [specialize_instruction(inst, dims, bindings) for inst in instructions]
+
+
+def specialize_instruction(inst: Instruction, dims, bindings) -> Instruction:
+    """One instruction (and its subprograms) with dims in integer-valued
+    attributes replaced by their values under ``bindings``."""
+    attrs, used = substitute_attrs(inst, dims, bindings, "")
+    subs = {name: SubProgram(instructions=_specialize_instructions(sub.instructions, dims,
+                                                                   bindings),
+                             outputs=sub.outputs)
+            for name, sub in inst.subprograms.items()}
+    if used or subs:
+        inst = inst.model_copy(update={"attrs": attrs, "subprograms": subs})
+    return inst
 
 
 def _symbolic_locations(instructions: list[Instruction], dims, prefix: str) -> set[str]:
@@ -159,7 +162,7 @@ def _symbolic_locations(instructions: list[Instruction], dims, prefix: str) -> s
     for index, inst in enumerate(instructions):
         where = f"{prefix}instruction {index}"
         try:
-            _, used = _substitute_attrs(inst, dims, None, where)
+            _, used = substitute_attrs(inst, dims, None, where)
         except ValueError as exc:
             raise ValidationError(str(exc).split(": ", 1)[-1], where, inst.op) from None
         if used:
@@ -169,7 +172,10 @@ def _symbolic_locations(instructions: list[Instruction], dims, prefix: str) -> s
     return found
 
 
-def _substitute_attrs(inst: Instruction, dims, bindings, where: str) -> tuple[dict, bool]:
+def substitute_attrs(inst: Instruction, dims, bindings, where: str) -> tuple[dict, bool]:
+    """An instruction's attrs with dim expressions in integer-valued fields
+    replaced by their values under ``bindings`` (None: only check them), and
+    whether any were found."""
     spec = lookup(inst.op)
     if spec is None or not dims:
         return inst.attrs, False

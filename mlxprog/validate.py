@@ -24,7 +24,7 @@ import pydantic
 from .attrs import Attrs
 from .dtypes import is_floating, is_integer, name_of, to_mlx
 from .errors import ValidationError
-from .program import NONFINITE, Constant, Instruction, Program, Ref
+from .program import NONFINITE, Constant, Instruction, Program, Ref, gc_paused
 from .registry import AVal, OpSpec, lookup, suggest
 
 
@@ -40,6 +40,11 @@ class Step:
     out: int
     n_out: int
     blocks: dict[str, Block] = field(default_factory=dict)
+
+    @property
+    def unpack(self) -> bool:
+        """True when the implementation returns a sequence of results."""
+        return self.spec.outputs != 1
 
     @property
     def results(self) -> range:
@@ -99,9 +104,10 @@ def validate(program: Program):
     """
     from .symbolic import is_symbolic, validate_symbolic
 
-    if is_symbolic(program):
-        return validate_symbolic(program)
-    return validate_static(program)
+    with gc_paused():
+        if is_symbolic(program):
+            return validate_symbolic(program)
+        return validate_static(program)
 
 
 def validate_static(program: Program) -> ValidatedProgram:
@@ -186,7 +192,8 @@ class _Scope:
         """The environment slot of a ref, or a ValidationError saying why it is bad
         (naming ``op``, the instruction's op, when the ref is an operand)."""
         b = self.base
-        kind, idx = ref.kind, ref.index
+        kind = ref.kind
+        idx = getattr(ref, kind)  # ref.index would find the kind again
         if kind == "input":
             limit, offset = b.n_inputs, 0
         elif kind == "capture":
@@ -260,7 +267,7 @@ def check_arity(spec: OpSpec, n: int, where: str) -> None:
         )
 
 
-def infer(base: Base, spec: OpSpec, inst: Instruction, avals: list[AVal],
+def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
           placeholders: list[mx.array], where: str):
     """Validate an instruction's attrs and subprograms and infer its results.
 
@@ -285,7 +292,8 @@ def infer(base: Base, spec: OpSpec, inst: Instruction, avals: list[AVal],
             out_avals = list(spec.shape_rule(avals, attrs))
             results = [_placeholder(a) for a in out_avals]
         else:
-            results = _as_results(spec.impl(placeholders, attrs), spec.num_outputs(attrs, len(avals)))
+            results = _as_results(spec.impl(placeholders, attrs), spec,
+                                  spec.num_outputs(attrs, len(avals)))
             out_avals = [AVal.of(p) for p in results]
     except ValidationError:
         raise
@@ -300,16 +308,19 @@ def infer(base: Base, spec: OpSpec, inst: Instruction, avals: list[AVal],
     return attrs, blocks, out_avals, results
 
 
-def _as_results(result: Any, n_out: int) -> list[mx.array]:
-    if n_out == 1 and isinstance(result, mx.array):
-        return [result]
-    if n_out != 1 and isinstance(result, (tuple, list)):
-        if all(isinstance(r, mx.array) for r in result):
-            return list(result)
-    raise TypeError(
-        f"implementation returned {type(result).__name__}; expected "
-        + ("one mx.array" if n_out == 1 else f"a tuple of {n_out} mx.array")
-    )
+def _as_results(result: Any, spec: OpSpec, n_out: int) -> list[mx.array]:
+    """The results of an implementation as a list. An op declared with exactly
+    one output returns an array; every other op returns a sequence of arrays
+    (of length one too, e.g. ``split`` into one piece)."""
+    if spec.outputs == 1:
+        if isinstance(result, mx.array):
+            return [result]
+        expected = "one mx.array"
+    else:
+        if isinstance(result, (tuple, list)) and all(isinstance(r, mx.array) for r in result):
+            return list(result)  # the count is checked by the caller
+        expected = f"a tuple of {n_out} mx.array"
+    raise TypeError(f"implementation returned {type(result).__name__}; expected {expected}")
 
 
 def _validate_attrs(spec: OpSpec, inst: Instruction, avals: list[AVal], where: str) -> Attrs:
@@ -355,33 +366,42 @@ def _decode(value: Any) -> Any:
 
 
 def _make_constant(index: int, const: Constant) -> mx.array:
-    where = f"constant {index}"
-    dtype = to_mlx(const.dtype)
     try:
-        data = np.array(_decode(const.value))
+        return exact_array(_decode(const.value), to_mlx(const.dtype))
+    except ValueError as exc:
+        raise ValidationError(str(exc), f"constant {index}") from None
+
+
+def exact_array(value: Any, dtype: mx.Dtype) -> mx.array:
+    """``value`` (a scalar or nested list) as an array of ``dtype``, refusing
+    anything the conversion would change: ragged lists, fractions for integer
+    dtypes, values out of the dtype's range. ValueError says which."""
+    name = name_of(dtype)
+    try:
+        data = np.array(value)
     except ValueError:
-        raise ValidationError("value is a ragged nested list", where) from None
+        raise ValueError("value is a ragged nested list") from None
     if data.dtype == object:  # integers beyond 64 bits (ragged lists raise above)
         try:
             if not is_floating(dtype):
                 raise OverflowError
             data = data.astype(np.float64)
-        except OverflowError:
-            raise ValidationError(f"value out of range for {const.dtype}", where) from None
+        except (OverflowError, TypeError):
+            raise ValueError(f"value out of range for {name}") from None
+    if data.dtype.kind not in "biuf":
+        raise ValueError(f"cannot convert {type(value).__name__} {value!r:.40} to {name}")
     if is_integer(dtype) or dtype == mx.bool_:
         if data.dtype.kind == "f":
             if not np.all(np.isfinite(data)) or np.any(data != np.round(data)):
-                raise ValidationError(f"non-integer value for dtype {const.dtype}", where)
+                raise ValueError(f"non-integer value for dtype {name}")
         if dtype != mx.bool_ and data.size:
-            info = np.iinfo(name_of(dtype))
+            info = np.iinfo(name)
             if data.min() < info.min or data.max() > info.max:
-                raise ValidationError(
-                    f"value out of range for {const.dtype} [{info.min}, {info.max}]", where
-                )
+                raise ValueError(f"value out of range for {name} [{info.min}, {info.max}]")
     if dtype in _FLOAT_MAX and data.dtype.kind in "fiu" and data.size:
         finite = data[np.isfinite(data)].astype(np.float64)
         if finite.size and np.max(np.abs(finite)) > _FLOAT_MAX[dtype]:
-            raise ValidationError(f"value out of range for {const.dtype}", where)
+            raise ValueError(f"value out of range for {name}")
     if dtype == mx.bfloat16:
         return mx.array(data.astype(np.float32)).astype(dtype)
     return mx.array(data, dtype=dtype)

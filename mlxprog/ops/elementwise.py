@@ -138,7 +138,6 @@ _BINARY = {
     "atan2": (mx.arctan2, "Angle of (b, a): arctan(a / b) in the right quadrant."),
     "min": (mx.minimum, "Elementwise minimum (NaN propagates)."),
     "max": (mx.maximum, "Elementwise maximum (NaN propagates)."),
-    "quotient": (mx.floor_divide, "Floor division a // b."),
     "left_shift": (mx.left_shift, "a << b (integers)."),
     "right_shift": (mx.right_shift, "a >> b (integers; arithmetic for signed)."),
     "bitwise_and": (mx.bitwise_and, "a & b."),
@@ -165,10 +164,30 @@ def logical_xor(operands, attrs):
     return mx.not_equal(a.astype(mx.bool_), b.astype(mx.bool_))
 
 
+def _divides_by_minus_one(a: mx.array, b: mx.array) -> bool:
+    """Whether integer division of ``a`` by ``b`` can meet a divisor of -1, which
+    MLX hands to the CPU's divide instruction: the most negative value divided by
+    -1 overflows there, and the process dies of SIGFPE."""
+    return mx.issubdtype(a.dtype, mx.integer) and mx.issubdtype(b.dtype, mx.signedinteger)
+
+
+@register_op("quotient", operands=2, shapeless=True)
+def quotient(operands, attrs):
+    """Floor division ``a // b``. Integer division by zero gives 0 (as MLX); the
+    most negative integer divided by -1 wraps to itself."""
+    a, b = operands
+    if not _divides_by_minus_one(a, b):
+        return mx.floor_divide(a, b)
+    by_minus_one = b == -1
+    result = mx.floor_divide(a, mx.where(by_minus_one, 1, b))
+    return mx.where(by_minus_one, -result, result)
+
+
 @register_op("remainder", operands=2, shapeless=True)
 def remainder(operands, attrs):
     """Truncating remainder: the result has the sign of the dividend (C's ``%``
-    and ``fmod``), unlike MLX's floor-mod, as in the reference compiler."""
+    and ``fmod``), unlike MLX's floor-mod, as in the reference compiler. Integer
+    remainder by zero gives the dividend (as MLX)."""
     a, b = operands
     if mx.issubdtype(a.dtype, mx.inexact) or mx.issubdtype(b.dtype, mx.inexact):
         # Floor-mod and truncation agree on magnitudes; correcting a floor-mod
@@ -177,6 +196,8 @@ def remainder(operands, attrs):
         magnitude = mx.remainder(mx.abs(a), mx.abs(b))
         return mx.where(a < 0, -magnitude, magnitude)
     # Integers: exact, and abs() would overflow on the most negative value.
+    if _divides_by_minus_one(a, b):
+        b = mx.where(b == -1, 1, b)  # the same remainder, 0, without the trap
     rem = mx.remainder(a, b)
     fix = mx.logical_and(mx.not_equal(rem, 0), mx.not_equal(a < 0, b < 0))
     return mx.where(fix, rem - b, rem)

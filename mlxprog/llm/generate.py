@@ -1,0 +1,399 @@
+"""Text generation with compiled prefill and decode-step programs.
+
+:func:`load` returns an :class:`LLM`. Its host loop keeps the device busy: the
+next decode step is dispatched (``mx.async_eval``) before the current tokens
+are read back and detokenized, and the tokens a step picked are fed to the
+next step as lazy arrays, so the loop never waits on the host between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Generator, Iterator, Mapping, Sequence
+
+import mlx.core as mx
+
+from ..executable import Executable, compile as compile_program
+from ..program import Program
+from .config import Checkpoint, ModelError
+from .model_files import load_checkpoint
+from .programs import ModelSpec, Sampling, build_decode, build_decode_loop, build_prefill
+
+DEFAULT_MAX_LENGTH = 2048
+
+
+@dataclass
+class GenerationStats:
+    """Timings of one generation. ``prompt_tps`` counts prompt tokens over the
+    prefill time; ``decode_tps`` generated tokens (after the first) over the
+    decode time; ``ttft`` is the time to the first token, in seconds."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    ttft: float = 0.0
+    peak_memory_gb: float = 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        """Prompt tokens per second."""
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        """Generated tokens per second, after the first."""
+        steps = max(self.generated_tokens - 1, 0)
+        return steps / self.decode_seconds if self.decode_seconds else 0.0
+
+    def summary(self) -> str:
+        """One line: prompt and decode speed, time to first token, peak memory."""
+        return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
+                f"decode: {self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s | "
+                f"ttft: {self.ttft:.3f} s | peak memory: {self.peak_memory_gb:.2f} GB")
+
+
+@dataclass
+class Generation:
+    """What :meth:`LLM.generate` returns: the text, the generated token ids
+    (without the EOS), why it stopped (``"eos"``, ``"stop"`` or ``"length"``),
+    and stats."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class _Row:
+    """Host-side state of one sequence of a batch: tokens, detokenizer, stops."""
+
+    def __init__(self, llm: LLM, stop: Sequence[str]):
+        self.tokens: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.finish_reason: str | None = None
+        self.decoder = llm.tokenizer.stream_decoder(skip_special_tokens=True)
+        self.eos = set(llm.tokenizer.eos_token_ids)
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+
+    def add(self, token: int) -> str:
+        """Take one token; return the text that can be shown now."""
+        if self.finish_reason is not None:
+            return ""
+        if token in self.eos:
+            self.finish_reason = "eos"
+        else:
+            self.tokens.append(token)
+            self.text += self.decoder.add(token)
+            for s in self.stop:
+                at = self.text.find(s)
+                if at >= 0:
+                    self.text = self.text[:at]
+                    self.finish_reason = "stop"
+        if self.finish_reason is not None:
+            self.text += "" if self.finish_reason == "stop" else self.decoder.flush()
+            end = len(self.text)
+        else:  # hold back what could still become a stop string
+            end = max(self.emitted, len(self.text) - self.hold)
+        piece, self.emitted = self.text[self.emitted:end], end
+        return piece
+
+    def finish(self) -> str:
+        """Mark a row that ran out of tokens; return its remaining text."""
+        if self.finish_reason is None:
+            self.text += self.decoder.flush()
+            self.finish_reason = "length"
+        piece, self.emitted = self.text[self.emitted:], len(self.text)
+        return piece
+
+
+class LLM:
+    """A loaded model with its tokenizer and compiled programs.
+
+    ``max_length`` is the KV-cache length: prompt plus generated tokens must fit.
+    Programs are built on first use for each sampling configuration (sampling
+    parameters are program attributes) and compiled with the model's weights as
+    captures; the prefill program has a symbolic prompt length (one trace per
+    length, least recently used evicted), and the decode step is traced once
+    per batch size.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, max_length: int = DEFAULT_MAX_LENGTH,
+                 programs: Mapping[str, Program] | None = None,
+                 programs_sampling: Sampling = Sampling()):
+        if max_length < 2:
+            raise ModelError(f"max_length must be at least 2, got {max_length}")
+        self.checkpoint = checkpoint
+        self.config = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.max_length = max_length
+        self.spec = ModelSpec.of(checkpoint)
+        self._captures = self.spec.captures(checkpoint)
+        self._given = dict(programs or {})
+        self._given_sampling = programs_sampling
+        self._executables: dict[tuple[str, Sampling], Executable] = {}
+
+    # -- programs ----------------------------------------------------------
+    def program(self, kind: str, sampling: Sampling = Sampling()) -> Program:
+        """The ``"prefill"``, ``"decode"`` or ``"decode_loop"`` program for
+        ``sampling`` (programs given to the constructor are used as they are)."""
+        if kind in self._given:
+            if sampling != self._given_sampling:
+                raise ModelError(f"the given programs sample with {self._given_sampling}; "
+                                 f"{sampling} needs programs built (or exported) for it")
+            return self._given[kind]
+        builders = {"prefill": build_prefill, "decode": build_decode,
+                    "decode_loop": build_decode_loop}
+        if kind not in builders:
+            raise ModelError(f"unknown program kind {kind!r}; one of {sorted(builders)}")
+        return builders[kind](self.spec, self.max_length, sampling)
+
+    def executable(self, kind: str, sampling: Sampling = Sampling(),
+                   callbacks: Mapping[str, Callable] | None = None) -> Executable:
+        """The compiled program of ``kind`` for ``sampling`` (cached)."""
+        key = (kind, sampling)
+        if key not in self._executables or callbacks:
+            # The prefill is traced per prompt length rather than padded to
+            # buckets: a trace costs less than a few padded tokens on the CPU.
+            exe = compile_program(self.program(kind, sampling), captures=self._captures,
+                                  callbacks=callbacks)
+            if callbacks:
+                return exe
+            self._executables[key] = exe
+        return self._executables[key]
+
+    # -- prompts -----------------------------------------------------------
+    def prompt_ids(self, prompt: str | Sequence[Mapping[str, str]], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: text (rendered as one user message with the
+        chat template when ``chat``), or a list of chat messages."""
+        if not isinstance(prompt, str):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))
+        if chat and self.tokenizer.chat_template:
+            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise ModelError("the prompt is empty")
+        return ids
+
+    # -- generation --------------------------------------------------------
+    def generate(self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int | None = None,
+                 min_p: float = 0.0, seed: int = 0, stop: Sequence[str] = (),
+                 chat: bool = True) -> Generation:
+        """Generate a completion of ``prompt``; see :meth:`stream` for the options."""
+        return _drain(self._run([self.prompt_ids(prompt, chat)], max_tokens,
+                                Sampling(temperature, top_k, top_p, min_p), seed, stop))[0]
+
+    def stream(self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int = 256,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int | None = None,
+               min_p: float = 0.0, seed: int = 0, stop: Sequence[str] = (),
+               chat: bool = True) -> Iterator[str]:
+        """Yield the completion's text as it is generated (never a broken UTF-8
+        character, never part of a stop string). ``temperature`` 0 is greedy;
+        ``top_k``/``top_p``/``min_p`` filter the tempered distribution; ``seed``
+        makes sampling reproducible; generation ends at EOS, a ``stop`` string or
+        ``max_tokens`` tokens. The last value of ``self.last_generation`` holds
+        the full result and stats once the iterator is exhausted."""
+        run = self._run([self.prompt_ids(prompt, chat)], max_tokens,
+                        Sampling(temperature, top_k, top_p, min_p), seed, stop)
+        while True:
+            try:
+                _, piece = next(run)
+            except StopIteration as finished:
+                self.last_generation = finished.value[0]
+                return
+            if piece:
+                yield piece
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[Mapping[str, str]]],
+                       max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                       top_k: int | None = None, min_p: float = 0.0, seed: int = 0,
+                       stop: Sequence[str] = (), chat: bool = True) -> list[Generation]:
+        """Generate for several prompts at once (left-padded into one batch);
+        each row stops on its own. Under greedy decoding each row's output is
+        the same as generating its prompt alone."""
+        if not prompts:
+            return []
+        ids = [self.prompt_ids(p, chat) for p in prompts]
+        return _drain(self._run(ids, max_tokens, Sampling(temperature, top_k, top_p, min_p),
+                                seed, stop))
+
+    def generate_in_program(self, prompt: str | Sequence[Mapping[str, str]],
+                            max_tokens: int = 256, temperature: float = 0.0,
+                            top_p: float = 1.0, top_k: int | None = None, min_p: float = 0.0,
+                            seed: int = 0, stop: Sequence[str] = (), chat: bool = True,
+                            on_text: Callable[[str], None] | None = None) -> Generation:
+        """Like :meth:`generate`, but the decode loop is one program: a ``while``
+        loop whose body runs the decode step, picks the token and streams it to
+        Python through a ``runtime_call`` (which also decides when to stop)."""
+        sampling = Sampling(temperature, top_k, top_p, min_p)
+        ids = [self.prompt_ids(prompt, chat)]
+        state = self._start(ids, max_tokens, sampling, seed, stop)
+        row = state.rows[0]
+        on_text = on_text or (lambda piece: None)
+
+        def emit(tokens: mx.array) -> mx.array:
+            on_text(row.add(tokens.item()))
+            return mx.array(row.finish_reason is not None)
+
+        on_text(row.add(state.first.item()))
+        state.mark_first_token()
+        loop = self.executable("decode_loop", sampling, callbacks={"emit": emit})
+        if row.finish_reason is None and state.max_new > 0:
+            mx.eval(loop(state.first, state.rope_offset(0), state.cache_offset(0),
+                         state.key_mask, state.key, *state.caches, state.max_new))
+        on_text(row.finish())
+        return state.finish()[0]
+
+    def _start(self, ids: list[list[int]], max_tokens: int, sampling: Sampling, seed: int,
+               stop: Sequence[str]) -> _State:
+        if max_tokens < 1:
+            raise ModelError(f"max_tokens must be at least 1, got {max_tokens}")
+        state = _State(self, ids, max_tokens, stop)
+        prefill = self.executable("prefill", sampling)
+        outs = prefill(state.tokens, state.rope_offset(-state.width), state.key_mask,
+                       mx.random.key(seed), *state.caches)
+        state.first, state.key, state.caches = outs[0], outs[1], list(outs[2:])
+        mx.async_eval(outs)
+        return state
+
+    def _run(self, ids: list[list[int]], max_tokens: int, sampling: Sampling, seed: int,
+             stop: Sequence[str]) -> Generator[tuple[int, str], None, list[Generation]]:
+        """Yield ``(row, text piece)`` as tokens arrive; return the results."""
+        state = self._start(ids, max_tokens, sampling, seed, stop)
+        decode = self.executable("decode", sampling)
+        tokens = state.first
+        for step in range(state.max_new + 1):
+            pending = None
+            if step < state.max_new:  # dispatch the next step before reading these tokens
+                outs = decode(tokens, state.rope_offset(step), state.cache_offset(step),
+                              state.key_mask, state.key, *state.caches)
+                pending, state.key, state.caches = outs[0], outs[1], list(outs[2:])
+                mx.async_eval(outs)
+            values = tokens.tolist()
+            if step == 0:
+                state.mark_first_token()
+            for i, (row, token) in enumerate(zip(state.rows, values)):
+                yield i, row.add(token)
+            if all(row.finish_reason is not None for row in state.rows) or pending is None:
+                break
+            tokens = pending
+        for i, row in enumerate(state.rows):
+            yield i, row.finish()
+        return state.finish()
+
+
+class _State:
+    """One generation's batch: padded tokens, masks, caches and timings."""
+
+    def __init__(self, llm: LLM, ids: list[list[int]], max_tokens: int, stop: Sequence[str]):
+        c = llm.config
+        self.width = max(len(p) for p in ids)
+        if self.width >= llm.max_length:
+            raise ModelError(f"the prompt has {self.width} tokens, but the KV cache holds "
+                             f"{llm.max_length} (max_length); load the model with a larger "
+                             "max_length or shorten the prompt")
+        self.pads = [self.width - len(p) for p in ids]
+        self.tokens = mx.array([[0] * pad + p for pad, p in zip(self.pads, ids)], dtype=mx.int32)
+        positions = mx.arange(llm.max_length)[None, :]
+        self.key_mask = positions >= mx.array(self.pads)[:, None]
+        shape = (len(ids), c.num_kv_heads, llm.max_length, c.head_dim)
+        self.caches = [mx.zeros(shape, dtype=mx.float32) for _ in range(2 * c.num_layers)]
+        # Decode steps after the first token: bounded by max_tokens and the cache.
+        self.max_new = min(max_tokens - 1, llm.max_length - self.width)
+        self.rows = [_Row(llm, stop) for _ in ids]
+        self.prompt_tokens = sum(len(p) for p in ids)
+        self.first: mx.array | None = None
+        self.key: mx.array | None = None
+        mx.reset_peak_memory()
+        self.start = time.perf_counter()
+        self.first_token_at = self.start
+
+    def rope_offset(self, step: int) -> mx.array:
+        """Each row's position of the token written at ``step`` (``-width``: the
+        prompt's first token)."""
+        return mx.array([self.width + step - pad for pad in self.pads], dtype=mx.int32)
+
+    def cache_offset(self, step: int) -> mx.array:
+        """The cache slot the token of decode step ``step`` is written to."""
+        return mx.array(self.width + step, dtype=mx.int32)
+
+    def mark_first_token(self) -> None:
+        self.first_token_at = time.perf_counter()
+
+    def finish(self) -> list[Generation]:
+        end = time.perf_counter()
+        stats = GenerationStats(
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=sum(len(r.tokens) + (r.finish_reason == "eos") for r in self.rows),
+            prompt_seconds=self.first_token_at - self.start,
+            decode_seconds=end - self.first_token_at,
+            ttft=self.first_token_at - self.start,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+        )
+        return [Generation(r.text, r.tokens, r.finish_reason or "length", stats)
+                for r in self.rows]
+
+
+def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH) -> LLM:
+    """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
+    default SmolLM2-135M-Instruct, installed on first use) for generation."""
+    return LLM(load_checkpoint(model), max_length=max_length)
+
+
+def load_exported(directory: str | Path, model: str | Path | None = None,
+                  max_length: int | None = None) -> LLM:
+    """An :class:`LLM` running the programs written by ``mlxprog export-llm``
+    (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
+    weights bound by capture name from the model file."""
+    directory = Path(directory)
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.exists():
+        raise ModelError(f"{directory}: no manifest.json (write it with mlxprog export-llm)")
+    manifest = json.loads(manifest_path.read_text())
+    programs = {kind: Program.load(directory / f"{kind}.json") for kind in EXPORTED}
+    sampling = Sampling(**manifest["sampling"])
+    return LLM(load_checkpoint(model if model is not None else manifest.get("model")),
+               max_length=manifest["max_length"], programs=programs, programs_sampling=sampling)
+
+
+EXPORTED = ("prefill", "decode", "decode_loop")
+
+
+def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling()) -> list[Path]:
+    """Write the model's programs as JSON (weights stay in the model file) plus a
+    manifest naming the model, the cache length and the sampling; returns the
+    files written. :func:`load_exported` runs them."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind in EXPORTED:
+        path = directory / f"{kind}.json"
+        llm.program(kind, sampling).save(path)
+        written.append(path)
+    manifest = {
+        "model": str(llm.checkpoint.path),
+        "max_length": llm.max_length,
+        "sampling": dataclasses.asdict(sampling),
+        "inputs": {kind: [s.name for s in llm.program(kind, sampling).inputs]
+                   for kind in EXPORTED},
+    }
+    path = directory / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return [*written, path]
+
+
+
+def _drain(run: Generator[tuple[int, str], None, list[Generation]]) -> list[Generation]:
+    """Run a generation to the end; its results."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as finished:
+            return finished.value

@@ -1,0 +1,195 @@
+"""Contractions: XLA-style ``dot`` (dot_general), ``matmul``, ``tensordot`` and
+``einsum``.
+
+MLX multiplies matrices only in floating dtypes. ``dot``, ``tensordot`` and
+``matmul`` also accept integer and bool operands, computed exactly as a
+broadcast multiply and sum (integers wrap on overflow as in XLA; bool gives
+"or of ands"); that path materialises the full product, so it suits the small
+index arithmetic where integer contractions occur.
+
+Only ``matmul`` is shapeless: ``dot`` and ``tensordot`` fold axes together with
+reshapes to sizes fixed at trace time, and ``einsum`` may.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+from pydantic import Field, ValidationInfo, field_validator
+
+from ..attrs import Attrs, normalize_axis, operand_ndim
+from ..registry import register_op
+
+
+def _operand_axes(axes: list[int], info: ValidationInfo, operand: int,
+                  what: str) -> tuple[int, ...]:
+    """``axes`` of operand ``operand`` normalised to non-negative, each named once."""
+    ndim = operand_ndim(info, operand)
+    normalized = tuple(normalize_axis(a, ndim, f"{what} axis") for a in axes)
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(f"{what} axes {axes} name an axis twice")
+    return normalized
+
+
+def _check_pairs(lhs_axes: tuple[int, ...], rhs_axes: tuple[int, ...], kind: str,
+                 info: ValidationInfo) -> None:
+    """Raise unless lhs and rhs name the same number of axes, pairwise equal in size."""
+    if len(lhs_axes) != len(rhs_axes):
+        raise ValueError(
+            f"lhs has {len(lhs_axes)} {kind} axes {list(lhs_axes)} but rhs has "
+            f"{len(rhs_axes)} {list(rhs_axes)}; they are paired one to one"
+        )
+    avals = (info.context or {}).get("avals")
+    if avals is None:
+        return
+    lhs_shape, rhs_shape = avals[0].shape, avals[1].shape
+    for a, b in zip(lhs_axes, rhs_axes):
+        if lhs_shape[a] != rhs_shape[b]:
+            raise ValueError(
+                f"{kind} axes pair lhs axis {a} (size {lhs_shape[a]}) with rhs axis {b} "
+                f"(size {rhs_shape[b]}); paired axes must have equal sizes"
+            )
+
+
+def _matmul(a: mx.array, b: mx.array) -> mx.array:
+    """``mx.matmul``, extended exactly to integer and bool operands."""
+    if mx.issubdtype(a.dtype, mx.inexact) or mx.issubdtype(b.dtype, mx.inexact):
+        return mx.matmul(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul operands need at least one axis")
+    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise ValueError(
+            f"the last axis of a {list(a.shape)} and the contracted axis of b "
+            f"{list(b.shape)} differ in size"
+        )
+    vector_a, vector_b = a.ndim == 1, b.ndim == 1
+    a = a[None, :] if vector_a else a
+    b = b[:, None] if vector_b else b
+    products = mx.expand_dims(a, -1) * mx.expand_dims(b, -3)
+    # Summing widens small integers; casting back wraps like an in-dtype sum.
+    out = mx.sum(products, axis=-2).astype(products.dtype)
+    promoted = [axis for axis, vector in ((-2, vector_a), (-1, vector_b)) if vector]
+    return mx.squeeze(out, promoted) if promoted else out
+
+
+def _dot_general(lhs: mx.array, rhs: mx.array, lhs_contracting, rhs_contracting,
+                 lhs_batch=(), rhs_batch=()) -> mx.array:
+    """Contract validated axis lists: transpose each side to (batch, free,
+    contracting) order, fold into one batched matrix product, unfold the result
+    into batch axes, then lhs free axes, then rhs free axes."""
+    lhs_free = [a for a in range(lhs.ndim) if a not in lhs_contracting and a not in lhs_batch]
+    rhs_free = [a for a in range(rhs.ndim) if a not in rhs_contracting and a not in rhs_batch]
+    batch_shape = [lhs.shape[a] for a in lhs_batch]
+    lhs_free_shape = [lhs.shape[a] for a in lhs_free]
+    rhs_free_shape = [rhs.shape[a] for a in rhs_free]
+    batch = math.prod(batch_shape)
+    depth = math.prod(lhs.shape[a] for a in lhs_contracting)
+    lhs3 = mx.reshape(mx.transpose(lhs, [*lhs_batch, *lhs_free, *lhs_contracting]),
+                      [batch, math.prod(lhs_free_shape), depth])
+    rhs3 = mx.reshape(mx.transpose(rhs, [*rhs_batch, *rhs_contracting, *rhs_free]),
+                      [batch, depth, math.prod(rhs_free_shape)])
+    # mx.reshape rather than array.reshape(*shape), which crashes MLX 0.32 when
+    # the shape is empty.
+    return mx.reshape(_matmul(lhs3, rhs3), [*batch_shape, *lhs_free_shape, *rhs_free_shape])
+
+
+def _axis_list_field():
+    return Field(default_factory=list, validate_default=True)
+
+
+class DotAttrs(Attrs):
+    lhs_contracting_axes: list[int] = _axis_list_field()
+    """Axes of lhs summed over, paired in order with ``rhs_contracting_axes``."""
+    rhs_contracting_axes: list[int] = _axis_list_field()
+    """Axes of rhs summed over."""
+    lhs_batch_axes: list[int] = _axis_list_field()
+    """Axes of lhs mapped over, paired in order with ``rhs_batch_axes``."""
+    rhs_batch_axes: list[int] = _axis_list_field()
+    """Axes of rhs mapped over."""
+
+    @field_validator("*")
+    @classmethod
+    def _axes(cls, axes: list[int], info: ValidationInfo) -> tuple[int, ...]:
+        side, kind = info.field_name.split("_")[:2]
+        normalized = _operand_axes(axes, info, 0 if side == "lhs" else 1, side)
+        if kind == "batch":
+            contracting = info.data.get(f"{side}_contracting_axes", ())
+            both = sorted(set(normalized) & set(contracting))
+            if both:
+                raise ValueError(f"{side} axes {both} are both batch and contracting axes")
+        if side == "rhs" and f"lhs_{kind}_axes" in info.data:
+            _check_pairs(info.data[f"lhs_{kind}_axes"], normalized, kind, info)
+        return normalized
+
+
+@register_op("dot", attrs=DotAttrs, operands=2)
+def dot(operands, attrs):
+    """XLA ``dot_general`` (operands: lhs, rhs). Sums products over the paired
+    ``lhs_contracting_axes``/``rhs_contracting_axes`` and maps over the paired
+    ``lhs_batch_axes``/``rhs_batch_axes``; paired axes must have equal sizes. The
+    result's axes are the batch axes, then lhs's remaining axes, then rhs's, each
+    in operand order. Negative axes count from the end. Dtypes promote like
+    MLX; integer and bool operands are computed exactly (integers wrap on
+    overflow; bool gives "or of ands") through a broadcast product that holds
+    every term at once."""
+    lhs, rhs = operands
+    return _dot_general(lhs, rhs, attrs.lhs_contracting_axes, attrs.rhs_contracting_axes,
+                        attrs.lhs_batch_axes, attrs.rhs_batch_axes)
+
+
+@register_op("matmul", operands=2, shapeless=True)
+def matmul(operands, attrs):
+    """Matrix product with numpy ``matmul`` rules (operands: a, b): 1-D operands
+    act as a row/column vector, leading batch axes broadcast. Integer and bool
+    operands are computed exactly, as for ``dot``."""
+    return _matmul(*operands)
+
+
+class TensordotAttrs(Attrs):
+    axes: int | tuple[list[int], list[int]] = Field(default=2, validate_default=True)
+    """n: contract a's last n axes with b's first n; or ``[a_axes, b_axes]``,
+    paired in order."""
+
+    @field_validator("axes")
+    @classmethod
+    def _axes(cls, axes, info: ValidationInfo):
+        if isinstance(axes, int):
+            if axes < 0:
+                raise ValueError(f"cannot contract a negative number ({axes}) of axes")
+            lhs_ndim, rhs_ndim = operand_ndim(info, 0), operand_ndim(info, 1)
+            if lhs_ndim is None or rhs_ndim is None:
+                return axes
+            if axes > min(lhs_ndim, rhs_ndim):
+                raise ValueError(
+                    f"cannot contract {axes} axes of operands of rank {lhs_ndim} and {rhs_ndim}"
+                )
+            lhs_axes = tuple(range(lhs_ndim - axes, lhs_ndim))
+            rhs_axes = tuple(range(axes))
+        else:
+            lhs_axes = _operand_axes(axes[0], info, 0, "lhs")
+            rhs_axes = _operand_axes(axes[1], info, 1, "rhs")
+        _check_pairs(lhs_axes, rhs_axes, "contracting", info)
+        return lhs_axes, rhs_axes
+
+
+@register_op("tensordot", attrs=TensordotAttrs, operands=2)
+def tensordot(operands, attrs):
+    """Tensor contraction (operands: a, b). ``axes`` is an int n (contract a's
+    last n axes with b's first n) or two lists of axes paired one to one. The
+    result's axes are a's remaining axes, then b's. Integer and bool operands are
+    computed exactly, as for ``dot``."""
+    lhs_axes, rhs_axes = attrs.axes
+    return _dot_general(*operands, lhs_axes, rhs_axes)
+
+
+class EinsumAttrs(Attrs):
+    subscripts: str = Field(min_length=1)
+    """Einstein summation subscripts, e.g. ``"ij,jk->ik"``."""
+
+
+@register_op("einsum", attrs=EinsumAttrs, operands=(1, None))
+def einsum(operands, attrs):
+    """Einstein summation (``mx.einsum``) over the operands, e.g.
+    ``"bij,bjk->bik"``. Floating dtypes only, as in MLX."""
+    return mx.einsum(attrs.subscripts, *operands)

@@ -1,0 +1,579 @@
+"""LLM kernels: fused norms and activations, scaled dot-product attention
+(masks, grouped-query heads, attention sinks), rotary position embeddings, a
+fused KV-cache update, and token sampling.
+
+Everything that changes from one decode step to the next (cache offsets,
+positions, PRNG keys) is an operand, so a decode-step program is traced once
+and replayed. Attention tensors are ``[B, H, T, D]`` (batch, heads, tokens,
+head dim) unless an op says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import mlx.core as mx
+from pydantic import Field, ValidationInfo, model_validator
+
+from ..attrs import Attrs, PositiveInt
+from ..dtypes import is_floating, is_integer, name_of
+from ..registry import AVal, register_op
+
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+def _avals(info: ValidationInfo) -> list[AVal] | None:
+    """The operand avals from the validation context (None without one)."""
+    return (info.context or {}).get("avals")
+
+
+# -- norms and activations ------------------------------------------------------
+
+
+class NormAttrs(Attrs):
+    eps: NonNegativeFloat = 1e-5
+
+
+@register_op("fast_rms_norm", attrs=NormAttrs, operands=2)
+def fast_rms_norm(operands, attrs):
+    """RMS norm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``
+    (``mx.fast.rms_norm``). Operands: x ``[..., D]``, weight ``[D]``."""
+    x, weight = operands
+    return mx.fast.rms_norm(x, weight, attrs.eps)
+
+
+@register_op("fast_layer_norm", attrs=NormAttrs, operands=(2, 3))
+def fast_layer_norm(operands, attrs):
+    """Layer norm over the last axis, ``(x - mean) / sqrt(var + eps) * weight + bias``
+    (``mx.fast.layer_norm``). Operands: x ``[..., D]``, weight ``[D]``, and an
+    optional bias ``[D]``."""
+    x, weight, *bias = operands
+    return mx.fast.layer_norm(x, weight, bias[0] if bias else None, attrs.eps)
+
+
+@register_op("fast_swiglu", operands=2)
+def fast_swiglu(operands, attrs):
+    """The SwiGLU gate ``silu(gate) * up``. Operands: gate, up (broadcasting)."""
+    gate, up = operands
+    return gate * mx.sigmoid(gate) * up
+
+
+@register_op("gelu_approx")
+def gelu_approx(operands, attrs):
+    """GELU, tanh approximation:
+    ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``."""
+    x = operands[0]
+    inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1 + mx.tanh(inner))
+
+
+# -- attention ------------------------------------------------------------------
+
+Layout = Literal["BHTD", "BTHD"]
+
+_HEAD_AXIS = {"BHTD": 1, "BTHD": 2}
+_TIME_AXIS = {"BHTD": 2, "BTHD": 1}
+
+
+def _check_attention(q: AVal, k: AVal, v: AVal, layout: Layout = "BHTD",
+                     names: tuple[str, str, str] = ("q", "k", "v")) -> None:
+    """Ranks, batch sizes, head counts (grouped-query) and head dims of q, k, v."""
+    for name, aval in zip(names, (q, k, v)):
+        if len(aval.shape) != 4:
+            raise ValueError(f"{name} must be rank 4 [{', '.join(layout)}], found {aval}")
+    h, t = _HEAD_AXIS[layout], _TIME_AXIS[layout]
+    qn, kn, vn = names
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ValueError(
+            f"{qn}, {kn}, {vn} must have one batch size, found {q.shape[0]}, {k.shape[0]}, "
+            f"{v.shape[0]}"
+        )
+    if k.shape[h] != v.shape[h] or k.shape[t] != v.shape[t]:
+        raise ValueError(
+            f"{kn} and {vn} must have the same heads and tokens, found {k} and {v}"
+        )
+    if q.shape[h] % k.shape[h]:
+        raise ValueError(
+            f"{qn} has {q.shape[h]} heads, which is not a multiple of the {k.shape[h]} "
+            f"key/value heads"
+        )
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"{qn} and {kn} must have the same head dim, found {q.shape[3]} and {k.shape[3]}"
+        )
+
+
+def _check_key_mask(key_mask: AVal, batch: int, keys: int) -> None:
+    if key_mask.shape != (batch, keys):
+        raise ValueError(f"key_mask must be [{batch}, {keys}] (batch, keys), found {key_mask}")
+
+
+def _check_offset(offset: AVal, what: str, sizes: tuple[tuple[int, ...], ...] = ((), (1,))) -> None:
+    if not is_integer(offset.dtype) or offset.shape not in sizes:
+        shapes = " or ".join(str(list(s)) for s in sizes)
+        raise ValueError(f"{what} must be an integer array of shape {shapes}, found {offset}")
+
+
+def _check_sinks(sinks: AVal, heads: int) -> None:
+    if sinks.shape != (heads,):
+        raise ValueError(f"sinks must be [{heads}] (one per query head), found {sinks}")
+
+
+def _check_operand_count(avals: list[AVal], names: list[str], setting: str) -> None:
+    if len(avals) != len(names):
+        raise ValueError(
+            f"{setting} takes operands ({', '.join(names)}); found {len(avals)} operand(s)"
+        )
+
+
+def _scale(scale: float | None, q: mx.array) -> float:
+    return scale if scale is not None else q.shape[-1] ** -0.5
+
+
+def _causal_keep(t_q: int, t_kv: int, start: mx.array, key_mask: mx.array | None) -> mx.array:
+    """Which keys each query sees: key j is visible to query i when
+    ``j <= start + i`` and ``key_mask[b, j]``. ``[T_q, T_kv]``, or
+    ``[B, 1, T_q, T_kv]`` with a key mask."""
+    keep = mx.arange(t_kv) <= mx.arange(t_q)[:, None] + start.reshape(())
+    if key_mask is None:
+        return keep
+    return keep & key_mask.astype(mx.bool_)[:, None, None, :]
+
+
+def _attend_keep(q, k, v, scale, keep, sinks, has_key_mask: bool) -> mx.array:
+    """SDPA under a boolean ``keep`` mask; rows where no key is visible (possible
+    only with a key mask) are zero rather than NaN or a uniform average."""
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=keep, sinks=sinks)
+    if not has_key_mask:
+        return out
+    return mx.where(mx.any(keep, axis=-1, keepdims=True), out, mx.zeros((), out.dtype))
+
+
+_MASK_OPERANDS = {
+    "none": [],
+    "array": ["mask"],
+    "causal": [],
+    "causal_key_masked": ["key_mask", "kv_offset"],
+}
+
+
+class SdpaAttrs(Attrs):
+    scale: float | None = None
+    mask: Literal["none", "array", "causal", "causal_key_masked"] = "none"
+    sinks: bool = False
+
+    def operand_names(self) -> list[str]:
+        """The operands this setting takes, in order."""
+        return ["q", "k", "v", *_MASK_OPERANDS[self.mask], *(["sinks"] if self.sinks else [])]
+
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> SdpaAttrs:
+        avals = _avals(info)
+        if avals is None:
+            return self
+        names = self.operand_names()
+        setting = f"mask={self.mask!r}" + (" with sinks" if self.sinks else "")
+        _check_operand_count(avals, names, setting)
+        ops = dict(zip(names, avals))
+        _check_attention(ops["q"], ops["k"], ops["v"])
+        if "mask" in ops:
+            mask = ops["mask"]
+            if not (mask.dtype == mx.bool_ or is_floating(mask.dtype)) or len(mask.shape) > 4:
+                raise ValueError(
+                    f"mask must be a boolean or additive float array of rank <= 4, found {mask}"
+                )
+        if "key_mask" in ops:
+            _check_key_mask(ops["key_mask"], ops["k"].shape[0], ops["k"].shape[2])
+            _check_offset(ops["kv_offset"], "kv_offset")
+        if "sinks" in ops:
+            _check_sinks(ops["sinks"], ops["q"].shape[1])
+        return self
+
+
+@register_op("fast_sdpa", attrs=SdpaAttrs, operands=(3, 6))
+def fast_sdpa(operands, attrs):
+    """Scaled dot-product attention ``softmax(q @ k.T * scale + mask) @ v``
+    (``mx.fast.scaled_dot_product_attention``) over ``[B, H, T, D]`` tensors.
+    k and v may have fewer heads than q (grouped-query attention; q's heads must
+    be a multiple). ``scale`` defaults to ``1 / sqrt(D)``.
+
+    Operands: q, k, v, then by ``mask``:
+
+    - ``"none"``: nothing more.
+    - ``"array"``: a mask broadcastable to ``[B, H, T_q, T_kv]``, boolean (true
+      keeps) or additive (a float mask is cast to q's dtype).
+    - ``"causal"``: nothing more; the last query aligns with the last key.
+    - ``"causal_key_masked"``: key_mask ``[B, T_kv]`` (true or nonzero for a valid
+      key, e.g. false on left padding) and kv_offset, an integer scalar: query i
+      sees key j when ``j <= kv_offset + i`` and the key is valid. Query rows
+      that see no key give zeros.
+
+    With ``sinks=true`` a last operand ``[H]`` holds one attention-sink logit per
+    query head: an extra softmax column that takes probability mass but adds no
+    value (cast to q's dtype)."""
+    q, k, v, *rest = operands
+    sinks = rest.pop().astype(q.dtype) if attrs.sinks else None
+    scale = _scale(attrs.scale, q)
+    if attrs.mask == "causal_key_masked":
+        key_mask, kv_offset = rest
+        keep = _causal_keep(q.shape[2], k.shape[2], kv_offset, key_mask)
+        return _attend_keep(q, k, v, scale, keep, sinks, has_key_mask=True)
+    if attrs.mask == "array":
+        mask = rest[0] if rest[0].dtype == mx.bool_ else rest[0].astype(q.dtype)
+    else:
+        mask = None if attrs.mask == "none" else "causal"
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+
+
+class KVCacheSdpaAttrs(Attrs):
+    scale: float | None = None
+    layout: Layout = "BTHD"
+    sinks: bool = False
+
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> KVCacheSdpaAttrs:
+        avals = _avals(info)
+        if avals is None:
+            return self
+        names = ["q", "new_k", "new_v", "k_cache", "v_cache", "offset"]
+        if len(avals) - int(self.sinks) > len(names):
+            names.append("key_mask")
+        names += ["sinks"] if self.sinks else []
+        setting = "kv_cache_sdpa_update" + (" with sinks" if self.sinks else "")
+        _check_operand_count(avals, names, setting)
+        ops = dict(zip(names, avals))
+        q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
+        k_cache, v_cache = ops["k_cache"], ops["v_cache"]
+        _check_attention(q, new_k, new_v, self.layout, ("q", "new_k", "new_v"))
+        _check_attention(q, k_cache, v_cache, self.layout, ("q", "k_cache", "v_cache"))
+        t, h = _TIME_AXIS[self.layout], _HEAD_AXIS[self.layout]
+        for new, cache in ((new_k, k_cache), (new_v, v_cache)):
+            if new.shape[h] != cache.shape[h] or new.shape[3] != cache.shape[3]:
+                raise ValueError(
+                    f"new keys/values {new} do not fit a cache {cache} ({self.layout})"
+                )
+        if q.shape[t] != new_k.shape[t]:
+            raise ValueError(
+                f"q has {q.shape[t]} tokens but new_k has {new_k.shape[t]}; each query is "
+                "one of the tokens written"
+            )
+        if new_k.shape[t] > k_cache.shape[t]:
+            raise ValueError(
+                f"{new_k.shape[t]} new tokens do not fit a cache of {k_cache.shape[t]}"
+            )
+        _check_offset(ops["offset"], "offset")
+        if "key_mask" in ops:
+            _check_key_mask(ops["key_mask"], k_cache.shape[0], k_cache.shape[t])
+        if "sinks" in ops:
+            _check_sinks(ops["sinks"], q.shape[h])
+        return self
+
+
+@register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3)
+def kv_cache_sdpa_update(operands, attrs):
+    """Write new keys and values into fixed-size caches, then attend over the
+    whole cache. Results: (attention output, new k_cache, new v_cache).
+
+    Operands: q, new_k, new_v, k_cache, v_cache, offset, an optional key_mask
+    and, with ``sinks=true``, sinks ``[H]`` (see ``fast_sdpa``). With
+    ``layout="BTHD"`` (default) q is ``[B, T, H, D]`` and the caches
+    ``[B, T_max, H_kv, D]``; with ``"BHTD"`` q is ``[B, H, T, D]`` and the caches
+    ``[B, H_kv, T_max, D]``, which attends without transposing the cache. new_k
+    and new_v hold the T tokens of q in the cache layout; the output has q's
+    layout.
+
+    offset (an integer scalar array, so each step replays one trace) is where
+    the T new tokens go, clamped to ``[0, T_max - T]``. Query i is written at
+    cache position ``offset + i`` (clamped offset) and sees key j when
+    ``j <= offset + i`` (so slots after it, not yet written in a sequential
+    decode, are never seen) and ``key_mask[b, j]`` (``[B, T_max]``, false on
+    left padding). Query rows that see no key give zeros. ``scale`` defaults
+    to ``1 / sqrt(D)``."""
+    q, new_k, new_v, k_cache, v_cache, offset, *rest = operands
+    sinks = rest.pop().astype(q.dtype) if attrs.sinks else None
+    key_mask = rest[0] if rest else None
+    t_axis = _TIME_AXIS[attrs.layout]
+    t_max, t_new = k_cache.shape[t_axis], new_k.shape[t_axis]
+    start = mx.clip(offset.reshape(1).astype(mx.int32), 0, t_max - t_new)
+    k_cache = mx.slice_update(k_cache, new_k, start, axes=(t_axis,))
+    v_cache = mx.slice_update(v_cache, new_v, start, axes=(t_axis,))
+    keep = _causal_keep(t_new, t_max, start, key_mask)
+    if attrs.layout == "BTHD":
+        qh, kh, vh = (a.swapaxes(1, 2) for a in (q, k_cache, v_cache))
+    else:
+        qh, kh, vh = q, k_cache, v_cache
+    out = _attend_keep(qh, kh, vh, _scale(attrs.scale, q), keep, sinks, key_mask is not None)
+    if attrs.layout == "BTHD":
+        out = out.swapaxes(1, 2)
+    return out, k_cache, v_cache
+
+
+# -- rotary position embeddings -------------------------------------------------
+
+
+class _RopeAttrs(Attrs):
+    dims: PositiveInt
+    traditional: bool = False
+    scale: float = 1.0
+
+    def check(self, x: AVal, freqs: AVal | None) -> None:
+        """dims against x's head dim, and the freqs operand's shape."""
+        if self.dims % 2:
+            raise ValueError(f"dims must be even, found {self.dims}")
+        if self.dims > x.shape[-1]:
+            raise ValueError(
+                f"dims {self.dims} exceeds the head dim {x.shape[-1]} of x {x}"
+            )
+        if freqs is not None and freqs.shape != (self.dims // 2,):
+            raise ValueError(f"freqs must be [{self.dims // 2}] (dims / 2), found {freqs}")
+
+
+class _RopeOffsetAttrs(_RopeAttrs):
+    offset: int = 0
+
+    def check_offset(self, x: AVal, offset: AVal | None) -> None:
+        """x is ``[B, *, T, D]``; an offset operand is a scalar or one per batch."""
+        if len(x.shape) < 3:
+            raise ValueError(f"x must have rank >= 3 ([B, *, T, D]), found {x}")
+        if offset is None:
+            return
+        _check_offset(offset, "the offset operand", ((), (1,), (x.shape[0],)))
+        if self.offset:
+            raise ValueError(
+                f"the offset is given twice: attribute offset={self.offset} and an operand"
+            )
+
+
+class RopeAttrs(_RopeOffsetAttrs):
+    base: Annotated[float, Field(gt=0)] = 10000.0
+
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> RopeAttrs:
+        avals = _avals(info)
+        if avals is not None:
+            self.check(avals[0], None)
+            self.check_offset(avals[0], avals[1] if len(avals) > 1 else None)
+        return self
+
+
+class RopeFreqsAttrs(_RopeOffsetAttrs):
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> RopeFreqsAttrs:
+        avals = _avals(info)
+        if avals is not None:
+            self.check(avals[0], avals[1])
+            self.check_offset(avals[0], avals[2] if len(avals) > 2 else None)
+        return self
+
+
+def _rope_offset(operands: list[mx.array], index: int, attrs: _RopeOffsetAttrs):
+    return operands[index].astype(mx.int32) if len(operands) > index else attrs.offset
+
+
+@register_op("fast_rope", attrs=RopeAttrs, operands=(1, 2))
+def fast_rope(operands, attrs):
+    """Rotary position embedding of the first ``dims`` features
+    (``mx.fast.rope``), frequencies ``base ** (-2i / dims)``. x is
+    ``[B, *, T, D]`` with tokens on the second-to-last axis (e.g. ``[B, H, T, D]``
+    or ``[B, T, D]``); token t of example b sits at position
+    ``(offset + t) * scale``.
+
+    Operands: x and an optional offset, an integer array that is a scalar or
+    ``[B]`` (one start position per example, e.g. ``position_ids[:, 0]``).
+    Without it the ``offset`` attribute (a constant) is used; pass an operand
+    when it changes between calls. ``traditional=true`` rotates consecutive
+    pairs ``(x[2i], x[2i+1])``; otherwise the halves ``(x[i], x[i + dims/2])``."""
+    x = operands[0]
+    return mx.fast.rope(x, attrs.dims, traditional=attrs.traditional, base=attrs.base,
+                        scale=attrs.scale, offset=_rope_offset(operands, 1, attrs))
+
+
+@register_op("fast_rope_with_freqs", attrs=RopeFreqsAttrs, operands=(2, 3))
+def fast_rope_with_freqs(operands, attrs):
+    """``fast_rope`` with precomputed frequencies: operands x, freqs
+    ``[dims / 2]`` and an optional offset. The angle of pair i at position p is
+    ``p * scale / freqs[i]`` (``freqs`` are periods, as in ``mx.fast.rope``)."""
+    x, freqs = operands[:2]
+    return mx.fast.rope(x, attrs.dims, traditional=attrs.traditional, base=None,
+                        scale=attrs.scale, offset=_rope_offset(operands, 2, attrs), freqs=freqs)
+
+
+def _check_positions(x: AVal, positions: AVal) -> None:
+    if len(x.shape) not in (3, 4):
+        raise ValueError(f"x must be [B, T, H, D] or [B, T, D], found {x}")
+    if positions.shape != x.shape[:2]:
+        raise ValueError(
+            f"positions must be [{x.shape[0]}, {x.shape[1]}] (batch, tokens of x), "
+            f"found {positions}"
+        )
+    if not is_integer(positions.dtype):
+        raise ValueError(f"positions must be integer, found {name_of(positions.dtype)}")
+
+
+class RopePositionsAttrs(_RopeAttrs):
+    base: Annotated[float, Field(gt=0)] = 10000.0
+
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> RopePositionsAttrs:
+        avals = _avals(info)
+        if avals is not None:
+            self.check(avals[0], None)
+            _check_positions(avals[0], avals[1])
+        return self
+
+
+class RopeFreqsPositionsAttrs(_RopeAttrs):
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> RopeFreqsPositionsAttrs:
+        avals = _avals(info)
+        if avals is not None:
+            self.check(avals[0], avals[2])
+            _check_positions(avals[0], avals[1])
+        return self
+
+
+def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs) -> mx.array:
+    # mx.fast.rope takes one start position per example: with every token made
+    # its own example ([B * T, (H,) 1, D]) those are exactly the per-token positions.
+    rows = x.reshape(-1, *x.shape[2:-1], 1, x.shape[-1])
+    out = mx.fast.rope(rows, attrs.dims, traditional=attrs.traditional, base=base,
+                       scale=attrs.scale, offset=positions.reshape(-1).astype(mx.int32),
+                       freqs=freqs)
+    return out.reshape(x.shape)
+
+
+@register_op("fast_rope_positions", attrs=RopePositionsAttrs, operands=2)
+def fast_rope_positions(operands, attrs):
+    """Rotary position embedding at arbitrary per-token positions (e.g. a
+    left-padded prefill, or position ids with gaps), frequencies
+    ``base ** (-2i / dims)``. Operands: x ``[B, T, H, D]`` (tokens before heads)
+    or ``[B, T, D]``, and integer positions ``[B, T]``: token t of example b sits
+    at position ``positions[b, t] * scale``. ``traditional`` as in
+    ``fast_rope``."""
+    x, positions = operands
+    return _rope_at_positions(x, positions, attrs, attrs.base, None)
+
+
+@register_op("fast_rope_with_freqs_positions", attrs=RopeFreqsPositionsAttrs, operands=3)
+def fast_rope_with_freqs_positions(operands, attrs):
+    """``fast_rope_positions`` with precomputed frequencies: operands x
+    ``[B, T, H, D]`` or ``[B, T, D]``, positions ``[B, T]``, freqs ``[dims / 2]``;
+    the angle of pair i is ``positions[b, t] * scale / freqs[i]`` (as in
+    ``fast_rope_with_freqs``)."""
+    x, positions, freqs = operands
+    return _rope_at_positions(x, positions, attrs, None, freqs)
+
+
+# -- sampling -------------------------------------------------------------------
+
+
+def _check_logits(logits: AVal) -> None:
+    if not is_floating(logits.dtype) or len(logits.shape) < 1:
+        raise ValueError(f"logits must be a float array [..., V], found {logits}")
+
+
+@register_op("sample_greedy")
+def sample_greedy(operands, attrs):
+    """The most likely token: argmax over the last axis of logits ``[..., V]``,
+    as int32 ids ``[...]``."""
+    return mx.argmax(operands[0], axis=-1).astype(mx.int32)
+
+
+class SampleAttrs(Attrs):
+    temperature: NonNegativeFloat = 1.0
+    top_k: PositiveInt | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    min_p: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> SampleAttrs:
+        avals = _avals(info)
+        if avals is None:
+            return self
+        logits, key = avals
+        _check_logits(logits)
+        if self.top_k is not None and self.top_k > logits.shape[-1]:
+            raise ValueError(f"top_k {self.top_k} exceeds the vocabulary size {logits.shape[-1]}")
+        if key.shape != (2,) or key.dtype != mx.uint32:
+            raise ValueError(f"key must be a PRNG key uint32[2] (mx.random.key), found {key}")
+        return self
+
+
+def _scatter_flags(like: mx.array, indices: mx.array, flags: mx.array) -> mx.array:
+    """A bool array shaped like ``like`` with ``flags`` at ``indices`` on the last
+    axis and false elsewhere."""
+    return mx.put_along_axis(mx.zeros(like.shape, mx.bool_), indices, flags, axis=-1)
+
+
+@register_op("sample", attrs=SampleAttrs, operands=2, outputs=2)
+def sample(operands, attrs):
+    """Draw one token per row of logits ``[..., V]`` with a PRNG key operand
+    (``uint32[2]``, as ``mx.random.key``). Results: int32 ids ``[...]`` and the
+    next key, to feed to the following step; a given key always draws the same
+    tokens.
+
+    The logits are divided by ``temperature`` (0 means greedy: the argmax), then
+    restricted to the tokens that pass every filter set, each judged on the
+    tempered distribution: the ``top_k`` most likely; the smallest most-likely
+    set whose probability reaches ``top_p``; those with probability at least
+    ``min_p`` times the most likely one's. The most likely token always passes."""
+    logits, key = operands
+    draw_key, next_key = mx.random.split(key)
+    if attrs.temperature == 0:
+        return mx.argmax(logits, axis=-1).astype(mx.int32), next_key
+    logits = logits.astype(mx.float32) * (1 / attrs.temperature)
+    keep = None
+    if attrs.top_k is not None and attrs.top_k < logits.shape[-1]:
+        top = mx.argpartition(-logits, kth=attrs.top_k - 1, axis=-1)[..., : attrs.top_k]
+        keep = _scatter_flags(logits, top, mx.array(True))
+    if attrs.top_p < 1:
+        order = mx.argsort(-logits, axis=-1)
+        probs = mx.softmax(mx.take_along_axis(logits, order, axis=-1), axis=-1)
+        before = mx.cumsum(probs, axis=-1) - probs
+        nucleus = _scatter_flags(logits, order, before < attrs.top_p)
+        keep = nucleus if keep is None else keep & nucleus
+    if attrs.min_p > 0:
+        likely = logits - logits.max(axis=-1, keepdims=True) >= math.log(attrs.min_p)
+        keep = likely if keep is None else keep & likely
+    if keep is not None:
+        logits = mx.where(keep, logits, -mx.inf)
+    ids = mx.random.categorical(logits, axis=-1, key=draw_key)
+    return ids.astype(mx.int32), next_key
+
+
+class RepetitionPenaltyAttrs(Attrs):
+    penalty: Annotated[float, Field(gt=0)]
+
+    @model_validator(mode="after")
+    def _check_operands(self, info: ValidationInfo) -> RepetitionPenaltyAttrs:
+        avals = _avals(info)
+        if avals is None:
+            return self
+        logits, history = avals
+        _check_logits(logits)
+        if not is_integer(history.dtype) or history.shape[:-1] != logits.shape[:-1]:
+            raise ValueError(
+                f"history must be integer token ids [{', '.join(map(str, logits.shape[:-1]))}"
+                f"{', ' if len(logits.shape) > 1 else ''}N] matching logits {logits}, "
+                f"found {history}"
+            )
+        return self
+
+
+@register_op("repetition_penalty", attrs=RepetitionPenaltyAttrs, operands=2)
+def repetition_penalty(operands, attrs):
+    """Make tokens already seen less likely: for each token id in history,
+    a positive logit is divided by ``penalty`` and a negative one multiplied by
+    it. Operands: logits ``[..., V]`` and history ``[..., N]`` (integer ids; ids
+    outside ``[0, V)``, e.g. -1 for unused slots of a fixed-size history, are
+    ignored)."""
+    logits, history = operands
+    vocab = logits.shape[-1]
+    valid = (history >= 0) & (history < vocab)
+    # Invalid ids go to an extra column that is dropped afterwards.
+    slots = mx.where(valid, history, vocab).astype(mx.int32)
+    seen = mx.zeros((*logits.shape[:-1], vocab + 1), mx.bool_)
+    seen = mx.put_along_axis(seen, slots, mx.array(True), axis=-1)[..., :vocab]
+    penalized = mx.where(logits > 0, logits / attrs.penalty, logits * attrs.penalty)
+    return mx.where(seen, penalized, logits)

@@ -1,0 +1,186 @@
+"""Reductions, scans, sorting and softmax.
+
+Result dtypes follow MLX: ``sum`` and ``product`` accumulate small integers and
+bool in 32 bits, ``mean``/``var``/``std``/``logsumexp`` give floats, ``all`` and
+``any`` give bool, ``argmax``/``argmin``/``argsort`` give uint32.
+
+Every op here is shapeless: one trace serves every binding of a symbolic
+program.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from pydantic import Field
+
+from ..attrs import Attrs, Axes, Axis
+from ..registry import register_op
+
+
+class ReduceAttrs(Attrs):
+    axes: Axes | None = None
+    """The axes to reduce; default: all."""
+    keepdims: bool = False
+    """Keep the reduced axes, with size 1."""
+
+
+def _reduction(name: str, fn, doc: str) -> None:
+    def impl(operands, attrs):
+        return fn(operands[0], axis=attrs.axes, keepdims=attrs.keepdims)
+
+    impl.__doc__ = doc
+    impl.__name__ = name
+    register_op(name, attrs=ReduceAttrs, shapeless=True)(impl)
+
+
+_AXES_DOC = "over ``axes`` (default: all axes); ``keepdims`` keeps them as size 1."
+
+_REDUCTIONS = {
+    "sum": (mx.sum, f"Sum {_AXES_DOC}"),
+    "product": (mx.prod, f"Product {_AXES_DOC}"),
+    "mean": (mx.mean, f"Arithmetic mean {_AXES_DOC}"),
+    "all": (mx.all, f"True where every element is nonzero, {_AXES_DOC} Result is bool."),
+    "any": (mx.any, f"True where some element is nonzero, {_AXES_DOC} Result is bool."),
+    "reduce_max": (mx.max, f"Maximum {_AXES_DOC} NaN propagates."),
+    "reduce_min": (mx.min, f"Minimum {_AXES_DOC} NaN propagates."),
+    "logsumexp": (mx.logsumexp, f"``log(sum(exp(x)))`` computed stably, {_AXES_DOC}"),
+}
+
+for _name, (_fn, _doc) in _REDUCTIONS.items():
+    _reduction(_name, _fn, _doc)
+
+
+class VarianceAttrs(Attrs):
+    axes: Axes | None = None
+    """The axes to reduce; default: all."""
+    keepdims: bool = False
+    """Keep the reduced axes, with size 1."""
+    ddof: int = Field(default=0, ge=0)
+    """Delta degrees of freedom: the divisor is the element count minus ``ddof``."""
+
+
+@register_op("var", attrs=VarianceAttrs, shapeless=True)
+def var(operands, attrs):
+    """Variance over ``axes`` (default: all axes), dividing by ``N - ddof``;
+    ``keepdims`` keeps the reduced axes as size 1."""
+    return mx.var(operands[0], axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
+
+
+@register_op("std", attrs=VarianceAttrs, shapeless=True)
+def std(operands, attrs):
+    """Standard deviation over ``axes`` (default: all axes), dividing by
+    ``N - ddof``; ``keepdims`` keeps the reduced axes as size 1."""
+    return mx.std(operands[0], axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
+
+
+class ArgReduceAttrs(Attrs):
+    axis: Axis | None = None
+    """The axis to search; default: the flattened array."""
+    keepdims: bool = False
+    """Keep the reduced axis (every axis, without ``axis``), with size 1."""
+
+
+@register_op("argmax", attrs=ArgReduceAttrs, shapeless=True)
+def argmax(operands, attrs):
+    """Index of the first maximum along ``axis`` (default: over the flattened
+    array; with ``keepdims`` every axis is kept as size 1). Result is uint32."""
+    return mx.argmax(operands[0], axis=attrs.axis, keepdims=attrs.keepdims)
+
+
+@register_op("argmin", attrs=ArgReduceAttrs, shapeless=True)
+def argmin(operands, attrs):
+    """Index of the first minimum along ``axis`` (default: over the flattened
+    array; with ``keepdims`` every axis is kept as size 1). Result is uint32."""
+    return mx.argmin(operands[0], axis=attrs.axis, keepdims=attrs.keepdims)
+
+
+class ScanAttrs(Attrs):
+    axis: Axis | None = None
+    """The axis to scan; default: the flattened array."""
+    reverse: bool = False
+    """Scan from the end."""
+    inclusive: bool = True
+    """Include each position's own element; false shifts the scan by one."""
+
+
+def _scan(name: str, fn, doc: str) -> None:
+    def impl(operands, attrs):
+        return fn(operands[0], axis=attrs.axis, reverse=attrs.reverse, inclusive=attrs.inclusive)
+
+    impl.__doc__ = (
+        f"{doc} along ``axis`` (default: over the flattened array, giving a 1-D "
+        "result). ``reverse`` scans from the end; ``inclusive=false`` shifts by one "
+        "so each position excludes its own element."
+    )
+    impl.__name__ = name
+    register_op(name, attrs=ScanAttrs, shapeless=True)(impl)
+
+
+_SCANS = {
+    "cumulative_sum": (mx.cumsum, "Running sum"),
+    "cumulative_product": (mx.cumprod, "Running product"),
+    "cumulative_min": (mx.cummin, "Running minimum"),
+    "cumulative_max": (mx.cummax, "Running maximum"),
+}
+
+for _name, (_fn, _doc) in _SCANS.items():
+    _scan(_name, _fn, _doc)
+
+
+class SortAttrs(Attrs):
+    axis: Axis = Field(default=-1, validate_default=True)
+    """The axis to sort along."""
+    descending: bool = False
+    """Largest first (NaNs first) instead of smallest first (NaNs last)."""
+
+
+def _order_reversed(x: mx.array) -> mx.array:
+    """A key whose ascending order is the descending order of ``x``, without
+    overflow: ``-x`` wraps for unsigned and minimum signed integers, ``~x`` does not."""
+    if x.dtype == mx.bool_:
+        return mx.logical_not(x)
+    if mx.issubdtype(x.dtype, mx.integer):
+        return mx.bitwise_invert(x)
+    return mx.negative(x)
+
+
+def _nan_aware_argsort(x: mx.array, axis: int, descending: bool) -> mx.array:
+    order = mx.argsort(_order_reversed(x) if descending else x, axis=axis)
+    # Move NaNs to their end with a stable sort of the NaN mask: last when
+    # ascending, first when descending.
+    is_nan = mx.isnan(mx.take_along_axis(x, order, axis=axis))
+    partition_key = mx.logical_not(is_nan) if descending else is_nan
+    partition = mx.argsort(partition_key.astype(mx.uint8), axis=axis)
+    return mx.take_along_axis(order, partition, axis=axis)
+
+
+@register_op("sort", attrs=SortAttrs, shapeless=True)
+def sort(operands, attrs):
+    """Sort along ``axis`` (default: the last), ascending or ``descending``. NaNs
+    go last when ascending and first when descending; equal elements keep their
+    order."""
+    x = operands[0]
+    return mx.take_along_axis(x, _nan_aware_argsort(x, attrs.axis, attrs.descending),
+                              axis=attrs.axis)
+
+
+@register_op("argsort", attrs=SortAttrs, shapeless=True)
+def argsort(operands, attrs):
+    """The indices that ``sort`` (same attributes) would take along ``axis``:
+    NaNs last when ascending, first when descending, equal elements in their
+    original order. Result is uint32."""
+    return _nan_aware_argsort(operands[0], attrs.axis, attrs.descending)
+
+
+class SoftmaxAttrs(Attrs):
+    axes: Axes | None = None
+    """The axes to normalise over; default: all."""
+    precise: bool = False
+    """Accumulate half-precision inputs in float32."""
+
+
+@register_op("softmax", attrs=SoftmaxAttrs, shapeless=True)
+def softmax(operands, attrs):
+    """``exp(x - max) / sum(exp(x - max))`` over ``axes`` (default: all axes, as
+    ``mx.softmax``). ``precise`` accumulates half-precision inputs in float32."""
+    return mx.softmax(operands[0], axis=attrs.axes, precise=attrs.precise)

@@ -1,0 +1,320 @@
+"""Shape and movement ops: reshape, squeeze, expand_dims, transpose, broadcasts,
+pad, reverse, concatenate, stack, split, flatten. None of them changes values or
+dtypes (except where operands of different dtypes are joined, which promotes
+like MLX).
+
+``expand_dims``, ``transpose``, ``concatenate``, ``stack`` and ``flatten`` are
+shapeless (one trace serves every binding of a symbolic program). The others
+are not: their attributes fix sizes or index ranges, and ``squeeze``'s default
+depends on which sizes happen to be 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import mlx.core as mx
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+
+from ..attrs import Attrs, Axes, Axis, InsertAxis, Size, normalize_axis, operand_ndim
+from ..registry import register_op
+
+
+def _operand_shape(info: ValidationInfo, operand: int = 0) -> tuple[int, ...] | None:
+    """Shape of an operand from the validation context; None without a context."""
+    avals = (info.context or {}).get("avals")
+    if avals is None or operand >= len(avals):
+        return None
+    return tuple(avals[operand].shape)
+
+
+def result_axis(axis: int, ndim: int | None) -> int:
+    """Map a possibly negative axis of a result of rank ``ndim`` into ``[0, ndim)``."""
+    if ndim is None:
+        return axis
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for a result of rank {ndim}")
+    return axis % ndim
+
+
+def _check_distinct(axes: tuple[int, ...], written: list[int]) -> tuple[int, ...]:
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"axes {written} name an axis twice")
+    return axes
+
+
+class ReshapeAttrs(Attrs):
+    shape: list[Annotated[int, Field(ge=-1)]]
+    """The result shape; at most one -1, inferred from the element count."""
+
+    @field_validator("shape")
+    @classmethod
+    def _same_size(cls, shape: list[int], info: ValidationInfo) -> list[int]:
+        if shape.count(-1) > 1:
+            raise ValueError(f"shape {shape} has more than one -1 (at most one size is inferred)")
+        operand = _operand_shape(info)
+        if operand is None:
+            return shape
+        size = math.prod(operand)
+        known = math.prod(d for d in shape if d != -1)
+        if -1 not in shape and known != size:
+            raise ValueError(
+                f"cannot reshape {list(operand)} ({size} elements) into {shape} ({known} elements)"
+            )
+        if -1 in shape and (known == 0 or size % known):
+            raise ValueError(
+                f"cannot reshape {list(operand)} ({size} elements) into {shape}: no size for "
+                f"the -1 makes {size} elements"
+            )
+        return shape
+
+
+@register_op("reshape", attrs=ReshapeAttrs)
+def reshape(operands, attrs):
+    """Give the elements a new ``shape`` (row-major order). One size may be -1: it
+    is inferred from the element count, which must not change."""
+    return mx.reshape(operands[0], attrs.shape)
+
+
+class SqueezeAttrs(Attrs):
+    axes: Axes | None = None
+    """Size-1 axes to remove; default: every size-1 axis."""
+
+
+@register_op("squeeze", attrs=SqueezeAttrs)
+def squeeze(operands, attrs):
+    """Remove size-1 ``axes`` (default: every size-1 axis). Naming an axis whose
+    size is not 1 is an error."""
+    return mx.squeeze(operands[0], attrs.axes)
+
+
+class ExpandDimsAttrs(Attrs):
+    axes: list[int]
+    """Where the new axes go, as distinct axes of the result; negative counts
+    from the end."""
+
+    @field_validator("axes")
+    @classmethod
+    def _normalize(cls, axes: list[int], info: ValidationInfo) -> tuple[int, ...]:
+        ndim = operand_ndim(info)
+        result_ndim = None if ndim is None else ndim + len(axes)
+        normalized = tuple(result_axis(a, result_ndim) for a in axes)
+        return _check_distinct(normalized, axes)
+
+
+@register_op("expand_dims", attrs=ExpandDimsAttrs, shapeless=True)
+def expand_dims(operands, attrs):
+    """Insert size-1 axes at ``axes``, which count in the result's rank (the
+    operand's rank plus the number of axes inserted)."""
+    return mx.expand_dims(operands[0], attrs.axes)
+
+
+class TransposeAttrs(Attrs):
+    axes: Axes | None = None
+    """A permutation of all axes: result axis i is operand axis ``axes[i]``;
+    default: reversed."""
+
+    @field_validator("axes")
+    @classmethod
+    def _permutation(cls, axes: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+        ndim = operand_ndim(info)
+        if ndim is not None and len(axes) != ndim:
+            raise ValueError(
+                f"axes {list(axes)} must be a permutation of all {ndim} axes of the operand"
+            )
+        return axes
+
+
+@register_op("transpose", attrs=TransposeAttrs, shapeless=True)
+def transpose(operands, attrs):
+    """Permute the axes: result axis i is operand axis ``axes[i]`` (default:
+    reverse the axes)."""
+    return mx.transpose(operands[0], attrs.axes)
+
+
+class BroadcastAttrs(Attrs):
+    shape: list[Size]
+    """The result shape."""
+    axes: list[int]
+    """The result axis of each operand axis, distinct; negative counts from the
+    end of ``shape``."""
+
+    @field_validator("axes")
+    @classmethod
+    def _placement(cls, axes: list[int], info: ValidationInfo) -> tuple[int, ...]:
+        target = info.data.get("shape")
+        if target is None:  # the shape itself was invalid; that error is reported
+            return tuple(axes)
+        normalized = _check_distinct(tuple(result_axis(a, len(target)) for a in axes), axes)
+        operand = _operand_shape(info)
+        if operand is None:
+            return normalized
+        if len(axes) != len(operand):
+            raise ValueError(
+                f"axes {axes} must give one result axis per operand axis; "
+                f"the operand has shape {list(operand)}"
+            )
+        for i, (size, axis) in enumerate(zip(operand, normalized)):
+            if size not in (1, target[axis]):
+                raise ValueError(
+                    f"operand axis {i} (size {size}) cannot broadcast to result axis "
+                    f"{axis} (size {target[axis]}) of shape {target}"
+                )
+        return normalized
+
+
+@register_op("broadcast", attrs=BroadcastAttrs)
+def broadcast(operands, attrs):
+    """Broadcast to ``shape``, placing operand axis i at result axis ``axes[i]``
+    (XLA ``broadcast_in_dim``); every other result axis is new. Each operand axis
+    must have size 1 or the size of its result axis."""
+    x = operands[0]
+    by_target = sorted(range(x.ndim), key=lambda i: attrs.axes[i])
+    if by_target != list(range(x.ndim)):
+        x = mx.transpose(x, by_target)
+    placed = [1] * len(attrs.shape)
+    for axis, size in zip(sorted(attrs.axes), x.shape):
+        placed[axis] = size
+    return mx.broadcast_to(mx.reshape(x, placed), attrs.shape)
+
+
+class BroadcastToAttrs(Attrs):
+    shape: list[Size]
+    """The result shape."""
+
+
+@register_op("broadcast_to", attrs=BroadcastToAttrs)
+def broadcast_to(operands, attrs):
+    """Broadcast to ``shape`` with numpy rules (trailing axes aligned)."""
+    return mx.broadcast_to(operands[0], attrs.shape)
+
+
+class PadAttrs(Attrs):
+    pad_width: list[tuple[int, int]]
+    """``[low, high]`` per operand axis: elements added before and after;
+    negative values crop."""
+
+    @field_validator("pad_width")
+    @classmethod
+    def _fits(cls, pad_width: list[tuple[int, int]], info: ValidationInfo):
+        shape = _operand_shape(info)
+        if shape is None:
+            return pad_width
+        if len(pad_width) != len(shape):
+            raise ValueError(
+                f"needs one [low, high] pair per operand axis ({len(shape)}), "
+                f"found {len(pad_width)}"
+            )
+        for axis, ((low, high), size) in enumerate(zip(pad_width, shape)):
+            if low + size + high < 0:
+                raise ValueError(
+                    f"[{low}, {high}] on axis {axis} of size {size} crops more than the "
+                    "axis holds"
+                )
+        return pad_width
+
+
+@register_op("pad", attrs=PadAttrs, operands=2)
+def pad(operands, attrs):
+    """Pad with a constant (operands: x, a scalar pad value, cast to x's dtype).
+    ``pad_width`` holds a ``[low, high]`` pair per axis: how many elements to add
+    before and after. Negative values crop instead, as in XLA's ``pad``."""
+    x, value = operands
+    if value.ndim != 0:
+        raise ValueError(f"the pad value must be a scalar; found shape {list(value.shape)}")
+    grow = [(max(low, 0), max(high, 0)) for low, high in attrs.pad_width]
+    padded = mx.pad(x, grow, constant_values=value)
+    # Cropping after growing handles a side that both grows and is cropped into.
+    crop = tuple(
+        slice(max(-low, 0), size - max(-high, 0))
+        for (low, high), size in zip(attrs.pad_width, padded.shape)
+    )
+    return padded[crop]
+
+
+class ReverseAttrs(Attrs):
+    axes: Axes
+    """The axes to reverse."""
+
+
+@register_op("reverse", attrs=ReverseAttrs)
+def reverse(operands, attrs):
+    """Reverse the order of elements along ``axes``."""
+    x = operands[0]
+    return x[tuple(slice(None, None, -1 if a in attrs.axes else 1) for a in range(x.ndim))]
+
+
+class ConcatenateAttrs(Attrs):
+    axis: Axis = 0
+    """The axis to join along."""
+
+
+@register_op("concatenate", attrs=ConcatenateAttrs, operands=(1, None),
+             shapeless=True)
+def concatenate(operands, attrs):
+    """Join the operands along ``axis``; all other sizes must match. Dtypes
+    promote like MLX."""
+    return mx.concatenate(operands, axis=attrs.axis)
+
+
+class StackAttrs(Attrs):
+    axis: InsertAxis = 0
+    """The new axis, counted in the result's rank."""
+
+
+@register_op("stack", attrs=StackAttrs, operands=(1, None), shapeless=True)
+def stack(operands, attrs):
+    """Stack same-shaped operands along a new axis ``axis`` of the result (which
+    has one more axis than each operand). Dtypes promote like MLX."""
+    return mx.stack(operands, axis=attrs.axis)
+
+
+class SplitAttrs(Attrs):
+    indices_or_sections: int | list[int]
+    """A number of equal parts (at least 1), or the indices where parts start."""
+    axis: Axis = 0
+    """The axis to split."""
+
+    @field_validator("indices_or_sections")
+    @classmethod
+    def _some_sections(cls, value: int | list[int]) -> int | list[int]:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{value} sections: there must be at least 1")
+        return value
+
+
+def _split_outputs(attrs: SplitAttrs, n_operands: int) -> int:
+    if isinstance(attrs.indices_or_sections, int):
+        return attrs.indices_or_sections
+    return len(attrs.indices_or_sections) + 1
+
+
+@register_op("split", attrs=SplitAttrs, outputs=_split_outputs)
+def split(operands, attrs):
+    """Split along ``axis``: an int ``indices_or_sections`` makes that many equal
+    parts (the axis must divide evenly); a list gives the indices where parts
+    start, making one more part than indices (as ``numpy.split``)."""
+    return tuple(mx.split(operands[0], attrs.indices_or_sections, axis=attrs.axis))
+
+
+def _flatten_axis(value: int, info: ValidationInfo) -> int:
+    # A scalar flattens to shape [1], so it accepts the axes of a rank-1 array.
+    ndim = operand_ndim(info)
+    return normalize_axis(value, None if ndim is None else max(ndim, 1))
+
+
+FlattenAxis = Annotated[int, AfterValidator(_flatten_axis)]
+
+
+class FlattenAttrs(Attrs):
+    start_axis: FlattenAxis = Field(default=0, validate_default=True)
+    """The first axis to merge; negative counts from the end."""
+    end_axis: FlattenAxis = Field(default=-1, validate_default=True)
+    """The last axis to merge (inclusive); negative counts from the end."""
+
+
+@register_op("flatten", attrs=FlattenAttrs, shapeless=True)
+def flatten(operands, attrs):
+    """Merge axes ``start_axis`` through ``end_axis`` (inclusive) into one."""
+    return mx.flatten(operands[0], attrs.start_axis, attrs.end_axis)
