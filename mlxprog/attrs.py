@@ -11,7 +11,7 @@ Axis normalisation reads the operand ranks from the validation context
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
@@ -97,7 +97,10 @@ InsertAxis = Annotated[int, AfterValidator(_insert_axis)]
 Axes = Annotated[list[int], AfterValidator(_axes)]
 """Distinct axes of operand 0, normalised to non-negative; a tuple after validation."""
 
-Float = Annotated[float, BeforeValidator(_float), WithJsonSchema(_FLOAT_SCHEMA)]
+Float = Annotated[
+    Union[float, Literal["nan", "inf", "-inf"]], BeforeValidator(_float),
+    WithJsonSchema(_FLOAT_SCHEMA),
+]
 """A float that may be written as ``"nan"``, ``"inf"`` or ``"-inf"``."""
 
 DType = Annotated[str, AfterValidator(_dtype), WithJsonSchema({"enum": list(DTYPE_NAMES)})]

@@ -125,7 +125,7 @@ def test_readme_opens_with_the_two_commands():
     blocks = code_blocks(ROOT / "README.md", "sh")
     assert blocks[0].strip() == (
         "python -m pip install -e . && "
-        "mlxprog run examples/quickstart.json --input 'x=[[1,2,3],[4,5,6]]'"
+        'mlxprog generate --prompt "What is the capital of France?"'
     )
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert blocks[1].strip() == ci, "README's test command must be exactly what .ci/run runs"
@@ -139,9 +139,12 @@ def test_readme_commands_work(capsys, monkeypatch):
         for line in block.strip().splitlines():
             command = line.split("&& ")[-1]
             if command.startswith("mlxprog "):
-                argv = [arg.strip("'") for arg in re.findall(r"'[^']*'|\S+", command)][1:]
+                argv = [arg.strip("'\"") for arg in re.findall(r"'[^']*'|\"[^\"]*\"|\S+",
+                                                                command)][1:]
                 assert main(argv) == 0, command
-    assert "output 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "output 0" in out
+    assert out.startswith("The capital of France is Paris.")
 
 
 def test_readme_python_example(tmp_path, monkeypatch):
