@@ -10,6 +10,7 @@ closed over, so they are never passed per call.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections import OrderedDict
@@ -428,11 +429,12 @@ class Executable:
             self.stats.segments.extend(self._runner.segment_stats)
             self.stats.instructions = _count_instructions(validated.block)
 
-    def _make_runner(self, validated: ValidatedProgram) -> BlockRunner:
+    def _make_runner(self, validated: ValidatedProgram,
+                     options: Options | None = None) -> BlockRunner:
         fixed = [None] * len(validated.input_avals) + [*self._captures, *validated.constants]
         mx.eval(validated.constants)
-        return BlockRunner(validated.block, len(validated.input_avals), fixed, self.options,
-                           self.stats)
+        return BlockRunner(validated.block, len(validated.input_avals), fixed,
+                           options or self.options, self.stats)
 
     @property
     def input_names(self) -> list[str]:
@@ -517,7 +519,12 @@ class Executable:
             return runner
         self.stats.cache_misses += 1
         specialized = self.validated.specialize(bindings)
-        runner = self._make_runner(specialized)
+        options = self.options
+        if 1 in bindings.values():
+            # MLX 0.32's shapeless compilation crashes the process when an axis
+            # it reduces has size 1, so such bindings get traces of their own.
+            options = dataclasses.replace(options, shared_segments=None)
+        runner = self._make_runner(specialized, options)
         self._runners[key] = runner
         self.stats.segments.extend(s for s in runner.segment_stats
                                    if not any(s is t for t in self.stats.segments))

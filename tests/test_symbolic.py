@@ -162,13 +162,28 @@ def test_shape_polymorphic_program_is_one_shapeless_trace():
         {"op": "multiply", "operands": [{"result": 0}, {"const": 0}]},
         {"op": "add", "operands": [{"result": 1}, {"input": 0}]},
     ], [{"result": 2}], constants=[{"value": 2.0, "dtype": "float32"}])
-    exe = mp.compile(prog)
+    exe = mp.compile(prog, max_traces=32)
     for T in range(1, 21):
         x = np.linspace(-1, 1, 4 * T, dtype=np.float32).reshape(T, 4)
         np.testing.assert_allclose(np.array(exe(x)[0]), np.tanh(x) * 2 + x, rtol=1e-6)
-    assert exe.stats.traces == 1
+    assert exe.stats.traces == 2  # T=1 is traced on its own (see the next test)
     assert exe.stats.as_dict()["shapeless_segments"] == 1
-    assert len(exe.stats.segments) == 1
+    assert len(exe.stats.segments) == 2
+
+
+def test_dims_of_size_one_get_their_own_trace():
+    # A reduction over an axis of size 1 crashes MLX's shapeless compilation;
+    # such bindings must be traced normally (and this must not crash).
+    prog = program([
+        {"op": "multiply", "operands": [{"input": 0}, {"input": 0}]},
+        {"op": "sum", "operands": [{"result": 0}], "attrs": {"axes": [0]}},
+    ], [{"result": 1}])
+    exe = mp.compile(prog)
+    for T in [1, 3, 1, 5]:
+        x = np.arange(4 * T, dtype=np.float32).reshape(T, 4)
+        np.testing.assert_allclose(np.array(exe(x)[0]), (x * x).sum(axis=0))
+    assert exe.stats.traces == 2  # T=1 on its own, one shapeless trace for 3 and 5
+    assert exe.stats.as_dict()["shapeless_segments"] == 1
 
 
 def test_lru_eviction_bounds_the_cache():
