@@ -144,7 +144,8 @@ class _Segment:
         # MLX rejects an input that is also a closed-over array (a constant used
         # as a loop's initial carry, say); a fresh wrapper of it is accepted.
         closed_over = self._closed_over
-        values = [mx.array(v) if id(v) in closed_over else v for v in values]
+        if not closed_over.isdisjoint(map(id, values)):
+            values = [mx.array(v) if id(v) in closed_over else v for v in values]
         before = self.stats.traces
         start = time.perf_counter()
         try:
@@ -529,7 +530,7 @@ class Executable:
         self.stats.segments.extend(s for s in runner.segment_stats
                                    if not any(s is t for t in self.stats.segments))
         if len(self._runners) > self._max_traces:
-            _, evicted = self._runners.popitem(last=False)
+            self._runners.popitem(last=False)
             self.stats.cache_evictions += 1
             alive = {id(s) for r in self._runners.values() for s in r.segment_stats}
             self.stats.segments = [s for s in self.stats.segments if id(s) in alive]

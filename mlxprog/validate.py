@@ -24,7 +24,7 @@ import pydantic
 from .attrs import Attrs
 from .dtypes import is_floating, is_integer, name_of, to_mlx
 from .errors import ValidationError
-from .program import NONFINITE, Constant, Instruction, Program, Ref, gc_paused
+from .program import NONFINITE, Constant, Instruction, Program, Ref, ResultRef, gc_paused
 from .registry import AVal, OpSpec, lookup, suggest
 
 
@@ -184,6 +184,10 @@ class _Scope:
         self.avals: list[AVal] = [*base.avals, *carry]
         self.placeholders: list[mx.array] = [*base.placeholders, *(_placeholder(a) for a in carry)]
         self.n_results = 0
+        self.first_result = len(self.avals)  # the slot of result 0
+        self.prefix = f"{location} > " if location else ""
+        # op name -> (spec, min operands, max operands), looked up once per scope
+        self.ops: dict[str, tuple[OpSpec, int, int | None]] = {}
         # Instructions without attrs or subprograms whose op and operand avals
         # match infer alike: (op, *avals) -> infer's result, computed once.
         self.inferred: dict[tuple, tuple] = {}
@@ -226,27 +230,41 @@ class _Scope:
         return offset + idx
 
     def add(self, index: int, inst: Instruction) -> Step:
-        where = _join(self.location, f"instruction {index}")
-        spec = lookup_op(inst.op, where)
-        check_arity(spec, len(inst.operands), where)
-        args = tuple(
-            self.resolve(ref, where, f"operand {i}", inst.op)
-            for i, ref in enumerate(inst.operands)
-        )
-        avals = [self.avals[s] for s in args]
-        key = None if inst.attrs or inst.subprograms else (inst.op, *avals)
+        # This runs once per instruction of a program (100,000 times for a large
+        # one), so the common case is kept cheap: the op's spec and operand
+        # range come from a per-scope table, result refs (most operands) are
+        # resolved inline, and an instruction without attrs or subprograms whose
+        # op and operand avals were seen before reuses the earlier inference.
+        op, operands = inst.op, inst.operands
+        where = f"{self.prefix}instruction {index}"
+        known = self.ops.get(op)
+        if known is None:
+            spec = lookup_op(op, where)
+            known = self.ops[op] = (spec, *spec.operand_range())
+        spec, lo, hi = known
+        n = len(operands)
+        if n < lo or (hi is not None and n > hi):
+            check_arity(spec, n, where)
+        n_results = self.n_results
+        args = tuple([
+            self.first_result + ref.result
+            if type(ref) is ResultRef and ref.result < n_results
+            else self.resolve(ref, where, f"operand {i}", op)
+            for i, ref in enumerate(operands)
+        ])
+        avals = self.avals
+        key = None if inst.attrs or inst.subprograms else (op, *[avals[s] for s in args])
         inferred = self.inferred.get(key)
         if inferred is None:
-            inferred = infer(
-                self.base, spec, inst, avals, [self.placeholders[s] for s in args], where
-            )
+            placeholders = [self.placeholders[s] for s in args]
+            inferred = infer(self.base, spec, inst, [avals[s] for s in args], placeholders, where)
             if key is not None:
                 self.inferred[key] = inferred
         attrs, blocks, out_avals, placeholders = inferred
-        out = len(self.avals)
-        self.avals.extend(out_avals)
+        out = len(avals)
+        avals.extend(out_avals)
         self.placeholders.extend(placeholders)
-        self.n_results += len(out_avals)
+        self.n_results = n_results + len(out_avals)
         return Step(index, where, spec, attrs, args, out, len(out_avals), blocks)
 
 

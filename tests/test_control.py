@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import warnings
 
-import mlx.core as mx
 import numpy as np
 import pytest
 

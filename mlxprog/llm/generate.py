@@ -72,14 +72,14 @@ class Generation:
 class _Row:
     """Host-side state of one sequence of a batch: tokens, detokenizer, stops."""
 
-    def __init__(self, llm: LLM, stop: Sequence[str]):
+    def __init__(self, llm: LLM, stop: str | Sequence[str]):
         self.tokens: list[int] = []
         self.text = ""
         self.emitted = 0
         self.finish_reason: str | None = None
         self.decoder = llm.tokenizer.stream_decoder(skip_special_tokens=True)
-        self.eos = set(llm.tokenizer.eos_token_ids)
-        self.stop = [s for s in stop if s]
+        self.eos = set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids)
+        self.stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
 
     def add(self, token: int) -> str:
@@ -138,6 +138,7 @@ class LLM:
         self._given = dict(programs or {})
         self._given_sampling = programs_sampling
         self._executables: dict[tuple[str, Sampling], Executable] = {}
+        self._emit: Callable[[mx.array], mx.array] | None = None  # set per in-program run
 
     # -- programs ----------------------------------------------------------
     def program(self, kind: str, sampling: Sampling = Sampling()) -> Program:
@@ -154,18 +155,18 @@ class LLM:
             raise ModelError(f"unknown program kind {kind!r}; one of {sorted(builders)}")
         return builders[kind](self.spec, self.max_length, sampling)
 
-    def executable(self, kind: str, sampling: Sampling = Sampling(),
-                   callbacks: Mapping[str, Callable] | None = None) -> Executable:
-        """The compiled program of ``kind`` for ``sampling`` (cached)."""
+    def executable(self, kind: str, sampling: Sampling = Sampling()) -> Executable:
+        """The compiled program of ``kind`` for ``sampling`` (cached). The decode
+        loop's ``emit`` callback forwards to the generation in progress."""
         key = (kind, sampling)
-        if key not in self._executables or callbacks:
+        if key not in self._executables:
             # The prefill is traced per prompt length rather than padded to
             # buckets: a trace costs less than a few padded tokens on the CPU.
-            exe = compile_program(self.program(kind, sampling), captures=self._captures,
-                                  callbacks=callbacks)
-            if callbacks:
-                return exe
-            self._executables[key] = exe
+            self._executables[key] = compile_program(
+                self.program(kind, sampling), captures=self._captures,
+                callbacks={"emit": lambda tokens: self._emit(tokens)}
+                if kind == "decode_loop" else None,
+            )
         return self._executables[key]
 
     # -- prompts -----------------------------------------------------------
@@ -238,13 +239,14 @@ class LLM:
         row = state.rows[0]
         on_text = on_text or (lambda piece: None)
 
-        def emit(tokens: mx.array) -> mx.array:
+        def emit(tokens: mx.array) -> mx.array:  # the decode loop's runtime_call
             on_text(row.add(tokens.item()))
             return mx.array(row.finish_reason is not None)
 
         on_text(row.add(state.first.item()))
         state.mark_first_token()
-        loop = self.executable("decode_loop", sampling, callbacks={"emit": emit})
+        self._emit = emit
+        loop = self.executable("decode_loop", sampling)
         if row.finish_reason is None and state.max_new > 0:
             mx.eval(loop(state.first, state.rope_offset(0), state.cache_offset(0),
                          state.key_mask, state.key, *state.caches, state.max_new))
@@ -255,6 +257,8 @@ class LLM:
                stop: Sequence[str]) -> _State:
         if max_tokens < 1:
             raise ModelError(f"max_tokens must be at least 1, got {max_tokens}")
+        if not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ModelError(f"seed must be a non-negative integer below 2**64, got {seed!r}")
         state = _State(self, ids, max_tokens, stop)
         prefill = self.executable("prefill", sampling)
         outs = prefill(state.tokens, state.rope_offset(-state.width), state.key_mask,

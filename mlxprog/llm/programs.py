@@ -35,8 +35,6 @@ caches (the loop also returns the number of tokens it made). With
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import mlx.core as mx
 
 from ..builder import ProgramBuilder, Value
@@ -60,7 +58,8 @@ class Sampling:
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
             raise ModelError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+        if self.top_k is not None and (not isinstance(self.top_k, int)
+                                       or isinstance(self.top_k, bool) or self.top_k < 1):
             raise ModelError(f"top_k must be a positive integer, got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ModelError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -280,7 +279,3 @@ def _decode_inputs(b: ProgramBuilder, model: _Model, max_length: int):
     key = b.input("key", [2], "uint32")
     return tokens, rope_offset, cache_offset, key_mask, key, model.cache_inputs(b)
 
-
-def program_kwargs(program: Program) -> dict[str, Any]:
-    """Names of a program's caller-supplied inputs (for building call arguments)."""
-    return {s.name: s for s in program.inputs if s.value_of is None}

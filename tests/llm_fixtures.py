@@ -1,0 +1,160 @@
+"""Tiny llama-family checkpoints for the LLM tests: a byte-level BPE tokenizer,
+random weights, and writers for Hugging Face directories and GGUF files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from tokenizers import pre_tokenizers
+
+from mlxprog.llm import Quantization, Tokenizer
+
+CHAT_PROMPT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+               "<|im_start|>assistant\n")
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he"]
+TINY_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                 "{% endif %}")
+
+
+def tiny_tokenizer_metadata(pre: str = "smollm") -> dict:
+    """GGUF tokenizer metadata: 3 control tokens, the 256 byte symbols, 3 merges."""
+    tokens = SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": MERGES,
+        "tokenizer.ggml.token_type": mx.array([3] * 3 + [1] * (len(tokens) - 3), dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": mx.array(1, dtype=mx.uint32),
+        "tokenizer.ggml.eos_token_id": mx.array(2, dtype=mx.uint32),
+        "tokenizer.ggml.add_bos_token": mx.array(False),
+        "tokenizer.chat_template": TINY_TEMPLATE,
+    }
+
+
+TINY_VOCAB = len(tiny_tokenizer_metadata()["tokenizer.ggml.tokens"])
+TINY = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+            intermediate_size=128, vocab_size=TINY_VOCAB)
+
+
+def tiny_weights(tied: bool, attention_bias: bool, seed: int = 0) -> dict[str, mx.array]:
+    """Random weights under mlxprog's names for the TINY shapes."""
+    key = mx.random.key(seed)
+    c = TINY
+    q, kv = c["num_heads"] * c["head_dim"], c["num_kv_heads"] * c["head_dim"]
+    h, f = c["hidden_size"], c["intermediate_size"]
+    shapes = {"embed_tokens.weight": (c["vocab_size"], h), "norm.weight": (h,)}
+    if not tied:
+        shapes["lm_head.weight"] = (c["vocab_size"], h)
+    for i in range(c["num_layers"]):
+        p = f"layers.{i}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (h,), f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.k_proj.weight": (kv, h),
+            f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.mlp.gate_proj.weight": (f, h), f"{p}.mlp.up_proj.weight": (f, h),
+            f"{p}.mlp.down_proj.weight": (h, f),
+        })
+        if attention_bias:
+            shapes.update({f"{p}.self_attn.q_proj.bias": (q,), f"{p}.self_attn.k_proj.bias": (kv,),
+                           f"{p}.self_attn.v_proj.bias": (kv,)})
+    weights = {}
+    for name, shape in sorted(shapes.items()):
+        key, sub = mx.random.split(key)
+        if name.endswith("norm.weight"):
+            weights[name] = 1.0 + 0.1 * mx.random.normal(shape, key=sub)
+        else:
+            weights[name] = 0.2 * mx.random.normal(shape, key=sub)
+    return weights
+
+
+def write_hf(directory: Path, model_type: str = "llama", tied: bool = True,
+             quantize: Quantization | None = None,
+             quantize_embedding: Quantization | None = None,
+             **overrides) -> dict[str, mx.array]:
+    """A tiny Hugging Face checkpoint; returns its weights under mlxprog's names.
+
+    ``quantize`` MLX-quantizes the projections and the embedding;
+    ``quantize_embedding``, when given, overrides it for the embedding.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    c = TINY
+    config = {
+        "model_type": model_type, "architectures": ["LlamaForCausalLM"],
+        "hidden_size": c["hidden_size"], "num_hidden_layers": c["num_layers"],
+        "num_attention_heads": c["num_heads"], "num_key_value_heads": c["num_kv_heads"],
+        "head_dim": c["head_dim"], "intermediate_size": c["intermediate_size"],
+        "vocab_size": c["vocab_size"], "rms_norm_eps": 1e-6, "rope_theta": 5000.0,
+        "max_position_embeddings": 512, "tie_word_embeddings": tied,
+        "bos_token_id": 1, "eos_token_id": [2, 0], "hidden_act": "silu", **overrides,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    weights = tiny_weights(tied, attention_bias=model_type == "qwen2")
+    if quantize is not None:
+        for name in [n for n in weights if n.endswith("proj.weight") or n == "embed_tokens.weight"]:
+            q = quantize
+            if name == "embed_tokens.weight" and quantize_embedding is not None:
+                q = quantize_embedding
+            packed, scales, biases = mx.quantize(weights[name], q.group_size, q.bits)
+            stem = name.removesuffix(".weight")
+            weights.update({name: packed, f"{stem}.scales": scales, f"{stem}.biases": biases})
+    stored = {("" if n.startswith("lm_head") else "model.") + n: w for n, w in weights.items()}
+    names = sorted(stored)
+    half = len(names) // 2  # two shards
+    mx.save_safetensors(str(directory / "model-00001-of-00002.safetensors"),
+                        {n: stored[n] for n in names[:half]})
+    mx.save_safetensors(str(directory / "model-00002-of-00002.safetensors"),
+                        {n: stored[n] for n in names[half:]})
+    Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata()).backend.save(
+        str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
+        "chat_template": TINY_TEMPLATE}))
+    return weights
+
+
+GGUF_NAME_PAIRS = [
+    ("token_embd", "embed_tokens"), ("output_norm", "norm"), ("output", "lm_head"),
+    ("attn_norm", "input_layernorm"), ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj"),
+]
+
+
+def write_gguf(path: Path, arch: str = "llama", tied: bool = True, **metadata) -> dict:
+    """A tiny float GGUF file; returns its weights under mlxprog's names."""
+    c = TINY
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.block_count": mx.array(c["num_layers"], dtype=mx.uint32),
+        f"{arch}.embedding_length": mx.array(c["hidden_size"], dtype=mx.uint32),
+        f"{arch}.attention.head_count": mx.array(c["num_heads"], dtype=mx.uint32),
+        f"{arch}.attention.head_count_kv": mx.array(c["num_kv_heads"], dtype=mx.uint32),
+        f"{arch}.attention.key_length": mx.array(c["head_dim"], dtype=mx.uint32),
+        f"{arch}.feed_forward_length": mx.array(c["intermediate_size"], dtype=mx.uint32),
+        f"{arch}.context_length": mx.array(256, dtype=mx.uint32),
+        f"{arch}.rope.freq_base": mx.array(10000.0),
+        f"{arch}.attention.layer_norm_rms_epsilon": mx.array(1e-5),
+        **tiny_tokenizer_metadata(),
+        **metadata,
+    }
+    weights = tiny_weights(tied, attention_bias=arch == "qwen2")
+    to_gguf = {v: k for k, v in GGUF_NAME_PAIRS}
+    tensors = {}
+    for name, value in weights.items():
+        stem, suffix = name.rsplit(".", 1)
+        if stem.startswith("layers."):
+            _, i, rest = stem.split(".", 2)
+            tensors[f"blk.{i}.{to_gguf[rest]}.{suffix}"] = value
+        else:
+            tensors[f"{to_gguf[stem]}.{suffix}"] = value
+    mx.save_gguf(str(path), tensors, meta)
+    return weights
+
+
