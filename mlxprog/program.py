@@ -119,11 +119,10 @@ _REF_TYPES: dict[str, type[Ref]] = {
 
 
 def _ref_kind(value: Any) -> str | None:
-    if isinstance(value, Ref):
-        return value.kind
-    if isinstance(value, dict) and len(value) == 1:
-        return next(iter(value))
-    return None
+    # Called for every ref of a program: the JSON case (a dict) is tested first.
+    if isinstance(value, dict):
+        return next(iter(value)) if len(value) == 1 else None
+    return value.kind if isinstance(value, Ref) else None
 
 
 _REF_SCHEMA = {
@@ -347,7 +346,7 @@ def gc_paused():
 
 _PROMOTE_AFTER = 100_000
 """Young objects above which :func:`gc_paused` promotes them instead of letting
-a collection walk them (a few thousand instructions' worth)."""
+a collection walk them (about 10,000 instructions' worth)."""
 
 
 def _dumps(value: Any, indent: int = 0) -> str:

@@ -52,6 +52,19 @@ class Step:
         return range(self.out, self.out + self.n_out)
 
 
+def _step(index, location, spec, attrs, args, out, n_out, blocks) -> Step:
+    """``Step(...)`` for the validator's loop. The frozen dataclass's ``__init__``
+    sets each of the eight fields with its own ``object.__setattr__`` call
+    (about a third of the time a simple instruction takes to validate); this
+    sets the instance dict to the same contents at once."""
+    step = object.__new__(Step)
+    object.__setattr__(step, "__dict__", {
+        "index": index, "location": location, "spec": spec, "attrs": attrs,
+        "args": args, "out": out, "n_out": n_out, "blocks": blocks,
+    })
+    return step
+
+
 @dataclass(frozen=True, eq=False)
 class Block:
     """A validated instruction list (the program body or a subprogram)."""
@@ -155,9 +168,7 @@ def validate_block(
     ``location`` naming the path to them.
     """
     scope = _Scope(base, carry, location)
-    steps = []
-    for index, inst in enumerate(instructions):
-        steps.append(scope.add(index, inst))
+    steps = [scope.add(index, inst) for index, inst in enumerate(instructions)]
     out_slots = tuple(
         scope.resolve(ref, f"{_join(location, 'outputs')}", f"output {i}")
         for i, ref in enumerate(outputs)
@@ -220,7 +231,7 @@ class _Scope:
                     where,
                     op,
                 )
-            return len(b.avals) + self.n_carry + idx
+            return self.first_result + idx
         if idx >= limit:
             raise ValidationError(
                 f"{what} refers to {kind} {idx}, but there are only {limit} {kind}(s)",
@@ -230,11 +241,11 @@ class _Scope:
         return offset + idx
 
     def add(self, index: int, inst: Instruction) -> Step:
-        # This runs once per instruction of a program (100,000 times for a large
-        # one), so the common case is kept cheap: the op's spec and operand
-        # range come from a per-scope table, result refs (most operands) are
-        # resolved inline, and an instruction without attrs or subprograms whose
-        # op and operand avals were seen before reuses the earlier inference.
+        # This runs once per instruction (100,000 times for a large program), so
+        # the common case is kept cheap: the op's spec and operand range come
+        # from a per-scope table, result refs (most operands) are resolved
+        # inline, and an instruction without attrs or subprograms whose op and
+        # operand avals were seen before reuses the earlier inference.
         op, operands = inst.op, inst.operands
         where = f"{self.prefix}instruction {index}"
         known = self.ops.get(op)
@@ -245,19 +256,21 @@ class _Scope:
         n = len(operands)
         if n < lo or (hi is not None and n > hi):
             check_arity(spec, n, where)
-        n_results = self.n_results
-        args = tuple([
-            self.first_result + ref.result
-            if type(ref) is ResultRef and ref.result < n_results
-            else self.resolve(ref, where, f"operand {i}", op)
-            for i, ref in enumerate(operands)
-        ])
-        avals = self.avals
-        key = None if inst.attrs or inst.subprograms else (op, *[avals[s] for s in args])
+        avals, n_results = self.avals, self.n_results
+        slots, key = [], [op]
+        for ref in operands:
+            if type(ref) is ResultRef and ref.result < n_results:
+                slot = self.first_result + ref.result
+            else:
+                slot = self.resolve(ref, where, f"operand {len(slots)}", op)
+            slots.append(slot)
+            key.append(avals[slot])
+        args = tuple(slots)
+        key = None if inst.attrs or inst.subprograms else tuple(key)  # (op, *avals)
         inferred = self.inferred.get(key)
         if inferred is None:
-            placeholders = [self.placeholders[s] for s in args]
-            inferred = infer(self.base, spec, inst, [avals[s] for s in args], placeholders, where)
+            inferred = infer(self.base, spec, inst, [avals[s] for s in args],
+                             [self.placeholders[s] for s in args], where)
             if key is not None:
                 self.inferred[key] = inferred
         attrs, blocks, out_avals, placeholders = inferred
@@ -265,7 +278,7 @@ class _Scope:
         avals.extend(out_avals)
         self.placeholders.extend(placeholders)
         self.n_results = n_results + len(out_avals)
-        return Step(index, where, spec, attrs, args, out, len(out_avals), blocks)
+        return _step(index, where, spec, attrs, args, out, len(out_avals), blocks)
 
 
 def lookup_op(name: str, where: str) -> OpSpec:
