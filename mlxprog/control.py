@@ -9,6 +9,7 @@ subprograms or calling back into Python.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -42,6 +43,7 @@ def _run_while(runner, step, operands: list[mx.array], inputs: Sequence[mx.array
     the program's inputs, captures and constants. ``max_iterations`` (default: the
     Executable's limit) ends a runaway loop with ``LoopLimitError``."""
     cond, body = runner.children[step]["cond"], runner.children[step]["body"]
+    fused = None if runner.options.eager else runner.fused_iteration(step)
     limit = step.attrs.max_iterations or runner.options.max_iterations
     carry = operands
     pred = cond.run(inputs, carry)[0]
@@ -52,8 +54,11 @@ def _run_while(runner, step, operands: list[mx.array], inputs: Sequence[mx.array
                 f"{step.location} (while): loop did not finish within "
                 f"max_iterations={limit}"
             )
-        carry = body.run(inputs, carry)
-        pred = cond.run(inputs, carry)[0]
+        if fused is not None:
+            *carry, pred = fused([*inputs, *carry], runner.stats)
+        else:
+            carry = body.run(inputs, carry)
+            pred = cond.run(inputs, carry)[0]
         # Evaluating carry and predicate together keeps the graph one
         # iteration deep and costs a single synchronisation per iteration.
         mx.eval(pred, *carry)
@@ -122,9 +127,14 @@ class RuntimeCallAttrs(Attrs):
     callback: str
     outputs: list[OutputSpec] = []
 
+    @cached_property
+    def output_avals(self) -> list[AVal]:
+        """The declared outputs as avals (computed once; checked on every call)."""
+        return [AVal(tuple(o.shape), to_mlx(o.dtype)) for o in self.outputs]
+
 
 def _runtime_call_shapes(avals: list[AVal], attrs: RuntimeCallAttrs) -> list[AVal]:
-    return [AVal(tuple(o.shape), to_mlx(o.dtype)) for o in attrs.outputs]
+    return attrs.output_avals
 
 
 def _run_runtime_call(runner, step, operands: list[mx.array], inputs: Sequence[mx.array]):
@@ -141,10 +151,10 @@ def _run_runtime_call(runner, step, operands: list[mx.array], inputs: Sequence[m
     except Exception as exc:
         raise CallbackError(f"{where}: callback raised {type(exc).__name__}: {exc}") from exc
     runner.stats.callback_calls += 1
-    return _check_callback_results(returned, step.attrs.outputs, where)
+    return _check_callback_results(returned, step.attrs.output_avals, where)
 
 
-def _check_callback_results(returned: Any, declared: list[OutputSpec], where: str) -> list:
+def _check_callback_results(returned: Any, declared: list[AVal], where: str) -> list:
     if returned is None:
         returned = []
     elif not isinstance(returned, (list, tuple)):
@@ -154,21 +164,20 @@ def _check_callback_results(returned: Any, declared: list[OutputSpec], where: st
             f"{where}: callback returned {len(returned)} value(s), declared {len(declared)}"
         )
     results = []
-    for k, (value, spec) in enumerate(zip(returned, declared)):
-        dtype = to_mlx(spec.dtype)
+    for k, (value, (shape, dtype)) in enumerate(zip(returned, declared)):
         if isinstance(value, np.ndarray) and value.dtype != numpy_dtype(dtype):
             raise CallbackError(
-                f"{where}: output {k} has dtype {value.dtype}, declared {spec.dtype}"
+                f"{where}: output {k} has dtype {value.dtype}, declared {name_of(dtype)}"
             )
         if not isinstance(value, mx.array):
             try:
                 value = mx.array(value, dtype=dtype)
             except (TypeError, ValueError) as exc:
                 raise CallbackError(f"{where}: output {k} is not array-like: {exc}") from None
-        if tuple(value.shape) != tuple(spec.shape) or value.dtype != dtype:
+        if value.shape != shape or value.dtype != dtype:
             raise CallbackError(
                 f"{where}: output {k} is {name_of(value.dtype)}{list(value.shape)}, "
-                f"declared {spec.dtype}{list(spec.shape)}"
+                f"declared {name_of(dtype)}{list(shape)}"
             )
         results.append(value)
     return results

@@ -111,26 +111,18 @@ class Options:
 
 
 class _Segment:
-    """A straight-line run of steps compiled as one function of the values it reads."""
+    """A function of arrays compiled with its own ``mx.compile``: a straight-line
+    run of steps (:meth:`of_steps`), or a fused loop iteration (see
+    :meth:`BlockRunner.fused_iteration`). ``reads``/``writes`` are the
+    environment slots it reads and hands on."""
 
-    def __init__(self, runner: BlockRunner, steps: Sequence[Step], reads, writes,
+    def __init__(self, interpret: Callable, location: str, instructions: int,
+                 closed_over: Sequence[Any], fallback_policy: str, reads=(), writes=(),
                  shapeless: bool = False):
-        self.steps = tuple(steps)
         self.reads = tuple(reads)
         self.writes = tuple(writes)
-        self.fallback_policy = runner.options.fallback
-        self.stats = SegmentStats(steps[0].location, len(steps), shapeless=shapeless)
-        n_slots = runner.block.n_slots
-        fixed = runner.fixed
-        n_fixed = len(fixed)
-        steps_, reads_, writes_, stats = self.steps, self.reads, self.writes, self.stats
-
-        def interpret(*values):
-            env = [*fixed, *([None] * (n_slots - n_fixed))]
-            for slot, value in zip(reads_, values):
-                env[slot] = value
-            run_steps(steps_, env)
-            return [env[s] for s in writes_]
+        self.fallback_policy = fallback_policy
+        self.stats = stats = SegmentStats(location, instructions, shapeless=shapeless)
 
         def segment(*values):
             stats.traces += 1
@@ -138,7 +130,25 @@ class _Segment:
 
         self.interpret = interpret
         self.compiled = mx.compile(segment, shapeless=shapeless)
-        self._closed_over = {id(v) for v in fixed if v is not None}
+        self._closed_over = {id(v) for v in closed_over if v is not None}
+
+    @classmethod
+    def of_steps(cls, runner: BlockRunner, steps: Sequence[Step], reads, writes,
+                 shapeless: bool = False) -> _Segment:
+        """The interpreter of ``steps`` over ``runner``'s environment layout."""
+        fixed, n_slots = runner.fixed, runner.block.n_slots
+        padding = [None] * (n_slots - len(fixed))
+        steps, reads, writes = tuple(steps), tuple(reads), tuple(writes)
+
+        def interpret(*values):
+            env = [*fixed, *padding]
+            for slot, value in zip(reads, values):
+                env[slot] = value
+            run_steps(steps, env)
+            return [env[s] for s in writes]
+
+        return cls(interpret, steps[0].location, len(steps), fixed, runner.options.fallback,
+                   reads, writes, shapeless)
 
     def __call__(self, values: Sequence[mx.array], stats: Stats) -> list[mx.array]:
         # MLX rejects an input that is also a closed-over array (a constant used
@@ -197,6 +207,8 @@ class BlockRunner:
         # Stats of the segments this runner and its subprograms' runners use.
         self.segment_stats: list[SegmentStats] = []
         self._direct: tuple | None = None
+        self._fused: dict[Step, _Segment | None] = {}
+        self._results = [None] * (block.n_slots - block.n_prefix - block.n_carry)
         # Subprogram runners of structured steps share captures, options, stats.
         self.children: dict[Step, dict[str, BlockRunner]] = {
             step: {name: BlockRunner(sub, n_inputs, self.fixed, options, stats)
@@ -245,10 +257,10 @@ class BlockRunner:
         if shared is not None and _shapeless(group, self.options.symbolic_locations):
             key = (group[0].location, group[-1].location)
             if key not in shared:
-                shared[key] = _Segment(self, group, reads, writes, shapeless=True)
+                shared[key] = _Segment.of_steps(self, group, reads, writes, shapeless=True)
             self.segment_stats.append(shared[key].stats)
             return shared[key]
-        segment = _Segment(self, group, reads, writes)
+        segment = _Segment.of_steps(self, group, reads, writes)
         self.segment_stats.append(segment.stats)
         return segment
 
@@ -272,6 +284,48 @@ class BlockRunner:
         reads = [source(s) for s in segment.reads] if segment else []
         return segment, reads, [source(s) for s in self.block.outputs]
 
+    def direct_function(self) -> Callable | None:
+        """The block as one uncompiled function ``(inputs, carry) -> outputs``,
+        when it is at most one segment (else None)."""
+        if self._direct is None:
+            return None
+        segment, reads, outputs = self._direct
+        fixed = self.fixed
+
+        def run(inputs, carry):
+            sources = [inputs, carry, fixed, ()]
+            if segment is not None:
+                sources[3] = segment.interpret(*[sources[k][i] for k, i in reads])
+            return [sources[k][i] for k, i in outputs]
+
+        return run
+
+    def fused_iteration(self, step: Step) -> _Segment | None:
+        """For a ``while`` whose ``body`` and ``cond`` are each a single segment:
+        one compiled function running the body and then the condition on the new
+        carry, so an iteration is one compiled call. Built once per step; None
+        when a subprogram has host steps."""
+        if step not in self._fused:
+            body = self.children[step]["body"].direct_function()
+            cond = self.children[step]["cond"].direct_function()
+            fused = None
+            if body is not None and cond is not None:
+                n_inputs = self.n_inputs
+
+                def iterate(*values):
+                    inputs, carry = values[:n_inputs], values[n_inputs:]
+                    new_carry = body(inputs, carry)
+                    return [*new_carry, cond(inputs, new_carry)[0]]
+
+                fused = _Segment(iterate, f"{step.location} > body + cond",
+                                 _count_instructions(step.blocks["body"])
+                                 + _count_instructions(step.blocks["cond"]),
+                                 self.fixed, self.options.fallback)
+                self.segment_stats.append(fused.stats)
+                self.stats.segments.append(fused.stats)
+            self._fused[step] = fused
+        return self._fused[step]
+
     def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array] = ()) -> list[mx.array]:
         """Run the block on the program inputs and (for subprograms) the carry."""
         if self._direct is not None:
@@ -281,15 +335,14 @@ class BlockRunner:
                 sources[3] = segment([sources[k][i] for k, i in reads], self.stats)
             return [sources[k][i] for k, i in outputs]
         block = self.block
-        env = self.fixed + [None] * (block.n_slots - len(self.fixed))
-        env[: self.n_inputs] = inputs
-        env[block.n_prefix : block.n_prefix + block.n_carry] = carry
+        env = [*inputs, *self.fixed[self.n_inputs:], *carry, *self._results]
         if self.options.eager:
             self._run_eager(env)
         else:
+            stats = self.stats
             for unit in self.units:
-                if isinstance(unit, _Segment):
-                    out = unit([env[s] for s in unit.reads], self.stats)
+                if type(unit) is _Segment:
+                    out = unit([env[s] for s in unit.reads], stats)
                     for slot, value in zip(unit.writes, out):
                         env[slot] = value
                 else:
