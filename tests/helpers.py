@@ -6,6 +6,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 import mlxprog as mp
 from mlxprog.dtypes import name_of
@@ -25,6 +26,16 @@ def one_op_program(op: str, *operands: Any, **attrs: Any) -> mp.Program:
         values.append(b.input(f"x{i}", arr.shape, name_of(arr.dtype)))
     out = b.op(op, *values, **attrs)
     return b.build(list(out) if isinstance(out, tuple) else [out])
+
+
+def assert_invalid(message: str, op: str, *operands: Any, **attrs: Any) -> None:
+    """Building the one-op program fails with a ValidationError naming
+    instruction 0, the op, and containing ``message``."""
+    with pytest.raises(mp.ValidationError, match="instruction 0") as info:
+        one_op_program(op, *operands, **attrs)
+    text = str(info.value)
+    assert f"({op})" in text, text
+    assert message in text, text
 
 
 def run_op(op: str, *operands: Any, eager: bool = False, **attrs: Any):

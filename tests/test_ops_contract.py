@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mlxprog as mp
-from helpers import assert_close, one_op_program, run_op
+from helpers import assert_close, assert_invalid, one_op_program, run_op
 
 FAST = settings(max_examples=25, deadline=None)
 
@@ -40,15 +40,6 @@ def np_dot_general(lhs, rhs, lhs_contracting, rhs_contracting, lhs_batch=(), rhs
     out += [rhs_labels[a] for a in range(rhs.ndim) if a not in (*rhs_batch, *rhs_contracting)]
     subscripts = f"{''.join(lhs_labels)},{''.join(rhs_labels)}->{''.join(out)}"
     return np.einsum(subscripts, lhs, rhs)
-
-
-def assert_invalid(message, op, *operands, **attrs):
-    """Building the one-op program fails naming instruction 0, the op and ``message``."""
-    with pytest.raises(mp.ValidationError, match="instruction 0") as info:
-        run_op(op, *operands, **attrs)
-    text = str(info.value)
-    assert f"({op})" in text
-    assert message in text, text
 
 
 # --- dot -----------------------------------------------------------------------------

@@ -12,18 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mlxprog as mp
-from helpers import assert_close, one_op_program, run_op
+from helpers import assert_close, assert_invalid, one_op_program, run_op
 
 FAST = settings(max_examples=25, deadline=None)
-
-
-def assert_invalid(message, op, **attrs):
-    """Building the one-op program fails naming instruction 0, the op and ``message``."""
-    with pytest.raises(mp.ValidationError, match="instruction 0") as info:
-        run_op(op, **attrs)
-    text = str(info.value)
-    assert f"({op})" in text
-    assert message in text, text
 
 
 def np_iota(shape, axis):

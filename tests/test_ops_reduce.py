@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import mlxprog as mp
-from helpers import assert_close, one_op_program, run_op
+from helpers import assert_close, assert_invalid, one_op_program, run_op
 
 FAST = settings(max_examples=25, deadline=None)
 
@@ -33,15 +33,6 @@ def np_logsumexp(x, axis=None, keepdims=False):
     total = np.sum(np.exp(x - peak), axis=axis, keepdims=True)
     out = np.log(total) + peak
     return out if keepdims else np.squeeze(out, axis=axis)
-
-
-def assert_invalid(message, op, *operands, **attrs):
-    """Building the one-op program fails naming instruction 0, the op and ``message``."""
-    with pytest.raises(mp.ValidationError, match="instruction 0") as info:
-        run_op(op, *operands, **attrs)
-    text = str(info.value)
-    assert f"({op})" in text
-    assert message in text, text
 
 
 # --- axis reductions -----------------------------------------------------------------

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import mlxprog as mp
-from helpers import assert_close, one_op_program, run_op
+from helpers import assert_close, assert_invalid, one_op_program, run_op
 
 FAST = settings(max_examples=25, deadline=None)
 
@@ -21,15 +21,6 @@ X = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
 def validated_attrs(op, *operands, **attrs):
     """The attrs of a one-op program's instruction after validation."""
     return mp.validate(one_op_program(op, *operands, **attrs)).block.steps[0].attrs
-
-
-def assert_invalid(message, op, *operands, **attrs):
-    """Building the one-op program fails naming instruction 0, the op and ``message``."""
-    with pytest.raises(mp.ValidationError, match="instruction 0") as info:
-        run_op(op, *operands, **attrs)
-    text = str(info.value)
-    assert f"({op})" in text
-    assert message in text, text
 
 
 # --- reshape, squeeze, expand_dims, transpose, flatten -----------------------------
