@@ -158,6 +158,19 @@ def test_hf_loader_matches_mlx_lm_llama(llms, model_paths, kind):
 # Batches, JSON export, the in-program decode loop
 
 
+def test_growing_the_cache_in_chunks_changes_nothing(model_paths, gguf):
+    # cache_step=4 grows the caches (and retraces the decode step) every 4
+    # tokens; the default step of 128 never grows them within max_length.
+    chunked = load(model_paths["gguf"], max_length=MAX_LENGTH, cache_step=4)
+    for run in (lambda m: m.generate(PROMPT, max_tokens=20, chat=False),
+                lambda m: m.generate_batch([PROMPT, "hello"], max_tokens=20, chat=False)[1],
+                lambda m: m.generate_in_program(PROMPT, max_tokens=20, chat=False)):
+        assert run(chunked).tokens == run(gguf).tokens
+    decode = chunked.executable("decode")
+    assert decode.stats.traces >= 4  # one per cache length reached
+    assert all(b["S"] % 4 == 0 or b["S"] == MAX_LENGTH for b in decode.stats.bindings)
+
+
 def test_batch_rows_equal_single_generation(tiny):
     prompts = [PROMPT, "hello", [{"role": "user", "content": "the"}], "a b c d e f g h i j k"]
     batch = tiny.generate_batch(prompts, max_tokens=12, chat=False)

@@ -24,6 +24,7 @@ from .model_files import load_checkpoint
 from .programs import ModelSpec, Sampling, build_decode, build_decode_loop, build_prefill
 
 DEFAULT_MAX_LENGTH = 2048
+DEFAULT_CACHE_STEP = 128
 
 
 @dataclass
@@ -116,23 +117,31 @@ class _Row:
 class LLM:
     """A loaded model with its tokenizer and compiled programs.
 
-    ``max_length`` is the KV-cache length: prompt plus generated tokens must fit.
-    Programs are built on first use for each sampling configuration (sampling
-    parameters are program attributes) and compiled with the model's weights as
-    captures; the prefill program has a symbolic prompt length (one trace per
-    length, least recently used evicted), and the decode step is traced once
-    per batch size.
+    ``max_length`` is the longest the KV cache gets: prompt plus generated
+    tokens must fit. Attention reads every slot of the cache, so the caches
+    start at the prompt's length and the decode steps grow them to multiples of
+    ``cache_step`` slots as tokens are generated (``cache_step >= max_length``:
+    the whole cache from the first decode step on). Programs are built on
+    first use for each sampling configuration (sampling parameters are program
+    attributes) and compiled with the model's weights as captures; the prefill
+    program has a symbolic prompt length (one trace per length, least recently
+    used evicted), and the decode step is traced once per batch size and cache
+    length.
     """
 
     def __init__(self, checkpoint: Checkpoint, max_length: int = DEFAULT_MAX_LENGTH,
                  programs: Mapping[str, Program] | None = None,
-                 programs_sampling: Sampling = Sampling()):
+                 programs_sampling: Sampling = Sampling(),
+                 cache_step: int = DEFAULT_CACHE_STEP):
         if max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length}")
+        if cache_step < 1:
+            raise ModelError(f"cache_step must be at least 1, got {cache_step}")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.max_length = max_length
+        self.cache_step = cache_step
         self.spec = ModelSpec.of(checkpoint)
         self._captures = self.spec.captures(checkpoint)
         self._given = dict(programs or {})
@@ -247,6 +256,7 @@ class LLM:
         state.mark_first_token()
         self._emit = emit
         loop = self.executable("decode_loop", sampling)
+        state.reserve(state.width + state.max_new)  # the loop's caches cannot grow
         if row.finish_reason is None and state.max_new > 0:
             mx.eval(loop(state.first, state.rope_offset(0), state.cache_offset(0),
                          state.key_mask, state.key, *state.caches, state.max_new))
@@ -269,25 +279,32 @@ class LLM:
 
     def _run(self, ids: list[list[int]], max_tokens: int, sampling: Sampling, seed: int,
              stop: Sequence[str]) -> Generator[tuple[int, str], None, list[Generation]]:
-        """Yield ``(row, text piece)`` as tokens arrive; return the results."""
+        """Yield ``(row, text piece)`` as tokens arrive; return the results.
+
+        The first tokens are read and yielded as soon as the prefill is done,
+        before the decode step is built or traced (on a cold start that takes a
+        few tenths of a second). After that each decode step is dispatched
+        before the previous step's tokens are read, so the device does not wait
+        for the host."""
         state = self._start(ids, max_tokens, sampling, seed, stop)
-        decode = self.executable("decode", sampling)
-        tokens = state.first
-        for step in range(state.max_new + 1):
-            pending = None
-            if step < state.max_new:  # dispatch the next step before reading these tokens
-                outs = decode(tokens, state.rope_offset(step), state.cache_offset(step),
-                              state.key_mask, state.key, *state.caches)
-                pending, state.key, state.caches = outs[0], outs[1], list(outs[2:])
-                mx.async_eval(outs)
-            values = tokens.tolist()
-            if step == 0:
-                state.mark_first_token()
-            for i, (row, token) in enumerate(zip(state.rows, values)):
-                yield i, row.add(token)
-            if all(row.finish_reason is not None for row in state.rows) or pending is None:
+        first = state.first.tolist()
+        state.mark_first_token()
+        yield from state.add(first)
+        tokens, unread = state.first, None
+        for step in range(state.max_new):
+            if state.done:
                 break
-            tokens = pending
+            state.reserve(state.width + step + 1)
+            decode = self.executable("decode", sampling)  # built on first use
+            outs = decode(tokens, state.rope_offset(step), state.cache_offset(step),
+                          state.key_mask, state.key, *state.caches)
+            tokens, state.key, state.caches = outs[0], outs[1], list(outs[2:])
+            mx.async_eval(outs)
+            if unread is not None:
+                yield from state.add(unread.tolist())
+            unread = tokens
+        if unread is not None and not state.done:
+            yield from state.add(unread.tolist())
         for i, row in enumerate(state.rows):
             yield i, row.finish()
         return state.finish()
@@ -305,10 +322,12 @@ class _State:
                              "max_length or shorten the prompt")
         self.pads = [self.width - len(p) for p in ids]
         self.tokens = mx.array([[0] * pad + p for pad, p in zip(self.pads, ids)], dtype=mx.int32)
-        positions = mx.arange(llm.max_length)[None, :]
-        self.key_mask = positions >= mx.array(self.pads)[:, None]
-        shape = (len(ids), c.num_kv_heads, llm.max_length, c.head_dim)
+        self.max_length, self.cache_step = llm.max_length, llm.cache_step
+        # The prefill's caches hold just the prompt (attention reads every
+        # slot); the decode steps grow them with reserve().
+        shape = (len(ids), c.num_kv_heads, self.width, c.head_dim)
         self.caches = [mx.zeros(shape, dtype=mx.float32) for _ in range(2 * c.num_layers)]
+        self.key_mask = self._key_mask(self.width)
         # Decode steps after the first token: bounded by max_tokens and the cache.
         self.max_new = min(max_tokens - 1, llm.max_length - self.width)
         self.rows = [_Row(llm, stop) for _ in ids]
@@ -318,6 +337,31 @@ class _State:
         mx.reset_peak_memory()
         self.start = time.perf_counter()
         self.first_token_at = self.start
+
+    @property
+    def done(self) -> bool:
+        """Whether every row has finished."""
+        return all(row.finish_reason is not None for row in self.rows)
+
+    def add(self, tokens: list[int]) -> Iterator[tuple[int, str]]:
+        """Give each row its token; yield ``(row, text piece)``."""
+        for i, (row, token) in enumerate(zip(self.rows, tokens)):
+            yield i, row.add(token)
+
+    def reserve(self, slots: int) -> None:
+        """Grow the caches (zero-filled) and the key mask to at least ``slots``
+        slots: the next multiple of ``cache_step``, at most ``max_length``."""
+        size = self.key_mask.shape[1]
+        if slots <= size:
+            return
+        new_size = min(-(-slots // self.cache_step) * self.cache_step, self.max_length)
+        grow = [(0, 0), (0, 0), (0, new_size - size), (0, 0)]
+        self.caches = [mx.pad(cache, grow) for cache in self.caches]
+        self.key_mask = self._key_mask(new_size)
+
+    def _key_mask(self, size: int) -> mx.array:
+        """``[B, size]``: false on each row's left padding."""
+        return mx.arange(size)[None, :] >= mx.array(self.pads)[:, None]
 
     def rope_offset(self, step: int) -> mx.array:
         """Each row's position of the token written at ``step`` (``-width``: the
@@ -345,14 +389,15 @@ class _State:
                 for r in self.rows]
 
 
-def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH) -> LLM:
+def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
+         cache_step: int = DEFAULT_CACHE_STEP) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
-    default SmolLM2-135M-Instruct, installed on first use) for generation."""
-    return LLM(load_checkpoint(model), max_length=max_length)
+    default SmolLM2-135M-Instruct, installed on first use) for generation;
+    see :class:`LLM` for ``max_length`` and ``cache_step``."""
+    return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step)
 
 
-def load_exported(directory: str | Path, model: str | Path | None = None,
-                  max_length: int | None = None) -> LLM:
+def load_exported(directory: str | Path, model: str | Path | None = None) -> LLM:
     """An :class:`LLM` running the programs written by ``mlxprog export-llm``
     (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
     weights bound by capture name from the model file."""
@@ -364,7 +409,8 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
     programs = {kind: Program.load(directory / f"{kind}.json") for kind in EXPORTED}
     sampling = Sampling(**manifest["sampling"])
     return LLM(load_checkpoint(model if model is not None else manifest.get("model")),
-               max_length=manifest["max_length"], programs=programs, programs_sampling=sampling)
+               max_length=manifest["max_length"], programs=programs, programs_sampling=sampling,
+               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP))
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")
@@ -372,8 +418,8 @@ EXPORTED = ("prefill", "decode", "decode_loop")
 
 def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling()) -> list[Path]:
     """Write the model's programs as JSON (weights stay in the model file) plus a
-    manifest naming the model, the cache length and the sampling; returns the
-    files written. :func:`load_exported` runs them."""
+    manifest naming the model, the cache length and growth step, and the
+    sampling; returns the files written. :func:`load_exported` runs them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -384,6 +430,7 @@ def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling()) -> 
     manifest = {
         "model": str(llm.checkpoint.path),
         "max_length": llm.max_length,
+        "cache_step": llm.cache_step,
         "sampling": dataclasses.asdict(sampling),
         "inputs": {kind: [s.name for s in llm.program(kind, sampling).inputs]
                    for kind in EXPORTED},

@@ -5,20 +5,24 @@ captures named as in the model file (``blk.0.attn_q.weight`` for GGUF), so
 ``mlxprog.compile(program, weights=model_file)`` binds them directly. Quantized
 layers stay quantized (three captures each).
 
-Every program works on a fixed-size KV cache in the ``[B, kv_heads, L, D]``
-layout, passed in and returned: each step writes its keys and values at a
-dynamic ``cache_offset`` (an int32 scalar input, never an attribute), so the
-decode step has one shape for every token and is traced once per batch size.
-Batches are left-padded: ``rope_offset`` (one start position per row) and
-``key_mask`` (``[B, L]``, false on padding) describe the padding.
+Every program works on a KV cache in the ``[B, kv_heads, S, D]`` layout,
+passed in and returned: each step writes its keys and values at a dynamic
+``cache_offset`` (an int32 scalar input, never an attribute), so the decode
+step has one shape for every token of a given cache length. The cache length
+``S`` is a symbolic dim (at most ``max_length``): attention reads all ``S``
+slots (those after the current position are masked), and on the CPU its cost
+grows with ``S``, so the host grows the caches in chunks as the sequence
+grows (one trace per chunk; see :class:`~mlxprog.llm.LLM`). Passing caches of
+``max_length`` slots gives one trace for the whole sequence. Batches are
+left-padded: ``rope_offset`` (one start position per row) and ``key_mask``
+(``[B, S]``, false on padding) describe the padding.
 
 Inputs, in order:
 
-- prefill: ``tokens [B, T]``, ``rope_offset [B]``, ``key_mask [B, L]``,
-  ``key [2]``, then ``k_cache.i``/``v_cache.i`` per layer; ``length`` (the value
-  of T) is filled in by the Executable.
+- prefill: ``tokens [B, T]`` (T at most S), ``rope_offset [B]``,
+  ``key_mask [B, S]``, ``key [2]``, then ``k_cache.i``/``v_cache.i`` per layer.
 - decode: ``tokens [B]``, ``rope_offset [B]``, ``cache_offset []``,
-  ``key_mask [B, L]``, ``key [2]``, then the caches.
+  ``key_mask [B, S]``, ``key [2]``, then the caches (``cache_offset < S``).
 - decode loop: as decode plus ``max_new []``; a ``while`` loop runs decode
   steps, streaming each new token to the ``emit`` callback (which returns a
   bool: stop), until it says stop or ``max_new`` tokens were made.
@@ -97,11 +101,10 @@ class ModelSpec:
 class _Model:
     """Emits the model's instructions into a builder scope."""
 
-    def __init__(self, root: ProgramBuilder, spec: ModelSpec, max_length: int):
+    def __init__(self, root: ProgramBuilder, spec: ModelSpec):
         self.root = root
         self.spec = spec
         self.c = spec.config
-        self.max_length = max_length
         self._captures: dict[str, Value] = {}
 
     def weight(self, name: str) -> Value:
@@ -173,17 +176,19 @@ class _Model:
         return h, k_cache, v_cache
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
-                caches: list[Value], last: Value | None):
-        """Logits [B, V] after the last token (position ``last`` when given) and
-        the new caches."""
+                caches: list[Value]):
+        """Logits [B, V] after the last of the T tokens, and the new caches."""
         h = self.embed(sb, tokens)
         new_caches = []
         for i in range(self.c.num_layers):
             h, k_cache, v_cache = self.layer(sb, i, h, T, rope_offset, cache_offset, key_mask,
                                              caches[2 * i], caches[2 * i + 1])
             new_caches += [k_cache, v_cache]
-        if last is not None:
-            h = sb.slice(h, last, lengths=["B", 1, self.c.hidden_size], dynamic_axes=[1])
+        if T != 1:
+            # A static slice at T - 1 (prompts are left-padded): a dynamic one
+            # would clamp its start with T - 1 as a constant, compiling a new
+            # fused CPU kernel for every prompt length.
+            h = sb.slice(h, starts=[0, f"{T}-1", 0], lengths=["B", 1, self.c.hidden_size])
         h = sb.reshape(h, shape=["B", self.c.hidden_size])
         h = self.norm(sb, "norm.weight", h)
         head = "embed_tokens" if self.c.tie_embeddings else "lm_head"
@@ -191,7 +196,7 @@ class _Model:
 
     def cache_inputs(self, b: ProgramBuilder) -> list[Value]:
         c = self.c
-        shape = ["B", c.num_kv_heads, self.max_length, c.head_dim]
+        shape = ["B", c.num_kv_heads, "S", c.head_dim]
         return [b.input(f"{kind}_cache.{i}", shape, CACHE_DTYPE)
                 for i in range(c.num_layers) for kind in ("k", "v")]
 
@@ -202,12 +207,19 @@ class _Model:
                          top_p=sampling.top_p, min_p=sampling.min_p)
 
 
-def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int):
+def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
+             prompt: bool = False):
+    """A builder with the batch dim ``B``, the prompt length ``T`` (with
+    ``prompt``) and the cache length ``S``, declared in that order so that
+    the build-time sample binding has ``T <= S``."""
     if max_length < 2:
         raise ModelError(f"max_length must be at least 2, got {max_length}")
     b = ProgramBuilder(name)
     b.dim("B", min=1, max=max_batch)
-    return b, _Model(b, spec, max_length)
+    if prompt:
+        b.dim("T", min=1, max=max_length)
+    b.dim("S", min=1, max=max_length)
+    return b, _Model(b, spec)
 
 
 def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
@@ -215,16 +227,14 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
     """The prefill program: runs a left-padded prompt batch [B, T] through the
     model, writing the caches from position 0, and picks the first new token
     (or, with ``sampling=None``, returns the logits after the last token)."""
-    b, model = _builder(spec, "prefill", max_length, max_batch)
-    T = b.dim("T", min=1, max=max_length)
-    tokens = b.input("tokens", ["B", T], "int32")
+    b, model = _builder(spec, "prefill", max_length, max_batch, prompt=True)
+    tokens = b.input("tokens", ["B", "T"], "int32")
     rope_offset = b.input("rope_offset", ["B"], "int32")
-    key_mask = b.input("key_mask", ["B", max_length], "bool")
+    key_mask = b.input("key_mask", ["B", "S"], "bool")
     key = b.input("key", [2], "uint32")
     caches = model.cache_inputs(b)
-    length = b.input("length", [], "int32", value_of=T)
-    logits, new_caches = model.forward(b, tokens, T, rope_offset, b.constant(0, "int32"),
-                                       key_mask, caches, last=length - 1)
+    logits, new_caches = model.forward(b, tokens, "T", rope_offset, b.constant(0, "int32"),
+                                       key_mask, caches)
     if sampling is None:
         return b.build(check=False, outputs=[logits, *new_caches])
     ids, next_key = model.pick(b, logits, key, sampling)
@@ -236,9 +246,9 @@ def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = S
     """One decode step: the tokens [B] picked last, written at ``cache_offset``;
     picks the next tokens (or returns the logits with ``sampling=None``)."""
     b, model = _builder(spec, "decode", max_length, max_batch)
-    tokens, rope_offset, cache_offset, key_mask, key, caches = _decode_inputs(b, model, max_length)
+    tokens, rope_offset, cache_offset, key_mask, key, caches = _decode_inputs(b, model)
     logits, new_caches = model.forward(b, b.reshape(tokens, shape=["B", 1]), 1, rope_offset,
-                                       cache_offset, key_mask, caches, last=None)
+                                       cache_offset, key_mask, caches)
     if sampling is None:
         return b.build(check=False, outputs=[logits, *new_caches])
     ids, next_key = model.pick(b, logits, key, sampling)
@@ -251,7 +261,7 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     decode step, picks the next tokens and streams them to the ``emit``
     callback, until ``emit`` returns true or ``max_new`` tokens were made."""
     b, model = _builder(spec, "decode_loop", max_length, max_batch)
-    tokens, rope_offset, cache_offset, key_mask, key, caches = _decode_inputs(b, model, max_length)
+    tokens, rope_offset, cache_offset, key_mask, key, caches = _decode_inputs(b, model)
     max_new = b.input("max_new", [], "int32")
 
     def cond(sb, tokens, rope_offset, cache_offset, key, made, stop, *caches):
@@ -259,8 +269,7 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
 
     def body(sb, tokens, rope_offset, cache_offset, key, made, stop, *caches):
         logits, new_caches = model.forward(sb, sb.reshape(tokens, shape=["B", 1]), 1,
-                                           rope_offset, cache_offset, key_mask, list(caches),
-                                           last=None)
+                                           rope_offset, cache_offset, key_mask, list(caches))
         ids, next_key = model.pick(sb, logits, key, sampling)
         (stop,) = sb.runtime_call("emit", [ids], [((), "bool")])
         return (ids, rope_offset + 1, cache_offset + 1, next_key, made + 1, stop, *new_caches)
@@ -271,11 +280,11 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     return b.build(check=False, outputs=[final[0], final[3], *final[6:], final[4]])
 
 
-def _decode_inputs(b: ProgramBuilder, model: _Model, max_length: int):
+def _decode_inputs(b: ProgramBuilder, model: _Model):
     tokens = b.input("tokens", ["B"], "int32")
     rope_offset = b.input("rope_offset", ["B"], "int32")
     cache_offset = b.input("cache_offset", [], "int32")
-    key_mask = b.input("key_mask", ["B", max_length], "bool")
+    key_mask = b.input("key_mask", ["B", "S"], "bool")
     key = b.input("key", [2], "uint32")
     return tokens, rope_offset, cache_offset, key_mask, key, model.cache_inputs(b)
 
