@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import dims as D
+from . import native as native_kernels
 from .dtypes import name_of, numpy_dtype, to_mlx
 from .errors import BindingError, ProgramError, TraceError
 from .interpreter import run_step_eager, run_steps
@@ -51,8 +52,10 @@ class SegmentStats:
 @dataclass
 class Stats:
     """What an Executable has done: calls, traces, time spent tracing, the shape
-    of its plan, and (symbolic programs) its trace cache. ``exe.stats`` is live;
-    ``exe.stats.as_dict()`` snapshots it."""
+    of its plan, and (symbolic programs) its trace cache. ``native`` says
+    whether native CPU kernels were allowed; ``native_ops`` counts, by op, the
+    instructions that took one (once per trace when compiled, once per call
+    when eager). ``exe.stats`` is live; ``exe.stats.as_dict()`` snapshots it."""
 
     calls: int = 0
     traces: int = 0
@@ -67,6 +70,8 @@ class Stats:
     cache_evictions: int = 0
     bindings: list[dict[str, int]] = field(default_factory=list)
     fallbacks: int = 0
+    native: bool = False
+    native_ops: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as plain data."""
@@ -86,6 +91,8 @@ class Stats:
             "cache_evictions": self.cache_evictions,
             "cached_bindings": [dict(b) for b in self.bindings],
             "fallbacks": self.fallbacks,
+            "native": self.native,
+            "native_ops": dict(self.native_ops),
         }
 
     def __str__(self) -> str:
@@ -106,6 +113,7 @@ class Options:
     callbacks: Mapping[str, Callable]
     max_iterations: int
     fallback: str = "eager"
+    native: bool = True
     shared_segments: dict | None = None
     symbolic_locations: frozenset = frozenset()
 
@@ -460,7 +468,8 @@ class Executable:
         self.validated = validated
         self.program = validated.program
         self.options = options
-        self.stats = Stats(eager=options.eager)
+        self.stats = Stats(eager=options.eager, native=options.native)
+        self._native = native_kernels.Scope(options.native, self.stats.native_ops)
         self._captures = list(capture_values)
         specs = validated.program.inputs
         self._input_names = [s.name for s in specs if s.value_of is None]
@@ -504,11 +513,15 @@ class Executable:
         return self.validated.out_avals
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[mx.array]:
-        if self._symbolic:
-            return self._call_symbolic(args, kwargs)
-        values = self._bind(args, kwargs)
-        self.stats.calls += 1
-        return self._runner.run(values)
+        token = native_kernels.enter(self._native)
+        try:
+            if self._symbolic:
+                return self._call_symbolic(args, kwargs)
+            values = self._bind(args, kwargs)
+            self.stats.calls += 1
+            return self._runner.run(values)
+        finally:
+            native_kernels.leave(token)
 
     def _bind(self, args: tuple, kwargs: dict) -> list[mx.array]:
         names = self._input_names
@@ -752,7 +765,7 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
             check_numerics: bool = False, max_iterations: int = DEFAULT_MAX_ITERATIONS,
             max_traces: int = DEFAULT_MAX_TRACES,
             buckets: Mapping[str, str | Sequence[int]] | None = None,
-            fallback: str = "eager") -> Executable:
+            fallback: str = "eager", native: bool | None = None) -> Executable:
     """Validate a program, bind its captures and return an :class:`Executable`.
 
     ``captures`` maps capture names to arrays; ``weights`` names files read with
@@ -769,6 +782,11 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     ``docs/symbolic-shapes.md`` for the masking contract. ``fallback="eager"``
     runs a segment that MLX fails to trace eagerly (with a warning, counted in
     ``stats.fallbacks``); ``fallback="raise"`` raises :class:`TraceError`.
+
+    ``native`` lets ops use mlxprog's native CPU kernels where they cover the
+    case and the default device is the CPU (see :mod:`mlxprog.native`);
+    None takes the default from ``MLXPROG_NATIVE`` (on unless ``0``).
+    ``False`` runs MLX's own ops everywhere, for comparison.
     """
     validated = (program if isinstance(program, (ValidatedProgram, SymbolicProgram))
                  else validate(program))
@@ -785,8 +803,10 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     callbacks = dict(callbacks or {})
     symbolic = isinstance(validated, SymbolicProgram)
     _check_callbacks((validated.sample if symbolic else validated).block, callbacks)
+    if native is None:
+        native = native_kernels.default_enabled()
     options = Options(
-        eager, check_numerics, callbacks, max_iterations, fallback,
+        eager, check_numerics, callbacks, max_iterations, fallback, bool(native),
         shared_segments={} if symbolic else None,
         symbolic_locations=validated.symbolic_locations if symbolic else frozenset(),
     )

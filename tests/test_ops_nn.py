@@ -12,6 +12,9 @@ import pytest
 import mlxprog as mp
 from helpers import assert_close, run_op
 
+# Every op here runs with native CPU kernels and with MLX's ops (conftest.py).
+pytestmark = pytest.mark.usefixtures("native_and_mlx_ops")
+
 RNG = np.random.default_rng(0)
 
 

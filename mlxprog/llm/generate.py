@@ -126,13 +126,14 @@ class LLM:
     attributes) and compiled with the model's weights as captures; the prefill
     program has a symbolic prompt length (one trace per length, least recently
     used evicted), and the decode step is traced once per batch size and cache
-    length.
+    length. ``native`` is passed to :func:`mlxprog.compile` (None: the
+    ``MLXPROG_NATIVE`` default; False: MLX's own CPU ops).
     """
 
     def __init__(self, checkpoint: Checkpoint, max_length: int = DEFAULT_MAX_LENGTH,
                  programs: Mapping[str, Program] | None = None,
                  programs_sampling: Sampling = Sampling(),
-                 cache_step: int = DEFAULT_CACHE_STEP):
+                 cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None):
         if max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length}")
         if cache_step < 1:
@@ -142,6 +143,7 @@ class LLM:
         self.tokenizer = checkpoint.tokenizer
         self.max_length = max_length
         self.cache_step = cache_step
+        self.native = native
         self.spec = ModelSpec.of(checkpoint)
         self._captures = self.spec.captures(checkpoint)
         self._given = dict(programs or {})
@@ -174,7 +176,7 @@ class LLM:
             self._executables[key] = compile_program(
                 self.program(kind, sampling), captures=self._captures,
                 callbacks={"emit": lambda tokens: self._emit(tokens)}
-                if kind == "decode_loop" else None,
+                if kind == "decode_loop" else None, native=self.native,
             )
         return self._executables[key]
 
@@ -390,14 +392,16 @@ class _State:
 
 
 def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
-         cache_step: int = DEFAULT_CACHE_STEP) -> LLM:
+         cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
-    see :class:`LLM` for ``max_length`` and ``cache_step``."""
-    return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step)
+    see :class:`LLM` for ``max_length``, ``cache_step`` and ``native``."""
+    return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step,
+               native=native)
 
 
-def load_exported(directory: str | Path, model: str | Path | None = None) -> LLM:
+def load_exported(directory: str | Path, model: str | Path | None = None,
+                  native: bool | None = None) -> LLM:
     """An :class:`LLM` running the programs written by ``mlxprog export-llm``
     (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
     weights bound by capture name from the model file."""
@@ -410,7 +414,7 @@ def load_exported(directory: str | Path, model: str | Path | None = None) -> LLM
     sampling = Sampling(**manifest["sampling"])
     return LLM(load_checkpoint(model if model is not None else manifest.get("model")),
                max_length=manifest["max_length"], programs=programs, programs_sampling=sampling,
-               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP))
+               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native)
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from ..attrs import Attrs, PositiveInt
 from ..dtypes import is_floating, is_integer, name_of
+from ..native import kernels as native
 from ..registry import AVal, register_op
 
 NonNegativeFloat = Annotated[float, Field(ge=0)]
@@ -40,7 +41,8 @@ def fast_rms_norm(operands, attrs):
     """RMS norm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``
     (``mx.fast.rms_norm``). Operands: x ``[..., D]``, weight ``[D]``."""
     x, weight = operands
-    return mx.fast.rms_norm(x, weight, attrs.eps)
+    out = native.rms_norm(x, weight, attrs.eps)
+    return out if out is not None else mx.fast.rms_norm(x, weight, attrs.eps)
 
 
 @register_op("fast_layer_norm", attrs=NormAttrs, operands=(2, 3))
@@ -298,6 +300,11 @@ def kv_cache_sdpa_update(operands, attrs):
     start = mx.clip(offset.reshape(1).astype(mx.int32), 0, t_max - t_new)
     k_cache = mx.slice_update(k_cache, new_k, start, axes=(t_axis,))
     v_cache = mx.slice_update(v_cache, new_v, start, axes=(t_axis,))
+    if attrs.layout == "BHTD" and sinks is None:
+        out = native.cache_attention(q, k_cache, v_cache, start, key_mask,
+                                     _scale(attrs.scale, q))
+        if out is not None:
+            return out, k_cache, v_cache
     keep = _causal_keep(t_new, t_max, start, key_mask)
     if attrs.layout == "BTHD":
         qh, kh, vh = (a.swapaxes(1, 2) for a in (q, k_cache, v_cache))
@@ -384,9 +391,13 @@ def fast_rope(operands, attrs):
     Without it the ``offset`` attribute (a constant) is used; pass an operand
     when it changes between calls. ``traditional=true`` rotates consecutive
     pairs ``(x[2i], x[2i+1])``; otherwise the halves ``(x[i], x[i + dims/2])``."""
-    x = operands[0]
+    x, offset = operands[0], _rope_offset(operands, 1, attrs)
+    out = native.rope(x, offset, dims=attrs.dims, traditional=attrs.traditional,
+                      base=attrs.base, scale=attrs.scale)
+    if out is not None:
+        return out
     return mx.fast.rope(x, attrs.dims, traditional=attrs.traditional, base=attrs.base,
-                        scale=attrs.scale, offset=_rope_offset(operands, 1, attrs))
+                        scale=attrs.scale, offset=offset)
 
 
 @register_op("fast_rope_with_freqs", attrs=RopeFreqsAttrs, operands=(2, 3))
@@ -395,8 +406,13 @@ def fast_rope_with_freqs(operands, attrs):
     ``[dims / 2]`` and an optional offset. The angle of pair i at position p is
     ``p * scale / freqs[i]`` (``freqs`` are periods, as in ``mx.fast.rope``)."""
     x, freqs = operands[:2]
+    offset = _rope_offset(operands, 2, attrs)
+    out = native.rope(x, offset, dims=attrs.dims, traditional=attrs.traditional, base=1.0,
+                      scale=attrs.scale, freqs=freqs)
+    if out is not None:
+        return out
     return mx.fast.rope(x, attrs.dims, traditional=attrs.traditional, base=None,
-                        scale=attrs.scale, offset=_rope_offset(operands, 2, attrs), freqs=freqs)
+                        scale=attrs.scale, offset=offset, freqs=freqs)
 
 
 def _check_positions(x: AVal, positions: AVal) -> None:
@@ -437,9 +453,12 @@ def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs) -> mx.array
     # mx.fast.rope takes one start position per example: with every token made
     # its own example ([B * T, (H,) 1, D]) those are exactly the per-token positions.
     rows = x.reshape(-1, *x.shape[2:-1], 1, x.shape[-1])
-    out = mx.fast.rope(rows, attrs.dims, traditional=attrs.traditional, base=base,
-                       scale=attrs.scale, offset=positions.reshape(-1).astype(mx.int32),
-                       freqs=freqs)
+    offsets = positions.reshape(-1).astype(mx.int32)
+    out = native.rope(rows, offsets, dims=attrs.dims, traditional=attrs.traditional,
+                      base=1.0 if base is None else base, scale=attrs.scale, freqs=freqs)
+    if out is None:
+        out = mx.fast.rope(rows, attrs.dims, traditional=attrs.traditional, base=base,
+                           scale=attrs.scale, offset=offsets, freqs=freqs)
     return out.reshape(x.shape)
 
 

@@ -16,6 +16,7 @@ from pydantic import ValidationInfo, model_validator
 
 from ..attrs import Attrs, DType
 from ..dtypes import to_mlx
+from ..native import kernels as native
 from ..registry import register_op
 
 Mode = Literal["affine", "mxfp4", "mxfp8", "nvfp4"]
@@ -27,6 +28,10 @@ _SUPPORTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "mxfp8": ((32,), (8,)),
     "nvfp4": ((16,), (4,)),
 }
+
+
+# MLX's affine-mode defaults (the other modes have one group size and width).
+_DEFAULT_GROUP_SIZE, _DEFAULT_BITS = 64, 4
 
 
 class OperandsAttrs(Attrs):
@@ -126,8 +131,14 @@ def quantized_matmul(operands, attrs):
     computed on the packed weight. Operands: ``x``, ``w``, ``scales``, and
     ``biases`` in ``"affine"`` mode."""
     named = dict(zip(attrs.operand_names(), operands))
-    return mx.quantized_matmul(named["x"], named["w"], named["scales"], named.get("biases"),
-                               transpose=attrs.transpose, **attrs.quant_kwargs())
+    x, w, scales, biases = named["x"], named["w"], named["scales"], named.get("biases")
+    result = native.quantized_matmul(
+        x, w, scales, biases, transpose=attrs.transpose, mode=attrs.mode,
+        group_size=attrs.group_size or _DEFAULT_GROUP_SIZE, bits=attrs.bits or _DEFAULT_BITS)
+    if result is not None:
+        return result
+    return mx.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,
+                               **attrs.quant_kwargs())
 
 
 class GatherAttrs(Attrs):

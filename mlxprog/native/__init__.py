@@ -1,0 +1,173 @@
+"""mlxprog's native CPU kernels: MLX primitives of our own, in C++.
+
+MLX's CPU backend runs ``quantized_matmul`` and most ``mx.fast`` ops as
+single-threaded scalar code. The kernels here (``src/``) are MLX
+``Primitive`` subclasses with AVX2+FMA inner loops chosen at run time (a
+portable path is always built) and a small thread pool, so inside
+``mx.compile`` they behave like any MLX op.
+
+Ops use a kernel only when all of these hold, and MLX's own op otherwise:
+the executable runs with native kernels on (``mlxprog.compile(native=...)``,
+default from ``MLXPROG_NATIVE``, on unless ``0``), the default device is the
+CPU, the extension is built and loaded, and the kernel covers the operands
+(dtype, layout, sizes; see :mod:`mlxprog.native.kernels`). A program file
+never chooses. The extension is built on first use (:mod:`.build`); when
+that fails mlxprog warns once and runs MLX's ops.
+
+Environment: ``MLXPROG_NATIVE=0`` (off by default), ``MLXPROG_NATIVE_THREADS``
+(threads, the calling one included; default: the usable cores),
+``MLXPROG_NATIVE_ISA=portable`` (no vector code), ``MLXPROG_NATIVE_SPIN_US``
+(how long idle workers spin before sleeping, default 50).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from types import ModuleType
+from contextlib import contextmanager
+from typing import Iterator
+
+import mlx.core as mx
+
+from . import build
+
+
+@dataclass(frozen=True)
+class Status:
+    """Whether the native kernels can run here: ``available``, and either
+    ``reason`` (why not) or the kernels' ``isa`` and ``threads``."""
+
+    available: bool
+    reason: str = ""
+    isa: str = ""
+    threads: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if not self.available:
+            return f"unavailable ({self.reason})"
+        return f"{self.isa}, {self.threads} thread(s)"
+
+
+_lock = threading.Lock()
+_status: Status | None = None
+_module: ModuleType | None = None
+
+
+def default_enabled() -> bool:
+    """Native kernels' default for executables: on unless ``MLXPROG_NATIVE=0``."""
+    return os.environ.get("MLXPROG_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def module() -> ModuleType | None:
+    """The loaded extension (built on first use), or None when it cannot be
+    had (the first such call warns, with the reason)."""
+    if _status is None:
+        status()
+    return _module
+
+
+def status() -> Status:
+    """Build and load the extension if not done yet; what came of it."""
+    global _status, _module
+    if _status is not None:
+        return _status
+    with _lock:
+        if _status is not None:
+            return _status
+        try:
+            path = build.ensure_built(progress=_progress)
+            loaded = build.load(path)
+            _smoke_test(loaded)
+        except Exception as exc:  # any failure means: run MLX's ops
+            _status = Status(False, reason=str(exc) or type(exc).__name__)
+            warnings.warn(f"mlxprog: native CPU kernels are unavailable, running MLX's ops: "
+                          f"{_status.reason}", RuntimeWarning, stacklevel=3)
+            return _status
+        _module = loaded
+        _status = Status(True, isa=loaded.isa(), threads=loaded.threads(), path=str(path))
+        return _status
+
+
+def _smoke_test(loaded: ModuleType) -> None:
+    """One small call checked against MLX: catches an extension that loads
+    but cannot exchange arrays with this MLX (another nanobind ABI)."""
+    with mx.stream(mx.cpu):
+        w = mx.arange(64 * 32, dtype=mx.float32).reshape(64, 32) / 1000.0
+        wq, scales, biases = mx.quantize(w, group_size=32, bits=4)
+        x = mx.ones((1, 32))
+        try:
+            got = loaded.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=32,
+                                          bits=4)
+        except TypeError as exc:
+            raise build.BuildError(
+                "the built extension cannot take this MLX's arrays (its nanobind version "
+                f"differs from the one MLX {mx.__version__} was built with): {exc}") from None
+        want = mx.quantized_matmul(x, wq, scales, biases, group_size=32, bits=4)
+        if not mx.allclose(got, want, rtol=1e-4, atol=1e-4).item():
+            raise build.BuildError("the native quantized_matmul disagrees with MLX's")
+
+
+# -- which calls use the kernels -----------------------------------------------------
+
+
+@dataclass
+class Scope:
+    """The native-kernel setting of the executable now running, and its
+    counts of the instructions that took a native kernel, by op."""
+
+    enabled: bool
+    counts: dict[str, int]
+
+
+_scope: ContextVar[Scope | None] = ContextVar("mlxprog_native_scope", default=None)
+
+
+def enter(current: Scope) -> Token:
+    """Make ``current`` the scope of the ops run from now on, until
+    :func:`leave` with the returned token (executables do this around each
+    call; ops traced or run inside read it)."""
+    return _scope.set(current)
+
+
+def leave(token: Token) -> None:
+    """Restore the scope that was current before :func:`enter`."""
+    _scope.reset(token)
+
+
+@contextmanager
+def scope(enabled: bool, counts: dict[str, int] | None = None) -> Iterator[Scope]:
+    """Run the enclosed ops with native kernels on or off."""
+    current = Scope(enabled, counts if counts is not None else {})
+    token = enter(current)
+    try:
+        yield current
+    finally:
+        leave(token)
+
+
+def active() -> ModuleType | None:
+    """The extension when ops running now may use it: inside a scope that
+    enables native kernels, on the CPU device, with the extension loaded."""
+    current = _scope.get()
+    if current is None or not current.enabled:
+        return None
+    if mx.default_device() != mx.cpu:
+        return None
+    return module()
+
+
+def record(op: str) -> None:
+    """Count one instruction of ``op`` that took a native kernel."""
+    current = _scope.get()
+    if current is not None:
+        current.counts[op] = current.counts.get(op, 0) + 1

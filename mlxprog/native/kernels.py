@@ -1,0 +1,140 @@
+"""The native kernels as the ops call them: each function checks that its
+kernel covers the operands and returns the kernel's (lazy) result, or None,
+in which case the op runs MLX's own function (which also raises MLX's own
+error for operands it rejects). Each ``covers_*`` takes shapes and dtypes
+only, so ``mlxprog inspect`` can ask the same question of a program.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+from . import active, record
+
+FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
+QMM_GROUP_SIZES = (32, 64, 128)
+
+
+def covers_quantized_matmul(x: tuple[Sequence[int], mx.Dtype],
+                            w: tuple[Sequence[int], mx.Dtype],
+                            scales: tuple[Sequence[int], mx.Dtype],
+                            biases: tuple[Sequence[int], mx.Dtype] | None,
+                            transpose: bool, group_size: int, bits: int, mode: str) -> bool:
+    """Whether the native quantized matmul computes this case: affine mode
+    with biases, a 2-D packed ``w`` (no batch of weights), float activations
+    of rank >= 2 with any batch dims, and operand shapes that agree (else
+    MLX's op decides, and raises its error)."""
+    if mode != "affine" or biases is None or bits not in QMM_BITS \
+            or group_size not in QMM_GROUP_SIZES:
+        return False
+    (x_shape, x_dtype), (w_shape, w_dtype) = x, w
+    (s_shape, s_dtype), (b_shape, b_dtype) = scales, biases
+    if x_dtype not in FLOATS or s_dtype not in FLOATS or b_dtype not in FLOATS:
+        return False
+    if w_dtype != mx.uint32 or len(w_shape) != 2 or len(x_shape) < 2:
+        return False
+    rows, packed = w_shape
+    codes = packed * 32 // bits  # the unpacked length of a row of w
+    if transpose:  # w is (N, K)
+        k, groups_shape = codes, (rows, codes // group_size)
+    else:  # w is (K, N)
+        k, groups_shape = rows, (rows, codes // group_size)
+    return (x_shape[-1] == k and codes % group_size == 0 and tuple(s_shape) == groups_shape
+            and tuple(b_shape) == groups_shape and k > 0 and 0 not in x_shape[:-1])
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
+                     *, transpose: bool, group_size: int, bits: int,
+                     mode: str) -> mx.array | None:
+    """The native ``mx.quantized_matmul``, or None where it does not apply."""
+    native = active()
+    if native is None or not covers_quantized_matmul(
+            (x.shape, x.dtype), (w.shape, w.dtype), (scales.shape, scales.dtype),
+            None if biases is None else (biases.shape, biases.dtype),
+            transpose, group_size, bits, mode):
+        return None
+    record("quantized_matmul")
+    return native.quantized_matmul(x, w, scales, biases, transpose=transpose,
+                                   group_size=group_size, bits=bits)
+
+
+def covers_rms_norm(x: tuple[Sequence[int], mx.Dtype],
+                    weight: tuple[Sequence[int], mx.Dtype] | None) -> bool:
+    """Whether the native RMS norm computes this case: float x of rank >= 1
+    with a non-empty last axis, and a weight ``[D]`` of x's dtype."""
+    (x_shape, x_dtype) = x
+    return (weight is not None and x_dtype in FLOATS and len(x_shape) >= 1
+            and x_shape[-1] > 0 and weight[1] == x_dtype and tuple(weight[0]) == (x_shape[-1],))
+
+
+def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array | None:
+    """The native ``mx.fast.rms_norm``, or None where it does not apply."""
+    native = active()
+    if native is None or not covers_rms_norm(
+            (x.shape, x.dtype), None if weight is None else (weight.shape, weight.dtype)):
+        return None
+    record("fast_rms_norm")
+    return native.rms_norm(x, weight, eps=eps)
+
+
+def covers_rope(x: tuple[Sequence[int], mx.Dtype], offset_size: int, dims: int,
+                freqs: tuple[Sequence[int], mx.Dtype] | None) -> bool:
+    """Whether the native RoPE computes this case: float x ``[B, *, T, D]``
+    with an even ``dims <= D``, one offset or one per example, and float32
+    ``freqs [dims / 2]`` if any."""
+    (x_shape, x_dtype) = x
+    if x_dtype not in FLOATS or len(x_shape) < 3 or 0 in x_shape:
+        return False
+    if dims % 2 or dims > x_shape[-1] or offset_size not in (1, x_shape[0]):
+        return False
+    return freqs is None or (freqs[1] == mx.float32 and tuple(freqs[0]) == (dims // 2,))
+
+
+def rope(x: mx.array, offset: mx.array | int, *, dims: int, traditional: bool, base: float,
+         scale: float, freqs: mx.array | None = None) -> mx.array | None:
+    """The native ``mx.fast.rope`` (offset an int or an integer array of one
+    element or one per example), or None where it does not apply."""
+    native = active()
+    offset_size = 1 if isinstance(offset, int) else offset.size
+    if native is None or not covers_rope(
+            (x.shape, x.dtype), offset_size, dims,
+            None if freqs is None else (freqs.shape, freqs.dtype)):
+        return None
+    offsets = (mx.array([offset], dtype=mx.int32) if isinstance(offset, int)
+               else offset.reshape(-1).astype(mx.int32))
+    record("fast_rope_with_freqs" if freqs is not None else "fast_rope")
+    return native.rope(x, offsets, dims=dims, traditional=traditional, base=base, scale=scale,
+                       freqs=freqs)
+
+
+def covers_cache_attention(q: tuple[Sequence[int], mx.Dtype],
+                           cache: tuple[Sequence[int], mx.Dtype]) -> bool:
+    """Whether the native attention computes this case: float32 queries
+    ``[B, H, T, D]`` over float32 caches ``[B, H_kv, S, D]`` with H a
+    multiple of H_kv (the ``BHTD`` layout, no sinks)."""
+    (q_shape, q_dtype), (c_shape, c_dtype) = q, cache
+    if q_dtype != mx.float32 or c_dtype != mx.float32 or len(q_shape) != 4 or len(c_shape) != 4:
+        return False
+    B, H, T, D = q_shape
+    return (c_shape[0] == B and c_shape[3] == D and c_shape[1] > 0 and H % c_shape[1] == 0
+            and 0 not in q_shape and c_shape[2] > 0)
+
+
+def cache_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, start: mx.array,
+                    key_mask: mx.array | None, scale: float) -> mx.array | None:
+    """Attention of queries ``[B, H, T, D]`` over caches ``[B, H_kv, S, D]``:
+    query t sees key j when ``j <= start + t`` and ``key_mask[b, j]``, and a
+    query that sees no key gets zeros. None where the kernel does not apply."""
+    native = active()
+    if native is None or not covers_cache_attention((q.shape, q.dtype),
+                                                    (k_cache.shape, k_cache.dtype)) \
+            or v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        return None
+    record("kv_cache_sdpa_update")
+    if key_mask is not None and key_mask.dtype != mx.bool_:
+        key_mask = key_mask.astype(mx.bool_)
+    return native.cache_attention(q, k_cache, v_cache, start.reshape(1).astype(mx.int32),
+                                  key_mask, scale=scale)

@@ -1,0 +1,106 @@
+// Kernels of mlxprog's native CPU primitives, free of MLX types.
+//
+// Every kernel exists once per instruction set: kernels_isa.inc is compiled
+// into a portable table (the compiler's baseline: SSE2 on x86-64, NEON on
+// arm64) and, on x86-64, into an AVX2+FMA table with hand-written inner loops.
+// select_kernels() picks a table at run time from the CPU's features.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mlxprog {
+
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+// A quantized matmul in MLX's affine format: out = x @ dequantize(w).T
+// (transpose) or x @ dequantize(w). Weights are a little-endian bit stream of
+// `bits`-wide codes; value = scale * code + bias per group of `group_size`.
+struct QmmProblem {
+  const float* x;     // prepared activations: M rows of K (see prepare_qmm_x)
+  const float* xsum;  // M x (K / group_size) group sums of x (transpose only)
+  const uint8_t* w;   // packed codes, row-major
+  const void* scales; // one per group, row-major, `sb_dtype`
+  const void* biases;
+  DType scales_dtype;
+  DType biases_dtype;
+  float* out;         // M x N, float32
+  int64_t M, N, K;
+  int bits, group_size;
+  bool transpose;
+};
+
+// RMS norm over the last axis: out = x * rsqrt(mean(x^2) + eps) * weight.
+struct RmsNormProblem {
+  const void* x;       // rows x D, `dtype`
+  const void* weight;  // D, `weight_dtype`, or null (all ones)
+  void* out;           // rows x D, `dtype`
+  DType dtype, weight_dtype;
+  int64_t D;
+  float eps;
+};
+
+// Rotary embedding of x [B, H, T, D] (rows are (b, h, t) triples), rotating
+// the first `dims` features of each row at position offset[b] + t.
+struct RopeProblem {
+  const void* x;
+  void* out;
+  DType dtype;
+  const int32_t* offsets;  // one per batch row (broadcast when n_offsets == 1)
+  int64_t n_offsets;
+  const float* inv_freqs;  // dims / 2 inverse frequencies (already / scale)
+  int64_t B, H, T, D;
+  int dims;
+  bool traditional;        // rotate (2i, 2i+1) pairs, else (i, i + dims/2)
+};
+
+// Attention of T new queries over a KV cache in [B, H_kv, S, D] layout,
+// queries [B, H, T, D] (H a multiple of H_kv: grouped-query heads). Query t
+// of batch b sees key j when j <= start + t and key_mask[b, j] (when given);
+// a query that sees no key gets zeros. float32 throughout.
+struct AttentionProblem {
+  const float* q;
+  const float* k;
+  const float* v;
+  const uint8_t* key_mask;  // B x S booleans, or null
+  float* out;               // [B, H, T, D]
+  int64_t B, H, H_kv, T, S, D;
+  int64_t start;            // the clamped cache offset of query 0
+  float scale;
+};
+
+struct Kernels {
+  const char* isa;
+  // Convert x (M x K, `dtype`) to float32 in the order the qmm kernel reads
+  // it, and (transpose) its group sums.
+  void (*prepare_qmm_x)(const void* x, DType dtype, int64_t M, int64_t K, int bits,
+                        int group_size, bool transpose, float* xp, float* xsum);
+  // Output columns [n0, n1) of a quantized matmul, every row.
+  void (*qmm)(const QmmProblem& p, int64_t n0, int64_t n1);
+  // Rows [r0, r1) of an RMS norm.
+  void (*rms_norm)(const RmsNormProblem& p, int64_t r0, int64_t r1);
+  // Rows [r0, r1) of a rotary embedding (row = (b * H + h) * T + t).
+  void (*rope)(const RopeProblem& p, int64_t r0, int64_t r1);
+  // (batch, head) pairs [i0, i1) of an attention.
+  void (*attention)(const AttentionProblem& p, int64_t i0, int64_t i1);
+};
+
+const Kernels& portable_kernels();
+const Kernels* avx2_kernels();  // null where not built (not x86-64)
+
+// The table to use: MLXPROG_NATIVE_ISA=portable forces the portable one;
+// otherwise the best the CPU supports.
+const Kernels& select_kernels();
+
+// Scalar conversions shared by every table.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+inline float bf16_to_float(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t float_to_bf16(float f);
+
+}  // namespace mlxprog
