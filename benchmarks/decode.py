@@ -1,18 +1,26 @@
-"""Greedy generation on SmolLM2-135M-Instruct (Q4_1 GGUF), three ways (issue 6).
+"""Greedy generation on SmolLM2-135M-Instruct (Q4_1 GGUF), side by side.
 
 - ``mlxprog``: ``mlxprog.llm.load(...).generate(...)``: the prefill and decode
-  programs, compiled, driven by the LLM's pipelined host loop;
+  programs, compiled, driven by the LLM's pipelined host loop, with
+  mlxprog's native CPU kernels (quantized matmul, RMS norm, RoPE, attention);
+- ``mlxprog-mlx-ops``: the same with ``native=False``: MLX's own CPU ops;
 - ``hand``:    the same model and loop written directly in MLX: a compiled
   decode step over a KV cache that grows in chunks (fixed shape within a
   chunk), ``mx.fast`` norms, RoPE and attention, quantized matmuls, and the
   same greedy loop with ``mx.async_eval`` pipelining; the "how fast can this
   go" yardstick;
 - ``mlx-lm``:  ``mlx_lm.generate.generate_step`` driving mlx-lm's llama model
-  loaded with the same weights (skipped when ``mlx_lm`` is not importable).
+  loaded with the same weights (skipped when ``mlx_lm`` is not importable);
+- ``llama.cpp``: ``llama_cpp.Llama`` (llama-cpp-python, a benchmark-only
+  extra: ``pip install llama-cpp-python``, built from source) on the same
+  GGUF file with one thread per core, fed the same prompt ids, greedy
+  (skipped when ``llama_cpp`` is not importable).
 
-All three start from the same prompt ids (the chat template applied), decode
+All start from the same prompt ids (the chat template applied), decode
 greedily and stop at EOS or ``--max-tokens``; the script checks that they
-produce the same tokens. The cold time to first token is each
+produce the same tokens (llama.cpp's own kernels round differently, so its
+tokens may part from the others' after a while; the script says where). The
+cold time to first token is each
 implementation's first call in a fresh process of its own (programs built and
 traced; MLX's fused CPU kernels loaded from ``$TMPDIR/mlx``, or compiled with
 the system C++ compiler if not cached there). In this process each
@@ -27,6 +35,7 @@ LM head; the tied 8-bit embedding counts once, as the head) times decode tok/s.
 
     python benchmarks/decode.py [--max-tokens 32] [--prompt TEXT] [--runs 3]
                                 [--max-length 2048] [--cache-step 128]
+                                [--only mlx-lm,llama.cpp,mlxprog-mlx-ops,hand]
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from typing import Callable
 import mlx.core as mx
 
 import mlxprog.llm
+import mlxprog.native
 from mlxprog.llm import Checkpoint
 
 DEFAULT_PROMPT = "Write a short story about a robot who learns to paint."
@@ -73,18 +83,28 @@ class Run:
 
 
 class MlxprogImpl:
-    """``LLM.generate`` with its own stats (prompt ids from the chat template)."""
+    """``LLM.generate`` with its own stats (prompt ids from the chat template),
+    native CPU kernels on."""
 
     name = "mlxprog"
+    native = True
 
     def __init__(self, checkpoint: Checkpoint, max_length: int, cache_step: int):
-        self.llm = mlxprog.llm.LLM(checkpoint, max_length=max_length, cache_step=cache_step)
+        self.llm = mlxprog.llm.LLM(checkpoint, max_length=max_length, cache_step=cache_step,
+                                   native=self.native)
 
     def generate(self, prompt: str, ids: list[int], max_tokens: int) -> Run:
         out = self.llm.generate(prompt, max_tokens=max_tokens)
         s = out.stats
         return Run(out.tokens, s.prompt_tokens, s.ttft, s.decode_seconds,
                    max(s.generated_tokens - 1, 0))
+
+
+class MlxprogMlxOpsImpl(MlxprogImpl):
+    """``LLM.generate`` on MLX's own CPU ops (``native=False``)."""
+
+    name = "mlxprog-mlx-ops"
+    native = False
 
 
 # -- (b) hand-written MLX ---------------------------------------------------------
@@ -251,6 +271,42 @@ class MlxLmImpl:
         return Run(tokens, len(ids), first_at - start, time.perf_counter() - first_at, steps)
 
 
+# -- (d) llama.cpp ---------------------------------------------------------------
+
+
+class LlamaCppImpl:
+    """llama.cpp through llama-cpp-python on the same GGUF file: greedy
+    (``top_k=1``, no penalties), one thread per usable core."""
+
+    name = "llama.cpp"
+
+    def __init__(self, checkpoint: Checkpoint, max_length: int, cache_step: int):
+        import llama_cpp
+
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count()
+        self.llm = llama_cpp.Llama(model_path=str(mlxprog.llm.default_model_path()),
+                                   n_ctx=max_length, n_threads=threads,
+                                   n_threads_batch=threads, verbose=False)
+        self.eos = set(checkpoint.tokenizer.eos_token_ids)
+
+    def generate(self, prompt: str, ids: list[int], max_tokens: int) -> Run:
+        start = time.perf_counter()
+        tokens, steps, first_at = [], 0, None
+        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                       repeat_penalty=1.0, reset=True):
+            if first_at is None:
+                first_at = time.perf_counter()
+            else:
+                steps += 1
+            if token in self.eos:
+                break
+            tokens.append(token)
+            if len(tokens) >= max_tokens:
+                break
+        return Run(tokens, len(ids), first_at - start, time.perf_counter() - first_at, steps)
+
+
 # -- the benchmark ----------------------------------------------------------------
 
 
@@ -299,16 +355,20 @@ def main() -> None:
     parser.add_argument("--cache-step", type=int, default=mlxprog.llm.generate.DEFAULT_CACHE_STEP,
                         help="KV-cache growth step for mlxprog and the hand-written loop "
                              "(>= --max-length: a fixed-size cache)")
+    parser.add_argument("--only", help="comma-separated implementations to run besides mlxprog")
     parser.add_argument("--cold", help=argparse.SUPPRESS)  # internal: one cold call
     args = parser.parse_args()
 
     checkpoint = mlxprog.llm.load_checkpoint()
-    kinds: list[Callable] = [MlxprogImpl, HandImpl]
-    try:
-        importlib.import_module("mlx_lm")
-        kinds.append(MlxLmImpl)
-    except ImportError:
-        print("mlx_lm is not importable: skipping the mlx-lm column")
+    kinds: list[Callable] = [MlxprogImpl, MlxprogMlxOpsImpl, HandImpl]
+    for module, kind in (("mlx_lm", MlxLmImpl), ("llama_cpp", LlamaCppImpl)):
+        try:
+            importlib.import_module(module)
+            kinds.append(kind)
+        except ImportError:
+            print(f"{module} is not importable: skipping the {kind.name} column")
+    if args.only:
+        kinds = [k for k in kinds if k.name in args.only.split(",") or k is MlxprogImpl]
     if args.cold:
         kind = next(k for k in kinds if k.name == args.cold)
         impl = kind(checkpoint, args.max_length, args.cache_step)
@@ -329,6 +389,7 @@ def main() -> None:
     weight_bytes = decode_weight_bytes(checkpoint)
     reference = warmup["mlxprog"].tokens
     print(f"SmolLM2-135M-Instruct Q4_1 | mlx {mx.__version__} ({mx.default_device()}) | "
+          f"native kernels: {mlxprog.native.status()} | "
           f"{platform.machine()}, {os.cpu_count()} CPUs | load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"prompt {len(ids)} tokens, up to {args.max_tokens} new | max_length "
@@ -359,7 +420,7 @@ def main() -> None:
         else:
             print(f"{impl.name}: same greedy tokens as mlxprog's first run")
     print(f"text: {checkpoint.tokenizer.decode(reference)!r}")
-    for other in ("mlx-lm", "hand"):
+    for other in ("mlx-lm", "llama.cpp", "mlxprog-mlx-ops", "hand"):
         if other not in runs:
             continue
         decode, ttft = (round_ratio(runs["mlxprog"], runs[other], key)

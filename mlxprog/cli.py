@@ -24,6 +24,8 @@ from .errors import ProgramError
 from .executable import compile as compile_program
 from .executable import plan_summary
 from .llm.cli import add_commands as add_llm_commands
+from . import native
+from .native import kernels as native_kernels
 from .program import Instruction, Program
 from .registry import AVal, all_ops
 from .schema import full_schema
@@ -225,7 +227,27 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"plan: {sum(line.lstrip().startswith('segment') for line in plan)} segment(s)")
     for line in plan:
         print(f"  {line}")
+    block = validated.sample.block if isinstance(validated, SymbolicProgram) else validated.block
+    coverage = _native_coverage(block, {})
+    if coverage:
+        print(f"native CPU kernels: {native.status()}")
+        for op, (covered, total) in sorted(coverage.items()):
+            print(f"  {op}: {covered} of {total} instruction(s)")
     return 0
+
+
+def _native_coverage(block, counts: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """(covered, total) instructions per op that has a native kernel, over a
+    block and its subprograms (symbolic programs: at the sample binding)."""
+    for step in block.steps:
+        rule = native_kernels.COVERAGE.get(step.spec.name)
+        if rule is not None:
+            covered, total = counts.get(step.spec.name, (0, 0))
+            avals = [(block.avals[a].shape, block.avals[a].dtype) for a in step.args]
+            counts[step.spec.name] = (covered + bool(rule(avals, step.attrs)), total + 1)
+        for sub in step.blocks.values():
+            _native_coverage(sub, counts)
+    return counts
 
 
 def _op_names(instructions: Sequence[Instruction]) -> list[str]:

@@ -442,3 +442,61 @@ def test_real_model_same_greedy_tokens_native_and_mlx_ops(ext):
         assert bool(decode.stats.native_ops) is flag
     assert outputs[True].text.startswith("The capital of France is Paris."), outputs[True].text
     assert outputs[True].tokens == outputs[False].tokens
+
+
+def test_inspect_reports_native_coverage(ext, tmp_path, capsys):
+    from mlxprog.cli import main
+
+    rng = np.random.default_rng(12)
+    w, scales, biases = quantized(rng, (64, 128), mx.float32, 32, 4)
+    path = tmp_path / "qmm.json"
+    qmm_program((2, 128), w, scales, biases, group_size=32, bits=4).save(path)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"native CPU kernels: {native.status()}" in out
+    assert "quantized_matmul: 1 of 1 instruction(s)" in out
+    assert "fast_rms_norm: 1 of 1 instruction(s)" in out
+    # mxfp4 has no native kernel: counted, not covered.
+    b = mp.ProgramBuilder("fp4")
+    x = b.input("x", (2, 128), "float32")
+    wq, sq = mx.quantize(mx.ones((64, 128)), mode="mxfp4")
+    prog = b.build([b.quantized_matmul(x, b.capture("w", wq.shape, "uint32"),
+                                       b.capture("s", sq.shape, "uint8"), mode="mxfp4")])
+    prog.save(path)
+    assert main(["inspect", str(path)]) == 0
+    assert "quantized_matmul: 0 of 1 instruction(s)" in capsys.readouterr().out
+
+
+def test_norm_rope_attention_in_shapeless_compile(ext):
+    rng = np.random.default_rng(13)
+    w = mx.array(rng.standard_normal(32).astype(np.float32))
+    k = mx.array(rng.standard_normal((1, 2, 24, 32)).astype(np.float32))
+    v = mx.array(rng.standard_normal((1, 2, 24, 32)).astype(np.float32))
+    start = mx.array([3], mx.int32)
+
+    def f(q):
+        q = ext.rope(ext.rms_norm(q, w, eps=1e-5), start, dims=32, traditional=False,
+                     base=10000.0, scale=1.0)
+        return ext.cache_attention(q, k, v, start, None, scale=0.2)
+
+    def reference(q):
+        q = mx.fast.rope(mx.fast.rms_norm(q, w, 1e-5), 32, traditional=False, base=10000.0,
+                         scale=1.0, offset=3)
+        return reference_attention(q, k, v, 3, None, 0.2)
+
+    compiled = mx.compile(f, shapeless=True)
+    for T in (1, 2, 5):
+        q = mx.array(rng.standard_normal((1, 4, T, 32)).astype(np.float32))
+        np.testing.assert_allclose(f64(compiled(q)), reference(q), rtol=1e-4, atol=1e-5)
+
+
+def test_no_native_kernels_off_the_cpu(ext, monkeypatch):
+    w, scales, biases = mx.quantize(mx.ones((64, 128)), group_size=32, bits=4)
+    x = mx.ones((1, 128))
+    call = dict(transpose=True, group_size=32, bits=4, mode="affine")
+    with native.scope(True):
+        assert kernels.quantized_matmul(x, w, scales, biases, **call) is not None
+        monkeypatch.setattr(native.mx, "default_device", lambda: mx.Device(mx.gpu))
+        assert kernels.quantized_matmul(x, w, scales, biases, **call) is None
+    with native.scope(False):
+        assert kernels.quantized_matmul(x, w, scales, biases, **call) is None
