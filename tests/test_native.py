@@ -500,3 +500,14 @@ def test_no_native_kernels_off_the_cpu(ext, monkeypatch):
         assert kernels.quantized_matmul(x, w, scales, biases, **call) is None
     with native.scope(False):
         assert kernels.quantized_matmul(x, w, scales, biases, **call) is None
+
+
+def test_cache_attention_peaked_and_long(ext, isa):
+    # Large scores (a peaked softmax) and a long cache exercise the vector exp.
+    rng = np.random.default_rng(14)
+    q = mx.array(rng.standard_normal((1, 4, 1, 16)).astype(np.float32) * 6)
+    k = mx.array(rng.standard_normal((1, 2, 300, 16)).astype(np.float32) * 6)
+    v = mx.array(rng.standard_normal((1, 2, 300, 16)).astype(np.float32))
+    got = ext.cache_attention(q, k, v, mx.array([299], mx.int32), None, scale=1.0)
+    np.testing.assert_allclose(f64(got), reference_attention(q, k, v, 299, None, 1.0),
+                               rtol=1e-4, atol=1e-5)

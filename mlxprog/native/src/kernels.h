@@ -81,7 +81,8 @@ struct Kernels {
   void (*rms_norm)(const RmsNormProblem& p, int64_t r0, int64_t r1);
   // Rows [r0, r1) of a rotary embedding (row = (b * H + h) * T + t).
   void (*rope)(const RopeProblem& p, int64_t r0, int64_t r1);
-  // (batch, head) pairs [i0, i1) of an attention.
+  // Query rows [i0, i1) of an attention, a row being a (batch, head, query
+  // position) triple in q's order.
   void (*attention)(const AttentionProblem& p, int64_t i0, int64_t i1);
 };
 

@@ -341,7 +341,8 @@ class CacheAttention : public mx::UnaryPrimitive {
       p.start = *static_cast<const int32_t*>(contiguous_data(start, keep_s));
       p.scale = scale;
       const Kernels& kernels = *active_kernels;
-      ThreadPool::instance().parallel_for(p.B * p.H, 1, [&](int64_t i0, int64_t i1) {
+      // Work items: (batch, head, query position) triples.
+      ThreadPool::instance().parallel_for(p.B * p.H * p.T, 1, [&](int64_t i0, int64_t i1) {
         kernels.attention(p, i0, i1);
       });
     });
