@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import mlx.core as mx
 
@@ -77,6 +77,24 @@ class Run:
     @property
     def decode_tps(self) -> float:
         return self.decode_steps / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def timed_run(tokens: Iterator[int], prompt_tokens: int, eos: set[int], max_tokens: int,
+              start: float) -> Run:
+    """Drain a token stream begun at ``start`` until EOS or ``max_tokens``,
+    timing the first token and the ones after it."""
+    kept, steps, first_at = [], 0, None
+    for token in tokens:
+        if first_at is None:
+            first_at = time.perf_counter()
+        else:
+            steps += 1
+        if token in eos:
+            break
+        kept.append(token)
+        if len(kept) >= max_tokens:
+            break
+    return Run(kept, prompt_tokens, first_at - start, time.perf_counter() - first_at, steps)
 
 
 # -- (a) mlxprog ----------------------------------------------------------------
@@ -258,17 +276,9 @@ class MlxLmImpl:
 
     def generate(self, prompt: str, ids: list[int], max_tokens: int) -> Run:
         start = time.perf_counter()
-        tokens, steps, first_at = [], 0, None
-        for token, _ in self.generate_step(mx.array(ids), self.model, max_tokens=max_tokens):
-            token = int(token)
-            if first_at is None:
-                first_at = time.perf_counter()
-            else:
-                steps += 1
-            if token in self.eos:
-                break
-            tokens.append(token)
-        return Run(tokens, len(ids), first_at - start, time.perf_counter() - first_at, steps)
+        steps = self.generate_step(mx.array(ids), self.model, max_tokens=max_tokens)
+        return timed_run((int(token) for token, _ in steps), len(ids), self.eos, max_tokens,
+                         start)
 
 
 # -- (d) llama.cpp ---------------------------------------------------------------
@@ -291,20 +301,13 @@ class LlamaCppImpl:
         self.eos = set(checkpoint.tokenizer.eos_token_ids)
 
     def generate(self, prompt: str, ids: list[int], max_tokens: int) -> Run:
+        # Forget the previous call's tokens: llama-cpp-python would otherwise
+        # reuse the KV cache of the prompt prefix they share, and skip the prefill.
+        self.llm.reset()
         start = time.perf_counter()
-        tokens, steps, first_at = [], 0, None
-        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
-                                       repeat_penalty=1.0, reset=True):
-            if first_at is None:
-                first_at = time.perf_counter()
-            else:
-                steps += 1
-            if token in self.eos:
-                break
-            tokens.append(token)
-            if len(tokens) >= max_tokens:
-                break
-        return Run(tokens, len(ids), first_at - start, time.perf_counter() - first_at, steps)
+        tokens = self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                   repeat_penalty=1.0, reset=True)
+        return timed_run(tokens, len(ids), self.eos, max_tokens, start)
 
 
 # -- the benchmark ----------------------------------------------------------------

@@ -81,12 +81,28 @@ void write_output(const std::vector<float>& values, mx::array& out) {
     dst[i] = t == DType::f16 ? float_to_half(values[i]) : float_to_bf16(values[i]);
 }
 
+// A primitive that runs only on the CPU: building one on another device's
+// stream never happens (dispatch checks the device), and evaluating it there
+// says so. Its output has the shape of its first input unless it overrides.
+class CpuPrimitive : public mx::UnaryPrimitive {
+ public:
+  using mx::UnaryPrimitive::UnaryPrimitive;
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error(std::string(name()) + " (an mlxprog native kernel) runs on the CPU only");
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+};
+
 // -- quantized matmul -----------------------------------------------------------
 
-class QuantizedMatmul : public mx::UnaryPrimitive {
+class QuantizedMatmul : public CpuPrimitive {
  public:
   QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool transpose)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), transpose_(transpose) {}
+      : CpuPrimitive(stream), group_size_(group_size), bits_(bits), transpose_(transpose) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -137,9 +153,6 @@ class QuantizedMatmul : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("mlxprog's native quantized_matmul runs on the CPU only");
-  }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {out_shape(inputs[0], inputs[1], bits_, transpose_)};
@@ -176,9 +189,9 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 // -- RMS norm ------------------------------------------------------------------------
 
-class RmsNorm : public mx::UnaryPrimitive {
+class RmsNorm : public CpuPrimitive {
  public:
-  RmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+  RmsNorm(mx::Stream stream, float eps) : CpuPrimitive(stream), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -201,13 +214,6 @@ class RmsNorm : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("mlxprog's native rms_norm runs on the CPU only");
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
 
   const char* name() const override { return "MlxprogRmsNorm"; }
 
@@ -228,10 +234,10 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
 
 // -- RoPE ----------------------------------------------------------------------------
 
-class Rope : public mx::UnaryPrimitive {
+class Rope : public CpuPrimitive {
  public:
   Rope(mx::Stream stream, int dims, bool traditional, float base, float scale, bool has_freqs)
-      : mx::UnaryPrimitive(stream), dims_(dims), traditional_(traditional), base_(base),
+      : CpuPrimitive(stream), dims_(dims), traditional_(traditional), base_(base),
         scale_(scale), has_freqs_(has_freqs) {}
 
   // inputs: x [B, ..., T, D], offsets int32 (size 1 or B), and freqs [dims/2]
@@ -275,13 +281,6 @@ class Rope : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("mlxprog's native rope runs on the CPU only");
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
 
   const char* name() const override { return "MlxprogRope"; }
 
@@ -310,10 +309,10 @@ mx::array rope(const mx::array& x, const mx::array& offsets, int dims, bool trad
 
 // -- attention over a KV cache ------------------------------------------------------------
 
-class CacheAttention : public mx::UnaryPrimitive {
+class CacheAttention : public CpuPrimitive {
  public:
   CacheAttention(mx::Stream stream, float scale, bool has_key_mask)
-      : mx::UnaryPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask) {}
+      : CpuPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask) {}
 
   // inputs: q [B, H, T, D], k and v [B, H_kv, S, D] (float32), start (int32,
   // one element), and key_mask [B, S] (bool) when has_key_mask.
@@ -348,13 +347,6 @@ class CacheAttention : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("mlxprog's native attention runs on the CPU only");
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
 
   const char* name() const override { return "MlxprogCacheAttention"; }
 
