@@ -25,7 +25,6 @@ from .executable import compile as compile_program
 from .executable import plan_summary
 from .llm.cli import add_commands as add_llm_commands
 from . import native
-from .native import kernels as native_kernels
 from .program import Instruction, Program
 from .registry import AVal, all_ops
 from .schema import full_schema
@@ -240,11 +239,11 @@ def _native_coverage(block, counts: dict[str, tuple[int, int]]) -> dict[str, tup
     """(covered, total) instructions per op that has a native kernel, over a
     block and its subprograms (symbolic programs: at the sample binding)."""
     for step in block.steps:
-        rule = native_kernels.COVERAGE.get(step.spec.name)
-        if rule is not None:
-            covered, total = counts.get(step.spec.name, (0, 0))
-            avals = [(block.avals[a].shape, block.avals[a].dtype) for a in step.args]
-            counts[step.spec.name] = (covered + bool(rule(avals, step.attrs)), total + 1)
+        covers = step.spec.native_coverage
+        if covers is not None:
+            done, total = counts.get(step.spec.name, (0, 0))
+            avals = [block.avals[a] for a in step.args]
+            counts[step.spec.name] = (done + bool(covers(avals, step.attrs)), total + 1)
         for sub in step.blocks.values():
             _native_coverage(sub, counts)
     return counts

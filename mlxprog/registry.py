@@ -39,6 +39,10 @@ arrays for multi-output ops."""
 ShapeRule = Callable[[list[AVal], Any], list[AVal]]
 """``rule(operand_avals, attrs)`` returns the result avals."""
 
+NativeCoverage = Callable[[list[AVal], Any], bool]
+"""``covers(operand_avals, attrs)``: whether the op's native CPU kernel
+computes an instruction (see :mod:`mlxprog.native`)."""
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -61,6 +65,10 @@ class OpSpec:
     shapes change (elementwise ops, reductions over fixed axes, matmul): a
     segment of such ops in a symbolic program is compiled once with
     ``mx.compile(shapeless=True)`` and serves every binding.
+
+    ``native_coverage``, for an op with a native CPU kernel, says which
+    instructions the kernel computes (``mlxprog inspect`` reports it; the
+    implementation makes the same decision on the arrays).
     """
 
     name: str
@@ -74,6 +82,7 @@ class OpSpec:
     subprograms: tuple[str, ...] = ()
     host: bool = False
     shapeless: bool = False
+    native_coverage: NativeCoverage | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def operand_range(self) -> tuple[int, int | None]:
@@ -117,6 +126,7 @@ def register_op(
     subprograms: Sequence[str] = (),
     host: bool = False,
     shapeless: bool = False,
+    native_coverage: NativeCoverage | None = None,
     replace: bool = False,
     **extra: Any,
 ) -> Callable[[Impl], Impl]:
@@ -151,6 +161,7 @@ def register_op(
             subprograms=tuple(subprograms),
             host=host,
             shapeless=shapeless,
+            native_coverage=native_coverage,
             extra=dict(extra),
         )
         return fn

@@ -1,8 +1,9 @@
 """The native kernels as the ops call them: each function checks that its
 kernel covers the operands and returns the kernel's (lazy) result, or None,
 in which case the op runs MLX's own function (which also raises MLX's own
-error for operands it rejects). Each ``covers_*`` takes shapes and dtypes
-only, so ``mlxprog inspect`` can ask the same question of a program.
+error for operands it rejects). Each ``covers_*`` takes (shape, dtype) pairs
+only, so the ops' ``native_coverage`` rules ask the same question of a
+program's avals for ``mlxprog inspect``.
 """
 
 from __future__ import annotations
@@ -139,56 +140,3 @@ def cache_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, start: mx
     return native.cache_attention(q, k_cache, v_cache, start.reshape(1).astype(mx.int32),
                                   key_mask, scale=scale)
 
-
-# -- which instructions a kernel covers, from their operand shapes ----------------------
-
-
-def _qmm_rule(avals, attrs) -> bool:
-    named = dict(zip(attrs.operand_names(), avals))
-    return covers_quantized_matmul(named["x"], named["w"], named["scales"],
-                                   named.get("biases"), attrs.transpose,
-                                   attrs.group_size or 64, attrs.bits or 4, attrs.mode)
-
-
-def _rope_rule(freqs_operand: int | None):
-    offset_at = 1 if freqs_operand is None else 2
-
-    def rule(avals, attrs) -> bool:
-        offset_size = _size(avals[offset_at][0]) if len(avals) > offset_at else 1
-        return covers_rope(avals[0], offset_size, attrs.dims,
-                           None if freqs_operand is None else avals[freqs_operand])
-    return rule
-
-
-def _rope_positions_rule(freqs_operand: int | None):
-    def rule(avals, attrs) -> bool:
-        shape, dtype = avals[0]
-        rows = (shape[0] * shape[1], *shape[2:-1], 1, shape[-1])
-        return covers_rope((rows, dtype), rows[0], attrs.dims,
-                           None if freqs_operand is None else avals[freqs_operand])
-    return rule
-
-
-def _attention_rule(avals, attrs) -> bool:
-    return (attrs.layout == "BHTD" and not attrs.sinks
-            and covers_cache_attention(avals[0], avals[3]) and avals[3] == avals[4])
-
-
-def _size(shape: Sequence[int]) -> int:
-    size = 1
-    for n in shape:
-        size *= n
-    return size
-
-
-COVERAGE = {
-    "quantized_matmul": _qmm_rule,
-    "fast_rms_norm": lambda avals, attrs: covers_rms_norm(avals[0], avals[1]),
-    "fast_rope": _rope_rule(None),
-    "fast_rope_with_freqs": _rope_rule(1),
-    "fast_rope_positions": _rope_positions_rule(None),
-    "fast_rope_with_freqs_positions": _rope_positions_rule(2),
-    "kv_cache_sdpa_update": _attention_rule,
-}
-"""For each op with a native kernel: ``rule(operand (shape, dtype) pairs,
-attrs)``, whether the kernel covers an instruction (on the CPU)."""

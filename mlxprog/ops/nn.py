@@ -36,7 +36,8 @@ class NormAttrs(Attrs):
     eps: NonNegativeFloat = 1e-5
 
 
-@register_op("fast_rms_norm", attrs=NormAttrs, operands=2)
+@register_op("fast_rms_norm", attrs=NormAttrs, operands=2,
+             native_coverage=lambda avals, attrs: native.covers_rms_norm(*avals))
 def fast_rms_norm(operands, attrs):
     """RMS norm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``
     (``mx.fast.rms_norm``). Operands: x ``[..., D]``, weight ``[D]``."""
@@ -272,7 +273,14 @@ class KVCacheSdpaAttrs(Attrs):
         return self
 
 
-@register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3)
+def _native_kv_cache_sdpa_update(avals, attrs) -> bool:
+    q, _, _, k_cache, v_cache = avals[:5]
+    return (attrs.layout == "BHTD" and not attrs.sinks and k_cache == v_cache
+            and native.covers_cache_attention(q, k_cache))
+
+
+@register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3,
+             native_coverage=_native_kv_cache_sdpa_update)
 def kv_cache_sdpa_update(operands, attrs):
     """Write new keys and values into fixed-size caches, then attend over the
     whole cache. Results: (attention output, new k_cache, new v_cache).
@@ -378,7 +386,31 @@ def _rope_offset(operands: list[mx.array], index: int, attrs: _RopeOffsetAttrs):
     return operands[index].astype(mx.int32) if len(operands) > index else attrs.offset
 
 
-@register_op("fast_rope", attrs=RopeAttrs, operands=(1, 2))
+def _native_rope(freqs_at: int | None):
+    """The native coverage of a RoPE op whose operands are x, (freqs at
+    ``freqs_at``,) and an optional offset."""
+    offset_at = 1 if freqs_at is None else 2
+
+    def covers(avals, attrs) -> bool:
+        offset_size = math.prod(avals[offset_at].shape) if len(avals) > offset_at else 1
+        return native.covers_rope(avals[0], offset_size, attrs.dims,
+                                  None if freqs_at is None else avals[freqs_at])
+    return covers
+
+
+def _native_rope_positions(freqs_at: int | None):
+    """The native coverage of a per-token-positions RoPE op: x is run as one
+    example per token (see ``_rope_at_positions``)."""
+
+    def covers(avals, attrs) -> bool:
+        shape, dtype = avals[0]
+        rows = (shape[0] * shape[1], *shape[2:-1], 1, shape[-1])
+        return native.covers_rope((rows, dtype), rows[0], attrs.dims,
+                                  None if freqs_at is None else avals[freqs_at])
+    return covers
+
+
+@register_op("fast_rope", attrs=RopeAttrs, operands=(1, 2), native_coverage=_native_rope(None))
 def fast_rope(operands, attrs):
     """Rotary position embedding of the first ``dims`` features
     (``mx.fast.rope``), frequencies ``base ** (-2i / dims)``. x is
@@ -400,7 +432,8 @@ def fast_rope(operands, attrs):
                         scale=attrs.scale, offset=offset)
 
 
-@register_op("fast_rope_with_freqs", attrs=RopeFreqsAttrs, operands=(2, 3))
+@register_op("fast_rope_with_freqs", attrs=RopeFreqsAttrs, operands=(2, 3),
+             native_coverage=_native_rope(1))
 def fast_rope_with_freqs(operands, attrs):
     """``fast_rope`` with precomputed frequencies: operands x, freqs
     ``[dims / 2]`` and an optional offset. The angle of pair i at position p is
@@ -462,7 +495,8 @@ def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs) -> mx.array
     return out.reshape(x.shape)
 
 
-@register_op("fast_rope_positions", attrs=RopePositionsAttrs, operands=2)
+@register_op("fast_rope_positions", attrs=RopePositionsAttrs, operands=2,
+             native_coverage=_native_rope_positions(None))
 def fast_rope_positions(operands, attrs):
     """Rotary position embedding at arbitrary per-token positions (e.g. a
     left-padded prefill, or position ids with gaps), frequencies
@@ -474,7 +508,8 @@ def fast_rope_positions(operands, attrs):
     return _rope_at_positions(x, positions, attrs, attrs.base, None)
 
 
-@register_op("fast_rope_with_freqs_positions", attrs=RopeFreqsPositionsAttrs, operands=3)
+@register_op("fast_rope_with_freqs_positions", attrs=RopeFreqsPositionsAttrs, operands=3,
+             native_coverage=_native_rope_positions(2))
 def fast_rope_with_freqs_positions(operands, attrs):
     """``fast_rope_positions`` with precomputed frequencies: operands x
     ``[B, T, H, D]`` or ``[B, T, D]``, positions ``[B, T]``, freqs ``[dims / 2]``;

@@ -30,10 +30,6 @@ _SUPPORTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 
 
-# MLX's affine-mode defaults (the other modes have one group size and width).
-_DEFAULT_GROUP_SIZE, _DEFAULT_BITS = 64, 4
-
-
 class OperandsAttrs(Attrs):
     """Attributes that decide which operands an op takes: ``operand_names()``
     lists them in order, and the instruction must give exactly those."""
@@ -81,6 +77,13 @@ class QuantAttrs(OperandsAttrs):
         """Keyword arguments shared by the ``mx`` quantization functions."""
         return {"group_size": self.group_size, "bits": self.bits, "mode": self.mode}
 
+    def resolved(self) -> tuple[int, int]:
+        """(group_size, bits) with the mode's defaults filled in."""
+        sizes, bits = _SUPPORTED[self.mode]
+        default_bits = 4 if self.mode == "affine" else bits[0]
+        default_size = 64 if self.mode == "affine" else sizes[0]
+        return self.group_size or default_size, self.bits or default_bits
+
 
 @register_op("quantize", attrs=QuantAttrs, outputs=lambda attrs, n: len(attrs.parts()))
 def quantize(operands, attrs):
@@ -125,16 +128,25 @@ class QuantizedMatmulAttrs(QuantAttrs):
         return ("x", *self.parts())
 
 
-@register_op("quantized_matmul", attrs=QuantizedMatmulAttrs, operands=(3, 4))
+def _native_quantized_matmul(avals, attrs) -> bool:
+    named = dict(zip(attrs.operand_names(), avals))
+    group_size, bits = attrs.resolved()
+    return native.covers_quantized_matmul(named["x"], named["w"], named["scales"],
+                                          named.get("biases"), attrs.transpose, group_size,
+                                          bits, attrs.mode)
+
+
+@register_op("quantized_matmul", attrs=QuantizedMatmulAttrs, operands=(3, 4),
+             native_coverage=_native_quantized_matmul)
 def quantized_matmul(operands, attrs):
     """``x @ dequantize(w).T`` (or ``x @ dequantize(w)`` without ``transpose``),
     computed on the packed weight. Operands: ``x``, ``w``, ``scales``, and
     ``biases`` in ``"affine"`` mode."""
     named = dict(zip(attrs.operand_names(), operands))
     x, w, scales, biases = named["x"], named["w"], named["scales"], named.get("biases")
-    result = native.quantized_matmul(
-        x, w, scales, biases, transpose=attrs.transpose, mode=attrs.mode,
-        group_size=attrs.group_size or _DEFAULT_GROUP_SIZE, bits=attrs.bits or _DEFAULT_BITS)
+    group_size, bits = attrs.resolved()
+    result = native.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,
+                                     mode=attrs.mode, group_size=group_size, bits=bits)
     if result is not None:
         return result
     return mx.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,
