@@ -515,3 +515,62 @@ def test_cache_attention_peaked_and_long(ext, isa):
     got = ext.cache_attention(q, k, v, mx.array([299], mx.int32), None, scale=1.0)
     np.testing.assert_allclose(f64(got), reference_attention(q, k, v, 299, None, 1.0),
                                rtol=1e-4, atol=1e-5)
+
+
+# -- the kernel tables without MLX (host, and arm64 under qemu) ---------------------------
+
+
+def run_selftest(compiler: str, tmp_path, avx2_flags: list[str], link_flags: list[str],
+                 runner: list[str], isa_name: str | None) -> str:
+    """Build tests/native_selftest.cpp with the kernel sources (the AVX2 file
+    with its own flags, as CMakeLists.txt does) and run it; its output."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    src = build.SOURCE_DIR / "src"
+    compile_ = [compiler, "-O2", "-std=c++17", f"-I{src}", "-c"]
+    objects = []
+    for name, flags in (("kernels_avx2.cpp", avx2_flags), ("kernels_portable.cpp", []),
+                        ("kernels.cpp", []), ("threadpool.cpp", [])):
+        obj = tmp_path / f"{name}.o"
+        subprocess.run([*compile_, *flags, str(src / name), "-o", str(obj)], check=True,
+                       timeout=600)
+        objects.append(str(obj))
+    binary = tmp_path / "selftest"
+    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{src}",
+                    str(Path(__file__).parent / "native_selftest.cpp"), *objects, *link_flags,
+                    "-o", str(binary), "-lpthread"], check=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "MLXPROG_NATIVE_ISA"}
+    if isa_name:
+        env["MLXPROG_NATIVE_ISA"] = isa_name
+    done = subprocess.run([*runner, str(binary)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("isa_name", ["portable", None])
+def test_kernel_tables_on_the_host(tmp_path, isa_name):
+    import platform
+    import shutil
+
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    out = run_selftest(compiler, tmp_path, ["-mavx2", "-mfma", "-mf16c"] if x86 else [], [], [],
+                       isa_name)
+    best = "avx2" if x86 and native.status().isa == "avx2" else "portable"
+    assert out.startswith(f"table: {isa_name or best}")
+
+
+def test_portable_kernels_on_arm64_under_qemu(tmp_path):
+    import shutil
+
+    compiler, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+    if compiler is None or qemu is None:
+        pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (Debian: g++-aarch64-linux-gnu, "
+                    "qemu-user)")
+    out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None)
+    assert out.startswith("table: portable")
