@@ -402,6 +402,16 @@ def test_failed_build_is_remembered(tmp_path, monkeypatch):
         build.ensure_built()  # not retried
 
 
+def test_toolchain_problems_are_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(build, "_find_cmake", lambda: None)
+    with pytest.raises(build.BuildError, match="cmake was not found"):
+        build.find_toolchain()
+    monkeypatch.undo()
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(build.BuildError, match="does not run"):
+        build.find_toolchain()
+
+
 def test_missing_toolchain_warns_once_and_runs_mlx_ops(monkeypatch):
     monkeypatch.setattr(native, "_status", None)
     monkeypatch.setattr(native, "_module", None)

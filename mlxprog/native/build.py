@@ -69,9 +69,9 @@ def find_toolchain() -> Toolchain:
     """The build tools, or :class:`BuildError` naming the one that is missing."""
     import mlx.core as mx
 
-    cmake = shutil.which("cmake")
+    cmake = _find_cmake()
     if cmake is None:
-        raise BuildError("cmake was not found on PATH (pip install cmake)")
+        raise BuildError("cmake was not found (pip install cmake)")
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") \
         or shutil.which("clang++")
     if compiler is None:
@@ -91,6 +91,23 @@ def find_toolchain() -> Toolchain:
                          "(share/cmake/MLX), so extensions cannot be built against it")
     return Toolchain(cmake, compiler, version[0] if version else "", mlx_dir, mx.__version__,
                      nanobind.cmake_dir(), nanobind.__version__)
+
+
+def _find_cmake() -> str | None:
+    """cmake on PATH, else the one pip installed beside this interpreter
+    (a virtual environment used without activating it)."""
+    found = shutil.which("cmake")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "cmake"
+    if beside.exists():
+        return str(beside)
+    try:
+        import cmake  # the PyPI package
+
+        return str(Path(cmake.CMAKE_BIN_DIR) / "cmake")
+    except (ImportError, AttributeError):
+        return None
 
 
 def build_key(tools: Toolchain) -> str:
@@ -122,10 +139,12 @@ def _run_build(tools: Toolchain, work: Path, log: Path) -> Path:
     """Configure and compile in ``work``; the built module's path."""
     prefix = f"{tools.mlx_dir};{tools.nanobind_dir}"
     jobs = str(max(1, min(os.cpu_count() or 1, 8)))
+    # Ninja where it is installed; otherwise CMake's default generator (make).
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     steps = [
-        [tools.cmake, "-S", str(SOURCE_DIR), "-B", str(work), "-DCMAKE_BUILD_TYPE=Release",
-         f"-DCMAKE_PREFIX_PATH={prefix}", f"-DPython_EXECUTABLE={sys.executable}",
-         f"-DCMAKE_CXX_COMPILER={tools.compiler}"],
+        [tools.cmake, "-S", str(SOURCE_DIR), "-B", str(work), *generator,
+         "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix}",
+         f"-DPython_EXECUTABLE={sys.executable}", f"-DCMAKE_CXX_COMPILER={tools.compiler}"],
         [tools.cmake, "--build", str(work), "-j", jobs],
     ]
     with open(log, "w") as out:
