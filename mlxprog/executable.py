@@ -33,6 +33,7 @@ from .validate import Block, Step, ValidatedProgram, exact_array, validate
 
 DEFAULT_MAX_ITERATIONS = 1_000_000
 DEFAULT_MAX_TRACES = 16
+_MAX_REMEMBERED_SHAPES = 256  # input-shape tuples whose dim binding is kept
 
 
 @dataclass
@@ -483,6 +484,7 @@ class Executable:
                               if s.value_of is None]
             self._value_of = [None if s.value_of is None else (s.value_of, to_mlx(s.dtype))
                               for s in specs]
+            self._bindings_of: dict[tuple, dict[str, int]] = {}  # input shapes -> dims
             self.stats.instructions = _count_instructions(validated.sample.block)
         else:
             if buckets:
@@ -556,10 +558,18 @@ class Executable:
             else _check_dtype(name, dtype, value)
             for name, dtype, value in zip(names, self._input_dtypes, args)
         ]
-        bindings = D.bind_dims(
-            [(n, list(d), tuple(v.shape)) for n, d, v in zip(names, self._declared, values)],
-            self.validated.dims,
-        )
+        shapes = tuple(tuple(v.shape) for v in values)
+        bindings = self._bindings_of.get(shapes)
+        if bindings is None:
+            # Solving the dims takes a Python pass over every input axis; a
+            # decode loop calls with the same shapes again and again.
+            bindings = D.bind_dims(
+                [(n, list(d), s) for n, d, s in zip(names, self._declared, shapes)],
+                self.validated.dims,
+            )
+            if len(self._bindings_of) >= _MAX_REMEMBERED_SHAPES:
+                self._bindings_of.pop(next(iter(self._bindings_of)))
+            self._bindings_of[shapes] = bindings
         run_bindings = {d: _bucket(v, self._buckets[d], self.validated.dims[d])
                         if d in self._buckets else v for d, v in bindings.items()}
         padded = run_bindings != bindings
