@@ -273,3 +273,21 @@ def test_fallback_raise_makes_it_an_error(untraceable_op):
     with pytest.raises(mp.TraceError, match=r"segment starting at instruction 0 failed") as info:
         exe(np.ones(3, np.float32))
     assert info.value.__cause__ is not None
+
+
+def test_binding_of_seen_input_shapes_is_remembered(monkeypatch):
+    b = mp.ProgramBuilder("remember")
+    b.dim("T", min=1)
+    x = b.input("x", ["T", 3], "float32")
+    exe = mp.compile(b.build([b.sum(x, axes=[1])]))
+    calls = []
+    real = D.bind_dims
+    monkeypatch.setattr(D, "bind_dims", lambda *a: calls.append(1) or real(*a))
+    for rows in (2, 2, 5, 2, 5):
+        out = exe(np.ones((rows, 3), np.float32))[0]
+        assert out.shape == (rows,)
+    assert len(calls) == 2  # once per distinct shape
+    with pytest.raises(mp.BindingError):  # a wrong shape is still an error, every time
+        exe(np.ones((2, 4), np.float32))
+    with pytest.raises(mp.BindingError):
+        exe(np.ones((2, 4), np.float32))
