@@ -584,3 +584,13 @@ def test_portable_kernels_on_arm64_under_qemu(tmp_path):
                     "qemu-user)")
     out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None)
     assert out.startswith("table: portable")
+
+
+def test_cache_attention_non_finite_scores_give_nan_like_mlx(ext, isa):
+    q = mx.concatenate([mx.full((1, 1, 1, 8), float("nan")), mx.full((1, 1, 1, 8), float("inf"))],
+                       axis=1)
+    k = mx.ones((1, 1, 4, 8))
+    v = mx.ones((1, 1, 4, 8))
+    got = np.array(ext.cache_attention(q, k, v, mx.array([3], mx.int32), None, scale=1.0))
+    ref = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0))
+    assert np.isnan(ref).all() and np.isnan(got).all()
