@@ -105,7 +105,7 @@ def rope(x: mx.array, offset: mx.array | int, *, dims: int, traditional: bool, b
             None if freqs is None else (freqs.shape, freqs.dtype)):
         return None
     offsets = (mx.array([offset], dtype=mx.int32) if isinstance(offset, int)
-               else offset.reshape(-1).astype(mx.int32))
+               else _int32_vector(offset))
     record("fast_rope_with_freqs" if freqs is not None else "fast_rope")
     return native.rope(x, offsets, dims=dims, traditional=traditional, base=base, scale=scale,
                        freqs=freqs)
@@ -137,6 +137,14 @@ def cache_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, start: mx
     record("kv_cache_sdpa_update")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
-    return native.cache_attention(q, k_cache, v_cache, start.reshape(1).astype(mx.int32),
-                                  key_mask, scale=scale)
+    return native.cache_attention(q, k_cache, v_cache, _int32_vector(start), key_mask,
+                                  scale=scale)
+
+
+def _int32_vector(a: mx.array) -> mx.array:
+    """``a`` as a 1-D int32 array, adding graph nodes only where it is not one
+    already (each node costs a few microseconds per evaluation on the CPU)."""
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    return a if a.dtype == mx.int32 else a.astype(mx.int32)
 

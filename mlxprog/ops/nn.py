@@ -383,7 +383,10 @@ class RopeFreqsAttrs(_RopeOffsetAttrs):
 
 
 def _rope_offset(operands: list[mx.array], index: int, attrs: _RopeOffsetAttrs):
-    return operands[index].astype(mx.int32) if len(operands) > index else attrs.offset
+    if len(operands) <= index:
+        return attrs.offset
+    offset = operands[index]
+    return offset if offset.dtype == mx.int32 else offset.astype(mx.int32)
 
 
 def _native_rope(freqs_at: int | None):
