@@ -90,8 +90,10 @@ def status() -> Status:
             _smoke_test(loaded)
         except Exception as exc:  # any failure means: run MLX's ops
             _status = Status(False, reason=str(exc) or type(exc).__name__)
-            warnings.warn(f"mlxprog: native CPU kernels are unavailable, running MLX's ops: "
-                          f"{_status.reason}", RuntimeWarning, stacklevel=3)
+            # Not tied to a line of the caller's code: the cause is the machine.
+            warnings.warn_explicit(
+                f"native CPU kernels are unavailable, running MLX's ops: {_status.reason}",
+                RuntimeWarning, filename="mlxprog", lineno=0, module="mlxprog.native")
             return _status
         _module = loaded
         _status = Status(True, isa=loaded.isa(), threads=loaded.threads(), path=str(path))
