@@ -715,6 +715,13 @@ def _check_callbacks(block: Block, callbacks: Mapping[str, Callable]) -> None:
             _check_callbacks(sub, callbacks)
 
 
+def _has_native_kernels(block: Block) -> bool:
+    """Whether a block or its subprograms has an op with a native CPU kernel."""
+    return any(step.spec.native_coverage is not None
+               or any(_has_native_kernels(sub) for sub in step.blocks.values())
+               for step in block.steps)
+
+
 def _count_instructions(block: Block) -> int:
     return sum(1 + sum(_count_instructions(b) for b in s.blocks.values()) for s in block.steps)
 
@@ -815,6 +822,10 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     _check_callbacks((validated.sample if symbolic else validated).block, callbacks)
     if native is None:
         native = native_kernels.default_enabled()
+    if native and mx.default_device() == mx.cpu and _has_native_kernels(
+            (validated.sample if symbolic else validated).block):
+        # Build or load the kernels now rather than inside the first trace.
+        native_kernels.status()
     options = Options(
         eager, check_numerics, callbacks, max_iterations, fallback, bool(native),
         shared_segments={} if symbolic else None,

@@ -1,7 +1,8 @@
 """mlxprog's native CPU kernels: MLX primitives of our own, in C++.
 
-MLX's CPU backend runs ``quantized_matmul`` and most ``mx.fast`` ops as
-single-threaded scalar code. The kernels here (``src/``) are MLX
+MLX's CPU backend runs ``quantized_matmul`` as single-threaded scalar code
+and composes ``mx.fast`` RoPE, RMS norm and attention from many small ops.
+The kernels here (``src/``) are MLX
 ``Primitive`` subclasses with AVX2+FMA inner loops chosen at run time (a
 portable path is always built) and a small thread pool, so inside
 ``mx.compile`` they behave like any MLX op.
@@ -14,10 +15,12 @@ CPU, the extension is built and loaded, and the kernel covers the operands
 never chooses. The extension is built on first use (:mod:`.build`); when
 that fails mlxprog warns once and runs MLX's ops.
 
-Environment: ``MLXPROG_NATIVE=0`` (off by default), ``MLXPROG_NATIVE_THREADS``
-(threads, the calling one included; default: the usable cores),
-``MLXPROG_NATIVE_ISA=portable`` (no vector code), ``MLXPROG_NATIVE_SPIN_US``
-(how long idle workers spin before sleeping, default 50).
+Environment: ``MLXPROG_NATIVE=0`` (the executables' default: off; on
+otherwise), ``MLXPROG_NATIVE_THREADS`` (threads, the calling one included;
+default: the usable cores), ``MLXPROG_NATIVE_ISA=portable`` (no vector
+code), ``MLXPROG_NATIVE_SPIN_US`` (how long idle workers spin before
+sleeping, default 50), and for the build ``MLXPROG_CACHE_DIR`` and
+``MLXPROG_NATIVE_REBUILD`` (see :mod:`.build`).
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ import os
 import sys
 import threading
 import warnings
+from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import ModuleType
-from contextlib import contextmanager
 from typing import Iterator
 
 import mlx.core as mx
