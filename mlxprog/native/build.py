@@ -181,15 +181,20 @@ def ensure_built(progress=None) -> Path:
             return built
         if progress:
             progress(f"mlxprog: building native CPU kernels for MLX {tools.mlx_version} "
-                     f"(first use; about a minute) into {folder}")
+                     f"(first use; a minute or less) into {folder}")
         start = time.monotonic()
         with tempfile.TemporaryDirectory(dir=folder, prefix="build-") as work:
             log = Path(work) / "build.log"
             try:
                 module = _run_build(tools, Path(work), log)
             except (BuildError, OSError, subprocess.SubprocessError) as exc:
-                shutil.copyfile(log, failed) if log.exists() else failed.write_text(str(exc))
-                raise BuildError(f"{exc}".replace(str(log), str(failed))) from None
+                # Keep the log where the next process finds it (the work
+                # folder goes away).
+                if log.exists():
+                    shutil.copyfile(log, failed)
+                else:
+                    failed.write_text(f"{exc}\n")
+                raise BuildError(str(exc).replace(str(log), str(failed))) from None
             target = folder / module.name
             shutil.copyfile(module, target.with_suffix(".partial"))
             os.replace(target.with_suffix(".partial"), target)
