@@ -594,3 +594,26 @@ def test_cache_attention_non_finite_scores_give_nan_like_mlx(ext, isa):
     got = np.array(ext.cache_attention(q, k, v, mx.array([3], mx.int32), None, scale=1.0))
     ref = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0))
     assert np.isnan(ref).all() and np.isnan(got).all()
+
+
+def test_thread_and_isa_environment_variables(ext):
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import mlx.core as mx\n"
+        "from mlxprog import native\n"
+        "ext = native.module()\n"
+        "w, s, b = mx.quantize(mx.random.normal((256, 128)), group_size=32, bits=4)\n"
+        "x = mx.random.normal((3, 128))\n"
+        "got = ext.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=4)\n"
+        "want = mx.quantized_matmul(x, w, s, b, group_size=32, bits=4)\n"
+        "assert mx.allclose(got, want, rtol=1e-4, atol=1e-4).item()\n"
+        "print(ext.threads(), ext.isa())\n"
+    )
+    env = {**os.environ, "MLXPROG_NATIVE_THREADS": "1", "MLXPROG_NATIVE_ISA": "portable"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "portable"]
