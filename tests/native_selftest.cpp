@@ -1,5 +1,5 @@
 // The kernel tables without MLX, against scalar references: the quantized
-// matmul for bits 2, 3, 4, 8, group sizes 32 and 64, one and three rows, and
+// matmul for bits 2, 3, 4, 8, group sizes 32, 64, 128, one and three rows, and
 // the RMS norm. Built and run by tests/test_native.py with the host compiler
 // (the table MLXPROG_NATIVE_ISA selects) and, where a cross compiler and
 // qemu-aarch64 exist, for arm64 (the portable table, NEON).
@@ -13,7 +13,7 @@ int main() {
   const Kernels& k = select_kernels();
   printf("table: %s\n", k.isa);
   int bad = 0;
-  for (int bits : {2, 3, 4, 8}) for (int gs : {32, 64}) for (int M : {1, 3}) {
+  for (int bits : {2, 3, 4, 8}) for (int gs : {32, 64, 128}) for (int M : {1, 3}) {
     int64_t N = 24, K = 128;
     std::vector<uint8_t> w(N * K * bits / 8); for (auto& b : w) b = rand();
     std::vector<float> s(N * K / gs), b(N * K / gs), x(M * K), xp(M * K), xs(M * K / gs), out(M * N);
