@@ -617,3 +617,17 @@ def test_thread_and_isa_environment_variables(ext):
                           env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "portable"]
+
+
+def test_rope_ops_are_counted_under_their_own_names(ext):
+    b = mp.ProgramBuilder("ropes")
+    x = b.input("x", (1, 3, 2, 16), "float32")  # [B, T, H, D] for the positions ops
+    positions = b.input("positions", (1, 3), "int32")
+    freqs = b.constant([float(i + 1) for i in range(8)], "float32")
+    outs = [b.fast_rope_positions(x, positions, dims=16),
+            b.fast_rope_with_freqs_positions(x, positions, freqs, dims=16),
+            b.fast_rope(x, dims=16), b.fast_rope_with_freqs(x, freqs, dims=16)]
+    exe = mp.compile(b.build(outs), native=True)
+    exe(mx.ones((1, 3, 2, 16)), mx.array([[0, 1, 5]], mx.int32))
+    assert exe.stats.native_ops == {"fast_rope_positions": 1, "fast_rope_with_freqs_positions": 1,
+                                    "fast_rope": 1, "fast_rope_with_freqs": 1}

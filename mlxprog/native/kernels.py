@@ -1,17 +1,16 @@
 """The native kernels as the ops call them: each function checks that its
 kernel covers the operands and returns the kernel's (lazy) result, or None,
 in which case the op runs MLX's own function (which also raises MLX's own
-error for operands it rejects). Each ``covers_*`` takes (shape, dtype) pairs
-only, so the ops' ``native_coverage`` rules ask the same question of a
-program's avals for ``mlxprog inspect``.
+error for operands it rejects). Each ``covers_*`` takes avals (shape and
+dtype) only, so the ops' ``native_coverage`` rules ask the same question of
+a program for ``mlxprog inspect``.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import mlx.core as mx
 
+from ..registry import AVal
 from . import active, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -19,10 +18,7 @@ QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
 QMM_GROUP_SIZES = (32, 64, 128)
 
 
-def covers_quantized_matmul(x: tuple[Sequence[int], mx.Dtype],
-                            w: tuple[Sequence[int], mx.Dtype],
-                            scales: tuple[Sequence[int], mx.Dtype],
-                            biases: tuple[Sequence[int], mx.Dtype] | None,
+def covers_quantized_matmul(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
                             transpose: bool, group_size: int, bits: int, mode: str) -> bool:
     """Whether the native quantized matmul computes this case: affine mode
     with biases, a 2-D packed ``w`` (no batch of weights), float activations
@@ -53,8 +49,7 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     """The native ``mx.quantized_matmul``, or None where it does not apply."""
     native = active()
     if native is None or not covers_quantized_matmul(
-            (x.shape, x.dtype), (w.shape, w.dtype), (scales.shape, scales.dtype),
-            None if biases is None else (biases.shape, biases.dtype),
+            AVal.of(x), AVal.of(w), AVal.of(scales), None if biases is None else AVal.of(biases),
             transpose, group_size, bits, mode):
         return None
     record("quantized_matmul")
@@ -62,8 +57,7 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
                                    group_size=group_size, bits=bits)
 
 
-def covers_rms_norm(x: tuple[Sequence[int], mx.Dtype],
-                    weight: tuple[Sequence[int], mx.Dtype] | None) -> bool:
+def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
     """Whether the native RMS norm computes this case: float x of rank >= 1
     with a non-empty last axis, and a weight ``[D]`` of x's dtype."""
     (x_shape, x_dtype) = x
@@ -74,15 +68,14 @@ def covers_rms_norm(x: tuple[Sequence[int], mx.Dtype],
 def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array | None:
     """The native ``mx.fast.rms_norm``, or None where it does not apply."""
     native = active()
-    if native is None or not covers_rms_norm(
-            (x.shape, x.dtype), None if weight is None else (weight.shape, weight.dtype)):
+    if native is None or not covers_rms_norm(AVal.of(x),
+                                             None if weight is None else AVal.of(weight)):
         return None
     record("fast_rms_norm")
     return native.rms_norm(x, weight, eps=eps)
 
 
-def covers_rope(x: tuple[Sequence[int], mx.Dtype], offset_size: int, dims: int,
-                freqs: tuple[Sequence[int], mx.Dtype] | None) -> bool:
+def covers_rope(x: AVal, offset_size: int, dims: int, freqs: AVal | None) -> bool:
     """Whether the native RoPE computes this case: float x ``[B, *, T, D]``
     with an even ``dims <= D``, one offset or one per example, and float32
     ``freqs [dims / 2]`` if any."""
@@ -95,29 +88,29 @@ def covers_rope(x: tuple[Sequence[int], mx.Dtype], offset_size: int, dims: int,
 
 
 def rope(x: mx.array, offset: mx.array | int, *, dims: int, traditional: bool, base: float,
-         scale: float, freqs: mx.array | None = None) -> mx.array | None:
+         scale: float, freqs: mx.array | None = None, op: str) -> mx.array | None:
     """The native ``mx.fast.rope`` (offset an int or an integer array of one
-    element or one per example), or None where it does not apply."""
+    element or one per example), or None where it does not apply. ``op`` is
+    the calling op, counted when the kernel runs."""
     native = active()
     offset_size = 1 if isinstance(offset, int) else offset.size
-    if native is None or not covers_rope(
-            (x.shape, x.dtype), offset_size, dims,
-            None if freqs is None else (freqs.shape, freqs.dtype)):
+    if native is None or not covers_rope(AVal.of(x), offset_size, dims,
+                                         None if freqs is None else AVal.of(freqs)):
         return None
     offsets = (mx.array([offset], dtype=mx.int32) if isinstance(offset, int)
                else _int32_vector(offset))
-    record("fast_rope_with_freqs" if freqs is not None else "fast_rope")
+    record(op)
     return native.rope(x, offsets, dims=dims, traditional=traditional, base=base, scale=scale,
                        freqs=freqs)
 
 
-def covers_cache_attention(q: tuple[Sequence[int], mx.Dtype],
-                           cache: tuple[Sequence[int], mx.Dtype]) -> bool:
+def covers_cache_attention(q: AVal, k_cache: AVal, v_cache: AVal) -> bool:
     """Whether the native attention computes this case: float32 queries
-    ``[B, H, T, D]`` over float32 caches ``[B, H_kv, S, D]`` with H a
-    multiple of H_kv (the ``BHTD`` layout, no sinks)."""
-    (q_shape, q_dtype), (c_shape, c_dtype) = q, cache
-    if q_dtype != mx.float32 or c_dtype != mx.float32 or len(q_shape) != 4 or len(c_shape) != 4:
+    ``[B, H, T, D]`` over float32 key and value caches ``[B, H_kv, S, D]``
+    (alike) with H a multiple of H_kv (the ``BHTD`` layout, no sinks)."""
+    (q_shape, q_dtype), (c_shape, c_dtype) = q, k_cache
+    if k_cache != v_cache or q_dtype != mx.float32 or c_dtype != mx.float32 \
+            or len(q_shape) != 4 or len(c_shape) != 4:
         return False
     B, H, T, D = q_shape
     return (c_shape[0] == B and c_shape[3] == D and c_shape[1] > 0 and H % c_shape[1] == 0
@@ -130,9 +123,8 @@ def cache_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, start: mx
     query t sees key j when ``j <= start + t`` and ``key_mask[b, j]``, and a
     query that sees no key gets zeros. None where the kernel does not apply."""
     native = active()
-    if native is None or not covers_cache_attention((q.shape, q.dtype),
-                                                    (k_cache.shape, k_cache.dtype)) \
-            or v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+    if native is None or not covers_cache_attention(AVal.of(q), AVal.of(k_cache),
+                                                    AVal.of(v_cache)):
         return None
     record("kv_cache_sdpa_update")
     if key_mask is not None and key_mask.dtype != mx.bool_:

@@ -275,8 +275,8 @@ class KVCacheSdpaAttrs(Attrs):
 
 def _native_kv_cache_sdpa_update(avals, attrs) -> bool:
     q, _, _, k_cache, v_cache = avals[:5]
-    return (attrs.layout == "BHTD" and not attrs.sinks and k_cache == v_cache
-            and native.covers_cache_attention(q, k_cache))
+    return (attrs.layout == "BHTD" and not attrs.sinks
+            and native.covers_cache_attention(q, k_cache, v_cache))
 
 
 @register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3,
@@ -408,7 +408,7 @@ def _native_rope_positions(freqs_at: int | None):
     def covers(avals, attrs) -> bool:
         shape, dtype = avals[0]
         rows = (shape[0] * shape[1], *shape[2:-1], 1, shape[-1])
-        return native.covers_rope((rows, dtype), rows[0], attrs.dims,
+        return native.covers_rope(AVal(rows, dtype), rows[0], attrs.dims,
                                   None if freqs_at is None else avals[freqs_at])
     return covers
 
@@ -428,7 +428,7 @@ def fast_rope(operands, attrs):
     pairs ``(x[2i], x[2i+1])``; otherwise the halves ``(x[i], x[i + dims/2])``."""
     x, offset = operands[0], _rope_offset(operands, 1, attrs)
     out = native.rope(x, offset, dims=attrs.dims, traditional=attrs.traditional,
-                      base=attrs.base, scale=attrs.scale)
+                      base=attrs.base, scale=attrs.scale, op="fast_rope")
     if out is not None:
         return out
     return mx.fast.rope(x, attrs.dims, traditional=attrs.traditional, base=attrs.base,
@@ -444,7 +444,7 @@ def fast_rope_with_freqs(operands, attrs):
     x, freqs = operands[:2]
     offset = _rope_offset(operands, 2, attrs)
     out = native.rope(x, offset, dims=attrs.dims, traditional=attrs.traditional, base=1.0,
-                      scale=attrs.scale, freqs=freqs)
+                      scale=attrs.scale, freqs=freqs, op="fast_rope_with_freqs")
     if out is not None:
         return out
     return mx.fast.rope(x, attrs.dims, traditional=attrs.traditional, base=None,
@@ -485,13 +485,14 @@ class RopeFreqsPositionsAttrs(_RopeAttrs):
         return self
 
 
-def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs) -> mx.array:
+def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs, op: str) -> mx.array:
     # mx.fast.rope takes one start position per example: with every token made
     # its own example ([B * T, (H,) 1, D]) those are exactly the per-token positions.
     rows = x.reshape(-1, *x.shape[2:-1], 1, x.shape[-1])
     offsets = positions.reshape(-1).astype(mx.int32)
     out = native.rope(rows, offsets, dims=attrs.dims, traditional=attrs.traditional,
-                      base=1.0 if base is None else base, scale=attrs.scale, freqs=freqs)
+                      base=1.0 if base is None else base, scale=attrs.scale, freqs=freqs,
+                      op=op)
     if out is None:
         out = mx.fast.rope(rows, attrs.dims, traditional=attrs.traditional, base=base,
                            scale=attrs.scale, offset=offsets, freqs=freqs)
@@ -508,7 +509,7 @@ def fast_rope_positions(operands, attrs):
     at position ``positions[b, t] * scale``. ``traditional`` as in
     ``fast_rope``."""
     x, positions = operands
-    return _rope_at_positions(x, positions, attrs, attrs.base, None)
+    return _rope_at_positions(x, positions, attrs, attrs.base, None, "fast_rope_positions")
 
 
 @register_op("fast_rope_with_freqs_positions", attrs=RopeFreqsPositionsAttrs, operands=3,
@@ -519,7 +520,8 @@ def fast_rope_with_freqs_positions(operands, attrs):
     the angle of pair i is ``positions[b, t] * scale / freqs[i]`` (as in
     ``fast_rope_with_freqs``)."""
     x, positions, freqs = operands
-    return _rope_at_positions(x, positions, attrs, None, freqs)
+    return _rope_at_positions(x, positions, attrs, None, freqs,
+                              "fast_rope_with_freqs_positions")
 
 
 # -- sampling -------------------------------------------------------------------

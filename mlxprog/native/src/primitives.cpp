@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -95,6 +96,19 @@ class CpuPrimitive : public mx::UnaryPrimitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
   }
+
+ protected:
+  // Allocate `out`, then run `task(out)` on this primitive's CPU stream,
+  // after the tasks that produce the inputs (all reads of input data go in
+  // `task`). The task holds `out` weakly, as MLX's own primitives do.
+  template <class Task>
+  void enqueue(mx::array& out, Task task) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    mx::cpu::get_command_encoder(stream()).dispatch(
+        [task = std::move(task), out = mx::array::unsafe_weak_copy(out)]() mutable {
+          task(out);
+        });
+  }
 };
 
 // -- quantized matmul -----------------------------------------------------------
@@ -105,11 +119,9 @@ class QuantizedMatmul : public CpuPrimitive {
       : CpuPrimitive(stream), group_size_(group_size), bits_(bits), transpose_(transpose) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    encoder.dispatch([x = inputs[0], w = inputs[1], scales = inputs[2], biases = inputs[3],
-                      out = mx::array::unsafe_weak_copy(out), group_size = group_size_,
-                      bits = bits_, transpose = transpose_]() mutable {
+    enqueue(out, [x = inputs[0], w = inputs[1], scales = inputs[2], biases = inputs[3],
+                  group_size = group_size_, bits = bits_,
+                  transpose = transpose_](mx::array& out) mutable {
       std::vector<uint8_t> keep_x, keep_w, keep_s, keep_b;
       QmmProblem p{};
       p.K = x.shape(-1);
@@ -194,10 +206,7 @@ class RmsNorm : public CpuPrimitive {
   RmsNorm(mx::Stream stream, float eps) : CpuPrimitive(stream), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    encoder.dispatch([x = inputs[0], weight = inputs[1], out = mx::array::unsafe_weak_copy(out),
-                      eps = eps_]() mutable {
+    enqueue(out, [x = inputs[0], weight = inputs[1], eps = eps_](mx::array& out) mutable {
       std::vector<uint8_t> keep_x, keep_w;
       RmsNormProblem p{};
       p.D = x.shape(-1);
@@ -213,7 +222,6 @@ class RmsNorm : public CpuPrimitive {
                                           [&](int64_t r0, int64_t r1) { kernels.rms_norm(p, r0, r1); });
     });
   }
-
 
   const char* name() const override { return "MlxprogRmsNorm"; }
 
@@ -243,13 +251,11 @@ class Rope : public CpuPrimitive {
   // inputs: x [B, ..., T, D], offsets int32 (size 1 or B), and freqs [dims/2]
   // when has_freqs.
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    out.set_data(mx::allocator::malloc(out.nbytes()));
     std::optional<mx::array> freqs;
     if (has_freqs_) freqs = inputs[2];
-    encoder.dispatch([x = inputs[0], offsets = inputs[1], freqs, out = mx::array::unsafe_weak_copy(out),
-                      dims = dims_, traditional = traditional_, base = base_,
-                      scale = scale_]() mutable {
+    enqueue(out, [x = inputs[0], offsets = inputs[1], freqs, dims = dims_,
+                  traditional = traditional_, base = base_,
+                  scale = scale_](mx::array& out) mutable {
       std::vector<uint8_t> keep_x, keep_o, keep_f;
       RopeProblem p{};
       p.x = contiguous_data(x, keep_x);
@@ -280,7 +286,6 @@ class Rope : public CpuPrimitive {
                                           [&](int64_t r0, int64_t r1) { kernels.rope(p, r0, r1); });
     });
   }
-
 
   const char* name() const override { return "MlxprogRope"; }
 
@@ -317,12 +322,10 @@ class CacheAttention : public CpuPrimitive {
   // inputs: q [B, H, T, D], k and v [B, H_kv, S, D] (float32), start (int32,
   // one element), and key_mask [B, S] (bool) when has_key_mask.
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    out.set_data(mx::allocator::malloc(out.nbytes()));
     std::optional<mx::array> key_mask;
     if (has_key_mask_) key_mask = inputs[4];
-    encoder.dispatch([q = inputs[0], k = inputs[1], v = inputs[2], start = inputs[3], key_mask,
-                      out = mx::array::unsafe_weak_copy(out), scale = scale_]() mutable {
+    enqueue(out, [q = inputs[0], k = inputs[1], v = inputs[2], start = inputs[3], key_mask,
+                  scale = scale_](mx::array& out) mutable {
       std::vector<uint8_t> keep_q, keep_k, keep_v, keep_s, keep_m;
       AttentionProblem p{};
       p.q = static_cast<const float*>(contiguous_data(q, keep_q));
@@ -346,7 +349,6 @@ class CacheAttention : public CpuPrimitive {
       });
     });
   }
-
 
   const char* name() const override { return "MlxprogCacheAttention"; }
 
