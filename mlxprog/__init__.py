@@ -1,10 +1,14 @@
 """mlxprog: run serialized tensor programs on MLX, compiled once and replayed.
 
+The pipeline, one package each: :mod:`~mlxprog.format` (the program
+document) -> :mod:`~mlxprog.validate` (checked and resolved, with
+:mod:`~mlxprog.symbolic` dims) -> :mod:`~mlxprog.runtime` (planned into
+compiled segments and run); the ops it runs are in :mod:`~mlxprog.ops`.
 See ``docs/`` for the format, the op reference and guides.
 """
 
-from . import control, ops  # noqa: F401  (register the built-in ops)
-from .attrs import Attrs, NoAttrs
+from . import ops  # noqa: F401  (register the built-in ops)
+from .arrays import AVal
 from .builder import ProgramBuilder, Value
 from .errors import (
     BindingError,
@@ -16,20 +20,38 @@ from .errors import (
     TraceError,
     ValidationError,
 )
-from .executable import Executable, Stats, compile, load_weights, run
-from .program import Constant, Instruction, Program, Ref, SubProgram, TensorSpec
-from .registry import AVal, OpSpec, all_ops, lookup, register_op, unregister_op
-from .schema import full_schema
-from .symbolic import SymbolicProgram
-from .validate import ValidatedProgram, validate
+from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
+from .format.schema import full_schema
+from .ops.attrs import Attrs, Axes, Axis, CheckError, DType, Float, InsertAxis, NoAttrs
+from .ops.host import HostOp
+from .ops.registry import (
+    OpSpec,
+    all_ops,
+    lookup,
+    register_family,
+    register_host_op,
+    register_op,
+    unregister_op,
+)
+from .runtime.binding import load_weights
+from .runtime.executable import (
+    Executable,
+    StaticExecutable,
+    SymbolicExecutable,
+    compile,
+    run,
+)
+from .runtime.options import Stats
+from .validate import SymbolicProgram, ValidatedProgram, validate
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AVal", "Attrs", "BindingError", "CallbackError", "Constant", "Executable",
-    "FormatError", "Instruction", "LoopLimitError", "NoAttrs", "NumericError", "OpSpec",
-    "Program", "ProgramBuilder", "ProgramError", "Ref", "Stats", "SubProgram",
-    "TensorSpec", "TraceError", "ValidatedProgram", "ValidationError", "Value",
-    "SymbolicProgram", "all_ops", "compile", "full_schema", "load_weights", "lookup", "register_op", "run",
-    "unregister_op", "validate",
+    "AVal", "Attrs", "Axes", "Axis", "BindingError", "CallbackError", "CheckError", "Constant",
+    "DType", "DimSpec", "Executable", "Float", "FormatError", "HostOp", "InsertAxis",
+    "Instruction", "LoopLimitError", "NoAttrs", "NumericError", "OpSpec", "Program",
+    "ProgramBuilder", "ProgramError", "Ref", "StaticExecutable", "Stats", "SubProgram",
+    "SymbolicExecutable", "SymbolicProgram", "TensorSpec", "TraceError", "ValidatedProgram",
+    "ValidationError", "Value", "all_ops", "compile", "full_schema", "load_weights", "lookup",
+    "register_family", "register_host_op", "register_op", "run", "unregister_op", "validate",
 ]

@@ -17,22 +17,20 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from .dtypes import DTYPES, is_floating, is_integer, name_of
+from .arrays import DTYPES, AVal, is_floating, is_integer, name_of
 from .errors import ValidationError
-from .program import Constant, Instruction, Program, Ref, SubProgram, TensorSpec
-from .dims import DimSpec, evaluate, is_dim_name, parse_dim
-from .registry import AVal, lookup, suggest
-from .symbolic import specialize_instruction
-from .validate import Base, _placeholder, check_arity, infer, lookup_op, validate
+from .format.paths import StepPath, render
+from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
+from .ops.registry import lookup, suggest
+from .symbolic.expr import evaluate, is_dim_name, parse_dim
+from .symbolic.specialize import builder_sample, specialize_instruction
+from .validate import validate
+from .validate.block import Base, check_arity, infer, lookup_op, placeholder
 
 
 class UnknownOpError(ValidationError, AttributeError):
     """``b.<name>(...)`` names no registered op (an AttributeError too, so
     ``hasattr(b, name)`` is False)."""
-
-
-# Generic sizes used for symbolic dims while building (distinct, odd, unusual).
-_SAMPLE_SIZES = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)
 
 
 class Value:
@@ -88,13 +86,14 @@ class Value:
 class _Scope:
     """Instruction list under construction (the program body or a subprogram)."""
 
-    def __init__(self, root: ProgramBuilder, carry: Sequence[AVal], location: str):
+    def __init__(self, root: ProgramBuilder, carry: Sequence[AVal], path: StepPath):
         self.root = root
-        self.location = location
+        self.path = path
+        self.location = render(path)
         self.instructions: list[Instruction] = []
         self.n_results = 0
         self.carry = [
-            Value(self, Ref.of("carry", i), a, _placeholder(a)) for i, a in enumerate(carry)
+            Value(self, Ref.of("carry", i), a, placeholder(a)) for i, a in enumerate(carry)
         ]
 
     def op(self, name: str, *operands: Any, **attrs: Any) -> Value | tuple[Value, ...]:
@@ -104,7 +103,8 @@ class _Scope:
     def op_with(self, name: str, operands: Sequence[Any], attrs: dict[str, Any],
                 subprograms: dict[str, SubProgram] | None = None) -> Value | tuple[Value, ...]:
         """Like :meth:`op`, with explicit subprograms (used by structured ops)."""
-        where = self._next_location()
+        path = self._next_path()
+        where = render(path)
         spec = lookup_op(name, where)
         check_arity(spec, len(operands), where)
         values = self._operands(operands, where)
@@ -114,7 +114,7 @@ class _Scope:
             # Only structured ops read the base (to validate their subprograms).
             self.root.base() if spec.subprograms else None, spec,
             self.root.at_sample(inst, where), [v.aval for v in values],
-            [v.placeholder for v in values], where,
+            [v.placeholder for v in values], path,
         )
         self.instructions.append(inst)
         outs = tuple(
@@ -163,9 +163,9 @@ class _Scope:
         ``sb`` is a sub-builder. Returns the final carry as a tuple."""
         init = [init] if isinstance(init, Value) else list(init)
         avals = [self._operands([v], "while")[0].aval for v in init]
-        where = self._next_location()
-        cond = self._build_sub(cond_fn, avals, f"{where} > cond")
-        body = self._build_sub(body_fn, avals, f"{where} > body")
+        path = self._next_path()
+        cond = self._build_sub(cond_fn, avals, (*path, "cond"))
+        body = self._build_sub(body_fn, avals, (*path, "body"))
         attrs = {} if max_iterations is None else {"max_iterations": max_iterations}
         return self.op_with("while", init, attrs, {"cond": cond, "body": body})
 
@@ -176,9 +176,9 @@ class _Scope:
         and dtypes. Returns the taken branch's outputs as a tuple."""
         operands = list(operands)
         avals = [v.aval for v in self._operands(operands, "cond")]
-        where = self._next_location()
-        then = self._build_sub(then_fn, avals, f"{where} > then")
-        other = self._build_sub(else_fn, avals, f"{where} > else")
+        path = self._next_path()
+        then = self._build_sub(then_fn, avals, (*path, "then"))
+        other = self._build_sub(else_fn, avals, (*path, "else"))
         return self.op_with("cond", [pred, *operands], {}, {"then": then, "else": other})
 
     def runtime_call(self, callback: str, operands: Sequence[Value] = (),
@@ -189,12 +189,11 @@ class _Scope:
         return self.op_with("runtime_call", list(operands),
                             {"callback": callback, "outputs": declared})
 
-    def _next_location(self) -> str:
-        where = f"{self.location} > " if self.location else ""
-        return where + f"instruction {len(self.instructions)}"
+    def _next_path(self) -> StepPath:
+        return (*self.path, len(self.instructions))
 
-    def _build_sub(self, fn, carry: Sequence[AVal], location: str) -> SubProgram:
-        sub = _Scope(self.root, carry, location)
+    def _build_sub(self, fn, carry: Sequence[AVal], path: StepPath) -> SubProgram:
+        sub = _Scope(self.root, carry, path)
         outputs = fn(sub, *sub.carry)
         if isinstance(outputs, Value):
             outputs = [outputs]
@@ -254,7 +253,7 @@ class ProgramBuilder(_Scope):
         self._values: list[Value] = []  # input, capture, constant values (for placeholders)
         self._constant_cache: dict[tuple, Value] = {}
         self._base: Base | None = None
-        super().__init__(self, (), "")
+        super().__init__(self, (), ())
 
     def base(self) -> Base:
         """The inputs, captures and constants declared so far (for validation)."""
@@ -289,9 +288,7 @@ class ProgramBuilder(_Scope):
         if not is_dim_name(name):
             raise ValidationError(f"dim name {name!r} is not an identifier", "dims")
         spec = DimSpec(min=min, max=max)
-        taken = set(self._sample.values())
-        self._sample[name] = next(
-            (v for v in _SAMPLE_SIZES if v not in taken and spec.contains(v)), spec.min)
+        self._sample[name] = builder_sample(spec, set(self._sample.values()))
         self.dims[name] = spec
         return name
 
@@ -319,7 +316,7 @@ class ProgramBuilder(_Scope):
         except ValueError as exc:
             raise ValidationError(str(exc), where) from None
         aval = AVal(sizes, DTYPES[dtype])
-        return self._declare("input", self.inputs, spec, aval, _placeholder(aval))
+        return self._declare("input", self.inputs, spec, aval, placeholder(aval))
 
     def capture(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
         """Declare a capture (a weight bound by name at compile time)."""
@@ -329,7 +326,7 @@ class ProgramBuilder(_Scope):
                 f"duplicate capture name {name!r}", f"capture {len(self.captures)}"
             )
         aval = AVal(tuple(shape), DTYPES[dtype])
-        return self._declare("capture", self.captures, spec, aval, _placeholder(aval))
+        return self._declare("capture", self.captures, spec, aval, placeholder(aval))
 
     def constant(self, value: Any, dtype: str = "float32") -> Value:
         """Declare a constant (a scalar or nested list); equal constants are shared."""

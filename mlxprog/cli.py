@@ -18,18 +18,17 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
-from .docs import attr_docs, describe_outputs, render_op_reference
-from .dtypes import to_mlx
-from .errors import ProgramError
-from .executable import compile as compile_program
-from .executable import plan_summary
-from .llm.cli import add_commands as add_llm_commands
 from . import native
-from .program import Instruction, Program
-from .registry import AVal, all_ops
-from .schema import full_schema
-from .symbolic import SymbolicProgram
-from .validate import validate
+from .arrays import AVal, to_mlx
+from .docs import attr_docs, describe_outputs, render_op_reference
+from .errors import ProgramError
+from .format.program import Instruction, Program
+from .format.schema import full_schema
+from .llm.cli import add_commands as add_llm_commands
+from .ops.registry import all_ops
+from .runtime.executable import compile as compile_program
+from .runtime.plan import describe as describe_plan
+from .validate import SymbolicProgram, validate
 
 PRINT_THRESHOLD = 64
 """Arrays with more elements than this are printed summarised (``...``)."""
@@ -222,11 +221,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"outputs: {len(outputs)}")
     for i, text in enumerate(outputs):
         print(f"  output {i}: {text}")
-    plan = plan_summary(validated)
+    symbolic = isinstance(validated, SymbolicProgram)
+    static = validated.sample if symbolic else validated
+    plan = describe_plan(static.block, len(static.input_avals),
+                         validated.dim_dependent if symbolic else None)
     print(f"plan: {sum(line.lstrip().startswith('segment') for line in plan)} segment(s)")
     for line in plan:
         print(f"  {line}")
-    block = validated.sample.block if isinstance(validated, SymbolicProgram) else validated.block
+    block = static.block
     coverage = _native_coverage(block, {})
     if coverage:
         print(f"native CPU kernels: {native.status()}")

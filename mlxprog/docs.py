@@ -21,14 +21,14 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from .attrs import Axes, Axis, DType, Float, InsertAxis
-from .program import encode_nonfinite
-from .registry import OpSpec, all_ops
+from .format.program import encode_nonfinite
+from .ops.attrs import Axes, Axis, DType, Float, InsertAxis
+from .ops.registry import OpSpec, all_ops
 
 REGENERATE = "mlxprog ops --markdown > docs/ops.md"
 """The command that rewrites ``docs/ops.md``."""
 
-# Annotated attribute types of mlxprog.attrs shown by their meaning rather than
+# Annotated attribute types of mlxprog.ops.attrs shown by their meaning rather than
 # their JSON type; the legend of docs/ops.md explains each name.
 _NAMED_TYPES: tuple[tuple[Any, str], ...] = (
     (Axis, "axis"),
@@ -70,8 +70,13 @@ def builtin_ops() -> dict[str, OpSpec]:
     return {
         name: spec
         for name, spec in all_ops().items()
-        if (spec.impl.__module__ or "").startswith("mlxprog.")
+        if _defined_in(spec).startswith("mlxprog.")
     }
+
+
+def _defined_in(spec: OpSpec) -> str:
+    """The module that registered an op: its implementation's, or its host op's."""
+    return (spec.impl if spec.host is None else type(spec.host)).__module__ or ""
 
 
 def attr_docs(spec: OpSpec) -> list[AttrDoc]:
@@ -232,12 +237,13 @@ def _render_op(spec: OpSpec) -> list[str]:
 
 
 def _family_intro(spec: OpSpec) -> str:
-    """The first paragraph of the docstring of the module defining the family,
-    when the module is named after it."""
-    module = sys.modules.get(spec.impl.__module__ or "")
-    if module is None or module.__name__.rsplit(".", 1)[-1] != spec.family:
-        return ""
-    return (module.__doc__ or "").strip().split("\n\n", 1)[0]
+    """The first paragraph of the docstring of the module (or package) defining
+    the family, when it is named after it."""
+    name = _defined_in(spec)
+    while name and name.rsplit(".", 1)[-1] != spec.family:
+        name = name.rpartition(".")[0]
+    module = sys.modules.get(name) if name else None
+    return "" if module is None else (module.__doc__ or "").strip().split("\n\n", 1)[0]
 
 
 def _cell(text: str) -> str:

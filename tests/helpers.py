@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.dtypes import name_of
+from mlxprog.arrays import name_of
 
 
 def as_mx(value: Any) -> mx.array:

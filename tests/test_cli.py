@@ -11,7 +11,7 @@ import pytest
 import mlxprog as mp
 from mlxprog.cli import main
 from mlxprog.docs import render_op_reference
-from mlxprog.schema import full_schema
+from mlxprog.format.schema import full_schema
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 QUICKSTART = str(EXAMPLES / "quickstart.json")

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import mlxprog as mp
-from mlxprog.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
+from mlxprog.ops.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
 from mlxprog.docs import REGENERATE, attr_docs, builtin_ops, render_op_reference, type_name
 
 ROOT = Path(__file__).parent.parent

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.dtypes import is_floating, is_integer, name_of, to_mlx
+from mlxprog.arrays import is_floating, is_integer, name_of, to_mlx
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.json"))
 

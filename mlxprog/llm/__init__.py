@@ -2,7 +2,9 @@
 model programs and generation."""
 
 from .config import Checkpoint, ModelConfig, ModelError, Quantization
-from .generate import LLM, Generation, GenerationStats, export, load, load_exported
+from .generate import (
+    LLM, Generation, GenerationOptions, GenerationStats, export, load, load_exported,
+)
 from .programs import ModelSpec, Sampling, build_decode, build_decode_loop, build_prefill
 from .gguf import load_gguf
 from .hf import load_hf
@@ -10,8 +12,8 @@ from .model_files import default_model_path, load_checkpoint
 from .tokenizer import StreamingDecoder, Tokenizer
 
 __all__ = [
-    "LLM", "Generation", "GenerationStats", "ModelSpec", "Sampling", "build_decode",
-    "build_decode_loop", "build_prefill", "export", "load", "load_exported",
+    "LLM", "Generation", "GenerationOptions", "GenerationStats", "ModelSpec", "Sampling",
+    "build_decode", "build_decode_loop", "build_prefill", "export", "load", "load_exported",
     "Checkpoint", "ModelConfig", "ModelError", "Quantization", "StreamingDecoder",
     "Tokenizer", "default_model_path", "load_checkpoint", "load_gguf", "load_hf",
 ]

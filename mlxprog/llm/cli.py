@@ -1,10 +1,19 @@
-"""The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``."""
+"""The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``.
+
+The generation flags store under :class:`~mlxprog.llm.GenerationOptions`'
+field names, so each command builds its options once from the flags it has
+(:func:`_generation_options`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import GenerationOptions
 
 
 def add_commands(commands: Any) -> None:
@@ -55,7 +64,8 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy)")
+    parser.add_argument("--temp", dest="temperature", metavar="TEMP", type=float, default=0.0,
+                        help="temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     parser.add_argument("--min-p", type=float, default=0.0,
@@ -63,21 +73,25 @@ def _sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
-def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k,
-            "min_p": args.min_p, "seed": args.seed}
+def _generation_options(args: argparse.Namespace) -> GenerationOptions:
+    """The generation options given by a command's flags (validated before the
+    model loads); the options it has no flags for keep their defaults."""
+    from . import GenerationOptions
+
+    given = vars(args)
+    names = [f.name for f in dataclasses.fields(GenerationOptions) if f.init]
+    return GenerationOptions(**{name: given[name] for name in names if name in given})
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from . import load
 
+    options = _generation_options(args)
     llm = load(args.model, max_length=args.max_length)
-    kwargs = dict(_sampling_kwargs(args), max_tokens=args.max_tokens, stop=args.stop,
-                  chat=args.chat)
     if args.in_program:
-        result = llm.generate_in_program(args.prompt, on_text=_write, **kwargs)
+        result = llm.generate_in_program(args.prompt, on_text=_write, options=options)
     else:
-        for piece in llm.stream(args.prompt, **kwargs):
+        for piece in llm.stream(args.prompt, options=options):
             _write(piece)
         result = llm.last_generation
     print(flush=True)
@@ -88,6 +102,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from . import load
 
+    options = _generation_options(args)
     llm = load(args.model, max_length=args.max_length)
     messages: list[dict[str, str]] = []
     print("mlxprog chat: an empty line quits, /reset starts over.", file=sys.stderr)
@@ -104,7 +119,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         reply = ""
-        for piece in llm.stream(messages, max_tokens=args.max_tokens, **_sampling_kwargs(args)):
+        for piece in llm.stream(messages, options=options):
             reply += piece
             _write(piece)
         print()
@@ -112,9 +127,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from . import Sampling, export, load
+    from . import export, load
 
-    sampling = Sampling(args.temp, args.top_k, args.top_p, args.min_p)
+    sampling = _generation_options(args).sampling
     for path in export(load(args.model, max_length=args.max_length), args.output, sampling):
         print(path)
     return 0

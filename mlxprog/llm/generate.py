@@ -4,6 +4,9 @@
 next decode step is dispatched (``mx.async_eval``) before the current tokens
 are read back and detokenized, and the tokens a step picked are fed to the
 next step as lazy arrays, so the loop never waits on the host between steps.
+
+Every generation method takes the same options, declared once by
+:class:`GenerationOptions`: as keyword arguments, or as ``options=``.
 """
 
 from __future__ import annotations
@@ -11,20 +14,73 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import mlx.core as mx
 
-from ..executable import Executable, compile as compile_program
-from ..program import Program
+from ..format.program import Program
+from ..runtime.executable import Executable, compile as compile_program
 from .config import Checkpoint, ModelError
 from .model_files import load_checkpoint
-from .programs import ModelSpec, Sampling, build_decode, build_decode_loop, build_prefill
+from .programs import (
+    DecodeInputs, DecodeLoopInputs, ModelSpec, PrefillInputs, Sampling, StepOutputs,
+    build_decode, build_decode_loop, build_prefill,
+)
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_CACHE_STEP = 128
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How :class:`LLM` generates; every generation method takes these, as
+    keyword arguments or as ``options=``.
+
+    ``max_tokens``: the most tokens to generate. ``temperature`` 0 is greedy;
+    ``top_k``/``top_p``/``min_p`` filter the tempered distribution (see
+    :class:`~mlxprog.llm.Sampling`, derived as :attr:`sampling`); ``seed`` makes
+    sampling reproducible. Generation ends at EOS, a ``stop`` string (one
+    string or several; kept as a tuple of the non-empty ones) or
+    ``max_tokens`` tokens. ``chat`` renders a text prompt as one user message
+    with the model's chat template. Bad values raise
+    :class:`~mlxprog.llm.ModelError`.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    seed: int = 0
+    stop: str | Sequence[str] = ()
+    chat: bool = True
+    #: The sampling parameters (the programs' attributes), derived from the
+    #: fields above once, which validates them.
+    sampling: Sampling = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampling",
+                           Sampling(self.temperature, self.top_k, self.top_p, self.min_p))
+        if self.max_tokens < 1:
+            raise ModelError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ModelError(
+                f"seed must be a non-negative integer below 2**64, got {self.seed!r}")
+        # A bare string is one stop string, not one per character.
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", tuple(s for s in stop if s))
+
+    @classmethod
+    def given(cls, options: GenerationOptions | None,
+              overrides: Mapping[str, Any]) -> GenerationOptions:
+        """What a generation method was given: ``options`` (None: the
+        defaults) with the keyword arguments ``overrides`` replacing fields."""
+        if options is None:
+            return cls(**overrides)
+        return dataclasses.replace(options, **overrides) if overrides else options
 
 
 @dataclass
@@ -73,14 +129,14 @@ class Generation:
 class _Row:
     """Host-side state of one sequence of a batch: tokens, detokenizer, stops."""
 
-    def __init__(self, llm: LLM, stop: str | Sequence[str]):
+    def __init__(self, llm: LLM, stop: tuple[str, ...]):
         self.tokens: list[int] = []
         self.text = ""
         self.emitted = 0
         self.finish_reason: str | None = None
         self.decoder = llm.tokenizer.stream_decoder(skip_special_tokens=True)
         self.eos = set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids)
-        self.stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
+        self.stop = stop
         self.hold = max((len(s) for s in self.stop), default=1) - 1
 
     def add(self, token: int) -> str:
@@ -112,6 +168,22 @@ class _Row:
             self.finish_reason = "length"
         piece, self.emitted = self.text[self.emitted:], len(self.text)
         return piece
+
+
+# The handler of the in-program generation running in this context (thread,
+# or generation started from another's on_text): compiled decode loops are
+# shared, so their ``emit`` callback cannot hold a generation of its own.
+_EMIT_HANDLER: ContextVar[Callable[[mx.array], mx.array]] = ContextVar("mlxprog_llm_emit")
+
+
+def _emit(tokens: mx.array) -> mx.array:
+    """The decode loop's ``emit`` callback: hands the picked tokens to the
+    in-program generation running in the caller's context; returns its stop."""
+    handler = _EMIT_HANDLER.get(None)
+    if handler is None:
+        raise ModelError("the decode loop's emit callback has no generation to stream to; "
+                         "run the loop with LLM.generate_in_program")
+    return handler(tokens)
 
 
 class LLM:
@@ -149,7 +221,6 @@ class LLM:
         self._given = dict(programs or {})
         self._given_sampling = programs_sampling
         self._executables: dict[tuple[str, Sampling], Executable] = {}
-        self._emit: Callable[[mx.array], mx.array] | None = None  # set per in-program run
 
     # -- programs ----------------------------------------------------------
     def program(self, kind: str, sampling: Sampling = Sampling()) -> Program:
@@ -168,15 +239,16 @@ class LLM:
 
     def executable(self, kind: str, sampling: Sampling = Sampling()) -> Executable:
         """The compiled program of ``kind`` for ``sampling`` (cached). The decode
-        loop's ``emit`` callback forwards to the generation in progress."""
+        loop's ``emit`` callback forwards to the in-program generation running
+        in the caller's context (see :meth:`generate_in_program`)."""
         key = (kind, sampling)
         if key not in self._executables:
             # The prefill is traced per prompt length rather than padded to
             # buckets: a trace costs less than a few padded tokens on the CPU.
             self._executables[key] = compile_program(
                 self.program(kind, sampling), captures=self._captures,
-                callbacks={"emit": lambda tokens: self._emit(tokens)}
-                if kind == "decode_loop" else None, native=self.native,
+                callbacks={"emit": _emit} if kind == "decode_loop" else None,
+                native=self.native,
             )
         return self._executables[key]
 
@@ -194,26 +266,24 @@ class LLM:
         return ids
 
     # -- generation --------------------------------------------------------
-    def generate(self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int = 256,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int | None = None,
-                 min_p: float = 0.0, seed: int = 0, stop: Sequence[str] = (),
-                 chat: bool = True) -> Generation:
-        """Generate a completion of ``prompt``; see :meth:`stream` for the options."""
-        return _drain(self._run([self.prompt_ids(prompt, chat)], max_tokens,
-                                Sampling(temperature, top_k, top_p, min_p), seed, stop))[0]
+    # Each method takes GenerationOptions' fields as keyword arguments and/or
+    # a whole GenerationOptions as ``options=`` (the keyword arguments replace
+    # its fields), so the options and their defaults are declared only there.
+    def generate(self, prompt: str | Sequence[Mapping[str, str]], *,
+                 options: GenerationOptions | None = None, **overrides: Any) -> Generation:
+        """Generate a completion of ``prompt``; see :class:`GenerationOptions`
+        for the options."""
+        options = GenerationOptions.given(options, overrides)
+        return _drain(self._run([self.prompt_ids(prompt, options.chat)], options))[0]
 
-    def stream(self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int = 256,
-               temperature: float = 0.0, top_p: float = 1.0, top_k: int | None = None,
-               min_p: float = 0.0, seed: int = 0, stop: Sequence[str] = (),
-               chat: bool = True) -> Iterator[str]:
+    def stream(self, prompt: str | Sequence[Mapping[str, str]], *,
+               options: GenerationOptions | None = None, **overrides: Any) -> Iterator[str]:
         """Yield the completion's text as it is generated (never a broken UTF-8
-        character, never part of a stop string). ``temperature`` 0 is greedy;
-        ``top_k``/``top_p``/``min_p`` filter the tempered distribution; ``seed``
-        makes sampling reproducible; generation ends at EOS, a ``stop`` string or
-        ``max_tokens`` tokens. The last value of ``self.last_generation`` holds
-        the full result and stats once the iterator is exhausted."""
-        run = self._run([self.prompt_ids(prompt, chat)], max_tokens,
-                        Sampling(temperature, top_k, top_p, min_p), seed, stop)
+        character, never part of a stop string); see :class:`GenerationOptions`
+        for the options. ``self.last_generation`` holds the full result and
+        stats once the iterator is exhausted."""
+        options = GenerationOptions.given(options, overrides)
+        run = self._run([self.prompt_ids(prompt, options.chat)], options)
         while True:
             try:
                 _, piece = next(run)
@@ -223,30 +293,31 @@ class LLM:
             if piece:
                 yield piece
 
-    def generate_batch(self, prompts: Sequence[str | Sequence[Mapping[str, str]]],
-                       max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                       top_k: int | None = None, min_p: float = 0.0, seed: int = 0,
-                       stop: Sequence[str] = (), chat: bool = True) -> list[Generation]:
+    def generate_batch(self, prompts: Sequence[str | Sequence[Mapping[str, str]]], *,
+                       options: GenerationOptions | None = None,
+                       **overrides: Any) -> list[Generation]:
         """Generate for several prompts at once (left-padded into one batch);
         each row stops on its own. Under greedy decoding each row's output is
         the same as generating its prompt alone."""
+        options = GenerationOptions.given(options, overrides)
         if not prompts:
             return []
-        ids = [self.prompt_ids(p, chat) for p in prompts]
-        return _drain(self._run(ids, max_tokens, Sampling(temperature, top_k, top_p, min_p),
-                                seed, stop))
+        return _drain(self._run([self.prompt_ids(p, options.chat) for p in prompts], options))
 
-    def generate_in_program(self, prompt: str | Sequence[Mapping[str, str]],
-                            max_tokens: int = 256, temperature: float = 0.0,
-                            top_p: float = 1.0, top_k: int | None = None, min_p: float = 0.0,
-                            seed: int = 0, stop: Sequence[str] = (), chat: bool = True,
-                            on_text: Callable[[str], None] | None = None) -> Generation:
+    def generate_in_program(self, prompt: str | Sequence[Mapping[str, str]], *,
+                            on_text: Callable[[str], None] | None = None,
+                            options: GenerationOptions | None = None,
+                            **overrides: Any) -> Generation:
         """Like :meth:`generate`, but the decode loop is one program: a ``while``
         loop whose body runs the decode step, picks the token and streams it to
-        Python through a ``runtime_call`` (which also decides when to stop)."""
-        sampling = Sampling(temperature, top_k, top_p, min_p)
-        ids = [self.prompt_ids(prompt, chat)]
-        state = self._start(ids, max_tokens, sampling, seed, stop)
+        Python through a ``runtime_call`` (which also decides when to stop);
+        ``on_text`` gets the text as it is generated.
+
+        The executable's ``emit`` callback finds this generation through a
+        context variable set for the duration of the loop, so generations in
+        other threads, or started from ``on_text``, each get their own tokens."""
+        options = GenerationOptions.given(options, overrides)
+        state = self._start([self.prompt_ids(prompt, options.chat)], options)
         row = state.rows[0]
         on_text = on_text or (lambda piece: None)
 
@@ -256,31 +327,36 @@ class LLM:
 
         on_text(row.add(state.first.item()))
         state.mark_first_token()
-        self._emit = emit
-        loop = self.executable("decode_loop", sampling)
+        loop = self.executable("decode_loop", options.sampling)
         state.reserve(state.width + state.max_new)  # the loop's caches cannot grow
         if row.finish_reason is None and state.max_new > 0:
-            mx.eval(loop(state.first, state.rope_offset(0), state.cache_offset(0),
-                         state.key_mask, state.key, *state.caches, state.max_new))
+            inputs = DecodeLoopInputs(
+                tokens=state.first, rope_offset=state.rope_offset(0),
+                cache_offset=state.cache_offset(0), key_mask=state.key_mask, key=state.key,
+                caches=state.caches, max_new=state.max_new)
+            handler_set = _EMIT_HANDLER.set(emit)
+            try:
+                mx.eval(loop(**inputs.by_name()))
+            finally:
+                _EMIT_HANDLER.reset(handler_set)
         on_text(row.finish())
         return state.finish()[0]
 
-    def _start(self, ids: list[list[int]], max_tokens: int, sampling: Sampling, seed: int,
-               stop: Sequence[str]) -> _State:
-        if max_tokens < 1:
-            raise ModelError(f"max_tokens must be at least 1, got {max_tokens}")
-        if not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ModelError(f"seed must be a non-negative integer below 2**64, got {seed!r}")
-        state = _State(self, ids, max_tokens, stop)
-        prefill = self.executable("prefill", sampling)
-        outs = prefill(state.tokens, state.rope_offset(-state.width), state.key_mask,
-                       mx.random.key(seed), *state.caches)
-        state.first, state.key, state.caches = outs[0], outs[1], list(outs[2:])
-        mx.async_eval(outs)
+    def _start(self, ids: list[list[int]], options: GenerationOptions) -> _State:
+        """The batch of prompts ``ids`` after the prefill: its first tokens,
+        PRNG key and caches (dispatched, not yet evaluated)."""
+        state = _State(self, ids, options)
+        prefill = self.executable("prefill", options.sampling)
+        out = StepOutputs.of(prefill(**PrefillInputs(
+            tokens=state.tokens, rope_offset=state.rope_offset(-state.width),
+            key_mask=state.key_mask, key=mx.random.key(options.seed), caches=state.caches,
+        ).by_name()))
+        state.first, state.key, state.caches = out.next_tokens, out.key, out.caches
+        mx.async_eval(out.values())
         return state
 
-    def _run(self, ids: list[list[int]], max_tokens: int, sampling: Sampling, seed: int,
-             stop: Sequence[str]) -> Generator[tuple[int, str], None, list[Generation]]:
+    def _run(self, ids: list[list[int]], options: GenerationOptions
+             ) -> Generator[tuple[int, str], None, list[Generation]]:
         """Yield ``(row, text piece)`` as tokens arrive; return the results.
 
         The first tokens are read and yielded as soon as the prefill is done,
@@ -288,7 +364,7 @@ class LLM:
         few tenths of a second). After that each decode step is dispatched
         before the previous step's tokens are read, so the device does not wait
         for the host."""
-        state = self._start(ids, max_tokens, sampling, seed, stop)
+        state = self._start(ids, options)
         first = state.first.tolist()
         state.mark_first_token()
         yield from state.add(first)
@@ -297,11 +373,16 @@ class LLM:
             if state.done:
                 break
             state.reserve(state.width + step + 1)
-            decode = self.executable("decode", sampling)  # built on first use
-            outs = decode(tokens, state.rope_offset(step), state.cache_offset(step),
-                          state.key_mask, state.key, *state.caches)
-            tokens, state.key, state.caches = outs[0], outs[1], list(outs[2:])
-            mx.async_eval(outs)
+            decode = self.executable("decode", options.sampling)  # built on first use
+            # The inputs are not kept: once the step is dispatched nothing
+            # refers to the old caches, so the step writes them in place.
+            out = StepOutputs.of(decode(**DecodeInputs(
+                tokens=tokens, rope_offset=state.rope_offset(step),
+                cache_offset=state.cache_offset(step), key_mask=state.key_mask,
+                key=state.key, caches=state.caches,
+            ).by_name()))
+            tokens, state.key, state.caches = out.next_tokens, out.key, out.caches
+            mx.async_eval(out.values())
             if unread is not None:
                 yield from state.add(unread.tolist())
             unread = tokens
@@ -315,7 +396,7 @@ class LLM:
 class _State:
     """One generation's batch: padded tokens, masks, caches and timings."""
 
-    def __init__(self, llm: LLM, ids: list[list[int]], max_tokens: int, stop: Sequence[str]):
+    def __init__(self, llm: LLM, ids: list[list[int]], options: GenerationOptions):
         c = llm.config
         self.width = max(len(p) for p in ids)
         if self.width >= llm.max_length:
@@ -328,11 +409,11 @@ class _State:
         # The prefill's caches hold just the prompt (attention reads every
         # slot); the decode steps grow them with reserve().
         shape = (len(ids), c.num_kv_heads, self.width, c.head_dim)
-        self.caches = [mx.zeros(shape, dtype=mx.float32) for _ in range(2 * c.num_layers)]
+        self.caches = tuple(mx.zeros(shape, dtype=mx.float32) for _ in range(2 * c.num_layers))
         self.key_mask = self._key_mask(self.width)
         # Decode steps after the first token: bounded by max_tokens and the cache.
-        self.max_new = min(max_tokens - 1, llm.max_length - self.width)
-        self.rows = [_Row(llm, stop) for _ in ids]
+        self.max_new = min(options.max_tokens - 1, llm.max_length - self.width)
+        self.rows = [_Row(llm, options.stop) for _ in ids]
         self.prompt_tokens = sum(len(p) for p in ids)
         self.first: mx.array | None = None
         self.key: mx.array | None = None
@@ -358,7 +439,7 @@ class _State:
             return
         new_size = min(-(-slots // self.cache_step) * self.cache_step, self.max_length)
         grow = [(0, 0), (0, 0), (0, new_size - size), (0, 0)]
-        self.caches = [mx.pad(cache, grow) for cache in self.caches]
+        self.caches = tuple(mx.pad(cache, grow) for cache in self.caches)
         self.key_mask = self._key_mask(new_size)
 
     def _key_mask(self, size: int) -> mx.array:

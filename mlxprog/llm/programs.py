@@ -17,7 +17,13 @@ grows (one trace per chunk; see :class:`~mlxprog.llm.LLM`). Passing caches of
 left-padded: ``rope_offset`` (one start position per row) and ``key_mask``
 (``[B, S]``, false on padding) describe the padding.
 
-Inputs, in order:
+Each program's inputs and outputs are declared once, as dataclasses whose
+field order is the program order (the ``caches`` field stands for the
+per-layer ``k_cache.i``/``v_cache.i``): the builders declare the inputs and
+outputs from them, and :class:`~mlxprog.llm.LLM` calls the executables by
+input name and reads their outputs by field name through them.
+
+Inputs (:class:`PrefillInputs`, :class:`DecodeInputs`, :class:`DecodeLoopInputs`):
 
 - prefill: ``tokens [B, T]`` (T at most S), ``rope_offset [B]``,
   ``key_mask [B, S]``, ``key [2]``, then ``k_cache.i``/``v_cache.i`` per layer.
@@ -27,23 +33,28 @@ Inputs, in order:
   steps, streaming each new token to the ``emit`` callback (which returns a
   bool: stop), until it says stop or ``max_new`` tokens were made.
 
+Outputs (:class:`StepOutputs`, :class:`LoopOutputs`): ``next_tokens [B]``
+(int32), the next PRNG ``key``, then the new caches; the loop also returns
+``made``, the number of tokens it made, last. With ``sampling=None`` the step
+programs return ``logits [B, V]`` then the caches (:class:`LogitsOutputs`).
+
 The builders check each instruction as it is added and leave the
 whole-program validation to ``mlxprog.compile`` / ``mlxprog.validate``, so a
 model's program is validated once.
-
-Outputs: ``next_tokens [B]`` (int32), the next PRNG ``key``, then the new
-caches (the loop also returns the number of tokens it made). With
-``logits=True`` the step programs return ``logits [B, V]`` instead of sampling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field, fields
+from itertools import islice
+from typing import Any, Generic, Sequence, TypeVar
+
 import mlx.core as mx
 
+from ..arrays import name_of
 from ..builder import ProgramBuilder, Value
-from ..dtypes import name_of
-from ..program import Program
+from ..format.program import Program
 from .config import Checkpoint, ModelConfig, ModelError, Quantization
 
 CACHE_DTYPE = "float32"
@@ -69,6 +80,177 @@ class Sampling:
             raise ModelError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p < 1:
             raise ModelError(f"min_p must be in [0, 1), got {self.min_p}")
+
+
+A = TypeVar("A")  # what a declaration's fields hold: builder Values or arrays
+V = TypeVar("V", bound="ProgramValues")
+
+CACHES = "caches"  # the field standing for the per-layer KV caches
+
+
+def cache_names(num_layers: int) -> list[str]:
+    """The per-layer cache names in program order: ``k_cache.0``, ``v_cache.0``,
+    ``k_cache.1``, ..."""
+    return [f"{kind}_cache.{i}" for i in range(num_layers) for kind in ("k", "v")]
+
+
+@functools.cache
+def _names(cls: type, num_layers: int) -> tuple[str, ...]:
+    # Cached: the decode loop on the host names every input of every step.
+    names: list[str] = []
+    for f in fields(cls):
+        names += cache_names(num_layers) if f.name == CACHES else [f.name]
+    return tuple(names)
+
+
+class ProgramValues(Generic[A]):
+    """Base of the declarations of the programs' inputs, outputs and loop carry.
+
+    A subclass is a frozen dataclass whose field order is the program order.
+    Each field holds one value, except ``caches``: a tuple of the per-layer KV
+    caches (``k_cache.0, v_cache.0, k_cache.1, ...``), as many as the model has
+    layers. The fields hold builder Values while a program is built and
+    arrays when it runs.
+    """
+
+    @classmethod
+    def names_for(cls, num_layers: int) -> tuple[str, ...]:
+        """The names of the values in program order, for a model of
+        ``num_layers`` layers (the programs' input names, for inputs)."""
+        return _names(cls, num_layers)
+
+    @classmethod
+    def of(cls: type[V], values: Sequence[Any]) -> V:
+        """The declaration holding ``values`` (in program order: an executable's
+        outputs, a loop's carry); the caches are the values the other fields
+        leave."""
+        declared = fields(cls)
+        n_caches = len(values) - (len(declared) - 1)
+        if n_caches < 0 or n_caches % 2:
+            raise ModelError(f"{cls.__name__} takes {len(declared) - 1} values and a k and v "
+                             f"cache per layer, got {len(values)} values")
+        given = iter(values)
+        return cls(**{f.name: tuple(islice(given, n_caches)) if f.name == CACHES else next(given)
+                      for f in declared})
+
+    def values(self) -> list[A]:
+        """The values in program order (the caches expanded)."""
+        out: list[A] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == CACHES:
+                out.extend(value)
+            else:
+                out.append(value)
+        return out
+
+    def by_name(self) -> dict[str, A]:
+        """The values by name: an executable's keyword arguments, for inputs."""
+        num_layers = len(getattr(self, CACHES)) // 2
+        return dict(zip(self.names_for(num_layers), self.values()))
+
+
+def _input(shape: Sequence[int | str], dtype: str):
+    """A field declaring a program input of this shape and dtype (metadata
+    only: the field has no default)."""
+    return field(metadata={"shape": tuple(shape), "dtype": dtype})
+
+
+class ProgramInputs(ProgramValues[A]):
+    """Base of the input declarations: each field but ``caches`` is declared
+    with its shape and dtype (:func:`_input`); the caches are
+    ``[B, kv_heads, S, head_dim]`` float32."""
+
+    @classmethod
+    def declare(cls: type[V], b: ProgramBuilder, config: ModelConfig) -> V:
+        """Declare the inputs on ``b`` in field order; the declaration of the
+        resulting Values."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == CACHES:
+                shape = ["B", config.num_kv_heads, "S", config.head_dim]
+                values[f.name] = tuple(b.input(name, shape, CACHE_DTYPE)
+                                       for name in cache_names(config.num_layers))
+            else:
+                values[f.name] = b.input(f.name, list(f.metadata["shape"]), f.metadata["dtype"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class PrefillInputs(ProgramInputs[A]):
+    """The prefill's inputs: a left-padded prompt batch, each row's RoPE start
+    (minus its padding), the key-padding mask, the PRNG key, empty caches."""
+
+    tokens: A = _input(["B", "T"], "int32")
+    rope_offset: A = _input(["B"], "int32")
+    key_mask: A = _input(["B", "S"], "bool")
+    key: A = _input([2], "uint32")
+    caches: tuple[A, ...]
+
+
+@dataclass(frozen=True)
+class DecodeInputs(ProgramInputs[A]):
+    """A decode step's inputs: the tokens picked last, each row's RoPE
+    position, the cache slot they are written to, the key-padding mask, the
+    PRNG key, the caches."""
+
+    tokens: A = _input(["B"], "int32")
+    rope_offset: A = _input(["B"], "int32")
+    cache_offset: A = _input([], "int32")
+    key_mask: A = _input(["B", "S"], "bool")
+    key: A = _input([2], "uint32")
+    caches: tuple[A, ...]
+
+
+@dataclass(frozen=True)
+class DecodeLoopInputs(DecodeInputs[A]):
+    """The decode loop's inputs: a decode step's, then the most tokens to make."""
+
+    max_new: A = _input([], "int32")
+
+
+@dataclass(frozen=True)
+class StepOutputs(ProgramValues[A]):
+    """The outputs of a sampling prefill or decode step: the picked tokens
+    ``[B]`` (int32), the next PRNG key, the new caches."""
+
+    next_tokens: A
+    key: A
+    caches: tuple[A, ...]
+
+
+@dataclass(frozen=True)
+class LogitsOutputs(ProgramValues[A]):
+    """The outputs of a prefill or decode step built with ``sampling=None``: the
+    logits ``[B, V]`` after the last token, the new caches."""
+
+    logits: A
+    caches: tuple[A, ...]
+
+
+@dataclass(frozen=True)
+class LoopOutputs(ProgramValues[A]):
+    """The decode loop's outputs: a step's, then how many tokens it made."""
+
+    next_tokens: A
+    key: A
+    caches: tuple[A, ...]
+    made: A
+
+
+@dataclass(frozen=True)
+class LoopCarry(ProgramValues[A]):
+    """The decode loop's ``while`` carry: the last tokens and their positions,
+    the PRNG key, the tokens made so far, whether ``emit`` said stop, the
+    caches."""
+
+    tokens: A
+    rope_offset: A
+    cache_offset: A
+    key: A
+    made: A
+    stop: A
+    caches: tuple[A, ...]
 
 
 @dataclass(frozen=True)
@@ -176,10 +358,10 @@ class _Model:
         return h, k_cache, v_cache
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
-                caches: list[Value]):
+                caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
         """Logits [B, V] after the last of the T tokens, and the new caches."""
         h = self.embed(sb, tokens)
-        new_caches = []
+        new_caches: list[Value] = []
         for i in range(self.c.num_layers):
             h, k_cache, v_cache = self.layer(sb, i, h, T, rope_offset, cache_offset, key_mask,
                                              caches[2 * i], caches[2 * i + 1])
@@ -192,13 +374,7 @@ class _Model:
         h = sb.reshape(h, shape=["B", self.c.hidden_size])
         h = self.norm(sb, "norm.weight", h)
         head = "embed_tokens" if self.c.tie_embeddings else "lm_head"
-        return self.linear(sb, head, h), new_caches
-
-    def cache_inputs(self, b: ProgramBuilder) -> list[Value]:
-        c = self.c
-        shape = ["B", c.num_kv_heads, "S", c.head_dim]
-        return [b.input(f"{kind}_cache.{i}", shape, CACHE_DTYPE)
-                for i in range(c.num_layers) for kind in ("k", "v")]
+        return self.linear(sb, head, h), tuple(new_caches)
 
     def pick(self, sb, logits: Value, key: Value, sampling: Sampling):
         if sampling.temperature == 0:
@@ -228,17 +404,10 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
     model, writing the caches from position 0, and picks the first new token
     (or, with ``sampling=None``, returns the logits after the last token)."""
     b, model = _builder(spec, "prefill", max_length, max_batch, prompt=True)
-    tokens = b.input("tokens", ["B", "T"], "int32")
-    rope_offset = b.input("rope_offset", ["B"], "int32")
-    key_mask = b.input("key_mask", ["B", "S"], "bool")
-    key = b.input("key", [2], "uint32")
-    caches = model.cache_inputs(b)
-    logits, new_caches = model.forward(b, tokens, "T", rope_offset, b.constant(0, "int32"),
-                                       key_mask, caches)
-    if sampling is None:
-        return b.build(check=False, outputs=[logits, *new_caches])
-    ids, next_key = model.pick(b, logits, key, sampling)
-    return b.build(check=False, outputs=[ids, next_key, *new_caches])
+    x = PrefillInputs.declare(b, spec.config)
+    logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, b.constant(0, "int32"),
+                                   x.key_mask, x.caches)
+    return _build_step(b, model, logits, x.key, caches, sampling)
 
 
 def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
@@ -246,13 +415,22 @@ def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = S
     """One decode step: the tokens [B] picked last, written at ``cache_offset``;
     picks the next tokens (or returns the logits with ``sampling=None``)."""
     b, model = _builder(spec, "decode", max_length, max_batch)
-    tokens, rope_offset, cache_offset, key_mask, key, caches = _decode_inputs(b, model)
-    logits, new_caches = model.forward(b, b.reshape(tokens, shape=["B", 1]), 1, rope_offset,
-                                       cache_offset, key_mask, caches)
+    x = DecodeInputs.declare(b, spec.config)
+    logits, caches = model.forward(b, b.reshape(x.tokens, shape=["B", 1]), 1, x.rope_offset,
+                                   x.cache_offset, x.key_mask, x.caches)
+    return _build_step(b, model, logits, x.key, caches, sampling)
+
+
+def _build_step(b: ProgramBuilder, model: _Model, logits: Value, key: Value,
+                caches: tuple[Value, ...], sampling: Sampling | None) -> Program:
+    """Finish a prefill or decode step: :class:`StepOutputs`, or with
+    ``sampling=None`` :class:`LogitsOutputs`."""
     if sampling is None:
-        return b.build(check=False, outputs=[logits, *new_caches])
-    ids, next_key = model.pick(b, logits, key, sampling)
-    return b.build(check=False, outputs=[ids, next_key, *new_caches])
+        outputs: ProgramValues[Value] = LogitsOutputs(logits=logits, caches=caches)
+    else:
+        next_tokens, next_key = model.pick(b, logits, key, sampling)
+        outputs = StepOutputs(next_tokens=next_tokens, key=next_key, caches=caches)
+    return b.build(check=False, outputs=outputs.values())
 
 
 def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sampling(),
@@ -261,30 +439,26 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     decode step, picks the next tokens and streams them to the ``emit``
     callback, until ``emit`` returns true or ``max_new`` tokens were made."""
     b, model = _builder(spec, "decode_loop", max_length, max_batch)
-    tokens, rope_offset, cache_offset, key_mask, key, caches = _decode_inputs(b, model)
-    max_new = b.input("max_new", [], "int32")
+    x = DecodeLoopInputs.declare(b, spec.config)
 
-    def cond(sb, tokens, rope_offset, cache_offset, key, made, stop, *caches):
-        return sb.logical_and(sb.logical_not(stop), sb.less(made, max_new))
+    def cond(sb, *carry: Value) -> Value:
+        now = LoopCarry.of(carry)
+        return sb.logical_and(sb.logical_not(now.stop), sb.less(now.made, x.max_new))
 
-    def body(sb, tokens, rope_offset, cache_offset, key, made, stop, *caches):
-        logits, new_caches = model.forward(sb, sb.reshape(tokens, shape=["B", 1]), 1,
-                                           rope_offset, cache_offset, key_mask, list(caches))
-        ids, next_key = model.pick(sb, logits, key, sampling)
-        (stop,) = sb.runtime_call("emit", [ids], [((), "bool")])
-        return (ids, rope_offset + 1, cache_offset + 1, next_key, made + 1, stop, *new_caches)
+    def body(sb, *carry: Value) -> list[Value]:
+        now = LoopCarry.of(carry)
+        logits, caches = model.forward(sb, sb.reshape(now.tokens, shape=["B", 1]), 1,
+                                       now.rope_offset, now.cache_offset, x.key_mask, now.caches)
+        next_tokens, next_key = model.pick(sb, logits, now.key, sampling)
+        (stop,) = sb.runtime_call("emit", [next_tokens], [((), "bool")])
+        return LoopCarry(tokens=next_tokens, rope_offset=now.rope_offset + 1,
+                         cache_offset=now.cache_offset + 1, key=next_key, made=now.made + 1,
+                         stop=stop, caches=caches).values()
 
-    start = [tokens, rope_offset, cache_offset, key, b.constant(0, "int32"),
-             b.constant(False, "bool"), *caches]
-    final = b.while_loop(cond, body, start)
-    return b.build(check=False, outputs=[final[0], final[3], *final[6:], final[4]])
-
-
-def _decode_inputs(b: ProgramBuilder, model: _Model):
-    tokens = b.input("tokens", ["B"], "int32")
-    rope_offset = b.input("rope_offset", ["B"], "int32")
-    cache_offset = b.input("cache_offset", [], "int32")
-    key_mask = b.input("key_mask", ["B", "S"], "bool")
-    key = b.input("key", [2], "uint32")
-    return tokens, rope_offset, cache_offset, key_mask, key, model.cache_inputs(b)
-
+    start = LoopCarry(tokens=x.tokens, rope_offset=x.rope_offset, cache_offset=x.cache_offset,
+                      key=x.key, made=b.constant(0, "int32"), stop=b.constant(False, "bool"),
+                      caches=x.caches)
+    final = LoopCarry.of(b.while_loop(cond, body, start.values()))
+    outputs = LoopOutputs(next_tokens=final.tokens, key=final.key, caches=final.caches,
+                          made=final.made)
+    return b.build(check=False, outputs=outputs.values())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..registry import AVal
+from ..arrays import AVal
 from . import active, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)

@@ -14,35 +14,27 @@ reshapes to sizes fixed at trace time, and ``einsum`` may.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import mlx.core as mx
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from ..attrs import Attrs, normalize_axis, operand_ndim
-from ..registry import register_op
-
-
-def _operand_axes(axes: list[int], info: ValidationInfo, operand: int,
-                  what: str) -> tuple[int, ...]:
-    """``axes`` of operand ``operand`` normalised to non-negative, each named once."""
-    ndim = operand_ndim(info, operand)
-    normalized = tuple(normalize_axis(a, ndim, f"{what} axis") for a in axes)
-    if len(set(normalized)) != len(normalized):
-        raise ValueError(f"{what} axes {axes} name an axis twice")
-    return normalized
+from ..arrays import AVal
+from .attrs import Attrs, AxisOf, CheckError, normalize_axis
+from .registry import register_op
 
 
-def _check_pairs(lhs_axes: tuple[int, ...], rhs_axes: tuple[int, ...], kind: str,
-                 info: ValidationInfo) -> None:
-    """Raise unless lhs and rhs name the same number of axes, pairwise equal in size."""
+def _check_count(lhs_axes, rhs_axes, kind: str) -> None:
+    """Raise unless lhs and rhs name the same number of ``kind`` axes."""
     if len(lhs_axes) != len(rhs_axes):
         raise ValueError(
             f"lhs has {len(lhs_axes)} {kind} axes {list(lhs_axes)} but rhs has "
             f"{len(rhs_axes)} {list(rhs_axes)}; they are paired one to one"
         )
-    avals = (info.context or {}).get("avals")
-    if avals is None:
-        return
+
+
+def _check_sizes(avals: list[AVal], lhs_axes, rhs_axes, kind: str) -> None:
+    """Raise unless paired (normalised) lhs and rhs axes have equal sizes."""
     lhs_shape, rhs_shape = avals[0].shape, avals[1].shape
     for a, b in zip(lhs_axes, rhs_axes):
         if lhs_shape[a] != rhs_shape[b]:
@@ -94,36 +86,53 @@ def _dot_general(lhs: mx.array, rhs: mx.array, lhs_contracting, rhs_contracting,
     return mx.reshape(_matmul(lhs3, rhs3), [*batch_shape, *lhs_free_shape, *rhs_free_shape])
 
 
-def _axis_list_field():
-    return Field(default_factory=list, validate_default=True)
+LhsAxes = Annotated[list[int], AxisOf(many=True, operand=0, what="lhs axis")]
+"""Distinct axes of the lhs (operand 0)."""
+
+RhsAxes = Annotated[list[int], AxisOf(many=True, operand=1, what="rhs axis")]
+"""Distinct axes of the rhs (operand 1)."""
 
 
 class DotAttrs(Attrs):
-    lhs_contracting_axes: list[int] = _axis_list_field()
+    # Defaults are validated too, so an rhs list left out is still paired.
+    model_config = ConfigDict(validate_default=True)
+
+    lhs_contracting_axes: LhsAxes = []
     """Axes of lhs summed over, paired in order with ``rhs_contracting_axes``."""
-    rhs_contracting_axes: list[int] = _axis_list_field()
+    rhs_contracting_axes: RhsAxes = []
     """Axes of rhs summed over."""
-    lhs_batch_axes: list[int] = _axis_list_field()
+    lhs_batch_axes: LhsAxes = []
     """Axes of lhs mapped over, paired in order with ``rhs_batch_axes``."""
-    rhs_batch_axes: list[int] = _axis_list_field()
+    rhs_batch_axes: RhsAxes = []
     """Axes of rhs mapped over."""
 
-    @field_validator("*")
+    @field_validator("rhs_contracting_axes", "rhs_batch_axes")
     @classmethod
-    def _axes(cls, axes: list[int], info: ValidationInfo) -> tuple[int, ...]:
-        side, kind = info.field_name.split("_")[:2]
-        normalized = _operand_axes(axes, info, 0 if side == "lhs" else 1, side)
-        if kind == "batch":
-            contracting = info.data.get(f"{side}_contracting_axes", ())
-            both = sorted(set(normalized) & set(contracting))
-            if both:
-                raise ValueError(f"{side} axes {both} are both batch and contracting axes")
-        if side == "rhs" and f"lhs_{kind}_axes" in info.data:
-            _check_pairs(info.data[f"lhs_{kind}_axes"], normalized, kind, info)
-        return normalized
+    def _paired(cls, axes: list[int], info: ValidationInfo) -> list[int]:
+        kind = info.field_name.split("_")[1]
+        if f"lhs_{kind}_axes" in info.data:
+            _check_count(info.data[f"lhs_{kind}_axes"], axes, kind)
+        return axes
 
 
-@register_op("dot", attrs=DotAttrs, operands=2)
+def _check_dot(avals: list[AVal], attrs: DotAttrs) -> None:
+    """No axis is both a batch and a contracting axis, and paired axes have
+    equal sizes."""
+    for side in ("lhs", "rhs"):
+        both = sorted(set(getattr(attrs, f"{side}_batch_axes"))
+                      & set(getattr(attrs, f"{side}_contracting_axes")))
+        if both:
+            raise CheckError(f"{side} axes {both} are both batch and contracting axes",
+                             attribute=f"{side}_batch_axes")
+    for kind in ("contracting", "batch"):
+        try:
+            _check_sizes(avals, getattr(attrs, f"lhs_{kind}_axes"),
+                         getattr(attrs, f"rhs_{kind}_axes"), kind)
+        except ValueError as exc:
+            raise CheckError(str(exc), attribute=f"rhs_{kind}_axes") from None
+
+
+@register_op("dot", attrs=DotAttrs, operands=2, check=_check_dot)
 def dot(operands, attrs):
     """XLA ``dot_general`` (operands: lhs, rhs). Sums products over the paired
     ``lhs_contracting_axes``/``rhs_contracting_axes`` and maps over the paired
@@ -147,40 +156,62 @@ def matmul(operands, attrs):
 
 
 class TensordotAttrs(Attrs):
-    axes: int | tuple[list[int], list[int]] = Field(default=2, validate_default=True)
+    axes: int | tuple[list[int], list[int]] = 2
     """n: contract a's last n axes with b's first n; or ``[a_axes, b_axes]``,
     paired in order."""
 
     @field_validator("axes")
     @classmethod
-    def _axes(cls, axes, info: ValidationInfo):
+    def _counts(cls, axes):
         if isinstance(axes, int):
             if axes < 0:
                 raise ValueError(f"cannot contract a negative number ({axes}) of axes")
-            lhs_ndim, rhs_ndim = operand_ndim(info, 0), operand_ndim(info, 1)
-            if lhs_ndim is None or rhs_ndim is None:
-                return axes
-            if axes > min(lhs_ndim, rhs_ndim):
-                raise ValueError(
-                    f"cannot contract {axes} axes of operands of rank {lhs_ndim} and {rhs_ndim}"
-                )
-            lhs_axes = tuple(range(lhs_ndim - axes, lhs_ndim))
-            rhs_axes = tuple(range(axes))
         else:
-            lhs_axes = _operand_axes(axes[0], info, 0, "lhs")
-            rhs_axes = _operand_axes(axes[1], info, 1, "rhs")
-        _check_pairs(lhs_axes, rhs_axes, "contracting", info)
-        return lhs_axes, rhs_axes
+            _check_count(*axes, "contracting")
+        return axes
 
 
-@register_op("tensordot", attrs=TensordotAttrs, operands=2)
+def _tensordot_axes(attrs: TensordotAttrs, lhs_ndim: int,
+                    rhs_ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The contracted axes of a and b, non-negative, from ``axes`` as a count
+    or as lists. ValueError for a count above either rank or for an axis out
+    of range or named twice."""
+    if isinstance(attrs.axes, int):
+        n = attrs.axes
+        if n > min(lhs_ndim, rhs_ndim):
+            raise ValueError(
+                f"cannot contract {n} axes of operands of rank {lhs_ndim} and {rhs_ndim}"
+            )
+        return tuple(range(lhs_ndim - n, lhs_ndim)), tuple(range(n))
+    lhs_axes, rhs_axes = attrs.axes
+    return _operand_axes(lhs_axes, lhs_ndim, "lhs"), _operand_axes(rhs_axes, rhs_ndim, "rhs")
+
+
+def _operand_axes(axes: list[int], ndim: int, side: str) -> tuple[int, ...]:
+    """``axes`` of the ``side`` operand normalised to non-negative, each named once."""
+    normalized = tuple(normalize_axis(a, ndim, f"{side} axis") for a in axes)
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(f"{side} axes {axes} name an axis twice")
+    return normalized
+
+
+def _check_tensordot(avals: list[AVal], attrs: TensordotAttrs) -> None:
+    """The contracted axes exist and pair axes of equal sizes."""
+    try:
+        lhs_axes, rhs_axes = _tensordot_axes(attrs, len(avals[0].shape), len(avals[1].shape))
+        _check_sizes(avals, lhs_axes, rhs_axes, "contracting")
+    except ValueError as exc:
+        raise CheckError(str(exc), attribute="axes") from None
+
+
+@register_op("tensordot", attrs=TensordotAttrs, operands=2, check=_check_tensordot)
 def tensordot(operands, attrs):
     """Tensor contraction (operands: a, b). ``axes`` is an int n (contract a's
     last n axes with b's first n) or two lists of axes paired one to one. The
     result's axes are a's remaining axes, then b's. Integer and bool operands are
     computed exactly, as for ``dot``."""
-    lhs_axes, rhs_axes = attrs.axes
-    return _dot_general(*operands, lhs_axes, rhs_axes)
+    lhs, rhs = operands
+    return _dot_general(lhs, rhs, *_tensordot_axes(attrs, lhs.ndim, rhs.ndim))
 
 
 class EinsumAttrs(Attrs):

@@ -10,18 +10,12 @@ dimension.
 from __future__ import annotations
 
 import mlx.core as mx
-from pydantic import ConfigDict, ValidationInfo, model_validator
-
-from ..attrs import Attrs, PositiveInt, Size
-from ..registry import AVal, register_op
+from ..arrays import AVal
+from .attrs import Attrs, PositiveInt, Size
+from .registry import register_op
 
 Padding = tuple[Size, Size]
 """``[low, high]`` padding of one spatial dimension."""
-
-
-class _Attrs(Attrs):
-    # The docstring under each field becomes its description in the op reference.
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
 
 def _check_layouts(avals: list[AVal], groups: int, spatial_ranks: range | None = None) -> int:
@@ -52,6 +46,7 @@ def _check_layouts(avals: list[AVal], groups: int, spatial_ranks: range | None =
 
 
 def _check_lengths(attrs: Attrs, spatial: int) -> None:
+    """Check that every per-spatial-dimension list has one entry per dimension."""
     for name in type(attrs).model_fields:
         value = getattr(attrs, name)
         if isinstance(value, list) and len(value) != spatial:
@@ -60,7 +55,9 @@ def _check_lengths(attrs: Attrs, spatial: int) -> None:
             )
 
 
-class ConvGeneralAttrs(_Attrs):
+class ConvGeneralAttrs(Attrs):
+    """The attributes of ``conv_general``."""
+
     stride: list[PositiveInt] | None = None
     """Step of the kernel per spatial dimension (default 1)."""
     padding: list[Padding] | None = None
@@ -74,15 +71,13 @@ class ConvGeneralAttrs(_Attrs):
     flip: bool = False
     """Flip the kernel (true convolution) instead of cross-correlating."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> ConvGeneralAttrs:
-        avals = (info.context or {}).get("avals")
-        if avals is not None:
-            _check_lengths(self, _check_layouts(avals, self.groups))
-        return self
+
+def _check_conv_general(avals: list[AVal], attrs: ConvGeneralAttrs) -> None:
+    """Input and weight layouts, and one attribute entry per spatial dimension."""
+    _check_lengths(attrs, _check_layouts(avals, attrs.groups))
 
 
-@register_op("conv_general", attrs=ConvGeneralAttrs, operands=2)
+@register_op("conv_general", attrs=ConvGeneralAttrs, operands=2, check=_check_conv_general)
 def conv_general(operands, attrs):
     """N-d convolution (``mx.conv_general``), cross-correlation unless ``flip``.
     Operands: input ``[N, *spatial, C_in]`` and weight
@@ -108,7 +103,9 @@ def conv_general(operands, attrs):
     )
 
 
-class ConvTransposeAttrs(_Attrs):
+class ConvTransposeAttrs(Attrs):
+    """The attributes of ``conv_transpose``."""
+
     stride: list[PositiveInt] | None = None
     """Upsampling step per spatial dimension (default 1)."""
     padding: list[Size] | None = None
@@ -120,18 +117,17 @@ class ConvTransposeAttrs(_Attrs):
     groups: PositiveInt = 1
     """Feature groups."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> ConvTransposeAttrs:
-        avals = (info.context or {}).get("avals")
-        if avals is not None:
-            _check_lengths(self, _check_layouts(avals, self.groups, range(1, 4)))
-        return self
+
+def _check_conv_transpose(avals: list[AVal], attrs: ConvTransposeAttrs) -> None:
+    """As ``conv_general``'s check, with 1 to 3 spatial dimensions."""
+    _check_lengths(attrs, _check_layouts(avals, attrs.groups, range(1, 4)))
 
 
 _CONV_TRANSPOSE = {1: mx.conv_transpose1d, 2: mx.conv_transpose2d, 3: mx.conv_transpose3d}
 
 
-@register_op("conv_transpose", attrs=ConvTransposeAttrs, operands=2)
+@register_op("conv_transpose", attrs=ConvTransposeAttrs, operands=2,
+             check=_check_conv_transpose)
 def conv_transpose(operands, attrs):
     """Transposed convolution over 1 to 3 spatial dimensions
     (``mx.conv_transpose1d/2d/3d``): the gradient of ``conv_general`` with respect

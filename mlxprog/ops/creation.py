@@ -15,10 +15,9 @@ import mlx.core as mx
 import numpy as np
 from pydantic import PlainValidator, ValidationInfo, WithJsonSchema, field_validator
 
-from ..attrs import Attrs, DType, Size
-from ..dtypes import is_integer, numpy_dtype, to_mlx
-from ..registry import register_op
-from .shape import result_axis
+from ..arrays import is_integer, numpy_dtype, to_mlx
+from .attrs import Attrs, DType, Size, normalize_axis
+from .registry import register_op
 
 
 def _scalar(value: Any) -> bool | int | float:
@@ -87,7 +86,7 @@ class IotaAttrs(Attrs):
         shape = info.data.get("shape")
         if axis is None or shape is None:
             return axis
-        return result_axis(axis, len(shape))
+        return normalize_axis(axis, len(shape), of="a result")
 
 
 @register_op("iota", attrs=IotaAttrs, operands=0, shapeless=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..attrs import Attrs, DType
-from ..dtypes import to_mlx
-from ..registry import register_op
+from ..arrays import to_mlx
+from .attrs import Attrs, DType
+from .registry import register_family, register_op
 
 
 class AstypeAttrs(Attrs):
@@ -32,13 +32,9 @@ def bitcast(operands, attrs):
     return mx.view(operands[0], to_mlx(attrs.dtype))
 
 
-def _unary(name: str, fn, doc: str) -> None:
-    def impl(operands, attrs):
-        return fn(operands[0])
-
-    impl.__doc__ = doc
-    impl.__name__ = name
-    register_op(name, operands=1, shapeless=True)(impl)
+def _unary(fn, operands, attrs):
+    """``fn`` applied to the one operand."""
+    return fn(operands[0])
 
 
 _UNARY = {
@@ -82,8 +78,7 @@ _UNARY = {
     "tanh": (mx.tanh, "Hyperbolic tangent."),
 }
 
-for _name, (_fn, _doc) in _UNARY.items():
-    _unary(_name, _fn, _doc)
+register_family(_UNARY, _unary, operands=1, shapeless=True)
 
 
 @register_op("cbrt", shapeless=True)
@@ -120,13 +115,9 @@ def _float_of(dtype: mx.Dtype) -> mx.Dtype:
     return dtype if mx.issubdtype(dtype, mx.inexact) else mx.float32
 
 
-def _binary(name: str, fn, doc: str) -> None:
-    def impl(operands, attrs):
-        return fn(operands[0], operands[1])
-
-    impl.__doc__ = doc
-    impl.__name__ = name
-    register_op(name, operands=2, shapeless=True)(impl)
+def _binary(fn, operands, attrs):
+    """``fn`` applied to the two operands (broadcasting and promoting as MLX)."""
+    return fn(operands[0], operands[1])
 
 
 _BINARY = {
@@ -153,8 +144,7 @@ _BINARY = {
     "logical_or": (mx.logical_or, "a or b; result is bool."),
 }
 
-for _name, (_fn, _doc) in _BINARY.items():
-    _binary(_name, _fn, _doc)
+register_family(_BINARY, _binary, operands=2, shapeless=True)
 
 
 @register_op("logical_xor", operands=2, shapeless=True)

@@ -11,25 +11,21 @@ from __future__ import annotations
 from typing import Literal
 
 import mlx.core as mx
-from pydantic import ConfigDict, model_validator
+from pydantic import model_validator
 
-from ..attrs import Attrs, Axes, Axis, PositiveInt
-from ..registry import register_op
+from .attrs import Attrs, Axes, Axis, PositiveInt
+from .registry import register_family
 
 Norm = Literal["backward", "ortho", "forward"]
 
 
 class FFTAttrs(Attrs):
-    model_config = ConfigDict(validate_default=True)
-
     n: PositiveInt | None = None  # None: the size of ``axis``
     axis: Axis = -1
     norm: Norm = "backward"
 
 
 class FFTNAttrs(Attrs):
-    model_config = ConfigDict(validate_default=True)
-
     s: list[PositiveInt] | None = None  # None: the sizes of ``axes``
     axes: Axes | None = None  # None: all axes (only without s)
     norm: Norm = "backward"
@@ -58,61 +54,59 @@ class FFT2Attrs(FFTNAttrs):
         return self
 
 
-def _one_axis(name: str, fn, doc: str) -> None:
-    def impl(operands, attrs):
-        return fn(operands[0], n=attrs.n, axis=attrs.axis, norm=attrs.norm)
-
-    impl.__doc__ = doc
-    impl.__name__ = name
-    register_op(name, attrs=FFTAttrs)(impl)
+def _one_axis(fn, operands, attrs):
+    """A transform ``fn`` (``mx.fft.fft``, ...) of operand 0 along ``axis``."""
+    return fn(operands[0], n=attrs.n, axis=attrs.axis, norm=attrs.norm)
 
 
-def _many_axes(name: str, fn, attrs_model: type[FFTNAttrs], doc: str) -> None:
-    def impl(operands, attrs):
-        return fn(operands[0], s=attrs.s, axes=attrs.axes, norm=attrs.norm)
-
-    impl.__doc__ = doc
-    impl.__name__ = name
-    register_op(name, attrs=attrs_model)(impl)
+def _many_axes(fn, operands, attrs):
+    """A transform ``fn`` (``mx.fft.fftn``, ...) of operand 0 over ``axes``."""
+    return fn(operands[0], s=attrs.s, axes=attrs.axes, norm=attrs.norm)
 
 
-_one_axis("fft", mx.fft.fft, "Complex FFT along ``axis``, padded or truncated to ``n``.")
-_one_axis("ifft", mx.fft.ifft, "Inverse complex FFT along ``axis`` (length ``n``).")
-_one_axis(
-    "rfft",
-    mx.fft.rfft,
-    "FFT of real input along ``axis``: the ``n // 2 + 1`` non-negative frequencies "
-    "(complex input is treated as its real part).",
-)
-_one_axis(
-    "irfft",
-    mx.fft.irfft,
-    "Inverse of ``rfft``: a real result of length ``n`` along ``axis`` (default "
-    "``2 * (size - 1)``).",
-)
+_ONE_AXIS = {
+    "fft": (mx.fft.fft, "Complex FFT along ``axis``, padded or truncated to ``n``."),
+    "ifft": (mx.fft.ifft, "Inverse complex FFT along ``axis`` (length ``n``)."),
+    "rfft": (
+        mx.fft.rfft,
+        "FFT of real input along ``axis``: the ``n // 2 + 1`` non-negative frequencies "
+        "(complex input is treated as its real part).",
+    ),
+    "irfft": (
+        mx.fft.irfft,
+        "Inverse of ``rfft``: a real result of length ``n`` along ``axis`` (default "
+        "``2 * (size - 1)``).",
+    ),
+}
 
-_many_axes("fft2", mx.fft.fft2, FFT2Attrs, "Complex 2-D FFT over ``axes`` (default the last two).")
-_many_axes("ifft2", mx.fft.ifft2, FFT2Attrs, "Inverse complex 2-D FFT over ``axes``.")
-_many_axes(
-    "rfft2", mx.fft.rfft2, FFT2Attrs,
-    "2-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
-)
-_many_axes(
-    "irfft2", mx.fft.irfft2, FFT2Attrs,
-    "Inverse of ``rfft2``: a real result, sizes ``s`` (the last axis defaults to "
-    "``2 * (size - 1)``).",
-)
-_many_axes(
-    "fftn", mx.fft.fftn, FFTNAttrs,
-    "Complex N-D FFT over ``axes`` (default all; ``s`` needs ``axes``).",
-)
-_many_axes("ifftn", mx.fft.ifftn, FFTNAttrs, "Inverse complex N-D FFT over ``axes``.")
-_many_axes(
-    "rfftn", mx.fft.rfftn, FFTNAttrs,
-    "N-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
-)
-_many_axes(
-    "irfftn", mx.fft.irfftn, FFTNAttrs,
-    "Inverse of ``rfftn``: a real result, sizes ``s`` (the last axis defaults to "
-    "``2 * (size - 1)``).",
-)
+_TWO_AXES = {
+    "fft2": (mx.fft.fft2, "Complex 2-D FFT over ``axes`` (default the last two)."),
+    "ifft2": (mx.fft.ifft2, "Inverse complex 2-D FFT over ``axes``."),
+    "rfft2": (
+        mx.fft.rfft2,
+        "2-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
+    ),
+    "irfft2": (
+        mx.fft.irfft2,
+        "Inverse of ``rfft2``: a real result, sizes ``s`` (the last axis defaults to "
+        "``2 * (size - 1)``).",
+    ),
+}
+
+_ANY_AXES = {
+    "fftn": (mx.fft.fftn, "Complex N-D FFT over ``axes`` (default all; ``s`` needs ``axes``)."),
+    "ifftn": (mx.fft.ifftn, "Inverse complex N-D FFT over ``axes``."),
+    "rfftn": (
+        mx.fft.rfftn,
+        "N-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
+    ),
+    "irfftn": (
+        mx.fft.irfftn,
+        "Inverse of ``rfftn``: a real result, sizes ``s`` (the last axis defaults to "
+        "``2 * (size - 1)``).",
+    ),
+}
+
+register_family(_ONE_AXIS, _one_axis, attrs=FFTAttrs)
+register_family(_TWO_AXES, _many_axes, attrs=FFT2Attrs)
+register_family(_ANY_AXES, _many_axes, attrs=FFTNAttrs)

@@ -11,21 +11,10 @@ and slice starts are clamped so the whole slice fits, as XLA's
 from __future__ import annotations
 
 import mlx.core as mx
-from pydantic import ConfigDict, ValidationInfo, model_validator
 
-from ..attrs import Attrs, Axes, Axis, PositiveInt, Size
-from ..dtypes import is_integer, name_of
-from ..registry import AVal, register_op
-
-
-class _Attrs(Attrs):
-    # The docstring under each field becomes its description in the op reference.
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-
-def _avals(info: ValidationInfo) -> list[AVal] | None:
-    """Operand shapes and dtypes from the validation context (None without one)."""
-    return (info.context or {}).get("avals")
+from ..arrays import AVal, is_integer, name_of
+from .attrs import Attrs, Axes, Axis, PositiveInt, Size
+from .registry import register_op
 
 
 def _require_integer(aval: AVal, what: str) -> None:
@@ -92,7 +81,7 @@ def _check_index_vectors(indices: AVal, axes) -> None:
         )
 
 
-class SliceAttrs(_Attrs):
+class SliceAttrs(Attrs):
     lengths: list[Size]
     """Length of the slice along each axis, before striding."""
     starts: list[int] | None = None
@@ -102,22 +91,20 @@ class SliceAttrs(_Attrs):
     dynamic_axes: Axes = []
     """Axes whose start is an operand (one integer scalar each, in this order)."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> SliceAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        shape = avals[0].shape
-        _require_length(self.lengths, len(shape), "lengths", "axis of operand 0")
-        _require_length(self.strides, len(shape), "strides", "axis of operand 0")
-        for axis, (length, dim) in enumerate(zip(self.lengths, shape)):
-            if length > dim:
-                raise ValueError(f"lengths[{axis}] = {length} exceeds dimension {dim} of operand 0")
-        _check_dynamic_starts(avals, 1, self.starts, self.dynamic_axes)
-        return self
+
+def _check_slice(avals: list[AVal], attrs: SliceAttrs) -> None:
+    """Lengths and strides per axis, each length within its dimension, and
+    one integer scalar start operand per dynamic axis."""
+    shape = avals[0].shape
+    _require_length(attrs.lengths, len(shape), "lengths", "axis of operand 0")
+    _require_length(attrs.strides, len(shape), "strides", "axis of operand 0")
+    for axis, (length, dim) in enumerate(zip(attrs.lengths, shape)):
+        if length > dim:
+            raise ValueError(f"lengths[{axis}] = {length} exceeds dimension {dim} of operand 0")
+    _check_dynamic_starts(avals, 1, attrs.starts, attrs.dynamic_axes)
 
 
-@register_op("slice", attrs=SliceAttrs, operands=(1, None))
+@register_op("slice", attrs=SliceAttrs, operands=(1, None), check=_check_slice)
 def slice_(operands, attrs):
     """Slice of ``lengths`` elements per axis from operand 0, taking every
     ``strides``-th one. Operands: the array, then one integer scalar start per
@@ -145,29 +132,26 @@ def slice_(operands, attrs):
     return x[tuple(index)]
 
 
-class PutSliceAttrs(_Attrs):
+class PutSliceAttrs(Attrs):
     starts: list[int] | None = None
     """Static start per axis (default 0); clamped into ``[0, dim - update dim]``."""
     dynamic_axes: Axes = []
     """Axes whose start is an operand (one integer scalar each, in this order)."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> PutSliceAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        shape = avals[0].shape
-        update = avals[1].shape
-        if len(update) != len(shape) or any(u > d for u, d in zip(update, shape)):
-            raise ValueError(
-                f"update (operand 1) must have the rank of the input {list(shape)} and fit "
-                f"inside it; found {list(update)}"
-            )
-        _check_dynamic_starts(avals, 2, self.starts, self.dynamic_axes)
-        return self
+
+def _check_put_slice(avals: list[AVal], attrs: PutSliceAttrs) -> None:
+    """The update fits inside the input, and one integer scalar start operand
+    follows per dynamic axis."""
+    shape, update = avals[0].shape, avals[1].shape
+    if len(update) != len(shape) or any(u > d for u, d in zip(update, shape)):
+        raise ValueError(
+            f"update (operand 1) must have the rank of the input {list(shape)} and fit "
+            f"inside it; found {list(update)}"
+        )
+    _check_dynamic_starts(avals, 2, attrs.starts, attrs.dynamic_axes)
 
 
-@register_op("put_slice", attrs=PutSliceAttrs, operands=(2, None))
+@register_op("put_slice", attrs=PutSliceAttrs, operands=(2, None), check=_check_put_slice)
 def put_slice(operands, attrs):
     """Write ``update`` into ``input`` at a start position (XLA's
     ``dynamic_update_slice``). Operands: input, update (same rank, each dimension
@@ -188,31 +172,29 @@ def put_slice(operands, attrs):
     return mx.slice_update(x, update, mx.stack(components), list(range(x.ndim)))
 
 
-class GatherAttrs(_Attrs):
+class GatherAttrs(Attrs):
     axes: Axes
     """The axes of operand 0 that the index vectors address, in index-vector order."""
     slice_sizes: list[Size] | None = None
     """Slice size per axis of operand 0 (1 on gathered axes); default: whole axes."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> GatherAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        _check_index_vectors(avals[1], self.axes)
-        shape = avals[0].shape
-        if self.slice_sizes is None:
-            return self
-        _require_length(self.slice_sizes, len(shape), "slice_sizes", "axis of operand 0")
-        for axis, (size, dim) in enumerate(zip(self.slice_sizes, shape)):
-            if axis in self.axes and size != 1:
-                raise ValueError(f"slice_sizes[{axis}] must be 1 (a gathered axis); found {size}")
-            if size > dim:
-                raise ValueError(f"slice_sizes[{axis}] = {size} exceeds dimension {dim}")
-        return self
+
+def _check_gather(avals: list[AVal], attrs: GatherAttrs) -> None:
+    """Index vectors with one component per axis in ``axes``, and slice sizes
+    (when given) of 1 on gathered axes and within every dimension."""
+    _check_index_vectors(avals[1], attrs.axes)
+    if attrs.slice_sizes is None:
+        return
+    shape = avals[0].shape
+    _require_length(attrs.slice_sizes, len(shape), "slice_sizes", "axis of operand 0")
+    for axis, (size, dim) in enumerate(zip(attrs.slice_sizes, shape)):
+        if axis in attrs.axes and size != 1:
+            raise ValueError(f"slice_sizes[{axis}] must be 1 (a gathered axis); found {size}")
+        if size > dim:
+            raise ValueError(f"slice_sizes[{axis}] = {size} exceeds dimension {dim}")
 
 
-@register_op("gather", attrs=GatherAttrs, operands=2)
+@register_op("gather", attrs=GatherAttrs, operands=2, check=_check_gather)
 def gather(operands, attrs):
     """XLA-style gather with index vectors. Operands: ``tensor`` and ``indices``
     of shape ``[..., len(axes)]``; index vector component ``i`` addresses axis
@@ -232,19 +214,17 @@ def gather(operands, attrs):
     return mx.transpose(x, axes + rest)[tuple(columns)]
 
 
-class TakeAttrs(_Attrs):
+class TakeAttrs(Attrs):
     axis: Axis | None = None
     """The axis to index; null indexes the flattened array."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> TakeAttrs:
-        avals = _avals(info)
-        if avals is not None:
-            _require_integer(avals[1], "indices (operand 1)")
-        return self
+
+def _check_integer_indices(avals: list[AVal], attrs: Attrs) -> None:
+    """The indices (operand 1) have an integer dtype."""
+    _require_integer(avals[1], "indices (operand 1)")
 
 
-@register_op("take", attrs=TakeAttrs, operands=2)
+@register_op("take", attrs=TakeAttrs, operands=2, check=_check_integer_indices)
 def take(operands, attrs):
     """Elements of operand 0 at ``indices`` along ``axis`` (``mx.take``); the
     indexed axis is replaced by the indices' shape. ``axis`` null indexes the
@@ -255,19 +235,13 @@ def take(operands, attrs):
     return mx.take(x, _clamp_index(indices, dim), axis=attrs.axis)
 
 
-class TakeAlongAxisAttrs(_Attrs):
+class TakeAlongAxisAttrs(Attrs):
     axis: Axis
     """The axis to index."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> TakeAlongAxisAttrs:
-        avals = _avals(info)
-        if avals is not None:
-            _require_integer(avals[1], "indices (operand 1)")
-        return self
 
-
-@register_op("take_along_axis", attrs=TakeAlongAxisAttrs, operands=2)
+@register_op("take_along_axis", attrs=TakeAlongAxisAttrs, operands=2,
+             check=_check_integer_indices)
 def take_along_axis(operands, attrs):
     """``mx.take_along_axis``: ``indices`` has operand 0's rank and broadcasts
     with it on the other axes. Negative indices count from the end; out-of-range
@@ -276,25 +250,23 @@ def take_along_axis(operands, attrs):
     return mx.take_along_axis(x, _clamp_index(indices, x.shape[attrs.axis]), attrs.axis)
 
 
-class IndexedAttrs(_Attrs):
+class IndexedAttrs(Attrs):
     axes: Axes
     """The axes of the target that the index vectors address, in index-vector order."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> IndexedAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        _check_index_vectors(avals[1], self.axes)
-        target, indices, updates = avals
-        rest = (d for a, d in enumerate(target.shape) if a not in self.axes)
-        expected = [*indices.shape[:-1], *rest]
-        if list(updates.shape) != expected:
-            raise ValueError(
-                f"updates (operand 2) must have shape {expected} (indices' batch shape, then "
-                f"the target's axes not in axes); found {list(updates.shape)}"
-            )
-        return self
+
+def _check_indexed(avals: list[AVal], attrs: IndexedAttrs) -> None:
+    """Index vectors with one component per axis in ``axes``, and one update
+    slice per index vector (``indexed_add``, ``indexed_put``)."""
+    _check_index_vectors(avals[1], attrs.axes)
+    target, indices, updates = avals
+    rest = (d for a, d in enumerate(target.shape) if a not in attrs.axes)
+    expected = [*indices.shape[:-1], *rest]
+    if list(updates.shape) != expected:
+        raise ValueError(
+            f"updates (operand 2) must have shape {expected} (indices' batch shape, then "
+            f"the target's axes not in axes); found {list(updates.shape)}"
+        )
 
 
 def _scatter(operands, attrs, combine):
@@ -329,7 +301,7 @@ def _put_at(array, index, updates):
     return array
 
 
-@register_op("indexed_add", attrs=IndexedAttrs, operands=3)
+@register_op("indexed_add", attrs=IndexedAttrs, operands=3, check=_check_indexed)
 def indexed_add(operands, attrs):
     """Scatter-add: operands ``target``, ``indices`` of shape ``[..., len(axes)]``
     and ``updates`` of shape ``indices.shape[:-1]`` + the target's dimensions not
@@ -340,7 +312,7 @@ def indexed_add(operands, attrs):
     return _scatter(operands, attrs, _add_at)
 
 
-@register_op("indexed_put", attrs=IndexedAttrs, operands=3)
+@register_op("indexed_put", attrs=IndexedAttrs, operands=3, check=_check_indexed)
 def indexed_put(operands, attrs):
     """Scatter-replace, operands and shapes as ``indexed_add``: each update
     replaces the slice its index vector selects. Where index vectors repeat,
@@ -359,23 +331,20 @@ def _descending_key(x: mx.array) -> mx.array:
     return -x
 
 
-class TopKAttrs(_Attrs):
+class TopKAttrs(Attrs):
     k: PositiveInt
     """How many of the largest elements to return; at most the last dimension."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> TopKAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        shape = avals[0].shape
-        if not shape or self.k > shape[-1]:
-            last = shape[-1] if shape else "none (a scalar)"
-            raise ValueError(f"k = {self.k} must be at most the last dimension; found {last}")
-        return self
+
+def _check_top_k(avals: list[AVal], attrs: TopKAttrs) -> None:
+    """The operand has a last axis of at least ``k`` elements."""
+    shape = avals[0].shape
+    if not shape or attrs.k > shape[-1]:
+        last = shape[-1] if shape else "none (a scalar)"
+        raise ValueError(f"k = {attrs.k} must be at most the last dimension; found {last}")
 
 
-@register_op("top_k", attrs=TopKAttrs, outputs=2)
+@register_op("top_k", attrs=TopKAttrs, outputs=2, check=_check_top_k)
 def top_k(operands, attrs):
     """The ``k`` largest elements along the last axis, in descending order, and
     their indices (uint32, as MLX's arg-sorts). Two results: values (operand 0's
@@ -389,27 +358,22 @@ def top_k(operands, attrs):
     return mx.take_along_axis(x, indices, axis=-1), indices
 
 
-class ArgpartitionAttrs(_Attrs):
+class ArgpartitionAttrs(Attrs):
     kth: int
     """The sorted position whose element lands in place; negative counts from the end."""
     axis: Axis = -1
     """The axis to partition."""
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> ArgpartitionAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        shape = avals[0].shape
-        if not shape:
-            raise ValueError("operand 0 must have at least one axis; found a scalar")
-        dim = shape[self.axis]
-        if not -dim <= self.kth < dim:
-            raise ValueError(f"kth = {self.kth} is out of range for an axis of size {dim}")
-        return self
+
+def _check_argpartition(avals: list[AVal], attrs: ArgpartitionAttrs) -> None:
+    """``kth`` is a position along ``axis`` (which axis resolution has
+    checked exists, so a scalar operand never gets here)."""
+    dim = avals[0].shape[attrs.axis]
+    if not -dim <= attrs.kth < dim:
+        raise ValueError(f"kth = {attrs.kth} is out of range for an axis of size {dim}")
 
 
-@register_op("argpartition", attrs=ArgpartitionAttrs)
+@register_op("argpartition", attrs=ArgpartitionAttrs, check=_check_argpartition)
 def argpartition(operands, attrs):
     """Indices (uint32) that partition operand 0 along ``axis``: the element at
     position ``kth`` is the one a sort would put there, those before it are no

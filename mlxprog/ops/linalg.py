@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import mlx.core as mx
-from pydantic import ValidationInfo, WithJsonSchema, field_validator, model_validator
+from pydantic import WithJsonSchema, field_validator
 
-from ..attrs import Attrs, Axes
-from ..registry import register_op
+from ..arrays import AVal
+from .attrs import Attrs, Axes
+from .registry import register_op
 
 
 def _contiguous(*arrays: mx.array) -> mx.array | tuple[mx.array, ...]:
@@ -24,27 +25,23 @@ def _contiguous(*arrays: mx.array) -> mx.array | tuple[mx.array, ...]:
     return out[0] if len(out) == 1 else out
 
 
-class SquareAttrs(Attrs):
-    """Attributes of ops whose operand 0 must be a (batch of) square matrices."""
-
-    @model_validator(mode="after")
-    def _check_square(self, info: ValidationInfo):
-        avals = (info.context or {}).get("avals")
-        if avals:
-            shape = list(avals[0].shape)
-            if len(shape) < 2 or shape[-1] != shape[-2]:
-                raise ValueError(
-                    f"operand 0 must be a square matrix (or a batch of them in the last "
-                    f"two axes); found shape {shape}"
-                )
-        return self
+def _check_square(avals: list[AVal], attrs) -> None:
+    """Operand 0 is a (batch of) square matrices."""
+    shape = list(avals[0].shape)
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ValueError(
+            f"operand 0 must be a square matrix (or a batch of them in the last "
+            f"two axes); found shape {shape}"
+        )
 
 
-class CholeskyAttrs(SquareAttrs):
+class CholeskyAttrs(Attrs):
+    """The attributes of ``cholesky``."""
+
     upper: bool = False
 
 
-@register_op("cholesky", attrs=CholeskyAttrs)
+@register_op("cholesky", attrs=CholeskyAttrs, check=_check_square)
 def cholesky(operands, attrs):
     """Cholesky factor of a symmetric positive definite matrix: lower ``L`` with
     ``A = L @ L.T`` (upper ``U`` with ``A = U.T @ U`` when ``upper``). Only the
@@ -61,6 +58,8 @@ def solve(operands, attrs):
 
 
 class SolveTriangularAttrs(Attrs):
+    """The attributes of ``solve_triangular``."""
+
     upper: bool = False
 
 
@@ -72,7 +71,7 @@ def solve_triangular(operands, attrs):
     return _contiguous(mx.linalg.solve_triangular(a, b, upper=attrs.upper, stream=mx.cpu))
 
 
-@register_op("inv", attrs=SquareAttrs)
+@register_op("inv", check=_check_square)
 def inv(operands, attrs):
     """Inverse of a square matrix."""
     return _contiguous(mx.linalg.inv(operands[0], stream=mx.cpu))
@@ -91,6 +90,8 @@ _AXIS_SCHEMA = {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type
 
 
 class NormAttrs(Attrs):
+    """The attributes of ``norm``."""
+
     ord: Annotated[float | Literal["fro", "nuc"] | None, WithJsonSchema(_ORD_SCHEMA)] = None
     # An int or one axis: vector norms; two axes: matrix norms.
     axis: Annotated[Axes | None, WithJsonSchema(_AXIS_SCHEMA)] = None
@@ -114,6 +115,7 @@ class NormAttrs(Attrs):
 
 
 def _uses_svd(attrs: NormAttrs, ndim: int) -> bool:
+    """Whether ``norm`` of an operand of rank ``ndim`` needs singular values."""
     if attrs.ord not in (2, -2, "nuc"):
         return False
     return ndim == 2 if attrs.axis is None else len(attrs.axis) == 2
@@ -139,11 +141,13 @@ def qr(operands, attrs):
     return _contiguous(*mx.linalg.qr(operands[0], stream=mx.cpu))
 
 
-class EighAttrs(SquareAttrs):
+class EighAttrs(Attrs):
+    """The attributes of ``eigh``."""
+
     UPLO: Literal["L", "U"] = "L"  # the triangle of A that is read
 
 
-@register_op("eigh", attrs=EighAttrs, outputs=2)
+@register_op("eigh", attrs=EighAttrs, outputs=2, check=_check_square)
 def eigh(operands, attrs):
     """Eigendecomposition of a symmetric matrix: results ``eigenvalues``
     (ascending) and ``eigenvectors`` (columns), with ``A @ v = w * v``."""

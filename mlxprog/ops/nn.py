@@ -14,25 +14,22 @@ import math
 from typing import Annotated, Literal
 
 import mlx.core as mx
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, model_validator
 
-from ..attrs import Attrs, PositiveInt
-from ..dtypes import is_floating, is_integer, name_of
+from ..arrays import AVal, is_floating, is_integer, name_of
 from ..native import kernels as native
-from ..registry import AVal, register_op
+from .attrs import Attrs, PositiveInt
+from .registry import register_op
 
 NonNegativeFloat = Annotated[float, Field(ge=0)]
-
-
-def _avals(info: ValidationInfo) -> list[AVal] | None:
-    """The operand avals from the validation context (None without one)."""
-    return (info.context or {}).get("avals")
 
 
 # -- norms and activations ------------------------------------------------------
 
 
 class NormAttrs(Attrs):
+    """The attributes of ``fast_rms_norm`` and ``fast_layer_norm``."""
+
     eps: NonNegativeFloat = 1e-5
 
 
@@ -108,22 +105,26 @@ def _check_attention(q: AVal, k: AVal, v: AVal, layout: Layout = "BHTD",
 
 
 def _check_key_mask(key_mask: AVal, batch: int, keys: int) -> None:
+    """A key mask is ``[B, T_kv]``."""
     if key_mask.shape != (batch, keys):
         raise ValueError(f"key_mask must be [{batch}, {keys}] (batch, keys), found {key_mask}")
 
 
 def _check_offset(offset: AVal, what: str, sizes: tuple[tuple[int, ...], ...] = ((), (1,))) -> None:
+    """An offset operand is an integer array of one of the shapes ``sizes``."""
     if not is_integer(offset.dtype) or offset.shape not in sizes:
         shapes = " or ".join(str(list(s)) for s in sizes)
         raise ValueError(f"{what} must be an integer array of shape {shapes}, found {offset}")
 
 
 def _check_sinks(sinks: AVal, heads: int) -> None:
+    """Sinks hold one logit per query head."""
     if sinks.shape != (heads,):
         raise ValueError(f"sinks must be [{heads}] (one per query head), found {sinks}")
 
 
 def _check_operand_count(avals: list[AVal], names: list[str], setting: str) -> None:
+    """The instruction gives exactly the operands ``names`` its ``setting`` calls for."""
     if len(avals) != len(names):
         raise ValueError(
             f"{setting} takes operands ({', '.join(names)}); found {len(avals)} operand(s)"
@@ -131,6 +132,7 @@ def _check_operand_count(avals: list[AVal], names: list[str], setting: str) -> N
 
 
 def _scale(scale: float | None, q: mx.array) -> float:
+    """The attention scale: ``scale``, else ``1 / sqrt(D)``."""
     return scale if scale is not None else q.shape[-1] ** -0.5
 
 
@@ -162,6 +164,8 @@ _MASK_OPERANDS = {
 
 
 class SdpaAttrs(Attrs):
+    """The attributes of ``fast_sdpa``; ``mask`` and ``sinks`` decide its operands."""
+
     scale: float | None = None
     mask: Literal["none", "array", "causal", "causal_key_masked"] = "none"
     sinks: bool = False
@@ -170,31 +174,28 @@ class SdpaAttrs(Attrs):
         """The operands this setting takes, in order."""
         return ["q", "k", "v", *_MASK_OPERANDS[self.mask], *(["sinks"] if self.sinks else [])]
 
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> SdpaAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        names = self.operand_names()
-        setting = f"mask={self.mask!r}" + (" with sinks" if self.sinks else "")
-        _check_operand_count(avals, names, setting)
-        ops = dict(zip(names, avals))
-        _check_attention(ops["q"], ops["k"], ops["v"])
-        if "mask" in ops:
-            mask = ops["mask"]
-            if not (mask.dtype == mx.bool_ or is_floating(mask.dtype)) or len(mask.shape) > 4:
-                raise ValueError(
-                    f"mask must be a boolean or additive float array of rank <= 4, found {mask}"
-                )
-        if "key_mask" in ops:
-            _check_key_mask(ops["key_mask"], ops["k"].shape[0], ops["k"].shape[2])
-            _check_offset(ops["kv_offset"], "kv_offset")
-        if "sinks" in ops:
-            _check_sinks(ops["sinks"], ops["q"].shape[1])
-        return self
+
+def _check_sdpa(avals: list[AVal], attrs: SdpaAttrs) -> None:
+    """The operands ``mask`` and ``sinks`` call for, and their shapes."""
+    names = attrs.operand_names()
+    setting = f"mask={attrs.mask!r}" + (" with sinks" if attrs.sinks else "")
+    _check_operand_count(avals, names, setting)
+    ops = dict(zip(names, avals))
+    _check_attention(ops["q"], ops["k"], ops["v"])
+    if "mask" in ops:
+        mask = ops["mask"]
+        if not (mask.dtype == mx.bool_ or is_floating(mask.dtype)) or len(mask.shape) > 4:
+            raise ValueError(
+                f"mask must be a boolean or additive float array of rank <= 4, found {mask}"
+            )
+    if "key_mask" in ops:
+        _check_key_mask(ops["key_mask"], ops["k"].shape[0], ops["k"].shape[2])
+        _check_offset(ops["kv_offset"], "kv_offset")
+    if "sinks" in ops:
+        _check_sinks(ops["sinks"], ops["q"].shape[1])
 
 
-@register_op("fast_sdpa", attrs=SdpaAttrs, operands=(3, 6))
+@register_op("fast_sdpa", attrs=SdpaAttrs, operands=(3, 6), check=_check_sdpa)
 def fast_sdpa(operands, attrs):
     """Scaled dot-product attention ``softmax(q @ k.T * scale + mask) @ v``
     (``mx.fast.scaled_dot_product_attention``) over ``[B, H, T, D]`` tensors.
@@ -230,57 +231,58 @@ def fast_sdpa(operands, attrs):
 
 
 class KVCacheSdpaAttrs(Attrs):
+    """The attributes of ``kv_cache_sdpa_update``."""
+
     scale: float | None = None
     layout: Layout = "BTHD"
     sinks: bool = False
 
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> KVCacheSdpaAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        names = ["q", "new_k", "new_v", "k_cache", "v_cache", "offset"]
-        if len(avals) - int(self.sinks) > len(names):
-            names.append("key_mask")
-        names += ["sinks"] if self.sinks else []
-        setting = "kv_cache_sdpa_update" + (" with sinks" if self.sinks else "")
-        _check_operand_count(avals, names, setting)
-        ops = dict(zip(names, avals))
-        q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
-        k_cache, v_cache = ops["k_cache"], ops["v_cache"]
-        _check_attention(q, new_k, new_v, self.layout, ("q", "new_k", "new_v"))
-        _check_attention(q, k_cache, v_cache, self.layout, ("q", "k_cache", "v_cache"))
-        t, h = _TIME_AXIS[self.layout], _HEAD_AXIS[self.layout]
-        for new, cache in ((new_k, k_cache), (new_v, v_cache)):
-            if new.shape[h] != cache.shape[h] or new.shape[3] != cache.shape[3]:
-                raise ValueError(
-                    f"new keys/values {new} do not fit a cache {cache} ({self.layout})"
-                )
-        if q.shape[t] != new_k.shape[t]:
+
+def _check_kv_cache_sdpa(avals: list[AVal], attrs: KVCacheSdpaAttrs) -> None:
+    """q, new keys/values and caches that fit together in ``layout``; an
+    integer offset, and the optional key mask and sinks."""
+    names = ["q", "new_k", "new_v", "k_cache", "v_cache", "offset"]
+    if len(avals) - int(attrs.sinks) > len(names):
+        names.append("key_mask")
+    names += ["sinks"] if attrs.sinks else []
+    setting = "kv_cache_sdpa_update" + (" with sinks" if attrs.sinks else "")
+    _check_operand_count(avals, names, setting)
+    ops = dict(zip(names, avals))
+    q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
+    k_cache, v_cache = ops["k_cache"], ops["v_cache"]
+    _check_attention(q, new_k, new_v, attrs.layout, ("q", "new_k", "new_v"))
+    _check_attention(q, k_cache, v_cache, attrs.layout, ("q", "k_cache", "v_cache"))
+    t, h = _TIME_AXIS[attrs.layout], _HEAD_AXIS[attrs.layout]
+    for new, cache in ((new_k, k_cache), (new_v, v_cache)):
+        if new.shape[h] != cache.shape[h] or new.shape[3] != cache.shape[3]:
             raise ValueError(
-                f"q has {q.shape[t]} tokens but new_k has {new_k.shape[t]}; each query is "
-                "one of the tokens written"
+                f"new keys/values {new} do not fit a cache {cache} ({attrs.layout})"
             )
-        if new_k.shape[t] > k_cache.shape[t]:
-            raise ValueError(
-                f"{new_k.shape[t]} new tokens do not fit a cache of {k_cache.shape[t]}"
-            )
-        _check_offset(ops["offset"], "offset")
-        if "key_mask" in ops:
-            _check_key_mask(ops["key_mask"], k_cache.shape[0], k_cache.shape[t])
-        if "sinks" in ops:
-            _check_sinks(ops["sinks"], q.shape[h])
-        return self
+    if q.shape[t] != new_k.shape[t]:
+        raise ValueError(
+            f"q has {q.shape[t]} tokens but new_k has {new_k.shape[t]}; each query is "
+            "one of the tokens written"
+        )
+    if new_k.shape[t] > k_cache.shape[t]:
+        raise ValueError(
+            f"{new_k.shape[t]} new tokens do not fit a cache of {k_cache.shape[t]}"
+        )
+    _check_offset(ops["offset"], "offset")
+    if "key_mask" in ops:
+        _check_key_mask(ops["key_mask"], k_cache.shape[0], k_cache.shape[t])
+    if "sinks" in ops:
+        _check_sinks(ops["sinks"], q.shape[h])
 
 
 def _native_kv_cache_sdpa_update(avals, attrs) -> bool:
+    """Whether the native cache-attention kernel computes this instruction."""
     q, _, _, k_cache, v_cache = avals[:5]
     return (attrs.layout == "BHTD" and not attrs.sinks
             and native.covers_cache_attention(q, k_cache, v_cache))
 
 
 @register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3,
-             native_coverage=_native_kv_cache_sdpa_update)
+             check=_check_kv_cache_sdpa, native_coverage=_native_kv_cache_sdpa_update)
 def kv_cache_sdpa_update(operands, attrs):
     """Write new keys and values into fixed-size caches, then attend over the
     whole cache. Results: (attention output, new k_cache, new v_cache).
@@ -327,62 +329,68 @@ def kv_cache_sdpa_update(operands, attrs):
 # -- rotary position embeddings -------------------------------------------------
 
 
-class _RopeAttrs(Attrs):
+class RopeFreqsPositionsAttrs(Attrs):
+    """The attributes of ``fast_rope_with_freqs_positions``, which every RoPE op takes."""
+
     dims: PositiveInt
     traditional: bool = False
     scale: float = 1.0
 
-    def check(self, x: AVal, freqs: AVal | None) -> None:
-        """dims against x's head dim, and the freqs operand's shape."""
+    @model_validator(mode="after")
+    def _even_dims(self):
+        # Features rotate in pairs.
         if self.dims % 2:
             raise ValueError(f"dims must be even, found {self.dims}")
-        if self.dims > x.shape[-1]:
-            raise ValueError(
-                f"dims {self.dims} exceeds the head dim {x.shape[-1]} of x {x}"
-            )
-        if freqs is not None and freqs.shape != (self.dims // 2,):
-            raise ValueError(f"freqs must be [{self.dims // 2}] (dims / 2), found {freqs}")
+        return self
 
 
-class _RopeOffsetAttrs(_RopeAttrs):
+class RopeFreqsAttrs(RopeFreqsPositionsAttrs):
+    """The attributes of ``fast_rope_with_freqs``: a constant start position too."""
+
     offset: int = 0
 
-    def check_offset(self, x: AVal, offset: AVal | None) -> None:
-        """x is ``[B, *, T, D]``; an offset operand is a scalar or one per batch."""
-        if len(x.shape) < 3:
-            raise ValueError(f"x must have rank >= 3 ([B, *, T, D]), found {x}")
-        if offset is None:
-            return
-        _check_offset(offset, "the offset operand", ((), (1,), (x.shape[0],)))
-        if self.offset:
-            raise ValueError(
-                f"the offset is given twice: attribute offset={self.offset} and an operand"
-            )
 
+class RopeAttrs(RopeFreqsAttrs):
+    """The attributes of ``fast_rope``: the frequencies' base too."""
 
-class RopeAttrs(_RopeOffsetAttrs):
     base: Annotated[float, Field(gt=0)] = 10000.0
 
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> RopeAttrs:
-        avals = _avals(info)
-        if avals is not None:
-            self.check(avals[0], None)
-            self.check_offset(avals[0], avals[1] if len(avals) > 1 else None)
-        return self
+
+class RopePositionsAttrs(RopeFreqsPositionsAttrs):
+    """The attributes of ``fast_rope_positions``: the frequencies' base too."""
+
+    base: Annotated[float, Field(gt=0)] = 10000.0
 
 
-class RopeFreqsAttrs(_RopeOffsetAttrs):
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> RopeFreqsAttrs:
-        avals = _avals(info)
-        if avals is not None:
-            self.check(avals[0], avals[1])
-            self.check_offset(avals[0], avals[2] if len(avals) > 2 else None)
-        return self
+def _check_rope_x(x: AVal, freqs: AVal | None, attrs: RopeFreqsPositionsAttrs,
+                  positions: bool = False) -> None:
+    """x's rank (``[B, *, T, D]``; with per-token ``positions``, ``[B, T, H, D]``
+    or ``[B, T, D]``), dims against its head dim, and the freqs operand's shape."""
+    if positions and len(x.shape) not in (3, 4):
+        raise ValueError(f"x must be [B, T, H, D] or [B, T, D], found {x}")
+    if len(x.shape) < 3:
+        raise ValueError(f"x must have rank >= 3 ([B, *, T, D]), found {x}")
+    if attrs.dims > x.shape[-1]:
+        raise ValueError(f"dims {attrs.dims} exceeds the head dim {x.shape[-1]} of x {x}")
+    if freqs is not None and freqs.shape != (attrs.dims // 2,):
+        raise ValueError(f"freqs must be [{attrs.dims // 2}] (dims / 2), found {freqs}")
 
 
-def _rope_offset(operands: list[mx.array], index: int, attrs: _RopeOffsetAttrs):
+def _check_rope_offset(x: AVal, offset: AVal | None, attrs: RopeFreqsAttrs) -> None:
+    """An offset operand is a scalar or one per batch, given instead of the
+    ``offset`` attribute."""
+    if offset is None:
+        return
+    _check_offset(offset, "the offset operand", ((), (1,), (x.shape[0],)))
+    if attrs.offset:
+        raise ValueError(
+            f"the offset is given twice: attribute offset={attrs.offset} and an operand"
+        )
+
+
+def _rope_offset(operands: list[mx.array], index: int, attrs: RopeFreqsAttrs):
+    """The start position: the operand at ``index`` (as int32) if given, else
+    the ``offset`` attribute."""
     if len(operands) <= index:
         return attrs.offset
     offset = operands[index]
@@ -413,7 +421,15 @@ def _native_rope_positions(freqs_at: int | None):
     return covers
 
 
-@register_op("fast_rope", attrs=RopeAttrs, operands=(1, 2), native_coverage=_native_rope(None))
+def _check_rope(avals: list[AVal], attrs: RopeAttrs) -> None:
+    """Operands x and an optional offset."""
+    x, *offset = avals
+    _check_rope_x(x, None, attrs)
+    _check_rope_offset(x, offset[0] if offset else None, attrs)
+
+
+@register_op("fast_rope", attrs=RopeAttrs, operands=(1, 2), check=_check_rope,
+             native_coverage=_native_rope(None))
 def fast_rope(operands, attrs):
     """Rotary position embedding of the first ``dims`` features
     (``mx.fast.rope``), frequencies ``base ** (-2i / dims)``. x is
@@ -435,8 +451,15 @@ def fast_rope(operands, attrs):
                         scale=attrs.scale, offset=offset)
 
 
+def _check_rope_with_freqs(avals: list[AVal], attrs: RopeFreqsAttrs) -> None:
+    """Operands x, freqs and an optional offset."""
+    x, freqs, *offset = avals
+    _check_rope_x(x, freqs, attrs)
+    _check_rope_offset(x, offset[0] if offset else None, attrs)
+
+
 @register_op("fast_rope_with_freqs", attrs=RopeFreqsAttrs, operands=(2, 3),
-             native_coverage=_native_rope(1))
+             check=_check_rope_with_freqs, native_coverage=_native_rope(1))
 def fast_rope_with_freqs(operands, attrs):
     """``fast_rope`` with precomputed frequencies: operands x, freqs
     ``[dims / 2]`` and an optional offset. The angle of pair i at position p is
@@ -452,8 +475,7 @@ def fast_rope_with_freqs(operands, attrs):
 
 
 def _check_positions(x: AVal, positions: AVal) -> None:
-    if len(x.shape) not in (3, 4):
-        raise ValueError(f"x must be [B, T, H, D] or [B, T, D], found {x}")
+    """Positions are integer ``[B, T]``."""
     if positions.shape != x.shape[:2]:
         raise ValueError(
             f"positions must be [{x.shape[0]}, {x.shape[1]}] (batch, tokens of x), "
@@ -463,29 +485,9 @@ def _check_positions(x: AVal, positions: AVal) -> None:
         raise ValueError(f"positions must be integer, found {name_of(positions.dtype)}")
 
 
-class RopePositionsAttrs(_RopeAttrs):
-    base: Annotated[float, Field(gt=0)] = 10000.0
-
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> RopePositionsAttrs:
-        avals = _avals(info)
-        if avals is not None:
-            self.check(avals[0], None)
-            _check_positions(avals[0], avals[1])
-        return self
-
-
-class RopeFreqsPositionsAttrs(_RopeAttrs):
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> RopeFreqsPositionsAttrs:
-        avals = _avals(info)
-        if avals is not None:
-            self.check(avals[0], avals[2])
-            _check_positions(avals[0], avals[1])
-        return self
-
-
-def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs, op: str) -> mx.array:
+def _rope_at_positions(x, positions, attrs: RopeFreqsPositionsAttrs, base, freqs,
+                       op: str) -> mx.array:
+    """RoPE of x with token t of example b at ``positions[b, t]``."""
     # mx.fast.rope takes one start position per example: with every token made
     # its own example ([B * T, (H,) 1, D]) those are exactly the per-token positions.
     rows = x.reshape(-1, *x.shape[2:-1], 1, x.shape[-1])
@@ -499,8 +501,15 @@ def _rope_at_positions(x, positions, attrs: _RopeAttrs, base, freqs, op: str) ->
     return out.reshape(x.shape)
 
 
+def _check_rope_positions(avals: list[AVal], attrs: RopePositionsAttrs) -> None:
+    """Operands x and positions."""
+    x, positions = avals
+    _check_rope_x(x, None, attrs, positions=True)
+    _check_positions(x, positions)
+
+
 @register_op("fast_rope_positions", attrs=RopePositionsAttrs, operands=2,
-             native_coverage=_native_rope_positions(None))
+             check=_check_rope_positions, native_coverage=_native_rope_positions(None))
 def fast_rope_positions(operands, attrs):
     """Rotary position embedding at arbitrary per-token positions (e.g. a
     left-padded prefill, or position ids with gaps), frequencies
@@ -512,7 +521,16 @@ def fast_rope_positions(operands, attrs):
     return _rope_at_positions(x, positions, attrs, attrs.base, None, "fast_rope_positions")
 
 
+def _check_rope_with_freqs_positions(avals: list[AVal],
+                                     attrs: RopeFreqsPositionsAttrs) -> None:
+    """Operands x, positions and freqs."""
+    x, positions, freqs = avals
+    _check_rope_x(x, freqs, attrs, positions=True)
+    _check_positions(x, positions)
+
+
 @register_op("fast_rope_with_freqs_positions", attrs=RopeFreqsPositionsAttrs, operands=3,
+             check=_check_rope_with_freqs_positions,
              native_coverage=_native_rope_positions(2))
 def fast_rope_with_freqs_positions(operands, attrs):
     """``fast_rope_positions`` with precomputed frequencies: operands x
@@ -528,6 +546,7 @@ def fast_rope_with_freqs_positions(operands, attrs):
 
 
 def _check_logits(logits: AVal) -> None:
+    """Logits are a float array ``[..., V]``."""
     if not is_floating(logits.dtype) or len(logits.shape) < 1:
         raise ValueError(f"logits must be a float array [..., V], found {logits}")
 
@@ -540,23 +559,22 @@ def sample_greedy(operands, attrs):
 
 
 class SampleAttrs(Attrs):
+    """The attributes of ``sample``: temperature and the token filters."""
+
     temperature: NonNegativeFloat = 1.0
     top_k: PositiveInt | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     min_p: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> SampleAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        logits, key = avals
-        _check_logits(logits)
-        if self.top_k is not None and self.top_k > logits.shape[-1]:
-            raise ValueError(f"top_k {self.top_k} exceeds the vocabulary size {logits.shape[-1]}")
-        if key.shape != (2,) or key.dtype != mx.uint32:
-            raise ValueError(f"key must be a PRNG key uint32[2] (mx.random.key), found {key}")
-        return self
+
+def _check_sample(avals: list[AVal], attrs: SampleAttrs) -> None:
+    """Float logits with at least ``top_k`` tokens, and a PRNG key."""
+    logits, key = avals
+    _check_logits(logits)
+    if attrs.top_k is not None and attrs.top_k > logits.shape[-1]:
+        raise ValueError(f"top_k {attrs.top_k} exceeds the vocabulary size {logits.shape[-1]}")
+    if key.shape != (2,) or key.dtype != mx.uint32:
+        raise ValueError(f"key must be a PRNG key uint32[2] (mx.random.key), found {key}")
 
 
 def _scatter_flags(like: mx.array, indices: mx.array, flags: mx.array) -> mx.array:
@@ -565,7 +583,7 @@ def _scatter_flags(like: mx.array, indices: mx.array, flags: mx.array) -> mx.arr
     return mx.put_along_axis(mx.zeros(like.shape, mx.bool_), indices, flags, axis=-1)
 
 
-@register_op("sample", attrs=SampleAttrs, operands=2, outputs=2)
+@register_op("sample", attrs=SampleAttrs, operands=2, outputs=2, check=_check_sample)
 def sample(operands, attrs):
     """Draw one token per row of logits ``[..., V]`` with a PRNG key operand
     (``uint32[2]``, as ``mx.random.key``). Results: int32 ids ``[...]`` and the
@@ -602,25 +620,25 @@ def sample(operands, attrs):
 
 
 class RepetitionPenaltyAttrs(Attrs):
+    """The attributes of ``repetition_penalty``."""
+
     penalty: Annotated[float, Field(gt=0)]
 
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> RepetitionPenaltyAttrs:
-        avals = _avals(info)
-        if avals is None:
-            return self
-        logits, history = avals
-        _check_logits(logits)
-        if not is_integer(history.dtype) or history.shape[:-1] != logits.shape[:-1]:
-            raise ValueError(
-                f"history must be integer token ids [{', '.join(map(str, logits.shape[:-1]))}"
-                f"{', ' if len(logits.shape) > 1 else ''}N] matching logits {logits}, "
-                f"found {history}"
-            )
-        return self
+
+def _check_repetition_penalty(avals: list[AVal], attrs: RepetitionPenaltyAttrs) -> None:
+    """Float logits and integer history ids with the logits' leading axes."""
+    logits, history = avals
+    _check_logits(logits)
+    if not is_integer(history.dtype) or history.shape[:-1] != logits.shape[:-1]:
+        raise ValueError(
+            f"history must be integer token ids [{', '.join(map(str, logits.shape[:-1]))}"
+            f"{', ' if len(logits.shape) > 1 else ''}N] matching logits {logits}, "
+            f"found {history}"
+        )
 
 
-@register_op("repetition_penalty", attrs=RepetitionPenaltyAttrs, operands=2)
+@register_op("repetition_penalty", attrs=RepetitionPenaltyAttrs, operands=2,
+             check=_check_repetition_penalty)
 def repetition_penalty(operands, attrs):
     """Make tokens already seen less likely: for each token id in history,
     a positive logit is divided by ``penalty`` and a negative one multiplied by

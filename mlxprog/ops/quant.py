@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Literal
 
 import mlx.core as mx
-from pydantic import ValidationInfo, model_validator
+from pydantic import model_validator
 
-from ..attrs import Attrs, DType
-from ..dtypes import to_mlx
+from ..arrays import AVal, to_mlx
 from ..native import kernels as native
-from ..registry import register_op
+from .attrs import Attrs, DType
+from .registry import register_op
 
 Mode = Literal["affine", "mxfp4", "mxfp8", "nvfp4"]
 
@@ -32,24 +32,27 @@ _SUPPORTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 
 class OperandsAttrs(Attrs):
     """Attributes that decide which operands an op takes: ``operand_names()``
-    lists them in order, and the instruction must give exactly those."""
+    lists them in order, and the ops' check (``_check_operands``) requires
+    exactly those."""
 
     def operand_names(self) -> tuple[str, ...]:
+        """The names of the operands these attributes call for, in order."""
         raise NotImplementedError
 
-    @model_validator(mode="after")
-    def _check_operand_count(self, info: ValidationInfo):
-        avals = (info.context or {}).get("avals")
-        names = self.operand_names()
-        if avals is not None and len(avals) != len(names):
-            raise ValueError(
-                f"with these attributes the operands are ({', '.join(names)}): "
-                f"{len(names)} expected, found {len(avals)}"
-            )
-        return self
+
+def _check_operands(avals: list[AVal], attrs: OperandsAttrs) -> None:
+    """The instruction gives exactly the operands its attributes call for."""
+    names = attrs.operand_names()
+    if len(avals) != len(names):
+        raise ValueError(
+            f"with these attributes the operands are ({', '.join(names)}): "
+            f"{len(names)} expected, found {len(avals)}"
+        )
 
 
 class QuantAttrs(OperandsAttrs):
+    """The attributes of ``quantize``, which every quantized-matrix op takes."""
+
     group_size: int | None = None  # None: the mode's default
     bits: int | None = None  # None: the mode's default
     mode: Mode = "affine"
@@ -85,7 +88,8 @@ class QuantAttrs(OperandsAttrs):
         return self.group_size or default_size, self.bits or default_bits
 
 
-@register_op("quantize", attrs=QuantAttrs, outputs=lambda attrs, n: len(attrs.parts()))
+@register_op("quantize", attrs=QuantAttrs, outputs=lambda attrs, n: len(attrs.parts()),
+             check=_check_operands)
 def quantize(operands, attrs):
     """Quantize ``w`` (rank >= 2, floating, last axis divisible by
     ``group_size``) in groups along its last axis. Results: packed ``w``
@@ -104,13 +108,15 @@ def quantize(operands, attrs):
 
 
 class DequantizeAttrs(QuantAttrs):
+    """The attributes of ``dequantize``."""
+
     dtype: DType | None = None
 
     def operand_names(self) -> tuple[str, ...]:
         return self.parts()
 
 
-@register_op("dequantize", attrs=DequantizeAttrs, operands=(2, 3))
+@register_op("dequantize", attrs=DequantizeAttrs, operands=(2, 3), check=_check_operands)
 def dequantize(operands, attrs):
     """Unpack a quantized matrix back to floats of ``dtype`` (null: the scales'
     dtype in ``"affine"`` mode, else ``bfloat16``). Operands: ``w``, ``scales``,
@@ -122,6 +128,8 @@ def dequantize(operands, attrs):
 
 
 class QuantizedMatmulAttrs(QuantAttrs):
+    """The attributes of ``quantized_matmul``."""
+
     transpose: bool = True  # x @ w.T (w stored as (out, in)); False: x @ w
 
     def operand_names(self) -> tuple[str, ...]:
@@ -129,6 +137,7 @@ class QuantizedMatmulAttrs(QuantAttrs):
 
 
 def _native_quantized_matmul(avals, attrs) -> bool:
+    """Whether the native quantized-matmul kernel computes this instruction."""
     named = dict(zip(attrs.operand_names(), avals))
     group_size, bits = attrs.resolved()
     return native.covers_quantized_matmul(named["x"], named["w"], named["scales"],
@@ -137,7 +146,7 @@ def _native_quantized_matmul(avals, attrs) -> bool:
 
 
 @register_op("quantized_matmul", attrs=QuantizedMatmulAttrs, operands=(3, 4),
-             native_coverage=_native_quantized_matmul)
+             check=_check_operands, native_coverage=_native_quantized_matmul)
 def quantized_matmul(operands, attrs):
     """``x @ dequantize(w).T`` (or ``x @ dequantize(w)`` without ``transpose``),
     computed on the packed weight. Operands: ``x``, ``w``, ``scales``, and
@@ -166,11 +175,13 @@ class GatherAttrs(Attrs):
 
 
 class GatherQMMAttrs(QuantizedMatmulAttrs, GatherAttrs):
+    """The attributes of ``gather_qmm``."""
+
     def operand_names(self) -> tuple[str, ...]:
         return (*super().operand_names(), *self.index_names())
 
 
-@register_op("gather_qmm", attrs=GatherQMMAttrs, operands=(3, 6))
+@register_op("gather_qmm", attrs=GatherQMMAttrs, operands=(3, 6), check=_check_operands)
 def gather_qmm(operands, attrs):
     """``quantized_matmul`` with matrix-level gather: each output matrix is
     ``x[lhs_indices[i]] @ w[rhs_indices[i]]`` (transposed as ``transpose``),
@@ -188,11 +199,13 @@ def gather_qmm(operands, attrs):
 
 
 class GatherMMAttrs(OperandsAttrs, GatherAttrs):
+    """The attributes of ``gather_mm``."""
+
     def operand_names(self) -> tuple[str, ...]:
         return ("a", "b", *self.index_names())
 
 
-@register_op("gather_mm", attrs=GatherMMAttrs, operands=(2, 4))
+@register_op("gather_mm", attrs=GatherMMAttrs, operands=(2, 4), check=_check_operands)
 def gather_mm(operands, attrs):
     """Matmul with matrix-level gather: each output matrix is
     ``a[lhs_indices[i]] @ b[rhs_indices[i]]``, indices being flat positions in

@@ -11,16 +11,18 @@ from __future__ import annotations
 from typing import Annotated
 
 import mlx.core as mx
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from ..attrs import Attrs, DType, Float, PositiveInt, Size, normalize_axis, operand_ndim
-from ..dtypes import to_mlx
-from ..registry import register_op
+from ..arrays import AVal, to_mlx
+from .attrs import Attrs, AxisOf, DType, Float, PositiveInt, Size
+from .registry import register_op
 
 Shape = tuple[Size, ...]
 
 
 class SeedAttrs(Attrs):
+    """The attributes of ``random_key``."""
+
     seed: Annotated[int, Field(ge=0, lt=2**64)]
 
 
@@ -30,55 +32,56 @@ def random_key(operands, attrs):
     return mx.random.key(attrs.seed)
 
 
-class KeyedAttrs(Attrs):
-    """Attributes of an op whose operand 0 is a key."""
-
-    @model_validator(mode="after")
-    def _check_key(self, info: ValidationInfo):
-        avals = (info.context or {}).get("avals")
-        if avals:
-            key = avals[0]
-            if key.shape != (2,) or key.dtype != mx.uint32:
-                raise ValueError(
-                    "operand 0 must be a uint32[2] key (from random_key or random_split); "
-                    f"found {key}"
-                )
-        return self
+def _check_key(avals: list[AVal], attrs) -> None:
+    """Operand 0 of every sampling op is a key."""
+    key = avals[0]
+    if key.shape != (2,) or key.dtype != mx.uint32:
+        raise ValueError(
+            "operand 0 must be a uint32[2] key (from random_key or random_split); "
+            f"found {key}"
+        )
 
 
-class SplitAttrs(KeyedAttrs):
+class SplitAttrs(Attrs):
+    """The attributes of ``random_split``."""
+
     num: PositiveInt = 2
 
 
-@register_op("random_split", attrs=SplitAttrs, outputs=lambda attrs, n: attrs.num)
+@register_op("random_split", attrs=SplitAttrs, outputs=lambda attrs, n: attrs.num,
+             check=_check_key)
 def random_split(operands, attrs):
     """Split a key into ``num`` new independent keys, one result each."""
     keys = mx.random.split(operands[0], num=attrs.num)
     return tuple(keys[i] for i in range(attrs.num))
 
 
-class UniformAttrs(KeyedAttrs):
+class UniformAttrs(Attrs):
+    """The attributes of ``random_uniform``."""
+
     shape: Shape = ()
     dtype: DType = "float32"
     low: Float = 0.0
     high: Float = 1.0
 
 
-@register_op("random_uniform", attrs=UniformAttrs)
+@register_op("random_uniform", attrs=UniformAttrs, check=_check_key)
 def random_uniform(operands, attrs):
     """Uniform samples in ``[low, high)`` of ``shape`` and floating ``dtype``."""
     return mx.random.uniform(attrs.low, attrs.high, attrs.shape, to_mlx(attrs.dtype),
                              key=operands[0])
 
 
-class NormalAttrs(KeyedAttrs):
+class NormalAttrs(Attrs):
+    """The attributes of ``random_normal``."""
+
     shape: Shape = ()
     dtype: DType = "float32"
     loc: Float = 0.0
     scale: Float = 1.0
 
 
-@register_op("random_normal", attrs=NormalAttrs)
+@register_op("random_normal", attrs=NormalAttrs, check=_check_key)
 def random_normal(operands, attrs):
     """Normal samples with mean ``loc`` and standard deviation ``scale``, of
     ``shape`` and floating ``dtype``."""
@@ -86,15 +89,12 @@ def random_normal(operands, attrs):
                             scale=attrs.scale, key=operands[0])
 
 
-class CategoricalAttrs(KeyedAttrs):
-    axis: int = Field(-1, validate_default=True)  # the category axis of the logits (operand 1)
+class CategoricalAttrs(Attrs):
+    """The attributes of ``random_categorical``."""
+
+    axis: Annotated[int, AxisOf(operand=1)] = -1  # the category axis of the logits (operand 1)
     num_samples: PositiveInt | None = None
     shape: Shape | None = None
-
-    @field_validator("axis")
-    @classmethod
-    def _axis(cls, value: int, info: ValidationInfo) -> int:
-        return normalize_axis(value, operand_ndim(info, 1))
 
     @model_validator(mode="after")
     def _one_size(self):
@@ -106,7 +106,7 @@ class CategoricalAttrs(KeyedAttrs):
         return self
 
 
-@register_op("random_categorical", attrs=CategoricalAttrs, operands=2)
+@register_op("random_categorical", attrs=CategoricalAttrs, operands=2, check=_check_key)
 def random_categorical(operands, attrs):
     """Sample category indices (``uint32``) from unnormalized log-probabilities.
     Operands: key, logits. The result has the logits' shape without ``axis``;
@@ -117,19 +117,21 @@ def random_categorical(operands, attrs):
                                  num_samples=attrs.num_samples, key=key)
 
 
-class BernoulliAttrs(KeyedAttrs):
+class BernoulliAttrs(Attrs):
+    """The attributes of ``random_bernoulli``."""
+
     p: Annotated[float, Field(ge=0, le=1)] = 0.5  # used without a p operand
     shape: Shape | None = None
 
-    @model_validator(mode="after")
-    def _one_p(self, info: ValidationInfo):
-        avals = (info.context or {}).get("avals")
-        if avals is not None and len(avals) == 2 and "p" in self.model_fields_set:
-            raise ValueError("p is given both as operand 1 and as an attribute; give one")
-        return self
+
+def _check_bernoulli(avals: list[AVal], attrs: BernoulliAttrs) -> None:
+    """A key, and ``p`` as operand 1 or as the attribute, not both."""
+    _check_key(avals, attrs)
+    if len(avals) == 2 and "p" in attrs.model_fields_set:
+        raise ValueError("p is given both as operand 1 and as an attribute; give one")
 
 
-@register_op("random_bernoulli", attrs=BernoulliAttrs, operands=(1, 2))
+@register_op("random_bernoulli", attrs=BernoulliAttrs, operands=(1, 2), check=_check_bernoulli)
 def random_bernoulli(operands, attrs):
     """Boolean samples, true with probability ``p``. Operands: key and an
     optional array ``p`` (else attribute ``p``). The result has ``shape``

@@ -13,8 +13,8 @@ from __future__ import annotations
 import mlx.core as mx
 from pydantic import Field
 
-from ..attrs import Attrs, Axes, Axis
-from ..registry import register_op
+from .attrs import Attrs, Axes, Axis
+from .registry import register_family, register_op
 
 
 class ReduceAttrs(Attrs):
@@ -24,13 +24,9 @@ class ReduceAttrs(Attrs):
     """Keep the reduced axes, with size 1."""
 
 
-def _reduction(name: str, fn, doc: str) -> None:
-    def impl(operands, attrs):
-        return fn(operands[0], axis=attrs.axes, keepdims=attrs.keepdims)
-
-    impl.__doc__ = doc
-    impl.__name__ = name
-    register_op(name, attrs=ReduceAttrs, shapeless=True)(impl)
+def _reduction(fn, operands, attrs):
+    """A reduction ``fn`` (``mx.sum``, ...) of operand 0 over ``axes``."""
+    return fn(operands[0], axis=attrs.axes, keepdims=attrs.keepdims)
 
 
 _AXES_DOC = "over ``axes`` (default: all axes); ``keepdims`` keeps them as size 1."
@@ -46,8 +42,7 @@ _REDUCTIONS = {
     "logsumexp": (mx.logsumexp, f"``log(sum(exp(x)))`` computed stably, {_AXES_DOC}"),
 }
 
-for _name, (_fn, _doc) in _REDUCTIONS.items():
-    _reduction(_name, _fn, _doc)
+register_family(_REDUCTIONS, _reduction, attrs=ReduceAttrs, shapeless=True)
 
 
 class VarianceAttrs(Attrs):
@@ -103,32 +98,29 @@ class ScanAttrs(Attrs):
     """Include each position's own element; false shifts the scan by one."""
 
 
-def _scan(name: str, fn, doc: str) -> None:
-    def impl(operands, attrs):
-        return fn(operands[0], axis=attrs.axis, reverse=attrs.reverse, inclusive=attrs.inclusive)
+def _scan(fn, operands, attrs):
+    """A scan ``fn`` (``mx.cumsum``, ...) of operand 0 along ``axis``."""
+    return fn(operands[0], axis=attrs.axis, reverse=attrs.reverse, inclusive=attrs.inclusive)
 
-    impl.__doc__ = (
-        f"{doc} along ``axis`` (default: over the flattened array, giving a 1-D "
-        "result). ``reverse`` scans from the end; ``inclusive=false`` shifts by one "
-        "so each position excludes its own element."
-    )
-    impl.__name__ = name
-    register_op(name, attrs=ScanAttrs, shapeless=True)(impl)
 
+_SCAN_DOC = (
+    "{} along ``axis`` (default: over the flattened array, giving a 1-D result). "
+    "``reverse`` scans from the end; ``inclusive=false`` shifts by one so each "
+    "position excludes its own element."
+)
 
 _SCANS = {
-    "cumulative_sum": (mx.cumsum, "Running sum"),
-    "cumulative_product": (mx.cumprod, "Running product"),
-    "cumulative_min": (mx.cummin, "Running minimum"),
-    "cumulative_max": (mx.cummax, "Running maximum"),
+    "cumulative_sum": (mx.cumsum, _SCAN_DOC.format("Running sum")),
+    "cumulative_product": (mx.cumprod, _SCAN_DOC.format("Running product")),
+    "cumulative_min": (mx.cummin, _SCAN_DOC.format("Running minimum")),
+    "cumulative_max": (mx.cummax, _SCAN_DOC.format("Running maximum")),
 }
 
-for _name, (_fn, _doc) in _SCANS.items():
-    _scan(_name, _fn, _doc)
+register_family(_SCANS, _scan, attrs=ScanAttrs, shapeless=True)
 
 
 class SortAttrs(Attrs):
-    axis: Axis = Field(default=-1, validate_default=True)
+    axis: Axis = -1
     """The axis to sort along."""
     descending: bool = False
     """Largest first (NaNs first) instead of smallest first (NaNs last)."""

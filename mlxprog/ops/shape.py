@@ -15,33 +15,11 @@ import math
 from typing import Annotated
 
 import mlx.core as mx
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from ..attrs import Attrs, Axes, Axis, InsertAxis, Size, normalize_axis, operand_ndim
-from ..registry import register_op
-
-
-def _operand_shape(info: ValidationInfo, operand: int = 0) -> tuple[int, ...] | None:
-    """Shape of an operand from the validation context; None without a context."""
-    avals = (info.context or {}).get("avals")
-    if avals is None or operand >= len(avals):
-        return None
-    return tuple(avals[operand].shape)
-
-
-def result_axis(axis: int, ndim: int | None) -> int:
-    """Map a possibly negative axis of a result of rank ``ndim`` into ``[0, ndim)``."""
-    if ndim is None:
-        return axis
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for a result of rank {ndim}")
-    return axis % ndim
-
-
-def _check_distinct(axes: tuple[int, ...], written: list[int]) -> tuple[int, ...]:
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"axes {written} name an axis twice")
-    return axes
+from ..arrays import AVal
+from .attrs import Attrs, Axes, Axis, AxisOf, CheckError, InsertAxis, Size, normalize_axis
+from .registry import register_op
 
 
 class ReshapeAttrs(Attrs):
@@ -50,27 +28,31 @@ class ReshapeAttrs(Attrs):
 
     @field_validator("shape")
     @classmethod
-    def _same_size(cls, shape: list[int], info: ValidationInfo) -> list[int]:
+    def _one_inferred(cls, shape: list[int]) -> list[int]:
         if shape.count(-1) > 1:
             raise ValueError(f"shape {shape} has more than one -1 (at most one size is inferred)")
-        operand = _operand_shape(info)
-        if operand is None:
-            return shape
-        size = math.prod(operand)
-        known = math.prod(d for d in shape if d != -1)
-        if -1 not in shape and known != size:
-            raise ValueError(
-                f"cannot reshape {list(operand)} ({size} elements) into {shape} ({known} elements)"
-            )
-        if -1 in shape and (known == 0 or size % known):
-            raise ValueError(
-                f"cannot reshape {list(operand)} ({size} elements) into {shape}: no size for "
-                f"the -1 makes {size} elements"
-            )
         return shape
 
 
-@register_op("reshape", attrs=ReshapeAttrs)
+def _check_reshape(avals: list[AVal], attrs: ReshapeAttrs) -> None:
+    """The element count does not change (a -1 size must make it come out whole)."""
+    operand, shape = list(avals[0].shape), attrs.shape
+    size = math.prod(operand)
+    known = math.prod(d for d in shape if d != -1)
+    if -1 not in shape and known != size:
+        raise CheckError(
+            f"cannot reshape {operand} ({size} elements) into {shape} ({known} elements)",
+            attribute="shape",
+        )
+    if -1 in shape and (known == 0 or size % known):
+        raise CheckError(
+            f"cannot reshape {operand} ({size} elements) into {shape}: no size for "
+            f"the -1 makes {size} elements",
+            attribute="shape",
+        )
+
+
+@register_op("reshape", attrs=ReshapeAttrs, check=_check_reshape)
 def reshape(operands, attrs):
     """Give the elements a new ``shape`` (row-major order). One size may be -1: it
     is inferred from the element count, which must not change."""
@@ -89,18 +71,15 @@ def squeeze(operands, attrs):
     return mx.squeeze(operands[0], attrs.axes)
 
 
+ResultAxes = Annotated[list[int], AxisOf(many=True, added_per_axis=True, of="a result")]
+"""Distinct axes of a result that has one more axis than operand 0 per axis
+named (``expand_dims``)."""
+
+
 class ExpandDimsAttrs(Attrs):
-    axes: list[int]
+    axes: ResultAxes
     """Where the new axes go, as distinct axes of the result; negative counts
     from the end."""
-
-    @field_validator("axes")
-    @classmethod
-    def _normalize(cls, axes: list[int], info: ValidationInfo) -> tuple[int, ...]:
-        ndim = operand_ndim(info)
-        result_ndim = None if ndim is None else ndim + len(axes)
-        normalized = tuple(result_axis(a, result_ndim) for a in axes)
-        return _check_distinct(normalized, axes)
 
 
 @register_op("expand_dims", attrs=ExpandDimsAttrs, shapeless=True)
@@ -115,18 +94,18 @@ class TransposeAttrs(Attrs):
     """A permutation of all axes: result axis i is operand axis ``axes[i]``;
     default: reversed."""
 
-    @field_validator("axes")
-    @classmethod
-    def _permutation(cls, axes: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
-        ndim = operand_ndim(info)
-        if ndim is not None and len(axes) != ndim:
-            raise ValueError(
-                f"axes {list(axes)} must be a permutation of all {ndim} axes of the operand"
-            )
-        return axes
+
+def _check_transpose(avals: list[AVal], attrs: TransposeAttrs) -> None:
+    """``axes`` (distinct, in range) names every axis of the operand."""
+    ndim = len(avals[0].shape)
+    if attrs.axes is not None and len(attrs.axes) != ndim:
+        raise CheckError(
+            f"axes {list(attrs.axes)} must be a permutation of all {ndim} axes of the operand",
+            attribute="axes",
+        )
 
 
-@register_op("transpose", attrs=TransposeAttrs, shapeless=True)
+@register_op("transpose", attrs=TransposeAttrs, check=_check_transpose, shapeless=True)
 def transpose(operands, attrs):
     """Permute the axes: result axis i is operand axis ``axes[i]`` (default:
     reverse the axes)."""
@@ -143,28 +122,36 @@ class BroadcastAttrs(Attrs):
     @field_validator("axes")
     @classmethod
     def _placement(cls, axes: list[int], info: ValidationInfo) -> tuple[int, ...]:
+        # The axes count in ``shape``, an attribute, so the model normalises them.
         target = info.data.get("shape")
         if target is None:  # the shape itself was invalid; that error is reported
             return tuple(axes)
-        normalized = _check_distinct(tuple(result_axis(a, len(target)) for a in axes), axes)
-        operand = _operand_shape(info)
-        if operand is None:
-            return normalized
-        if len(axes) != len(operand):
-            raise ValueError(
-                f"axes {axes} must give one result axis per operand axis; "
-                f"the operand has shape {list(operand)}"
-            )
-        for i, (size, axis) in enumerate(zip(operand, normalized)):
-            if size not in (1, target[axis]):
-                raise ValueError(
-                    f"operand axis {i} (size {size}) cannot broadcast to result axis "
-                    f"{axis} (size {target[axis]}) of shape {target}"
-                )
+        normalized = tuple(normalize_axis(a, len(target), of="a result") for a in axes)
+        if len(set(normalized)) != len(normalized):
+            raise ValueError(f"axes {axes} name an axis twice")
         return normalized
 
 
-@register_op("broadcast", attrs=BroadcastAttrs)
+def _check_broadcast(avals: list[AVal], attrs: BroadcastAttrs) -> None:
+    """One result axis per operand axis, each of the operand axis's size or
+    the operand axis of size 1."""
+    operand, target = avals[0].shape, attrs.shape
+    if len(attrs.axes) != len(operand):
+        raise CheckError(
+            f"axes {list(attrs.axes)} must give one result axis per operand axis; "
+            f"the operand has shape {list(operand)}",
+            attribute="axes",
+        )
+    for i, (size, axis) in enumerate(zip(operand, attrs.axes)):
+        if size not in (1, target[axis]):
+            raise CheckError(
+                f"operand axis {i} (size {size}) cannot broadcast to result axis "
+                f"{axis} (size {target[axis]}) of shape {target}",
+                attribute="axes",
+            )
+
+
+@register_op("broadcast", attrs=BroadcastAttrs, check=_check_broadcast)
 def broadcast(operands, attrs):
     """Broadcast to ``shape``, placing operand axis i at result axis ``axes[i]``
     (XLA ``broadcast_in_dim``); every other result axis is new. Each operand axis
@@ -195,34 +182,32 @@ class PadAttrs(Attrs):
     """``[low, high]`` per operand axis: elements added before and after;
     negative values crop."""
 
-    @field_validator("pad_width")
-    @classmethod
-    def _fits(cls, pad_width: list[tuple[int, int]], info: ValidationInfo):
-        shape = _operand_shape(info)
-        if shape is None:
-            return pad_width
-        if len(pad_width) != len(shape):
-            raise ValueError(
-                f"needs one [low, high] pair per operand axis ({len(shape)}), "
-                f"found {len(pad_width)}"
+
+def _check_pad(avals: list[AVal], attrs: PadAttrs) -> None:
+    """A ``[low, high]`` pair per axis of x that crops no more than the axis
+    holds, and a scalar pad value."""
+    shape, pad_width = avals[0].shape, attrs.pad_width
+    if len(pad_width) != len(shape):
+        raise CheckError(
+            f"needs one [low, high] pair per operand axis ({len(shape)}), found {len(pad_width)}",
+            attribute="pad_width",
+        )
+    for axis, ((low, high), size) in enumerate(zip(pad_width, shape)):
+        if low + size + high < 0:
+            raise CheckError(
+                f"[{low}, {high}] on axis {axis} of size {size} crops more than the axis holds",
+                attribute="pad_width",
             )
-        for axis, ((low, high), size) in enumerate(zip(pad_width, shape)):
-            if low + size + high < 0:
-                raise ValueError(
-                    f"[{low}, {high}] on axis {axis} of size {size} crops more than the "
-                    "axis holds"
-                )
-        return pad_width
+    if avals[1].shape != ():
+        raise ValueError(f"the pad value must be a scalar; found shape {list(avals[1].shape)}")
 
 
-@register_op("pad", attrs=PadAttrs, operands=2)
+@register_op("pad", attrs=PadAttrs, operands=2, check=_check_pad)
 def pad(operands, attrs):
     """Pad with a constant (operands: x, a scalar pad value, cast to x's dtype).
     ``pad_width`` holds a ``[low, high]`` pair per axis: how many elements to add
     before and after. Negative values crop instead, as in XLA's ``pad``."""
     x, value = operands
-    if value.ndim != 0:
-        raise ValueError(f"the pad value must be a scalar; found shape {list(value.shape)}")
     grow = [(max(low, 0), max(high, 0)) for low, high in attrs.pad_width]
     padded = mx.pad(x, grow, constant_values=value)
     # Cropping after growing handles a side that both grows and is cropped into.
@@ -298,19 +283,15 @@ def split(operands, attrs):
     return tuple(mx.split(operands[0], attrs.indices_or_sections, axis=attrs.axis))
 
 
-def _flatten_axis(value: int, info: ValidationInfo) -> int:
-    # A scalar flattens to shape [1], so it accepts the axes of a rank-1 array.
-    ndim = operand_ndim(info)
-    return normalize_axis(value, None if ndim is None else max(ndim, 1))
-
-
-FlattenAxis = Annotated[int, AfterValidator(_flatten_axis)]
+FlattenAxis = Annotated[int, AxisOf(at_least=1)]
+"""An axis of operand 0, which counts as rank 1 when a scalar: a scalar
+flattens to shape [1], so it accepts the axes of a rank-1 array."""
 
 
 class FlattenAttrs(Attrs):
-    start_axis: FlattenAxis = Field(default=0, validate_default=True)
+    start_axis: FlattenAxis = 0
     """The first axis to merge; negative counts from the end."""
-    end_axis: FlattenAxis = Field(default=-1, validate_default=True)
+    end_axis: FlattenAxis = -1
     """The last axis to merge (inclusive); negative counts from the end."""
 
 

@@ -14,22 +14,17 @@ by ``r`` (spanning ``(w - 1) * r + 1``) and stride ``s``, has
 from __future__ import annotations
 
 import mlx.core as mx
-from pydantic import ConfigDict, ValidationInfo, model_validator
-
-from ..attrs import Attrs, PositiveInt, Size
-from ..dtypes import is_floating
-from ..registry import register_op
+from ..arrays import AVal, is_floating
+from .attrs import Attrs, PositiveInt, Size
+from .registry import register_family, register_op
 
 Padding = tuple[Size, Size]
 """``[low, high]`` padding of one axis."""
 
 
-class _Attrs(Attrs):
-    # The docstring under each field becomes its description in the op reference.
-    model_config = ConfigDict(use_attribute_docstrings=True)
+class WindowAttrs(Attrs):
+    """The window attributes every window op takes (those of the scatters)."""
 
-
-class WindowAttrs(_Attrs):
     window_dimensions: list[PositiveInt]
     """Window size per axis of operand 0."""
     window_strides: list[PositiveInt] | None = None
@@ -64,29 +59,29 @@ class WindowAttrs(_Attrs):
         """The number of windows per axis of a padded operand (the result shape)."""
         return [(p - span) // s + 1 for p, span, s in zip(padded, self.spans(), self.strides)]
 
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> WindowAttrs:
-        avals = (info.context or {}).get("avals")
-        if avals is None:
-            return self
-        shape = avals[0].shape
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if value is not None and len(value) != len(shape):
-                raise ValueError(
-                    f"{name} needs one entry per axis of operand 0 (rank {len(shape)}); "
-                    f"found {len(value)}"
-                )
-        for axis, (p, span) in enumerate(zip(self.padded_shape(shape), self.spans())):
-            if span > p:
-                raise ValueError(
-                    f"axis {axis}: the window spans {span} element(s) but the padded operand "
-                    f"has {p}"
-                )
-        return self
+
+def _check_windows(avals: list[AVal], attrs: WindowAttrs) -> None:
+    """One attribute entry per axis of operand 0, and windows that fit in the
+    padded operand."""
+    shape = avals[0].shape
+    for name in type(attrs).model_fields:
+        value = getattr(attrs, name)
+        if value is not None and len(value) != len(shape):
+            raise ValueError(
+                f"{name} needs one entry per axis of operand 0 (rank {len(shape)}); "
+                f"found {len(value)}"
+            )
+    for axis, (p, span) in enumerate(zip(attrs.padded_shape(shape), attrs.spans())):
+        if span > p:
+            raise ValueError(
+                f"axis {axis}: the window spans {span} element(s) but the padded operand "
+                f"has {p}"
+            )
 
 
 class WindowReduceAttrs(WindowAttrs):
+    """The attributes of the window reductions: dilations too."""
+
     window_dilations: list[PositiveInt] | None = None
     """Spacing between window elements per axis (default 1: contiguous)."""
 
@@ -123,71 +118,72 @@ def _windows(x: mx.array, attrs: WindowAttrs) -> mx.array:
 
 
 def _pad(x: mx.array, attrs: WindowAttrs, fill: mx.array) -> mx.array:
+    """``x`` padded by ``attrs.pads`` with ``fill`` (``x`` itself without padding)."""
     if any(lo or hi for lo, hi in attrs.pads):
         return mx.pad(x, attrs.pads, constant_values=fill)
     return x
 
 
-def _window_reduce(name: str, reduce, identity, doc: str) -> None:
-    def impl(operands, attrs):
-        x = operands[0]
-        windows = _windows(_pad(x, attrs, identity(x.dtype)), attrs)
-        return reduce(windows, axis=list(range(x.ndim, 2 * x.ndim)))
-
-    impl.__doc__ = doc
-    impl.__name__ = name
-    register_op(name, attrs=WindowReduceAttrs)(impl)
-
-
-_WINDOW_REDUCTIONS = {
-    "window_sum": (
-        mx.sum,
-        lambda dtype: mx.array(0, dtype=dtype),
-        "Sum over each window; padding adds 0. The dtype follows ``mx.sum`` (small "
-        "integer and bool inputs sum in a wider integer type).",
-    ),
-    "window_product": (
-        mx.prod,
-        lambda dtype: mx.array(1, dtype=dtype),
-        "Product over each window; padding multiplies by 1. The dtype follows ``mx.prod``.",
-    ),
-    "window_max": (
-        mx.max,
-        lambda dtype: _extreme(dtype, highest=False),
-        "Maximum over each window; padding is -inf (the dtype's minimum for integers). "
-        "NaN propagates.",
-    ),
-    "window_min": (
-        mx.min,
-        lambda dtype: _extreme(dtype, highest=True),
-        "Minimum over each window; padding is +inf (the dtype's maximum for integers). "
-        "NaN propagates.",
-    ),
+# The value each reduction pads with: the one that leaves a window's result unchanged.
+_IDENTITY = {
+    mx.sum: lambda dtype: mx.array(0, dtype=dtype),
+    mx.prod: lambda dtype: mx.array(1, dtype=dtype),
+    mx.max: lambda dtype: _extreme(dtype, highest=False),
+    mx.min: lambda dtype: _extreme(dtype, highest=True),
 }
 
-for _name, (_reduce, _identity, _doc) in _WINDOW_REDUCTIONS.items():
-    _window_reduce(_name, _reduce, _identity, _doc)
+
+def window_reduce(reduce, operands, attrs: WindowReduceAttrs) -> mx.array:
+    """Reduce each window of operand 0 with ``reduce`` (an ``mx`` reduction)."""
+    x = operands[0]
+    windows = _windows(_pad(x, attrs, _IDENTITY[reduce](x.dtype)), attrs)
+    return reduce(windows, axis=list(range(x.ndim, 2 * x.ndim)))
 
 
-class WindowScatterAttrs(WindowAttrs):
-    @model_validator(mode="after")
-    def _check_operands(self, info: ValidationInfo) -> WindowScatterAttrs:
-        avals = (info.context or {}).get("avals")
-        if avals is None:
-            return self
-        operand, source, init = avals
-        windows = self.counts(self.padded_shape(operand.shape))
-        if list(source.shape) != windows:
-            raise ValueError(
-                f"source (operand 1) must have one element per window, shape {windows}; "
-                f"found {list(source.shape)}"
-            )
-        if init.shape != ():
-            raise ValueError(f"init value (operand 2) must be a scalar; found {list(init.shape)}")
-        return self
+register_family(
+    {
+        "window_sum": (
+            mx.sum,
+            "Sum over each window; padding adds 0. The dtype follows ``mx.sum`` (small "
+            "integer and bool inputs sum in a wider integer type).",
+        ),
+        "window_product": (
+            mx.prod,
+            "Product over each window; padding multiplies by 1. The dtype follows "
+            "``mx.prod``.",
+        ),
+        "window_max": (
+            mx.max,
+            "Maximum over each window; padding is -inf (the dtype's minimum for integers). "
+            "NaN propagates.",
+        ),
+        "window_min": (
+            mx.min,
+            "Minimum over each window; padding is +inf (the dtype's maximum for integers). "
+            "NaN propagates.",
+        ),
+    },
+    window_reduce, attrs=WindowReduceAttrs, check=_check_windows,
+)
 
 
-def _window_scatter(operands, attrs, select_max: bool):
+def _check_window_scatter(avals: list[AVal], attrs: WindowAttrs) -> None:
+    """The windows fit, ``source`` has one element per window and ``init`` is
+    a scalar."""
+    _check_windows(avals, attrs)
+    operand, source, init = avals
+    windows = attrs.counts(attrs.padded_shape(operand.shape))
+    if list(source.shape) != windows:
+        raise ValueError(
+            f"source (operand 1) must have one element per window, shape {windows}; "
+            f"found {list(source.shape)}"
+        )
+    if init.shape != ():
+        raise ValueError(f"init value (operand 2) must be a scalar; found {list(init.shape)}")
+
+
+def _window_scatter(operands, attrs: WindowAttrs, select_max: bool) -> mx.array:
+    """Select-and-scatter: ``source`` added at each window's max (or min)."""
     x, source, init = operands
     # Padding holds the selection's identity, so a real element always wins
     # (ties go to the first element of the window, which may be padding only if
@@ -206,7 +202,7 @@ def _window_scatter(operands, attrs, select_max: bool):
     return out[tuple(slice(lo, lo + d) for (lo, _), d in zip(attrs.pads, x.shape))]
 
 
-@register_op("window_scatter_max", attrs=WindowScatterAttrs, operands=3)
+@register_op("window_scatter_max", attrs=WindowAttrs, operands=3, check=_check_window_scatter)
 def window_scatter_max(operands, attrs):
     """Select-and-scatter with max (the gradient of max pooling). Operands:
     ``input``, ``source`` (one value per window, i.e. the shape ``window_max``
@@ -218,7 +214,7 @@ def window_scatter_max(operands, attrs):
     return _window_scatter(operands, attrs, select_max=True)
 
 
-@register_op("window_scatter_min", attrs=WindowScatterAttrs, operands=3)
+@register_op("window_scatter_min", attrs=WindowAttrs, operands=3, check=_check_window_scatter)
 def window_scatter_min(operands, attrs):
     """Select-and-scatter with min: as ``window_scatter_max``, at each window's
     minimum (the first one on ties)."""

@@ -1,0 +1,164 @@
+"""Typed attribute building blocks for op attribute models.
+
+Every op declares a pydantic model for its attributes (subclass :class:`Attrs`).
+Field names mirror ``mlx.core`` keyword names. An attribute model checks the
+attributes alone: it never sees the operands, so the op reference, the JSON
+schema and validation all read the same model. What depends on the operands
+lives elsewhere:
+
+- an axis attribute is typed :data:`Axis`, :data:`Axes` (or another
+  :class:`AxisOf` marker); validation normalises it against the rank of the
+  operand the marker names (negative axes count from the end) and reports an
+  axis out of range under the attribute's name (:func:`resolve_axes`);
+- every other operand check is the op's ``check(avals, attrs)`` rule,
+  registered beside it (see :func:`mlxprog.register_op`).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Sequence, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from ..arrays import AVal, DType  # noqa: F401  (DType is an attribute type too)
+
+
+class Attrs(BaseModel):
+    """Base class of op attribute models: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class NoAttrs(Attrs):
+    """The attributes of an op that takes none."""
+
+
+class CheckError(ValueError):
+    """An operand check failed (raised by ``check`` rules, axis resolution and
+    host ops' ``infer``). ``attribute`` names the attribute the problem is
+    about (the message then reads ``attribute 'axes': ...``); ``subprogram``
+    names the subprogram it is in (the error is then located there). A plain
+    ValueError from a rule is located at the instruction."""
+
+    def __init__(self, message: str, attribute: str | None = None,
+                 subprogram: str | None = None):
+        super().__init__(message)
+        self.attribute = attribute
+        self.subprogram = subprogram
+
+
+def normalize_axis(axis: int, ndim: int, what: str = "axis", of: str = "an operand") -> int:
+    """Map a possibly negative axis into ``[0, ndim)``; ValueError if out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what} {axis} is out of range for {of} of rank {ndim}")
+    return axis % ndim if ndim else axis
+
+
+@dataclass(frozen=True)
+class AxisOf:
+    """Marks an attribute as an axis (``many``: a sequence of distinct axes) of
+    operand ``operand``. Validation normalises it into ``[0, rank)`` where
+    rank is the operand's rank plus ``added`` (plus the number of axes, with
+    ``added_per_axis``: ``expand_dims`` counts in its result's rank), at least
+    ``at_least``. ``what`` and ``of`` word the out-of-range error."""
+
+    operand: int = 0
+    many: bool = False
+    added: int = 0
+    added_per_axis: bool = False
+    at_least: int = 0
+    what: str = "axis"
+    of: str = "an operand"
+
+    def resolve(self, value: Any, avals: Sequence[AVal]) -> Any:
+        """``value`` normalised against the operands' ranks (unchanged when the
+        operand is absent: the arity check reports that)."""
+        if value is None or self.operand >= len(avals):
+            return value
+        axes = value if self.many else (value,)
+        rank = len(avals[self.operand].shape) + self.added
+        rank = max(rank + (len(axes) if self.added_per_axis else 0), self.at_least)
+        normalized = tuple(normalize_axis(a, rank, self.what, self.of) for a in axes)
+        if not self.many:
+            return normalized[0]
+        if len(set(normalized)) != len(normalized):
+            what = "axes" if self.what == "axis" else f"{self.what.removesuffix(' axis')} axes"
+            raise ValueError(f"{what} {list(value)} name an axis twice")
+        return normalized
+
+
+def _distinct(value: list[int]) -> tuple[int, ...]:
+    if len(set(value)) != len(value):
+        raise ValueError(f"axes {list(value)} name an axis twice")
+    return tuple(value)
+
+
+def _float(value: Any) -> Any:
+    if isinstance(value, str):
+        if value in ("nan", "inf", "-inf"):
+            return float(value)
+        raise ValueError(f'a float is a number or one of "nan", "inf", "-inf"; found {value!r}')
+    return value
+
+
+_FLOAT_SCHEMA = {"anyOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}]}
+
+Axis = Annotated[int, AxisOf()]
+"""An axis of operand 0; negative values count from the end."""
+
+InsertAxis = Annotated[int, AxisOf(added=1)]
+"""An axis of a result one rank larger than operand 0 (``stack``, ``expand_dims``)."""
+
+Axes = Annotated[list[int], AfterValidator(_distinct), AxisOf(many=True)]
+"""Distinct axes of operand 0, normalised to non-negative; a tuple after validation."""
+
+Float = Annotated[
+    Union[float, Literal["nan", "inf", "-inf"]], BeforeValidator(_float),
+    WithJsonSchema(_FLOAT_SCHEMA),
+]
+"""A float that may be written as ``"nan"``, ``"inf"`` or ``"-inf"``."""
+
+Size = Annotated[int, Field(ge=0)]
+"""A non-negative dimension size."""
+
+PositiveInt = Annotated[int, Field(ge=1)]
+"""An integer of at least 1."""
+
+
+def axis_fields(model: type[Attrs]) -> tuple[tuple[str, AxisOf], ...]:
+    """The fields of an attribute model that hold axes, with their markers."""
+    found = []
+    for name, field in model.model_fields.items():
+        marker = next((m for m in field.metadata if isinstance(m, AxisOf)), None)
+        marker = marker or _marker_in(field.annotation)
+        if marker is not None:
+            found.append((name, marker))
+    return tuple(found)
+
+
+def _marker_in(annotation: Any) -> AxisOf | None:
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return next((m for m in annotation.__metadata__ if isinstance(m, AxisOf)), None)
+    if origin in (Union, types.UnionType):
+        return next(filter(None, map(_marker_in, typing.get_args(annotation))), None)
+    return None
+
+
+def resolve_axes(attrs: Attrs, fields: Sequence[tuple[str, AxisOf]],
+                 avals: Sequence[AVal]) -> Attrs:
+    """``attrs`` with its axis fields normalised against the operands' ranks;
+    :class:`CheckError` naming the attribute when an axis is out of range."""
+    update = {}
+    for name, marker in fields:
+        value = getattr(attrs, name)
+        try:
+            resolved = marker.resolve(value, avals)
+        except ValueError as exc:
+            raise CheckError(str(exc), attribute=name) from None
+        if resolved != value:
+            update[name] = resolved
+    return attrs.model_copy(update=update) if update else attrs

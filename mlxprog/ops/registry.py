@@ -1,0 +1,223 @@
+"""The op registry: op name -> :class:`OpSpec`, everything the pipeline knows
+about an op (its attribute model, arity, rules for each stage and its
+implementation). Built-in op families live beside this module; users add ops
+with :func:`register_op`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import mlx.core as mx
+
+from ..arrays import AVal
+from .attrs import Attrs, AxisOf, NoAttrs, axis_fields
+from .host import HostOp
+
+Impl = Callable[[list[mx.array], Any], Any]
+"""An op implementation: ``impl(operands, attrs)`` returns an array, or a tuple of
+arrays for multi-output ops."""
+
+ShapeRule = Callable[[list[AVal], Any], list[AVal]]
+"""``rule(operand_avals, attrs)`` returns the result avals."""
+
+CheckRule = Callable[[list[AVal], Any], None]
+"""``check(operand_avals, attrs)`` raises ValueError (or
+:class:`~mlxprog.ops.attrs.CheckError`) when the operands do not fit the op
+and its attributes."""
+
+NativeCoverage = Callable[[list[AVal], Any], bool]
+"""``covers(operand_avals, attrs)``: whether the op's native CPU kernel
+computes an instruction (see :mod:`mlxprog.native`)."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything validation, planning, execution and the docs know about an op.
+
+    ``operands`` is the operand count: an int, or ``(min, max)`` with ``max=None``
+    for unbounded. ``outputs`` is the result count: an int, a function of
+    ``(attrs, n_operands)``, or None when the op's subprograms decide it.
+
+    Validation runs, in order: the ``attrs`` model (attributes alone), axis
+    resolution (the model's :class:`~mlxprog.ops.attrs.AxisOf` fields, listed
+    in ``axis_fields``), the ``check`` rule (operands against attributes),
+    then shape inference: ``shape_rule`` if given, else ``impl`` run on
+    unevaluated placeholder arrays (MLX builds them lazily without
+    allocating), or for a host op its ``host.infer``.
+
+    ``host`` (a :class:`~mlxprog.ops.host.HostOp`) makes an op run on the host
+    between compiled segments; ``subprograms`` names the instruction lists it
+    owns.
+
+    ``shapeless`` marks an op whose MLX graph stays correct when only its input
+    shapes change (elementwise ops, reductions over fixed axes, matmul): a
+    segment of such ops in a symbolic program is compiled once with
+    ``mx.compile(shapeless=True)`` and serves every binding.
+
+    ``native_coverage``, for an op with a native CPU kernel, says which
+    instructions the kernel computes (``mlxprog inspect`` reports it; the
+    implementation makes the same decision on the arrays).
+    """
+
+    name: str
+    impl: Impl | None
+    attrs: type[Attrs]
+    operands: int | tuple[int, int | None]
+    outputs: int | Callable[[Any, int], int] | None
+    family: str
+    doc: str
+    shape_rule: ShapeRule | None = None
+    check: CheckRule | None = None
+    subprograms: tuple[str, ...] = ()
+    host: HostOp | None = None
+    shapeless: bool = False
+    native_coverage: NativeCoverage | None = None
+    axis_fields: tuple[tuple[str, AxisOf], ...] = ()
+
+    def operand_range(self) -> tuple[int, int | None]:
+        """(min, max) operand count; max is None when unbounded."""
+        if isinstance(self.operands, int):
+            return self.operands, self.operands
+        return self.operands
+
+    def describe_arity(self) -> str:
+        """The operand count in words, e.g. ``"2"``, ``"1 or more"``, ``"1 to 3"``."""
+        lo, hi = self.operand_range()
+        if lo == hi:
+            return str(lo)
+        if hi is None:
+            return f"{lo} or more"
+        return f"{lo} to {hi}"
+
+    def num_outputs(self, attrs: Any, n_operands: int) -> int | None:
+        """How many results an instruction of this op produces (None: decided
+        by its subprograms)."""
+        if callable(self.outputs):
+            return self.outputs(attrs, n_operands)
+        return self.outputs
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+class RegistryError(ValueError):
+    """Registering an op failed: a duplicate name or an invalid declaration."""
+
+
+def register_op(
+    name: str,
+    *,
+    attrs: type[Attrs] = NoAttrs,
+    operands: int | tuple[int, int | None] = 1,
+    outputs: int | Callable[[Any, int], int] | None = 1,
+    shape_rule: ShapeRule | None = None,
+    check: CheckRule | None = None,
+    family: str | None = None,
+    doc: str | None = None,
+    shapeless: bool = False,
+    native_coverage: NativeCoverage | None = None,
+    replace: bool = False,
+) -> Callable[[Impl], Impl]:
+    """Decorator adding an op to the registry.
+
+    >>> class ScaleAttrs(mp.Attrs):
+    ...     factor: float = 2.0
+    >>> @mp.register_op("scale", attrs=ScaleAttrs)
+    ... def scale(operands, attrs):
+    ...     return operands[0] * attrs.factor
+
+    The function receives the operand arrays and the validated attrs model and
+    returns one array (or a tuple for multi-output ops); its docstring is the
+    op's entry in the op reference (``doc`` overrides it). ``check`` is the
+    op's operand rule (see :class:`OpSpec`). Registering a name that exists
+    is an error unless ``replace=True``.
+    """
+    _check_new(name, attrs, replace)
+
+    def decorate(fn: Impl) -> Impl:
+        _add(OpSpec(
+            name=name, impl=fn, attrs=attrs, operands=operands, outputs=outputs,
+            family=family or (fn.__module__ or "").rsplit(".", 1)[-1],
+            doc=inspect.cleandoc(doc if doc is not None else fn.__doc__ or ""),
+            shape_rule=shape_rule, check=check, shapeless=shapeless,
+            native_coverage=native_coverage,
+        ))
+        return fn
+
+    return decorate
+
+
+def register_host_op(name: str, host: HostOp, *, attrs: type[Attrs] = NoAttrs,
+                     operands: int | tuple[int, int | None] = 1,
+                     outputs: int | Callable[[Any, int], int] | None = 1,
+                     subprograms: Sequence[str] = (), family: str = "control",
+                     replace: bool = False) -> None:
+    """Add a host op (see :mod:`mlxprog.ops.host`): ``host`` holds its rules
+    and its class docstring is the op's entry in the op reference."""
+    _check_new(name, attrs, replace)
+    if not isinstance(host, HostOp):
+        raise RegistryError(f"op {name!r}: host must be a mlxprog.ops.host.HostOp")
+    _add(OpSpec(
+        name=name, impl=None, attrs=attrs, operands=operands, outputs=outputs,
+        family=family, doc=inspect.cleandoc(type(host).__doc__ or ""),
+        subprograms=tuple(subprograms), host=host,
+    ))
+
+
+def register_family(members: Mapping[str, tuple[Callable, str]],
+                    apply: Callable[[Callable, list[mx.array], Any], Any], **options: Any) -> None:
+    """Register ops that differ only in the ``mx`` function they call:
+    ``members`` maps each op name to ``(function, doc)``, and each op's
+    implementation is ``apply(function, operands, attrs)``. ``options`` are
+    :func:`register_op`'s; the family is ``apply``'s module."""
+    options.setdefault("family", apply.__module__.rsplit(".", 1)[-1])
+    for name, (function, doc) in members.items():
+        def impl(operands, attrs, function=function):
+            return apply(function, operands, attrs)
+
+        # The op belongs to the module that declared the family (the docs
+        # tell built-in ops from user ones by it).
+        impl.__name__ = impl.__qualname__ = name
+        impl.__module__ = apply.__module__
+        register_op(name, doc=doc, **options)(impl)
+
+
+def _check_new(name: str, attrs: Any, replace: bool) -> None:
+    if not isinstance(attrs, type) or not issubclass(attrs, Attrs):
+        raise RegistryError(f"op {name!r}: attrs must be a subclass of mlxprog.Attrs")
+    if name in _REGISTRY and not replace:
+        raise RegistryError(f"op {name!r} is already registered (pass replace=True)")
+
+
+def _add(spec: OpSpec) -> None:
+    """Store an op, with its attribute model's axis fields found once."""
+    fields = axis_fields(spec.attrs)
+    _REGISTRY[spec.name] = spec if not fields else OpSpec(
+        **{**spec.__dict__, "axis_fields": fields})
+
+
+def unregister_op(name: str) -> None:
+    """Remove an op (used by tests of user-registered ops)."""
+    _REGISTRY.pop(name, None)
+
+
+def lookup(name: str) -> OpSpec | None:
+    """The spec of a registered op, or None."""
+    return _REGISTRY.get(name)
+
+
+def suggest(name: str) -> str:
+    """A ``"did you mean ...?"`` hint for an unknown op name ('' when nothing is close)."""
+    close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
+def all_ops() -> dict[str, OpSpec]:
+    """A snapshot of the registry, sorted by family then name."""
+    return dict(sorted(_REGISTRY.items(), key=lambda kv: (kv[1].family, kv[0])))

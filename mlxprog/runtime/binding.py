@@ -1,0 +1,111 @@
+"""Values in and out of a program: one converter for call inputs, captures
+and callback results, plus weight files.
+
+Every value that crosses into a program is checked against what the program
+declares (shape and dtype) by :func:`to_array`; nothing is silently cast. The
+callers word the error for their role (an input, a capture, a callback's
+output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..arrays import AVal, exact_array, name_of, numpy_dtype
+from ..errors import BindingError
+
+
+@dataclass(frozen=True)
+class Mismatch(Exception):
+    """A value does not fit its declaration: ``found`` and ``expected`` as
+    text (``float32[2, 3]``), or ``reason`` when it is not an array at all."""
+
+    found: str = ""
+    expected: str = ""
+    reason: str = ""
+
+
+def to_array(value: Any, dtype: mx.Dtype, shape: tuple[int, ...] | None) -> mx.array:
+    """``value`` as an array of ``dtype`` and ``shape`` (None: any shape),
+    converting numpy arrays and Python scalars or lists exactly; raises
+    :class:`Mismatch` when it does not fit. A numpy array must have the
+    dtype's numpy counterpart (float32 for bfloat16)."""
+    if isinstance(value, mx.array):
+        found_dtype, found_shape = value.dtype, tuple(value.shape)
+        array = value
+    elif isinstance(value, np.ndarray):
+        if value.dtype != numpy_dtype(dtype):
+            raise Mismatch(f"{value.dtype}{list(value.shape)}", _text(dtype, shape))
+        found_dtype, found_shape = dtype, tuple(value.shape)
+        array = None
+    else:
+        try:
+            array = exact_array(value, dtype)
+        except (ValueError, TypeError) as exc:
+            raise Mismatch(reason=str(exc)) from None
+        found_dtype, found_shape = dtype, tuple(array.shape)
+    if found_dtype != dtype or (shape is not None and found_shape != shape):
+        raise Mismatch(_text(found_dtype, found_shape), _text(dtype, shape))
+    return array if array is not None else mx.array(value, dtype=dtype)
+
+
+def _text(dtype: mx.Dtype, shape: Sequence[int] | None) -> str:
+    return name_of(dtype) + ("" if shape is None else str(list(shape)))
+
+
+def bind_input(name: str, value: Any, dtype: mx.Dtype, shape: tuple[int, ...] | None) -> mx.array:
+    """A call input as an array, or a :class:`BindingError` naming it."""
+    try:
+        return to_array(value, dtype, shape)
+    except Mismatch as bad:
+        if bad.reason:
+            raise BindingError(f"input {name!r}: {bad.reason}") from None
+        raise BindingError(f"input {name!r} expects {bad.expected}, got {bad.found}") from None
+
+
+def bind_captures(specs: Sequence[Any], avals: Sequence[AVal], captures: Mapping[str, Any] | None,
+                  weights: str | Path | Sequence[str | Path] | None) -> list[mx.array]:
+    """The capture arrays in declaration order (``specs`` are the program's
+    capture declarations), from ``captures`` and ``weights`` files (captures
+    win), each checked against its declaration."""
+    available: dict[str, Any] = {}
+    if weights is not None:
+        available.update(load_weights(weights))
+    if captures:
+        available.update(captures)
+    values = []
+    for spec, aval in zip(specs, avals):
+        if spec.name not in available:
+            raise BindingError(
+                f"capture {spec.name!r} ({aval}) is not bound: pass it in captures= or a "
+                "weights= file"
+            )
+        try:
+            values.append(to_array(available[spec.name], aval.dtype, aval.shape))
+        except Mismatch as bad:
+            found = bad.found or bad.reason
+            raise BindingError(f"capture {spec.name!r} expects {aval}, got {found}") from None
+    return values
+
+
+def load_weights(paths: str | Path | Sequence[str | Path]) -> dict[str, mx.array]:
+    """Read arrays by name from ``.safetensors``, ``.npz`` or ``.gguf`` files."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    weights: dict[str, mx.array] = {}
+    for path in paths:
+        try:
+            loaded = mx.load(str(path))
+        except Exception as exc:  # MLX raises bare RuntimeError/ValueError for bad files
+            raise BindingError(f"cannot read weights file {str(path)!r}: {exc}") from None
+        if isinstance(loaded, tuple):
+            loaded = loaded[0]
+        if not isinstance(loaded, dict):
+            raise BindingError(f"weights file {str(path)!r} holds one array, not named arrays")
+        weights.update(loaded)
+    return weights

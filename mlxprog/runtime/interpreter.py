@@ -1,0 +1,53 @@
+"""The interpreter: runs validated steps over an environment list.
+
+A step reads its operands from environment slots and writes its results to the
+slots after them (see :mod:`mlxprog.validate.steps` for the layout). The same loop is
+traced by ``mx.compile`` (compiled mode) and run directly (eager mode).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+from ..arrays import is_floating
+from ..errors import NumericError
+from ..validate.steps import Step
+
+
+def run_steps(steps: Sequence[Step], env: list) -> None:
+    """Apply each step to ``env`` in order, writing results into their slots."""
+    for step in steps:
+        result = step.spec.impl([env[i] for i in step.args], step.attrs)
+        if step.unpack:
+            env[step.out : step.out + step.n_out] = result
+        else:
+            env[step.out] = result
+
+
+def run_step_eager(step: Step, env: list, release: Sequence[int], check_numerics: bool) -> None:
+    """Run one step, evaluate its results, optionally check them for NaN/Inf,
+    then drop the values whose last use was this step."""
+    run_steps((step,), env)
+    results = env[step.out : step.out + step.n_out]
+    mx.eval(results)
+    if check_numerics:
+        check_finite(step, results)
+    for slot in release:
+        env[slot] = None
+
+
+def check_finite(step: Step, results: Sequence[mx.array]) -> None:
+    """Raise :class:`NumericError` if a floating result holds a NaN or an Inf."""
+    for k, value in enumerate(results):
+        if not is_floating(value.dtype) or value.size == 0:
+            continue
+        n_nan = mx.isnan(value).sum().item()
+        n_inf = mx.isinf(value).sum().item()
+        if n_nan or n_inf:
+            which = f"result {k} of " if step.n_out > 1 else ""
+            raise NumericError(
+                f"{which}{step.location} ({step.spec.name}) produced "
+                f"{n_nan} NaN and {n_inf} Inf value(s) in an array of shape {list(value.shape)}"
+            )

@@ -1,0 +1,188 @@
+"""Specialisation: a symbolic program made concrete for one binding of its dims.
+
+Dims appear in input shapes and in integer-valued attributes (``"shape":
+["B*T", 576]``); :func:`specialize` replaces them by their values. The sample
+bindings that validation checks a symbolic program at, and the sizes the
+builder infers shapes at, come from the one list of sample sizes here.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Mapping
+
+from ..format.paths import StepPath
+from ..format.program import DimSpec, Instruction, Program, SubProgram
+from ..ops.registry import lookup
+from .expr import Expr, evaluate, parse, parse_dim
+
+ODD_SAMPLE_SIZES = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)
+"""Generic dim sizes (distinct, odd, unusual): a size that happens to equal
+another dim or a constant would hide shape mistakes."""
+
+EVEN_SAMPLE_SIZES = (6, 10, 14, 22, 26, 34, 38, 46, 58, 62, 74, 82)
+"""Generic even sizes, for a second sample binding (catches odd-only programs)."""
+
+
+def sample_bindings(dims: Mapping[str, DimSpec]) -> list[dict[str, int]]:
+    """Bindings used to check a symbolic program statically: every dim at its
+    minimum, then two assignments of distinct, generic values (odd and even)
+    within the bounds."""
+    samples = [{d: spec.min for d, spec in dims.items()}]
+    for pool in (ODD_SAMPLE_SIZES, EVEN_SAMPLE_SIZES):
+        sample = {}
+        for i, (d, spec) in enumerate(sorted(dims.items())):
+            value = pool[i % len(pool)] * (1 + i // len(pool))
+            if not spec.contains(value):
+                value = spec.max if spec.max is not None and value > spec.max else spec.min
+            sample[d] = value
+        samples.append(sample)
+    unique = []
+    for s in samples:
+        if s not in unique:
+            unique.append(s)
+    return unique
+
+
+def builder_sample(spec: DimSpec, taken: set[int]) -> int:
+    """The size a builder infers shapes at for a new dim: the first generic
+    size within its bounds that no other dim has (else its minimum)."""
+    return next((v for v in ODD_SAMPLE_SIZES if v not in taken and spec.contains(v)), spec.min)
+
+
+def specialize(program: Program, bindings: Mapping[str, int]) -> Program:
+    """The concrete program for one binding: dims replaced in input shapes and
+    in int-valued attributes; ``value_of`` inputs stay (as int scalars)."""
+    inputs = [
+        spec.model_copy(update={"shape": [
+            e if isinstance(e, int) else evaluate(parse(e), bindings) for e in spec.shape
+        ]}) if any(isinstance(e, str) for e in spec.shape) else spec
+        for spec in program.inputs
+    ]
+    return program.model_copy(update={
+        "dims": {},
+        "inputs": inputs,
+        "instructions": [specialize_instruction(i, program.dims, bindings)
+                         for i in program.instructions],
+    })
+
+
+def specialize_instruction(inst: Instruction, dims: Mapping[str, DimSpec],
+                           bindings: Mapping[str, int]) -> Instruction:
+    """One instruction (and its subprograms) with dims in integer-valued
+    attributes replaced by their values under ``bindings``."""
+    attrs, used = substitute_attrs(inst, dims, bindings)
+    subs = {name: SubProgram(instructions=[specialize_instruction(i, dims, bindings)
+                                           for i in sub.instructions], outputs=sub.outputs)
+            for name, sub in inst.subprograms.items()}
+    if used or subs:
+        inst = inst.model_copy(update={"attrs": attrs, "subprograms": subs})
+    return inst
+
+
+def dim_dependent_paths(instructions: list[Instruction], dims: Mapping[str, DimSpec],
+                        prefix: StepPath = ()) -> set[StepPath]:
+    """The paths of the instructions whose attributes use dims (their
+    segments need a trace per binding). ValueError names a bad expression;
+    :class:`DimExpressionError` says where it is."""
+    found = set()
+    for index, inst in enumerate(instructions):
+        path = (*prefix, index)
+        try:
+            _, used = substitute_attrs(inst, dims, None)
+        except ValueError as exc:
+            raise DimExpressionError(str(exc), path, inst.op) from None
+        if used:
+            found.add(path)
+        for name, sub in inst.subprograms.items():
+            found |= dim_dependent_paths(sub.instructions, dims, (*path, name))
+    return found
+
+
+class DimExpressionError(ValueError):
+    """An attribute holds a string that is not an expression over the dims;
+    ``path`` and ``op`` say which instruction."""
+
+    def __init__(self, message: str, path: StepPath, op: str):
+        super().__init__(message)
+        self.path = path
+        self.op = op
+
+
+def substitute_attrs(inst: Instruction, dims: Mapping[str, DimSpec],
+                     bindings: Mapping[str, int] | None) -> tuple[dict, bool]:
+    """An instruction's attrs with dim expressions in integer-valued fields
+    replaced by their values under ``bindings`` (None: only check them), and
+    whether any were found."""
+    spec = lookup(inst.op)
+    if spec is None or not dims:
+        return inst.attrs, False
+    fields = spec.attrs.model_fields
+    attrs, used = {}, False
+    for key, value in inst.attrs.items():
+        field = fields.get(key)
+        if field is not None and not _admits_str(field.annotation):
+            value, flag = _substitute(value, dims, bindings, f"attribute {key!r}")
+            used |= flag
+        attrs[key] = value
+    return attrs, used
+
+
+def _substitute(value: Any, dims: Mapping[str, DimSpec], bindings: Mapping[str, int] | None,
+                where: str) -> tuple[Any, bool]:
+    """Replace dim-expression strings inside an int-valued attribute (nested
+    lists allowed) by their values. Returns ``(value, used_dims)``; with
+    ``bindings`` None only checks the expressions."""
+    if isinstance(value, str):
+        try:
+            expr = parse_dim(value, dims)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        return (value if bindings is None else evaluate(expr, bindings)), True
+    if isinstance(value, list):
+        used = False
+        out = []
+        for item in value:
+            new, flag = _substitute(item, dims, bindings, where)
+            out.append(new)
+            used |= flag
+        return out, used
+    return value, False
+
+
+def attr_expressions(instructions: list[Instruction]) -> list[Expr]:
+    """Every dim expression written in an integer-valued attribute (candidates
+    for expressing output sizes in the dims)."""
+    found = []
+    for inst in instructions:
+        spec = lookup(inst.op)
+        for key, value in inst.attrs.items():
+            field = spec.attrs.model_fields.get(key) if spec else None
+            if field is not None and not _admits_str(field.annotation):
+                found.extend(parse(v) for v in _strings(value))
+        for sub in inst.subprograms.values():
+            found.extend(attr_expressions(sub.instructions))
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def _admits_str(annotation: Any) -> bool:
+    """Whether a field annotation accepts strings (then its strings are not dims)."""
+    if annotation is str:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return any(isinstance(a, str) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _admits_str(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_admits_str(a) for a in typing.get_args(annotation))
+    return False

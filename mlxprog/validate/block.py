@@ -1,0 +1,298 @@
+"""Validating one instruction list: refs, ops, attributes, operand checks and
+shape/dtype inference.
+
+Nothing is traced or evaluated: result shapes come from each op's shape rule
+or from running the op on unevaluated MLX placeholders (MLX builds graphs
+lazily, so this allocates nothing). Any problem raises
+:class:`~mlxprog.errors.ValidationError` naming the instruction, its
+subprogram path and the op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+import pydantic
+
+from ..arrays import AVal
+from ..errors import ValidationError
+from ..format.paths import StepPath, render, within
+from ..format.program import Instruction, Ref, ResultRef
+from ..ops.attrs import Attrs, CheckError, resolve_axes
+from ..ops.registry import OpSpec, lookup, suggest
+from .steps import Block, Step, make_step
+
+
+class Base:
+    """The values every block of a program sees: inputs, captures, constants."""
+
+    def __init__(self, inputs: Sequence[AVal], captures: Sequence[AVal],
+                 constants: Sequence[mx.array]):
+        self.n_inputs = len(inputs)
+        self.n_captures = len(captures)
+        self.n_constants = len(constants)
+        self.avals = [*inputs, *captures, *(AVal.of(c) for c in constants)]
+        self.placeholders = [
+            *(placeholder(a) for a in inputs),
+            *(placeholder(a) for a in captures),
+            *constants,
+        ]
+
+
+def placeholder(aval: AVal) -> mx.array:
+    """An unevaluated array of ``aval``: MLX records the node without allocating."""
+    return mx.zeros(aval.shape, aval.dtype)
+
+
+def validate_block(base: Base, instructions: Sequence[Instruction], outputs: Sequence[Ref],
+                   carry: Sequence[AVal], path: StepPath) -> Block:
+    """Validate one instruction list whose carry values have the given avals.
+
+    Host ops validate their subprograms through this (see :class:`Subprograms`),
+    with ``path`` naming the subprogram.
+    """
+    scope = _Scope(base, carry, path)
+    steps = [scope.add(index, inst) for index, inst in enumerate(instructions)]
+    where = within(render(path), "outputs")
+    out_slots = tuple(scope.resolve(ref, where, f"output {i}") for i, ref in enumerate(outputs))
+    return Block(path=path, steps=tuple(steps), n_prefix=len(base.avals), n_carry=len(carry),
+                 outputs=out_slots, avals=tuple(scope.avals))
+
+
+class Subprograms:
+    """Validates an instruction's subprograms for its host op's ``infer`` rule
+    (see :class:`mlxprog.ops.host.Subprograms`) and keeps their blocks."""
+
+    def __init__(self, base: Base, inst: Instruction, path: StepPath):
+        self.base = base
+        self.inst = inst
+        self.path = path
+        self.blocks: dict[str, Block] = {}
+
+    def check(self, name: str, carry: Sequence[AVal]) -> Block:
+        """Validate subprogram ``name`` with carry values of these avals."""
+        sub = self.inst.subprograms[name]
+        block = validate_block(self.base, sub.instructions, sub.outputs, list(carry),
+                               (*self.path, name))
+        self.blocks[name] = block
+        return block
+
+
+class _Scope:
+    def __init__(self, base: Base, carry: Sequence[AVal], path: StepPath):
+        self.base = base
+        self.path = path
+        self.n_carry = len(carry)
+        self.avals: list[AVal] = [*base.avals, *carry]
+        self.placeholders: list[mx.array] = [*base.placeholders, *(placeholder(a) for a in carry)]
+        self.n_results = 0
+        self.first_result = len(self.avals)  # the slot of result 0
+        self.prefix = f"{render(path)} > " if path else ""
+        # op name -> (spec, min operands, max operands), looked up once per scope
+        self.ops: dict[str, tuple[OpSpec, int, int | None]] = {}
+        # Instructions without attrs or subprograms whose op and operand avals
+        # match infer alike: (op, *avals) -> infer's result, computed once.
+        self.inferred: dict[tuple, tuple] = {}
+
+    def where(self, index: int) -> str:
+        """The location text of instruction ``index`` of this scope (rendered
+        only for messages)."""
+        return f"{self.prefix}instruction {index}"
+
+    def resolve(self, ref: Ref, where: str, what: str, op: str | None = None) -> int:
+        """The environment slot of a ref, or a ValidationError saying why it is bad
+        (naming ``op``, the instruction's op, when the ref is an operand)."""
+        b = self.base
+        kind = ref.kind
+        idx = getattr(ref, kind)  # ref.index would find the kind again
+        if kind == "input":
+            limit, offset = b.n_inputs, 0
+        elif kind == "capture":
+            limit, offset = b.n_captures, b.n_inputs
+        elif kind == "const":
+            limit, offset = b.n_constants, b.n_inputs + b.n_captures
+        elif kind == "carry":
+            if not self.path:
+                raise ValidationError(
+                    f"{what} is a carry ref, but carry refs exist only inside subprograms",
+                    where, op,
+                )
+            limit, offset = self.n_carry, len(b.avals)
+        else:
+            if idx >= self.n_results:
+                raise ValidationError(
+                    f"{what} refers to result {idx}, but only {self.n_results} result(s) "
+                    "exist at this point (a ref may only point to a result already produced)",
+                    where, op,
+                )
+            return self.first_result + idx
+        if idx >= limit:
+            raise ValidationError(
+                f"{what} refers to {kind} {idx}, but there are only {limit} {kind}(s)", where, op,
+            )
+        return offset + idx
+
+    def add(self, index: int, inst: Instruction) -> Step:
+        # This runs once per instruction (100,000 times for a large program), so
+        # the common case is kept cheap: the op's spec and operand range come
+        # from a per-scope table, result refs (most operands) are resolved
+        # inline, and an instruction without attrs or subprograms whose op and
+        # operand avals were seen before reuses the earlier inference.
+        op, operands = inst.op, inst.operands
+        known = self.ops.get(op)
+        if known is None:
+            spec = lookup_op(op, self.where(index))
+            known = self.ops[op] = (spec, *spec.operand_range())
+        spec, lo, hi = known
+        n = len(operands)
+        if n < lo or (hi is not None and n > hi):
+            check_arity(spec, n, self.where(index))
+        avals, n_results = self.avals, self.n_results
+        slots, key = [], [op]
+        for ref in operands:
+            if type(ref) is ResultRef and ref.result < n_results:
+                slot = self.first_result + ref.result
+            else:
+                slot = self.resolve(ref, self.where(index), f"operand {len(slots)}", op)
+            slots.append(slot)
+            key.append(avals[slot])
+        args = tuple(slots)
+        path = (*self.path, index) if self.path else (index,)
+        key = None if inst.attrs or inst.subprograms else tuple(key)  # (op, *avals)
+        inferred = self.inferred.get(key)
+        if inferred is None:
+            inferred = infer(self.base, spec, inst, [avals[s] for s in args],
+                             [self.placeholders[s] for s in args], path)
+            if key is not None:
+                self.inferred[key] = inferred
+        attrs, blocks, out_avals, placeholders = inferred
+        out = len(avals)
+        avals.extend(out_avals)
+        self.placeholders.extend(placeholders)
+        self.n_results = n_results + len(out_avals)
+        return make_step(index, path, spec, attrs, args, out, len(out_avals), blocks)
+
+
+def lookup_op(name: str, where: str) -> OpSpec:
+    """The spec of op ``name``, or a ValidationError with a close-match suggestion."""
+    spec = lookup(name)
+    if spec is None:
+        raise ValidationError(f"unknown op {name!r}{suggest(name)}", where, name)
+    return spec
+
+
+def check_arity(spec: OpSpec, n: int, where: str) -> None:
+    """Raise unless ``n`` operands fit the op."""
+    lo, hi = spec.operand_range()
+    if n < lo or (hi is not None and n > hi):
+        raise ValidationError(
+            f"expects {spec.describe_arity()} operand(s), found {n}", where, spec.name
+        )
+
+
+def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
+          placeholders: list[mx.array], path: StepPath):
+    """Validate an instruction's attrs, operands and subprograms and infer its
+    results: the attrs model, axis resolution, the op's ``check`` rule, then
+    the shape rule, the host op's ``infer`` or the implementation on
+    placeholders. ``base`` is needed only by host ops with subprograms.
+
+    Returns ``(attrs, blocks, result avals, result placeholders)``.
+    """
+    attrs = _validate_attrs(spec, inst, path)
+    unexpected = set(inst.subprograms) - set(spec.subprograms)
+    missing = set(spec.subprograms) - set(inst.subprograms)
+    if unexpected or missing:
+        want = ", ".join(spec.subprograms) or "none"
+        raise ValidationError(
+            f"takes subprograms ({want}); found ({', '.join(inst.subprograms) or 'none'})",
+            render(path), inst.op,
+        )
+    blocks: dict[str, Block] = {}
+    try:
+        if spec.axis_fields:
+            attrs = resolve_axes(attrs, spec.axis_fields, avals)
+        if spec.check is not None:
+            spec.check(avals, attrs)
+        if spec.host is not None:
+            subprograms = Subprograms(base, inst, path)
+            out_avals = list(spec.host.infer(subprograms, avals, attrs))
+            blocks = subprograms.blocks
+            results = [placeholder(a) for a in out_avals]
+        elif spec.shape_rule is not None:
+            out_avals = list(spec.shape_rule(avals, attrs))
+            results = [placeholder(a) for a in out_avals]
+        else:
+            results = None
+    except ValidationError:
+        raise
+    except CheckError as exc:
+        raise _check_failure(exc, path, inst.op) from None
+    except ValueError as exc:
+        raise ValidationError(_clean(exc), render(path), inst.op) from None
+    if results is None:
+        try:
+            results = _as_results(spec.impl(placeholders, attrs), spec,
+                                  spec.num_outputs(attrs, len(avals)))
+        except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as exc:
+            shapes = ", ".join(str(a) for a in avals) or "no operands"
+            raise ValidationError(f"{_clean(exc)} (operands: {shapes})", render(path),
+                                  inst.op) from None
+        out_avals = [AVal.of(p) for p in results]
+    n_out = spec.num_outputs(attrs, len(avals))
+    if n_out is not None and len(out_avals) != n_out:
+        raise ValidationError(
+            f"op produced {len(out_avals)} result(s), its spec declares {n_out}", render(path),
+            inst.op,
+        )
+    return attrs, blocks, out_avals, results
+
+
+def _check_failure(exc: CheckError, path: StepPath, op: str) -> ValidationError:
+    """A failed operand check as a ValidationError: at the subprogram it names,
+    else at the instruction (under the attribute it names)."""
+    if exc.subprogram is not None:
+        return ValidationError(str(exc), render((*path, exc.subprogram)))
+    detail = str(exc) if exc.attribute is None else f"attribute {exc.attribute!r}: {exc}"
+    return ValidationError(detail, render(path), op)
+
+
+def _as_results(result: Any, spec: OpSpec, n_out: int) -> list[mx.array]:
+    """The results of an implementation as a list. An op declared with exactly
+    one output returns an array; every other op returns a sequence of arrays
+    (of length one too, e.g. ``split`` into one piece)."""
+    if spec.outputs == 1:
+        if isinstance(result, mx.array):
+            return [result]
+        expected = "one mx.array"
+    else:
+        if isinstance(result, (tuple, list)) and all(isinstance(r, mx.array) for r in result):
+            return list(result)  # the count is checked by the caller
+        expected = f"a tuple of {n_out} mx.array"
+    raise TypeError(f"implementation returned {type(result).__name__}; expected {expected}")
+
+
+def _validate_attrs(spec: OpSpec, inst: Instruction, path: StepPath) -> Attrs:
+    try:
+        return spec.attrs.model_validate(inst.attrs)
+    except pydantic.ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            # Union members show up in locations as 'function-after[...]' etc.
+            parts = [str(p) for p in err["loc"] if not _is_schema_tag(p)]
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(spec.attrs.model_fields) or "none"
+                msg = f"unknown attribute (known: {known})"
+            problems.append(f"attribute {'.'.join(parts)!r}: {msg}" if parts else msg)
+        raise ValidationError("; ".join(problems), render(path), inst.op) from None
+
+
+def _is_schema_tag(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in ("int", "str", "float", "bool"))
+
+
+def _clean(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.removeprefix("[").split("] ", 1)[-1] if text.startswith("[") else text
