@@ -129,26 +129,24 @@ class BlockRunner:
         a larger function (a fused loop iteration)."""
         if self._direct is None:
             return None
-        segment, reads, outputs = self._direct
-        fixed = self.fixed
+        segment = self._direct[0]
+        interpret = None if segment is None else (lambda values: segment.interpret(*values))
+        return lambda inputs, carry: self._run_direct(interpret, inputs, carry)
 
-        def run(inputs, carry):
-            sources = [inputs, fixed, carry, ()]  # in ValueSource order
-            if segment is not None:
-                sources[ValueSource.SEGMENT] = segment.interpret(
-                    *[sources[k][i] for k, i in reads])
-            return [sources[k][i] for k, i in outputs]
-
-        return run
+    def _run_direct(self, call: Callable | None, inputs: Sequence[mx.array],
+                    carry: Sequence[mx.array]) -> list[mx.array]:
+        """A block of at most one segment, run by calling ``call`` (the
+        compiled segment, or its interpreter) on the list of values it reads."""
+        _, reads, outputs = self._direct
+        sources = [inputs, self.fixed, carry, ()]  # in ValueSource order
+        if call is not None:
+            sources[ValueSource.SEGMENT] = call([sources[k][i] for k, i in reads])
+        return [sources[k][i] for k, i in outputs]
 
     def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array] = ()) -> list[mx.array]:
         """Run the block on the program inputs and (for subprograms) the carry."""
         if self._direct is not None:
-            segment, reads, outputs = self._direct
-            sources = [inputs, self.fixed, carry, ()]  # in ValueSource order
-            if segment is not None:
-                sources[ValueSource.SEGMENT] = segment([sources[k][i] for k, i in reads])
-            return [sources[k][i] for k, i in outputs]
+            return self._run_direct(self._direct[0], inputs, carry)
         env = [*inputs, *self.fixed[self.n_inputs:], *carry, *self._results]
         if self.options.eager:
             self._run_eager(env)

@@ -231,13 +231,17 @@ def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
         raise _check_failure(exc, path, inst.op) from None
     except ValueError as exc:
         raise ValidationError(_clean(exc), render(path), inst.op) from None
+    except (TypeError, RuntimeError, IndexError, KeyError) as exc:
+        # A rule that fails on operands it did not expect (a user's rule,
+        # say) is still reported where it happened.
+        raise ValidationError(f"{_clean(exc)} (operands: {_shapes(avals)})", render(path),
+                              inst.op) from None
     if results is None:
         try:
             results = _as_results(spec.impl(placeholders, attrs), spec,
                                   spec.num_outputs(attrs, len(avals)))
         except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as exc:
-            shapes = ", ".join(str(a) for a in avals) or "no operands"
-            raise ValidationError(f"{_clean(exc)} (operands: {shapes})", render(path),
+            raise ValidationError(f"{_clean(exc)} (operands: {_shapes(avals)})", render(path),
                                   inst.op) from None
         out_avals = [AVal.of(p) for p in results]
     n_out = spec.num_outputs(attrs, len(avals))
@@ -247,6 +251,10 @@ def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
             inst.op,
         )
     return attrs, blocks, out_avals, results
+
+
+def _shapes(avals: list[AVal]) -> str:
+    return ", ".join(str(a) for a in avals) or "no operands"
 
 
 def _check_failure(exc: CheckError, path: StepPath, op: str) -> ValidationError:

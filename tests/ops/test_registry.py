@@ -202,3 +202,85 @@ def test_bad_implementation_is_a_validation_error(bad_ops, op, detail):
     err = info.value
     assert (err.location, err.op) == ("instruction 1", op)
     assert detail in err.detail
+
+
+class PickAttrs(mp.Attrs):
+    axis: Axis = 0
+    index: int = 0
+
+
+def _check_pick(avals, attrs):
+    """``index`` must lie in operand 0's ``axis``."""
+    if not 0 <= attrs.index < avals[0].shape[attrs.axis]:
+        raise mp.CheckError(f"index {attrs.index} is outside axis {attrs.axis} "
+                            f"of {avals[0]}", attribute="index")
+
+
+@pytest.fixture
+def checked_op():
+    @mp.register_op("test_pick", attrs=PickAttrs, check=_check_pick)
+    def pick(operands, attrs):
+        """Row ``index`` along ``axis``."""
+        return mx.take(operands[0], attrs.index, axis=attrs.axis)
+
+    @mp.register_op("test_sloppy", operands=(1, 2), check=lambda avals, attrs: avals[1])
+    def sloppy(operands, attrs):
+        """Operand 0 (its check reads an operand that may be absent)."""
+        return operands[0]
+
+    yield
+    mp.unregister_op("test_pick")
+    mp.unregister_op("test_sloppy")
+
+
+def test_check_rule_sees_resolved_axes_and_names_the_attribute(checked_op):
+    prog = program([{"op": "test_pick", "operands": [{"input": 0}],
+                     "attrs": {"axis": -1, "index": 3}}], [{"result": 0}])
+    assert mp.validate(prog).block.steps[0].attrs == PickAttrs(axis=1, index=3)
+    assert_close(mp.run(prog, X)[0], X[:, 3])
+    bad = program([{"op": "test_pick", "operands": [{"input": 0}],
+                    "attrs": {"axis": -1, "index": 4}}], [{"result": 0}])
+    with pytest.raises(mp.ValidationError) as info:
+        mp.validate(bad)
+    assert str(info.value) == ("instruction 0 (test_pick): attribute 'index': index 4 is "
+                               "outside axis 1 of float32[2, 4]")
+    far = program([{"op": "test_pick", "operands": [{"input": 0}], "attrs": {"axis": 2}}],
+                  [{"result": 0}])
+    with pytest.raises(mp.ValidationError, match="attribute 'axis': axis 2 is out of range "
+                                                 "for an operand of rank 2"):
+        mp.validate(far)
+
+
+def test_a_failing_check_rule_is_a_validation_error_not_a_crash(checked_op):
+    prog = program([{"op": "test_sloppy", "operands": [{"input": 0}]}], [{"result": 0}])
+    with pytest.raises(mp.ValidationError, match=r"instruction 0 \(test_sloppy\).*operands: "
+                                                 r"float32\[2, 4\]"):
+        mp.validate(prog)
+
+
+def test_attribute_models_validate_without_operands():
+    # The docs and the schema validate the same models the op checks use.
+    assert PickAttrs.model_validate({"axis": -7}).axis == -7
+    with pytest.raises(Exception, match="axes"):
+        mp.lookup("sum").attrs.model_validate({"axes": [0, 0]})
+
+
+def test_one_family_factory_registers_ops_with_their_docs():
+    calls = []
+
+    def apply(function, operands, attrs):
+        calls.append(function)
+        return function(operands[0])
+
+    mp.register_family({"test_neg": (mx.negative, "Negation."), "test_abs": (mx.abs, "|x|.")},
+                       apply, shapeless=True)
+    try:
+        assert mp.lookup("test_neg").doc == "Negation."
+        assert mp.lookup("test_abs").family == "test_registry"
+        assert mp.lookup("test_abs").shapeless
+        prog = program([{"op": "test_neg", "operands": [{"input": 0}]},
+                        {"op": "test_abs", "operands": [{"result": 0}]}], [{"result": 1}])
+        assert_close(mp.run(prog, X)[0], X)
+    finally:
+        mp.unregister_op("test_neg")
+        mp.unregister_op("test_abs")
