@@ -13,6 +13,7 @@ from .builder import ProgramBuilder, Value
 from .errors import (
     BindingError,
     CallbackError,
+    EvaluationError,
     FormatError,
     LoopLimitError,
     NumericError,
@@ -22,6 +23,7 @@ from .errors import (
 )
 from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
 from .format.schema import full_schema
+from .limits import Limits
 from .ops.attrs import Attrs, Axes, Axis, CheckError, DType, Float, InsertAxis, NoAttrs
 from .ops.host import HostOp
 from .ops.registry import (
@@ -47,11 +49,12 @@ from .validate import SymbolicProgram, ValidatedProgram, validate
 __version__ = "0.1.0"
 
 __all__ = [
-    "AVal", "Attrs", "Axes", "Axis", "BindingError", "CallbackError", "CheckError", "Constant",
-    "DType", "DimSpec", "Executable", "Float", "FormatError", "HostOp", "InsertAxis",
-    "Instruction", "LoopLimitError", "NoAttrs", "NumericError", "OpSpec", "Program",
-    "ProgramBuilder", "ProgramError", "Ref", "StaticExecutable", "Stats", "SubProgram",
-    "SymbolicExecutable", "SymbolicProgram", "TensorSpec", "TraceError", "ValidatedProgram",
-    "ValidationError", "Value", "all_ops", "compile", "full_schema", "load_weights", "lookup",
-    "register_family", "register_host_op", "register_op", "run", "unregister_op", "validate",
+    "Attrs", "AVal", "Axes", "Axis", "BindingError", "CallbackError", "CheckError", "Constant",
+    "DimSpec", "DType", "EvaluationError", "Executable", "Float", "FormatError", "HostOp",
+    "InsertAxis", "Instruction", "Limits", "LoopLimitError", "NoAttrs", "NumericError",
+    "OpSpec", "Program", "ProgramBuilder", "ProgramError", "Ref", "StaticExecutable", "Stats",
+    "SubProgram", "SymbolicExecutable", "SymbolicProgram", "TensorSpec", "TraceError",
+    "ValidatedProgram", "ValidationError", "Value", "all_ops", "compile", "full_schema",
+    "load_weights", "lookup", "register_family", "register_host_op", "register_op", "run",
+    "unregister_op", "validate",
 ]

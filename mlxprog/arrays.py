@@ -4,6 +4,7 @@ conversion of Python values to arrays."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, NamedTuple
 
 import mlx.core as mx
@@ -91,36 +92,73 @@ class AVal(NamedTuple):
 def exact_array(value: Any, dtype: mx.Dtype) -> mx.array:
     """``value`` (a scalar or nested list) as an array of ``dtype``, refusing
     anything the conversion would change: ragged lists, fractions for integer
-    dtypes, values out of the dtype's range. ValueError says which."""
+    dtypes, values out of the dtype's range (bool holds 0 and 1). ValueError
+    says which. The one conversion of Python values: constants, call inputs,
+    captures and callback results all come through here."""
     name = name_of(dtype)
-    try:
-        data = np.array(value)
-    except ValueError:
-        raise ValueError("value is a ragged nested list") from None
-    if data.dtype == object:  # integers beyond 64 bits (ragged lists raise above)
-        try:
-            if not is_floating(dtype):
-                raise OverflowError
-            data = data.astype(np.float64)
-        except (OverflowError, TypeError):
-            raise ValueError(f"value out of range for {name}") from None
-    if data.dtype.kind not in "biuf":
-        raise ValueError(f"cannot convert {type(value).__name__} {value!r:.40} to {name}")
+    data = _numpy(value, name)
+    if data.size == 0:
+        # MLX 0.32 can hang reducing a zero-size array converted from numpy
+        # (after a compiled reduction); one MLX makes itself is safe.
+        return mx.zeros(data.shape, dtype)
     if is_integer(dtype) or dtype == mx.bool_:
-        if data.dtype.kind == "f":
-            if not np.all(np.isfinite(data)) or np.any(data != np.round(data)):
-                raise ValueError(f"non-integer value for dtype {name}")
-        if dtype != mx.bool_ and data.size:
-            info = np.iinfo(name)
-            if data.min() < info.min or data.max() > info.max:
-                raise ValueError(f"value out of range for {name} [{info.min}, {info.max}]")
-    if dtype in _FLOAT_MAX and data.dtype.kind in "fiu" and data.size:
+        return mx.array(_exact_integers(value, data, name), dtype=dtype)
+    if data.dtype == object:  # integers beyond 64 bits
+        try:
+            data = data.astype(np.float64)
+        except OverflowError:
+            raise ValueError(f"value out of range for {name}") from None
+    if dtype in _FLOAT_MAX:
         finite = data[np.isfinite(data)].astype(np.float64)
         if finite.size and np.max(np.abs(finite)) > _FLOAT_MAX[dtype]:
             raise ValueError(f"value out of range for {name}")
     if dtype == mx.bfloat16:
         return mx.array(data.astype(np.float32)).astype(dtype)
     return mx.array(data, dtype=dtype)
+
+
+def _numpy(value: Any, name: str) -> np.ndarray:
+    """``value`` as numpy infers it: bool, integer, float or (integers beyond
+    64 bits) object elements."""
+    try:
+        data = np.array(value)
+    except ValueError as exc:
+        if "maximum number of dimension" in str(exc):
+            raise ValueError("value nests lists deeper than 64 levels") from None
+        raise ValueError("value is a ragged nested list") from None
+    if data.dtype.kind not in "biufO":
+        raise ValueError(f"cannot convert {type(value).__name__} {value!r:.40} to {name}")
+    return data
+
+
+def _exact_integers(value: Any, data: np.ndarray, name: str) -> np.ndarray:
+    """The elements of ``value`` (inferred by numpy as ``data``) as exact
+    integers within the range of dtype ``name``; ValueError otherwise.
+
+    Numpy infers float64 for a list that mixes integers with floats or with
+    integers of both signs beyond int64 (``[2**64 - 1, -1]``): where that can
+    have rounded an integer (a magnitude of 2**53 or more), every element is
+    converted from its Python value instead.
+    """
+    low, high = (0, 1) if name == "bool" else (int(np.iinfo(name).min), int(np.iinfo(name).max))
+    if data.dtype.kind == "O" or (data.dtype.kind == "f" and not np.max(np.abs(data)) < 2.0**53):
+        data = np.array([_integer(x, name) for x in np.array(value, dtype=object).flat],
+                        dtype=object).reshape(data.shape)
+    elif data.dtype.kind == "f" and np.any(fractions := data != np.round(data)):
+        first = float(data[fractions].flat[0])
+        raise ValueError(f"non-integer value for dtype {name}: {first!r}")
+    if data.min() < low or data.max() > high:
+        raise ValueError(f"value out of range for {name} [{low}, {high}]")
+    return data.astype(numpy_dtype(to_mlx(name)))
+
+
+def _integer(element: Any, name: str) -> int:
+    if isinstance(element, (float, np.floating)):
+        if not (math.isfinite(element) and float(element).is_integer()):
+            raise ValueError(f"non-integer value for dtype {name}: {element!r}")
+    elif not isinstance(element, (int, np.integer, np.bool_)):
+        raise ValueError(f"cannot convert {element!r:.40} to {name}")
+    return int(element)
 
 
 # Largest finite values of the narrow float dtypes (numpy has no bfloat16).

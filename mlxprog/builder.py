@@ -21,6 +21,7 @@ from .arrays import DTYPES, AVal, is_floating, is_integer, name_of
 from .errors import ValidationError
 from .format.paths import StepPath, render
 from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
+from .limits import Limits
 from .ops.registry import lookup, suggest
 from .symbolic.expr import evaluate, is_dim_name, parse_dim
 from .symbolic.specialize import builder_sample, specialize_instruction
@@ -110,11 +111,11 @@ class _Scope:
         values = self._operands(operands, where)
         inst = Instruction(op=name, operands=[v.ref for v in values], attrs=attrs,
                            subprograms=subprograms or {})
-        _, _, out_avals, results = infer(
+        _, _, out_avals, results, _ = infer(
             # Only structured ops read the base (to validate their subprograms).
             self.root.base() if spec.subprograms else None, spec,
             self.root.at_sample(inst, where), [v.aval for v in values],
-            [v.placeholder for v in values], path,
+            [v.placeholder for v in values], path, self.root.limits,
         )
         self.instructions.append(inst)
         outs = tuple(
@@ -240,11 +241,13 @@ def _scalar_dtype(value: Any, like: Value | None) -> str:
 
 
 class ProgramBuilder(_Scope):
-    """Builds a :class:`~mlxprog.program.Program` op by op. ``b.op(name, ...)`` or
-    ``b.<name>(...)`` appends an instruction; ``build(outputs)`` returns the program."""
+    """Builds a :class:`~mlxprog.format.program.Program` op by op. ``b.op(name, ...)``
+    or ``b.<name>(...)`` appends an instruction; ``build(outputs)`` returns the
+    program. Each instruction is held to ``limits`` (default: :class:`Limits`)."""
 
-    def __init__(self, name: str = ""):
+    def __init__(self, name: str = "", limits: Limits | None = None):
         self.name = name
+        self.limits = limits or Limits()
         self.dims: dict[str, DimSpec] = {}
         self._sample: dict[str, int] = {}
         self.inputs: list[TensorSpec] = []
@@ -258,15 +261,12 @@ class ProgramBuilder(_Scope):
     def base(self) -> Base:
         """The inputs, captures and constants declared so far (for validation)."""
         if self._base is None:
-            self._base = Base.__new__(Base)
-            kinds = [v.ref.kind for v in self._values]
-            self._base.n_inputs = kinds.count("input")
-            self._base.n_captures = kinds.count("capture")
-            self._base.n_constants = kinds.count("const")
-            order = {"input": 0, "capture": 1, "const": 2}
-            ordered = sorted(self._values, key=lambda v: (order[v.ref.kind], v.ref.index))
-            self._base.avals = [v.aval for v in ordered]
-            self._base.placeholders = [v.placeholder for v in ordered]
+            by_kind = {"input": [], "capture": [], "const": []}
+            for value in sorted(self._values, key=lambda v: v.ref.index):
+                by_kind[value.ref.kind].append(value)
+            self._base = Base([v.aval for v in by_kind["input"]],
+                              [v.aval for v in by_kind["capture"]],
+                              [v.placeholder for v in by_kind["const"]], self.limits)
         return self._base
 
     def _declare(self, kind: str, table: list, spec, aval: AVal, placeholder: mx.array) -> Value:

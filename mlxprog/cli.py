@@ -21,7 +21,7 @@ import numpy as np
 from . import native
 from .arrays import AVal, to_mlx
 from .docs import attr_docs, describe_outputs, render_op_reference
-from .errors import ProgramError
+from .errors import EvaluationError, ProgramError
 from .format.program import Instruction, Program
 from .format.schema import full_schema
 from .llm.cli import add_commands as add_llm_commands
@@ -125,7 +125,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     exe = compile_program(program, weights=args.weights or None, eager=eager,
                           check_numerics=args.check_numerics)
     outputs = exe(**inputs)
-    mx.eval(outputs)
+    try:
+        mx.eval(outputs)
+    except (RuntimeError, ValueError) as exc:  # MLX's error for values it cannot compute
+        raise EvaluationError(f"computing the outputs failed: {exc} (run with --eager to "
+                              "find the instruction)") from exc
     arrays = [_to_numpy(out) for out in outputs]
     for i, (out, array) in enumerate(zip(outputs, arrays)):
         print(f"output {i}: {AVal.of(out)}")

@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from .format.program import encode_nonfinite
-from .ops.attrs import Axes, Axis, DType, Float, InsertAxis
+from .ops.attrs import Axes, Axis, DType, Float, InsertAxis, Size
 from .ops.registry import OpSpec, all_ops
 
 REGENERATE = "mlxprog ops --markdown > docs/ops.md"
@@ -36,6 +36,7 @@ _NAMED_TYPES: tuple[tuple[Any, str], ...] = (
     (Axes, "axes"),
     (Float, "float"),
     (DType, "dtype"),
+    (Size, "size"),
 )
 
 _LEGEND = """\
@@ -46,6 +47,7 @@ _LEGEND = """\
 | `axis` | an axis of operand 0 (of the result, for ops that insert one); negative counts from the end |
 | `axes` | an array of distinct axes of operand 0; negative counts from the end |
 | `dtype` | a dtype name (`"float32"`, `"int32"`, `"bool"`, ...) |
+| `size` | an axis size: an integer from 0 to 2147483647 (`2**31 - 1`) |
 | `list[T]` | an array of `T` |
 | `T \\| null` | `T`, or `null` |
 | `"a" \\| "b"` | one of these strings |

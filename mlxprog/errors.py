@@ -46,6 +46,13 @@ class LoopLimitError(ProgramError):
     """A ``while`` loop ran past its ``max_iterations`` limit."""
 
 
+class EvaluationError(ProgramError):
+    """Computing an instruction's values failed in MLX (a linear-algebra
+    routine that rejects its input, say). Eager execution names the
+    instruction; compiled programs are evaluated by whoever reads their
+    outputs, so there the error is MLX's own."""
+
+
 class NumericError(ProgramError):
     """Eager execution with ``check_numerics`` found a NaN or Inf; the message
     names the first instruction that produced one."""

@@ -96,14 +96,14 @@ def test_attr_docs(user_op):
     assert list(docs) == list(_UserAttrs.model_fields)
     assert docs["dtype"].default is None
     assert docs["k"].type == "int >= 1" and docs["k"].default == "1"
-    assert docs["outputs"].type == "list[{shape: list[int >= 0], dtype: dtype}]"
+    assert docs["outputs"].type == "list[{shape: list[size], dtype: dtype}]"
 
 
 @pytest.mark.parametrize(
     "annotation, expected",
     [
         (Axis, "axis"), (InsertAxis, "axis"), (Axes, "axes"), (Float, "float"),
-        (DType, "dtype"), (Size, "int >= 0"), (int, "int"), (float, "number"),
+        (DType, "dtype"), (Size, "size"), (int, "int"), (float, "number"),
         (bool, "bool"), (str, "string"), (Axes | None, "axes | null"),
         (list[tuple[int, int]], "list[list[int]]"), (tuple[int, ...], "list[int]"),
         (dict[str, float], "{string: number}"), (Literal["x", 1], '"x" | 1'),

@@ -1,8 +1,12 @@
 """The program model of format v1: pydantic models, JSON load/save and the schema.
 
-These models check the *structure* of a document (field names and JSON types).
-What an instruction means (its op, operand count, attributes, shapes) is checked
-by :mod:`mlxprog.validate` against the op registry.
+These models check the *structure* of a document: field names and JSON
+types. A document read by :meth:`Program.loads` (through the strict reader of
+:mod:`.json_reader`) or :meth:`Program.from_dict` is validated in pydantic's
+strict mode, so ``"1"`` is not an integer and ``true`` is not 1; models built
+in Python validate as usual. What an instruction means (its op, operand
+count, attributes, shapes) is checked by :mod:`mlxprog.validate` against the
+op registry.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing_extensions import TypeAliasType
 
 from ..arrays import DType
 from ..errors import FormatError
+from ..limits import MAX_DIM
+from .json_reader import check_data, read_json
 
 FORMAT = "mlxprog"
 VERSION = 1
@@ -51,8 +57,8 @@ class _Model(BaseModel):
 class DimSpec(_Model):
     """Bounds of a named dim (inclusive); ``max`` None means unbounded."""
 
-    min: int = Field(default=1, ge=0)
-    max: int | None = Field(default=None, ge=0)
+    min: int = Field(default=1, ge=0, le=MAX_DIM)
+    max: int | None = Field(default=None, ge=0, le=MAX_DIM)
 
     @model_validator(mode="after")
     def _ordered(self) -> DimSpec:
@@ -180,8 +186,9 @@ class TensorSpec(_Model):
     """
 
     name: str = Field(min_length=1)
-    shape: list[Annotated[int, Field(ge=0)] | str] = Field(
-        description="dimension sizes: integers, or (inputs only) dim names/expressions"
+    shape: list[Annotated[int, Field(ge=0, le=MAX_DIM)] | str] = Field(
+        description="dimension sizes (at most 2**31 - 1, MLX's bound): integers, or "
+        "(inputs only) dim names/expressions"
     )
     dtype: DType
     value_of: str | None = Field(
@@ -249,21 +256,41 @@ class Program(_Model):
     instructions: list[Instruction] = Field(default_factory=list)
     outputs: list[AnyRef] = Field(default_factory=list)
 
+    @field_validator("captures")
+    @classmethod
+    def _static_captures(cls, captures: list[TensorSpec]) -> list[TensorSpec]:
+        # Weights are bound by exact shape, once: no dims, no dim values.
+        for i, spec in enumerate(captures):
+            entry = next((d for d in spec.shape if isinstance(d, str)), None)
+            if entry is not None:
+                raise ValueError(f"capture {i} ({spec.name!r}): captures have static shapes "
+                                 f"(integers; weights are bound by exact shape), found {entry!r}")
+            if spec.value_of is not None:
+                raise ValueError(f"capture {i} ({spec.name!r}): value_of is for inputs only")
+        return captures
+
     # -- loading -------------------------------------------------------------
     @classmethod
     def loads(cls, text: str | bytes) -> Program:
-        """Parse a program from JSON text. Raises :class:`FormatError` on bad JSON,
-        a foreign format tag, an unsupported version, or a malformed field."""
+        """Parse a program from JSON text (UTF-8 when bytes). Raises
+        :class:`FormatError` on bad JSON or JSON the format forbids (see
+        :mod:`.json_reader`), a foreign format tag, an unsupported version, or
+        a malformed field."""
         with gc_paused():  # one pause for the parsed JSON and the models
-            try:
-                data = json.loads(text)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise FormatError(f"not valid JSON: {exc}") from None
-            return cls.from_dict(data)
+            return cls._from_data(read_json(text))
 
     @classmethod
     def from_dict(cls, data: Any) -> Program:
-        """Build a program from already-parsed JSON data (same checks as :meth:`loads`)."""
+        """Build a program from already-parsed JSON data, with the checks of
+        :meth:`loads` that parsed data still shows: JSON types (strictly:
+        lists, not tuples), nesting depth, no non-finite floats. Duplicate
+        keys and number spellings were lost in parsing: parse with
+        :meth:`loads` to have them checked."""
+        check_data(data)
+        return cls._from_data(data)
+
+    @classmethod
+    def _from_data(cls, data: Any) -> Program:
         if not isinstance(data, dict):
             raise FormatError(f"a program is a JSON object, found {type(data).__name__}")
         if data.get("format") != FORMAT:
@@ -280,7 +307,7 @@ class Program(_Model):
             raise FormatError(f"unknown format version {version}")
         try:
             with gc_paused():
-                return cls.model_validate(data)
+                return cls.model_validate(data, strict=True)
         except pydantic.ValidationError as exc:
             raise FormatError(_describe(exc)) from None
 

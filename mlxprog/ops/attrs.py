@@ -21,15 +21,47 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Sequence, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    WithJsonSchema,
+)
 
 from ..arrays import AVal, DType  # noqa: F401  (DType is an attribute type too)
+from ..limits import MAX_DIM
+
+
+def _lax_sequences(schema: Any) -> None:
+    """Mark every list and tuple schema inside ``schema`` (a pydantic core
+    schema) lax, so it accepts the other kind; their items stay strict."""
+    if isinstance(schema, dict):
+        if schema.get("type") in ("list", "tuple"):
+            schema["strict"] = False
+        for value in schema.values():
+            _lax_sequences(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _lax_sequences(value)
 
 
 class Attrs(BaseModel):
-    """Base class of op attribute models: frozen, unknown keys rejected."""
+    """Base class of op attribute models: frozen, unknown keys rejected, and
+    strict about JSON types (``"1"`` is not an integer, ``1`` not a bool,
+    ``true`` not a number), while lists and tuples fill each other's fields
+    (JSON has only lists; Python callers pass either)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
+                              strict=True)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        schema = handler(source)
+        _lax_sequences(schema)
+        return schema
 
 
 class NoAttrs(Attrs):
@@ -121,8 +153,8 @@ Float = Annotated[
 ]
 """A float that may be written as ``"nan"``, ``"inf"`` or ``"-inf"``."""
 
-Size = Annotated[int, Field(ge=0)]
-"""A non-negative dimension size."""
+Size = Annotated[int, Field(ge=0, le=MAX_DIM)]
+"""A dimension size: from 0 to the largest axis MLX can hold (``2**31 - 1``)."""
 
 PositiveInt = Annotated[int, Field(ge=1)]
 """An integer of at least 1."""

@@ -42,7 +42,21 @@ def _check_layouts(avals: list[AVal], groups: int, spatial_ranks: range | None =
         )
     if w[0] % groups:
         raise ValueError(f"output channels {w[0]} must be divisible by groups {groups}")
+    if 0 in w[1:-1]:
+        raise ValueError(
+            f"kernel sizes (weight axes 1 to {spatial}) must be positive; found weight shape "
+            f"{list(w)}"
+        )
     return spatial
+
+
+def _without_channels(x: mx.array, w: mx.array, out: mx.array) -> mx.array:
+    """``out``, or zeros of its shape when there are no input or no output
+    channels: nothing is summed, and MLX's GEMM would reject the zero size
+    (or divide by it) during evaluation."""
+    if x.shape[-1] == 0 or w.shape[0] == 0:
+        return mx.zeros(out.shape, out.dtype)
+    return out
 
 
 def _check_lengths(attrs: Attrs, spatial: int) -> None:
@@ -88,10 +102,11 @@ def conv_general(operands, attrs):
     ``out = (((in - 1) * input_dilation + 1 + low + high - ((k - 1) *
     kernel_dilation + 1)) // stride) + 1``. Output channel group ``g`` sees
     input channel group ``g``; MLX supports ``groups > 1`` only with 1 or 2
-    spatial dimensions."""
+    spatial dimensions. Kernel sizes must be positive; with no input channels
+    the result is zeros."""
     x, w = operands
     padding = attrs.padding or [(0, 0)] * (x.ndim - 2)
-    return mx.conv_general(
+    out = mx.conv_general(
         x,
         w,
         stride=attrs.stride or 1,
@@ -101,6 +116,7 @@ def conv_general(operands, attrs):
         groups=attrs.groups,
         flip=attrs.flip,
     )
+    return _without_channels(x, w, out)
 
 
 class ConvTransposeAttrs(Attrs):
@@ -136,7 +152,8 @@ def conv_transpose(operands, attrs):
     ``out = (in - 1) * stride - 2 * padding + (k - 1) * dilation + output_padding
     + 1``: input element ``i`` contributes through kernel tap ``j`` to output
     position ``i * stride + j * dilation - padding``. As in ``conv_general``,
-    ``groups > 1`` works only with 1 or 2 spatial dimensions."""
+    ``groups > 1`` works only with 1 or 2 spatial dimensions, kernel sizes
+    must be positive, and no input channels give zeros."""
     x, w = operands
     spatial = x.ndim - 2
 
@@ -144,7 +161,7 @@ def conv_transpose(operands, attrs):
         values = value or [default] * spatial
         return values[0] if spatial == 1 else tuple(values)
 
-    return _CONV_TRANSPOSE[spatial](
+    out = _CONV_TRANSPOSE[spatial](
         x,
         w,
         stride=per_dim(attrs.stride, 1),
@@ -153,3 +170,4 @@ def conv_transpose(operands, attrs):
         output_padding=per_dim(attrs.output_padding, 0),
         groups=attrs.groups,
     )
+    return _without_channels(x, w, out)

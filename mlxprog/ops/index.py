@@ -1,14 +1,17 @@
 """Indexing ops: static and dynamic slices, slice updates, XLA-style ``gather``,
 ``take``, scatters (``indexed_add``/``indexed_put``), ``top_k``, ``argpartition``.
 
-Index operands may have any integer dtype. Reads never leave the array: ``gather``,
-``take`` and ``take_along_axis`` clamp indices into range (after counting
-negative ones from the end), scatters drop updates whose index is out of range,
-and slice starts are clamped so the whole slice fits, as XLA's
-``dynamic_slice`` does.
+Index operands may have any integer dtype; uint64 values of 2**63 and more are
+large, never negative. Reads never leave the array: ``gather``, ``take`` and
+``take_along_axis`` clamp indices into range (after counting negative ones from
+the end) and reject indices into an empty axis, scatters drop updates whose
+index is out of range, and slice starts are clamped so the whole slice fits, as
+XLA's ``dynamic_slice`` does.
 """
 
 from __future__ import annotations
+
+import math
 
 import mlx.core as mx
 
@@ -49,24 +52,54 @@ def _check_dynamic_starts(avals: list[AVal], first: int, starts, dynamic_axes) -
             raise ValueError(f"start operand {i} must be a scalar; found shape {list(aval.shape)}")
 
 
+def clamp_integer(x: mx.array, low: int, high: int, dtype: mx.Dtype = mx.int64) -> mx.array:
+    """Integer ``x`` clamped into ``[low, high]`` (which must include 0) and
+    converted to ``dtype``, which must hold that range.
+
+    The clamp happens in ``x``'s own dtype, before any conversion, so no value
+    wraps: converting first would read uint64 values of 2**63 and more as
+    negative, and int64 values outside ``dtype`` as their low bits."""
+    info = mx.iinfo(x.dtype)
+    # The bounds meet x's range (both include 0), so they are values of x's dtype.
+    lo = mx.array(max(low, info.min), x.dtype)
+    hi = mx.array(min(high, info.max), x.dtype)
+    return mx.clip(x, lo, hi).astype(dtype)
+
+
 def _clamped_start(start: mx.array, limit: int) -> mx.array:
-    """A dynamic start clamped into ``[0, limit]`` (int64, so no dtype overflows)."""
-    return mx.clip(start.astype(mx.int64), 0, limit)
+    """A dynamic start clamped into ``[0, limit]``, as int64."""
+    return clamp_integer(start, 0, limit)
 
 
 def _wrap(index: mx.array, dim: int) -> mx.array:
-    """Indices as int64 with negative ones counted from the end of an axis of ``dim``."""
-    index = index.astype(mx.int64)
+    """Indices as int64 with negative ones counted from the end of an axis of
+    ``dim``. Indices below ``-dim`` or from ``dim`` up stay out of range: they
+    are first clamped into ``[-dim - 1, dim]``, so none wraps into range on the
+    way to int64."""
+    index = clamp_integer(index, -dim - 1, dim)
     return mx.where(index < 0, index + dim, index)
 
 
-def _clamp_index(index: mx.array, dim: int) -> mx.array:
+def clamp_index(index: mx.array, dim: int) -> mx.array:
+    """Indices into an axis of ``dim`` (> 0) elements as int64, negative ones
+    counted from the end and the rest clamped into range."""
     return mx.clip(_wrap(index, dim), 0, dim - 1)
 
 
 def _index_columns(indices: mx.array) -> list[mx.array]:
     """Split ``[..., n]`` index vectors into ``n`` arrays of shape ``[...]``."""
     return [indices[..., i] for i in range(indices.shape[-1])]
+
+
+def _require_readable(operand: AVal, axes, indices: int, what: str = "indices") -> None:
+    """No read from an empty axis: with ``indices`` (a count) to read at, none
+    of ``axes`` of ``operand`` is empty, as there is no element to clamp to."""
+    empty = [a for a in axes if operand.shape[a] == 0]
+    if empty and indices:
+        raise ValueError(
+            f"cannot read at {indices} {what} from axis {empty[0]} of operand 0 "
+            f"{operand}, which is empty"
+        )
 
 
 def _check_index_vectors(indices: AVal, axes) -> None:
@@ -180,9 +213,11 @@ class GatherAttrs(Attrs):
 
 
 def _check_gather(avals: list[AVal], attrs: GatherAttrs) -> None:
-    """Index vectors with one component per axis in ``axes``, and slice sizes
-    (when given) of 1 on gathered axes and within every dimension."""
+    """Index vectors with one component per axis in ``axes``, none into an
+    empty axis, and slice sizes (when given) of 1 on gathered axes and within
+    every dimension."""
     _check_index_vectors(avals[1], attrs.axes)
+    _require_readable(avals[0], attrs.axes, math.prod(avals[1].shape[:-1]), "index vectors")
     if attrs.slice_sizes is None:
         return
     shape = avals[0].shape
@@ -203,6 +238,7 @@ def gather(operands, attrs):
     are collapsed). So with ``slice_sizes`` omitted, ``result[b..., r...] =
     tensor[...]`` at ``indices[b..., i]`` on axis ``axes[i]`` and ``r`` on the
     others. Negative indices count from the end; out-of-range ones are clamped.
+    Index vectors into an empty axis are rejected, as in ``take``.
     """
     x, indices = operands
     axes = list(attrs.axes)
@@ -210,7 +246,7 @@ def gather(operands, attrs):
     if attrs.slice_sizes is not None:
         sizes = enumerate(attrs.slice_sizes)
         x = x[tuple(slice(None) if a in axes else slice(0, s) for a, s in sizes)]
-    columns = [_clamp_index(c, x.shape[a]) for c, a in zip(_index_columns(indices), axes)]
+    columns = [clamp_index(c, x.shape[a]) for c, a in zip(_index_columns(indices), axes)]
     return mx.transpose(x, axes + rest)[tuple(columns)]
 
 
@@ -219,20 +255,25 @@ class TakeAttrs(Attrs):
     """The axis to index; null indexes the flattened array."""
 
 
-def _check_integer_indices(avals: list[AVal], attrs: Attrs) -> None:
-    """The indices (operand 1) have an integer dtype."""
+def _check_take(avals: list[AVal], attrs: TakeAttrs) -> None:
+    """Integer indices (operand 1), none into an empty axis."""
     _require_integer(avals[1], "indices (operand 1)")
+    x, indices = avals
+    # The flattened array (axis null) is empty where any axis is.
+    axes = range(len(x.shape)) if attrs.axis is None else [attrs.axis]
+    _require_readable(x, axes, math.prod(indices.shape))
 
 
-@register_op("take", attrs=TakeAttrs, operands=2, check=_check_integer_indices)
+@register_op("take", attrs=TakeAttrs, operands=2, check=_check_take)
 def take(operands, attrs):
     """Elements of operand 0 at ``indices`` along ``axis`` (``mx.take``); the
     indexed axis is replaced by the indices' shape. ``axis`` null indexes the
     flattened array. Negative indices count from the end; out-of-range ones are
-    clamped."""
+    clamped. Indices into an empty axis (or an empty flattened array) are
+    rejected: there is no element to clamp to."""
     x, indices = operands
     dim = x.size if attrs.axis is None else x.shape[attrs.axis]
-    return mx.take(x, _clamp_index(indices, dim), axis=attrs.axis)
+    return mx.take(x, clamp_index(indices, dim), axis=attrs.axis)
 
 
 class TakeAlongAxisAttrs(Attrs):
@@ -240,14 +281,20 @@ class TakeAlongAxisAttrs(Attrs):
     """The axis to index."""
 
 
+def _check_take_along_axis(avals: list[AVal], attrs: TakeAlongAxisAttrs) -> None:
+    """Integer indices (operand 1), none into an empty axis (as ``take``)."""
+    _require_integer(avals[1], "indices (operand 1)")
+    _require_readable(avals[0], [attrs.axis], math.prod(avals[1].shape))
+
+
 @register_op("take_along_axis", attrs=TakeAlongAxisAttrs, operands=2,
-             check=_check_integer_indices)
+             check=_check_take_along_axis)
 def take_along_axis(operands, attrs):
     """``mx.take_along_axis``: ``indices`` has operand 0's rank and broadcasts
     with it on the other axes. Negative indices count from the end; out-of-range
-    ones are clamped."""
+    ones are clamped. Indices into an empty axis are rejected, as in ``take``."""
     x, indices = operands
-    return mx.take_along_axis(x, _clamp_index(indices, x.shape[attrs.axis]), attrs.axis)
+    return mx.take_along_axis(x, clamp_index(indices, x.shape[attrs.axis]), attrs.axis)
 
 
 class IndexedAttrs(Attrs):

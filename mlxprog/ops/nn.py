@@ -19,9 +19,12 @@ from pydantic import Field, model_validator
 from ..arrays import AVal, is_floating, is_integer, name_of
 from ..native import kernels as native
 from .attrs import Attrs, PositiveInt
+from .index import clamp_integer
 from .registry import register_op
 
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+_INT32 = mx.iinfo(mx.int32)  # the RoPE kernels take int32 positions
 
 
 # -- norms and activations ------------------------------------------------------
@@ -155,6 +158,18 @@ def _attend_keep(q, k, v, scale, keep, sinks, has_key_mask: bool) -> mx.array:
     return mx.where(mx.any(keep, axis=-1, keepdims=True), out, mx.zeros((), out.dtype))
 
 
+def _sees_some_key(mask: mx.array) -> mx.array:
+    """Whether each query row of an attention ``mask`` (boolean, or additive
+    in q's dtype) leaves some key visible, broadcastable against the output.
+
+    MLX gives a row that hides every key the average of all values (boolean),
+    NaN (-inf) or either one depending on the dtype (the dtype's lowest value),
+    so such rows are set to zeros instead."""
+    mask = mx.atleast_1d(mask)
+    visible = mask if mask.dtype == mx.bool_ else mask > mx.finfo(mask.dtype).min
+    return mx.any(visible, axis=-1, keepdims=True)
+
+
 _MASK_OPERANDS = {
     "none": [],
     "array": ["mask"],
@@ -206,12 +221,16 @@ def fast_sdpa(operands, attrs):
 
     - ``"none"``: nothing more.
     - ``"array"``: a mask broadcastable to ``[B, H, T_q, T_kv]``, boolean (true
-      keeps) or additive (a float mask is cast to q's dtype).
-    - ``"causal"``: nothing more; the last query aligns with the last key.
+      keeps) or additive (a float mask is cast to q's dtype). A key is hidden
+      where the mask is false, or -inf or the dtype's lowest finite value
+      (after the cast); query rows that see no key give zeros.
+    - ``"causal"``: nothing more; the last query aligns with the last key (so
+      with more queries than keys the first ``T_q - T_kv`` see none and give
+      zeros).
     - ``"causal_key_masked"``: key_mask ``[B, T_kv]`` (true or nonzero for a valid
-      key, e.g. false on left padding) and kv_offset, an integer scalar: query i
-      sees key j when ``j <= kv_offset + i`` and the key is valid. Query rows
-      that see no key give zeros.
+      key, e.g. false on left padding) and kv_offset, an integer scalar of any
+      integer dtype and value: query i sees key j when ``j <= kv_offset + i``
+      and the key is valid. Query rows that see no key give zeros.
 
     With ``sinks=true`` a last operand ``[H]`` holds one attention-sink logit per
     query head: an extra softmax column that takes probability mass but adds no
@@ -220,14 +239,41 @@ def fast_sdpa(operands, attrs):
     sinks = rest.pop().astype(q.dtype) if attrs.sinks else None
     scale = _scale(attrs.scale, q)
     if attrs.mask == "causal_key_masked":
-        key_mask, kv_offset = rest
-        keep = _causal_keep(q.shape[2], k.shape[2], kv_offset, key_mask)
-        return _attend_keep(q, k, v, scale, keep, sinks, has_key_mask=True)
+        return _sdpa_key_masked(q, k, v, scale, *rest, sinks)
     if attrs.mask == "array":
-        mask = rest[0] if rest[0].dtype == mx.bool_ else rest[0].astype(q.dtype)
-    else:
-        mask = None if attrs.mask == "none" else "causal"
-    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+        return _sdpa_array_mask(q, k, v, scale, rest[0], sinks)
+    if attrs.mask == "causal":
+        return _sdpa_causal(q, k, v, scale, sinks)
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, sinks=sinks)
+
+
+def _sdpa_key_masked(q, k, v, scale, key_mask, kv_offset, sinks) -> mx.array:
+    """``fast_sdpa`` with ``mask="causal_key_masked"``."""
+    # Offsets at or below -T_q hide every key and those from T_kv up show them
+    # all, so clamping changes nothing (and no offset overflows).
+    start = clamp_integer(kv_offset, -q.shape[2], k.shape[2], mx.int32)
+    keep = _causal_keep(q.shape[2], k.shape[2], start, key_mask)
+    return _attend_keep(q, k, v, scale, keep, sinks, has_key_mask=True)
+
+
+def _sdpa_array_mask(q, k, v, scale, mask, sinks) -> mx.array:
+    """``fast_sdpa`` with ``mask="array"``."""
+    mask = mask if mask.dtype == mx.bool_ else mask.astype(q.dtype)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    return mx.where(_sees_some_key(mask), out, mx.zeros((), out.dtype))
+
+
+def _sdpa_causal(q, k, v, scale, sinks) -> mx.array:
+    """``fast_sdpa`` with ``mask="causal"``."""
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal",
+                                               sinks=sinks)
+    t_q, t_kv = q.shape[2], k.shape[2]
+    if t_q <= t_kv:
+        return out
+    # The first T_q - T_kv queries precede every key; MLX gives them the average
+    # of all values.
+    sees_a_key = mx.arange(t_q)[:, None] >= t_q - t_kv
+    return mx.where(sees_a_key, out, mx.zeros((), out.dtype))
 
 
 class KVCacheSdpaAttrs(Attrs):
@@ -295,8 +341,8 @@ def kv_cache_sdpa_update(operands, attrs):
     and new_v hold the T tokens of q in the cache layout; the output has q's
     layout.
 
-    offset (an integer scalar array, so each step replays one trace) is where
-    the T new tokens go, clamped to ``[0, T_max - T]``. Query i is written at
+    offset (an integer scalar array of any integer dtype, so each step replays
+    one trace) is where the T new tokens go, clamped to ``[0, T_max - T]``. Query i is written at
     cache position ``offset + i`` (clamped offset) and sees key j when
     ``j <= offset + i`` (so slots after it, not yet written in a sequential
     decode, are never seen) and ``key_mask[b, j]`` (``[B, T_max]``, false on
@@ -307,7 +353,7 @@ def kv_cache_sdpa_update(operands, attrs):
     key_mask = rest[0] if rest else None
     t_axis = _TIME_AXIS[attrs.layout]
     t_max, t_new = k_cache.shape[t_axis], new_k.shape[t_axis]
-    start = mx.clip(offset.reshape(1).astype(mx.int32), 0, t_max - t_new)
+    start = clamp_integer(offset.reshape(1), 0, t_max - t_new, mx.int32)
     k_cache = mx.slice_update(k_cache, new_k, start, axes=(t_axis,))
     v_cache = mx.slice_update(v_cache, new_v, start, axes=(t_axis,))
     if attrs.layout == "BHTD" and sinks is None:
@@ -347,7 +393,7 @@ class RopeFreqsPositionsAttrs(Attrs):
 class RopeFreqsAttrs(RopeFreqsPositionsAttrs):
     """The attributes of ``fast_rope_with_freqs``: a constant start position too."""
 
-    offset: int = 0
+    offset: Annotated[int, Field(ge=_INT32.min, le=_INT32.max)] = 0
 
 
 class RopeAttrs(RopeFreqsAttrs):
@@ -388,13 +434,20 @@ def _check_rope_offset(x: AVal, offset: AVal | None, attrs: RopeFreqsAttrs) -> N
         )
 
 
+def _int32_positions(positions: mx.array) -> mx.array:
+    """Integer positions as the int32 the RoPE kernels take, clamped into
+    int32's range (so none wraps)."""
+    if positions.dtype == mx.int32:
+        return positions  # no graph node (each costs time on every replay)
+    return clamp_integer(positions, _INT32.min, _INT32.max, mx.int32)
+
+
 def _rope_offset(operands: list[mx.array], index: int, attrs: RopeFreqsAttrs):
     """The start position: the operand at ``index`` (as int32) if given, else
     the ``offset`` attribute."""
     if len(operands) <= index:
         return attrs.offset
-    offset = operands[index]
-    return offset if offset.dtype == mx.int32 else offset.astype(mx.int32)
+    return _int32_positions(operands[index])
 
 
 def _native_rope(freqs_at: int | None):
@@ -439,9 +492,11 @@ def fast_rope(operands, attrs):
 
     Operands: x and an optional offset, an integer array that is a scalar or
     ``[B]`` (one start position per example, e.g. ``position_ids[:, 0]``).
-    Without it the ``offset`` attribute (a constant) is used; pass an operand
-    when it changes between calls. ``traditional=true`` rotates consecutive
-    pairs ``(x[2i], x[2i+1])``; otherwise the halves ``(x[i], x[i + dims/2])``."""
+    Without it the ``offset`` attribute (a constant in int32's range) is used;
+    pass an operand when it changes between calls. Offset operands of any
+    integer dtype are clamped into int32's range, which the kernels take.
+    ``traditional=true`` rotates consecutive pairs ``(x[2i], x[2i+1])``;
+    otherwise the halves ``(x[i], x[i + dims/2])``."""
     x, offset = operands[0], _rope_offset(operands, 1, attrs)
     out = native.rope(x, offset, dims=attrs.dims, traditional=attrs.traditional,
                       base=attrs.base, scale=attrs.scale, op="fast_rope")
@@ -491,7 +546,7 @@ def _rope_at_positions(x, positions, attrs: RopeFreqsPositionsAttrs, base, freqs
     # mx.fast.rope takes one start position per example: with every token made
     # its own example ([B * T, (H,) 1, D]) those are exactly the per-token positions.
     rows = x.reshape(-1, *x.shape[2:-1], 1, x.shape[-1])
-    offsets = positions.reshape(-1).astype(mx.int32)
+    offsets = _int32_positions(positions.reshape(-1))
     out = native.rope(rows, offsets, dims=attrs.dims, traditional=attrs.traditional,
                       base=1.0 if base is None else base, scale=attrs.scale, freqs=freqs,
                       op=op)
@@ -515,7 +570,8 @@ def fast_rope_positions(operands, attrs):
     left-padded prefill, or position ids with gaps), frequencies
     ``base ** (-2i / dims)``. Operands: x ``[B, T, H, D]`` (tokens before heads)
     or ``[B, T, D]``, and integer positions ``[B, T]``: token t of example b sits
-    at position ``positions[b, t] * scale``. ``traditional`` as in
+    at position ``positions[b, t] * scale`` (positions clamped into int32's
+    range, as ``fast_rope``'s offsets). ``traditional`` as in
     ``fast_rope``."""
     x, positions = operands
     return _rope_at_positions(x, positions, attrs, attrs.base, None, "fast_rope_positions")

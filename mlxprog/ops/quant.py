@@ -9,14 +9,16 @@ operands are; each op's entry lists them in order.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import mlx.core as mx
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
-from ..arrays import AVal, to_mlx
+from ..arrays import AVal, is_integer, name_of, to_mlx
 from ..native import kernels as native
 from .attrs import Attrs, DType
+from .index import clamp_index
 from .registry import register_op
 
 Mode = Literal["affine", "mxfp4", "mxfp8", "nvfp4"]
@@ -28,6 +30,22 @@ _SUPPORTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "mxfp8": ((32,), (8,)),
     "nvfp4": ((16,), (4,)),
 }
+
+
+# MLX's quantization kernels compute in these dtypes: float64 fails at evaluation
+# (affine quantize, the quantized matmuls) or gives wrong values (mxfp8 and nvfp4
+# quantize and dequantize), so no operand or result of these ops is float64.
+_FLOATS = ("float16", "bfloat16", "float32")
+
+
+def _reject_float64(avals: dict[str, AVal]) -> None:
+    """No operand in ``avals`` (name: aval) is float64."""
+    for name, aval in avals.items():
+        if aval.dtype == mx.float64:
+            raise ValueError(
+                f"{name} is float64, which MLX's quantization kernels do not support; "
+                f"use {', '.join(_FLOATS)}"
+            )
 
 
 class OperandsAttrs(Attrs):
@@ -48,6 +66,20 @@ def _check_operands(avals: list[AVal], attrs: OperandsAttrs) -> None:
             f"with these attributes the operands are ({', '.join(names)}): "
             f"{len(names)} expected, found {len(avals)}"
         )
+
+
+def _check_quantized(avals: list[AVal], attrs: OperandsAttrs) -> None:
+    """The operands its attributes call for, none of the floating ones float64."""
+    _check_operands(avals, attrs)
+    named = dict(zip(attrs.operand_names(), avals))
+    _reject_float64({k: v for k, v in named.items() if k in ("x", "scales", "biases")})
+
+
+def _check_quantize(avals: list[AVal], attrs: OperandsAttrs) -> None:
+    """One operand ``w`` of a dtype MLX quantizes."""
+    _check_operands(avals, attrs)
+    if name_of(avals[0].dtype) not in _FLOATS:
+        raise ValueError(f"w must be {', '.join(_FLOATS)}; found {avals[0]}")
 
 
 class QuantAttrs(OperandsAttrs):
@@ -88,12 +120,37 @@ class QuantAttrs(OperandsAttrs):
         return self.group_size or default_size, self.bits or default_bits
 
 
+# The scale code that marks a group holding NaN, where scales are 8-bit codes:
+# E8M0's NaN (MLX decodes it as 2**128, and with zero codes that is 0 * inf = NaN)
+# and E4M3's NaN.
+_NAN_SCALE = {"mxfp4": 255, "mxfp8": 255, "nvfp4": 0x7F}
+
+
+def _mark_nan_groups(w: mx.array, parts: tuple[mx.array, ...], attrs: QuantAttrs):
+    """``parts`` (of ``mx.quantize(w)``) with every group of ``w`` that holds a
+    NaN stored so that it dequantizes to NaN throughout.
+
+    MLX defines no NaN handling: affine drops a NaN, and the MX modes give
+    scales that differ between compiled and eager evaluation (and by dtype)."""
+    group_size, bits = attrs.resolved()
+    groups = w.reshape(*w.shape[:-1], w.shape[-1] // group_size, group_size)
+    has_nan = mx.isnan(groups).any(axis=-1)
+    if attrs.mode == "affine":
+        nan = mx.array(float("nan"), parts[1].dtype)
+        return parts[0], *(mx.where(has_nan, nan, p) for p in parts[1:])
+    packed, scales = parts
+    words = packed.reshape(*has_nan.shape, group_size * bits // 32)
+    codes = mx.where(has_nan[..., None], mx.array(0, packed.dtype), words)
+    nan_scale = mx.array(_NAN_SCALE[attrs.mode], scales.dtype)
+    return codes.reshape(packed.shape), mx.where(has_nan, nan_scale, scales)
+
+
 @register_op("quantize", attrs=QuantAttrs, outputs=lambda attrs, n: len(attrs.parts()),
-             check=_check_operands)
+             check=_check_quantize)
 def quantize(operands, attrs):
-    """Quantize ``w`` (rank >= 2, floating, last axis divisible by
-    ``group_size``) in groups along its last axis. Results: packed ``w``
-    (``uint32``), ``scales`` and, in ``"affine"`` mode, ``biases``.
+    """Quantize ``w`` (rank >= 2, float16, bfloat16 or float32, last axis
+    divisible by ``group_size``) in groups along its last axis. Results: packed
+    ``w`` (``uint32``), ``scales`` and, in ``"affine"`` mode, ``biases``.
 
     The modes, with the group sizes and bits MLX supports (null: the first):
 
@@ -103,8 +160,16 @@ def quantize(operands, attrs):
     | ``mxfp4`` | 32 | 4 | no |
     | ``mxfp8`` | 32 | 8 | no |
     | ``nvfp4`` | 16 | 4 | no |
-    """
-    return tuple(mx.quantize(operands[0], **attrs.quant_kwargs()))
+
+    A group that holds a NaN dequantizes to NaN in every element: in
+    ``"affine"`` mode its scale and bias are NaN; in the others its codes are 0
+    and its scale is the scale format's NaN code (255 for ``mxfp4``/``mxfp8``'s
+    E8M0 scales, 127 for ``nvfp4``'s E4M3 scales).
+
+    float64 is rejected by every quantization op (MLX's kernels fail on it or
+    give wrong values)."""
+    w = operands[0]
+    return _mark_nan_groups(w, tuple(mx.quantize(w, **attrs.quant_kwargs())), attrs)
 
 
 class DequantizeAttrs(QuantAttrs):
@@ -112,15 +177,23 @@ class DequantizeAttrs(QuantAttrs):
 
     dtype: DType | None = None
 
+    @field_validator("dtype")
+    @classmethod
+    def _supported_dtype(cls, dtype: str | None) -> str | None:
+        if dtype is not None and dtype not in _FLOATS:
+            raise ValueError(f"dtype must be {', '.join(_FLOATS)} (or null); found {dtype}")
+        return dtype
+
     def operand_names(self) -> tuple[str, ...]:
         return self.parts()
 
 
-@register_op("dequantize", attrs=DequantizeAttrs, operands=(2, 3), check=_check_operands)
+@register_op("dequantize", attrs=DequantizeAttrs, operands=(2, 3), check=_check_quantized)
 def dequantize(operands, attrs):
     """Unpack a quantized matrix back to floats of ``dtype`` (null: the scales'
     dtype in ``"affine"`` mode, else ``bfloat16``). Operands: ``w``, ``scales``,
-    and ``biases`` in ``"affine"`` mode."""
+    and ``biases`` in ``"affine"`` mode. Neither ``dtype`` nor the scales and
+    biases may be float64."""
     named = dict(zip(attrs.operand_names(), operands))
     dtype = None if attrs.dtype is None else to_mlx(attrs.dtype)
     return mx.dequantize(named["w"], named["scales"], named.get("biases"), dtype=dtype,
@@ -146,11 +219,13 @@ def _native_quantized_matmul(avals, attrs) -> bool:
 
 
 @register_op("quantized_matmul", attrs=QuantizedMatmulAttrs, operands=(3, 4),
-             check=_check_operands, native_coverage=_native_quantized_matmul)
+             check=_check_quantized, native_coverage=_native_quantized_matmul)
 def quantized_matmul(operands, attrs):
     """``x @ dequantize(w).T`` (or ``x @ dequantize(w)`` without ``transpose``),
     computed on the packed weight. Operands: ``x``, ``w``, ``scales``, and
-    ``biases`` in ``"affine"`` mode."""
+    ``biases`` in ``"affine"`` mode; none of them float64. The result dtype is
+    the promoted dtype of ``x`` and (in ``"affine"`` mode) the scales and
+    biases."""
     named = dict(zip(attrs.operand_names(), operands))
     x, w, scales, biases = named["x"], named["w"], named["scales"], named.get("biases")
     group_size, bits = attrs.resolved()
@@ -160,6 +235,36 @@ def quantized_matmul(operands, attrs):
         return result
     return mx.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,
                                **attrs.quant_kwargs())
+
+
+def _check_gather_indices(avals: list[AVal], attrs, lhs: str, rhs: str) -> None:
+    """The operands the attributes call for; no index operand with elements
+    picks from an empty batch of matrices (``lhs``, ``rhs``: their names)."""
+    _check_operands(avals, attrs)
+    named = dict(zip(attrs.operand_names(), avals))
+    for index, matrices in (("lhs_indices", lhs), ("rhs_indices", rhs)):
+        if index not in named:
+            continue
+        if not is_integer(named[index].dtype):
+            raise ValueError(f"{index} must have an integer dtype; found {named[index]}")
+        batch = named[matrices].shape[:-2]
+        if math.prod(named[index].shape) and not math.prod(batch):
+            raise ValueError(
+                f"{index} picks from the batch axes {list(batch)} of {matrices}, "
+                f"which hold no matrix; found {named[index]}"
+            )
+
+
+def _batch_indices(named: dict[str, mx.array], lhs: mx.array,
+                   rhs: mx.array) -> dict[str, mx.array]:
+    """The index operands in ``named``, clamped into the flattened batch axes
+    of the matrices they pick (``lhs``, ``rhs``) after counting negative ones
+    from the end, as ``take``: MLX reads outside the arrays otherwise."""
+    clamped = {}
+    for index, matrices in (("lhs_indices", lhs), ("rhs_indices", rhs)):
+        if index in named:
+            clamped[index] = clamp_index(named[index], math.prod(matrices.shape[:-2]))
+    return clamped
 
 
 class GatherAttrs(Attrs):
@@ -181,18 +286,26 @@ class GatherQMMAttrs(QuantizedMatmulAttrs, GatherAttrs):
         return (*super().operand_names(), *self.index_names())
 
 
-@register_op("gather_qmm", attrs=GatherQMMAttrs, operands=(3, 6), check=_check_operands)
+def _check_gather_qmm(avals: list[AVal], attrs: GatherQMMAttrs) -> None:
+    """The operands the attributes call for, none of the floating ones
+    float64, and no index into an empty batch."""
+    _check_quantized(avals, attrs)
+    _check_gather_indices(avals, attrs, "x", "w")
+
+
+@register_op("gather_qmm", attrs=GatherQMMAttrs, operands=(3, 6), check=_check_gather_qmm)
 def gather_qmm(operands, attrs):
     """``quantized_matmul`` with matrix-level gather: each output matrix is
     ``x[lhs_indices[i]] @ w[rhs_indices[i]]`` (transposed as ``transpose``),
     indices being flat positions in the batch axes of ``x`` and of the quantized
     ``w`` (e.g. one expert per token). Operands: ``x``, ``w``, ``scales``,
     ``biases`` (``"affine"`` mode), then ``lhs_indices`` and ``rhs_indices`` where
-    those attributes are true (integer arrays broadcast together)."""
+    those attributes are true (integer arrays broadcast together). Negative
+    indices count from the end; out-of-range ones are clamped."""
     named = dict(zip(attrs.operand_names(), operands))
     return mx.gather_qmm(
         named["x"], named["w"], named["scales"], named.get("biases"),
-        lhs_indices=named.get("lhs_indices"), rhs_indices=named.get("rhs_indices"),
+        **_batch_indices(named, named["x"], named["w"]),
         transpose=attrs.transpose, sorted_indices=attrs.sorted_indices,
         **attrs.quant_kwargs(),
     )
@@ -205,13 +318,20 @@ class GatherMMAttrs(OperandsAttrs, GatherAttrs):
         return ("a", "b", *self.index_names())
 
 
-@register_op("gather_mm", attrs=GatherMMAttrs, operands=(2, 4), check=_check_operands)
+def _check_gather_mm(avals: list[AVal], attrs: GatherMMAttrs) -> None:
+    """The operands the attributes call for, and no index into an empty batch."""
+    _check_gather_indices(avals, attrs, "a", "b")
+
+
+@register_op("gather_mm", attrs=GatherMMAttrs, operands=(2, 4), check=_check_gather_mm)
 def gather_mm(operands, attrs):
     """Matmul with matrix-level gather: each output matrix is
     ``a[lhs_indices[i]] @ b[rhs_indices[i]]``, indices being flat positions in
     the batch axes (all but the last two) of ``a`` and ``b``. Operands: ``a``,
     ``b``, then ``lhs_indices`` and ``rhs_indices`` where those attributes are
-    true (integer arrays broadcast together)."""
+    true (integer arrays broadcast together). Negative indices count from the
+    end; out-of-range ones are clamped."""
     named = dict(zip(attrs.operand_names(), operands))
-    return mx.gather_mm(named["a"], named["b"], named.get("lhs_indices"),
-                        named.get("rhs_indices"), sorted_indices=attrs.sorted_indices)
+    indices = _batch_indices(named, named["a"], named["b"])
+    return mx.gather_mm(named["a"], named["b"], indices.get("lhs_indices"),
+                        indices.get("rhs_indices"), sorted_indices=attrs.sorted_indices)

@@ -1,8 +1,18 @@
 """Reductions, scans, sorting and softmax.
 
 Result dtypes follow MLX: ``sum`` and ``product`` accumulate small integers and
-bool in 32 bits, ``mean``/``var``/``std``/``logsumexp`` give floats, ``all`` and
-``any`` give bool, ``argmax``/``argmin``/``argsort`` give uint32.
+bool in 32 bits, ``mean``/``var``/``std``/``logsumexp``/``softmax`` give floats
+(float32 for integer and bool inputs), ``all`` and ``any`` give bool,
+``argmax``/``argmin``/``argsort`` give uint32.
+
+Reducing over an empty axis gives the identity where there is one: ``sum``
+0, ``product`` 1, ``all`` true, ``any`` false; ``mean``, ``var`` and ``std``
+give NaN (0 / 0). ``reduce_max``, ``reduce_min``, ``argmax`` and ``argmin``
+of no elements have no value and are rejected at validation, as is
+``logsumexp`` (MLX computes none; mathematically -inf). MLX computes
+``logsumexp``, ``argmax`` and ``argmin`` of non-empty arrays only, so these
+three reject any zero-size operand, even where the reduced axes are not empty.
+Scans, sorts and ``softmax`` of an empty array give an empty array.
 
 Every op here is shapeless: one trace serves every binding of a symbolic
 program.
@@ -13,6 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 from pydantic import Field
 
+from ..arrays import AVal, is_floating
 from .attrs import Attrs, Axes, Axis
 from .registry import register_family, register_op
 
@@ -29,20 +40,62 @@ def _reduction(fn, operands, attrs):
     return fn(operands[0], axis=attrs.axes, keepdims=attrs.keepdims)
 
 
+def _require_elements(operand: AVal, axes: list[int] | None, operand_too: bool) -> None:
+    """The reduced ``axes`` (None: all) of ``operand`` are not empty and, with
+    ``operand_too``, neither is any other axis (MLX reduces no zero-size array)."""
+    shape = operand.shape
+    empty = [a for a in (range(len(shape)) if axes is None else axes) if shape[a] == 0]
+    if empty:
+        raise ValueError(
+            f"a reduction over no elements has no value: axis {empty[0]} of operand 0 "
+            f"{operand} is empty"
+        )
+    if operand_too and 0 in shape:
+        raise ValueError(
+            f"MLX cannot compute this reduction of a zero-size operand, even over "
+            f"non-empty axes; found {operand}"
+        )
+
+
+def _check_max_min(avals: list[AVal], attrs: ReduceAttrs) -> None:
+    """The reduced axes are not empty."""
+    _require_elements(avals[0], attrs.axes, operand_too=False)
+
+
+def _check_logsumexp(avals: list[AVal], attrs: ReduceAttrs) -> None:
+    """The operand is not empty."""
+    _require_elements(avals[0], attrs.axes, operand_too=True)
+
+
 _AXES_DOC = "over ``axes`` (default: all axes); ``keepdims`` keeps them as size 1."
 
 _REDUCTIONS = {
-    "sum": (mx.sum, f"Sum {_AXES_DOC}"),
-    "product": (mx.prod, f"Product {_AXES_DOC}"),
-    "mean": (mx.mean, f"Arithmetic mean {_AXES_DOC}"),
-    "all": (mx.all, f"True where every element is nonzero, {_AXES_DOC} Result is bool."),
-    "any": (mx.any, f"True where some element is nonzero, {_AXES_DOC} Result is bool."),
-    "reduce_max": (mx.max, f"Maximum {_AXES_DOC} NaN propagates."),
-    "reduce_min": (mx.min, f"Minimum {_AXES_DOC} NaN propagates."),
-    "logsumexp": (mx.logsumexp, f"``log(sum(exp(x)))`` computed stably, {_AXES_DOC}"),
+    "sum": (mx.sum, f"Sum {_AXES_DOC} Over no elements: 0."),
+    "product": (mx.prod, f"Product {_AXES_DOC} Over no elements: 1."),
+    "mean": (mx.mean, f"Arithmetic mean {_AXES_DOC} Over no elements: NaN."),
+    "all": (mx.all, f"True where every element is nonzero, {_AXES_DOC} Result is bool; "
+                    "true over no elements."),
+    "any": (mx.any, f"True where some element is nonzero, {_AXES_DOC} Result is bool; "
+                    "false over no elements."),
 }
 
 register_family(_REDUCTIONS, _reduction, attrs=ReduceAttrs, shapeless=True)
+
+register_family(
+    {
+        "reduce_max": (mx.max, f"Maximum {_AXES_DOC} NaN propagates. An empty reduced "
+                               "axis is rejected (no value)."),
+        "reduce_min": (mx.min, f"Minimum {_AXES_DOC} NaN propagates. An empty reduced "
+                               "axis is rejected (no value)."),
+    },
+    _reduction, attrs=ReduceAttrs, check=_check_max_min, shapeless=True,
+)
+
+register_family(
+    {"logsumexp": (mx.logsumexp, f"``log(sum(exp(x)))`` computed stably, {_AXES_DOC} "
+                                 "A zero-size operand is rejected (MLX computes none).")},
+    _reduction, attrs=ReduceAttrs, check=_check_logsumexp, shapeless=True,
+)
 
 
 class VarianceAttrs(Attrs):
@@ -57,14 +110,17 @@ class VarianceAttrs(Attrs):
 @register_op("var", attrs=VarianceAttrs, shapeless=True)
 def var(operands, attrs):
     """Variance over ``axes`` (default: all axes), dividing by ``N - ddof``;
-    ``keepdims`` keeps the reduced axes as size 1."""
+    ``keepdims`` keeps the reduced axes as size 1. Where ``N - ddof <= 0`` the
+    divisor is 0: inf, or NaN where the elements are all equal (and over no
+    elements)."""
     return mx.var(operands[0], axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
 
 
 @register_op("std", attrs=VarianceAttrs, shapeless=True)
 def std(operands, attrs):
     """Standard deviation over ``axes`` (default: all axes), dividing by
-    ``N - ddof``; ``keepdims`` keeps the reduced axes as size 1."""
+    ``N - ddof``; ``keepdims`` keeps the reduced axes as size 1. Where
+    ``N - ddof <= 0``: inf, or NaN, as ``var``."""
     return mx.std(operands[0], axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
 
 
@@ -75,17 +131,25 @@ class ArgReduceAttrs(Attrs):
     """Keep the reduced axis (every axis, without ``axis``), with size 1."""
 
 
-@register_op("argmax", attrs=ArgReduceAttrs, shapeless=True)
+def _check_arg_reduce(avals: list[AVal], attrs: ArgReduceAttrs) -> None:
+    """The operand is not empty."""
+    _require_elements(avals[0], None if attrs.axis is None else [attrs.axis],
+                      operand_too=True)
+
+
+@register_op("argmax", attrs=ArgReduceAttrs, check=_check_arg_reduce, shapeless=True)
 def argmax(operands, attrs):
     """Index of the first maximum along ``axis`` (default: over the flattened
-    array; with ``keepdims`` every axis is kept as size 1). Result is uint32."""
+    array; with ``keepdims`` every axis is kept as size 1). Result is uint32.
+    A zero-size operand is rejected (MLX computes none)."""
     return mx.argmax(operands[0], axis=attrs.axis, keepdims=attrs.keepdims)
 
 
-@register_op("argmin", attrs=ArgReduceAttrs, shapeless=True)
+@register_op("argmin", attrs=ArgReduceAttrs, check=_check_arg_reduce, shapeless=True)
 def argmin(operands, attrs):
     """Index of the first minimum along ``axis`` (default: over the flattened
-    array; with ``keepdims`` every axis is kept as size 1). Result is uint32."""
+    array; with ``keepdims`` every axis is kept as size 1). Result is uint32.
+    A zero-size operand is rejected (MLX computes none)."""
     return mx.argmin(operands[0], axis=attrs.axis, keepdims=attrs.keepdims)
 
 
@@ -174,5 +238,12 @@ class SoftmaxAttrs(Attrs):
 @register_op("softmax", attrs=SoftmaxAttrs, shapeless=True)
 def softmax(operands, attrs):
     """``exp(x - max) / sum(exp(x - max))`` over ``axes`` (default: all axes, as
-    ``mx.softmax``). ``precise`` accumulates half-precision inputs in float32."""
-    return mx.softmax(operands[0], axis=attrs.axes, precise=attrs.precise)
+    ``mx.softmax``). ``precise`` accumulates half-precision inputs in float32.
+    Integer and bool inputs are converted to float32 first (as ``exp`` does),
+    so their result is float32."""
+    x = operands[0]
+    # mx.softmax over all axes keeps an integer dtype, with results that differ
+    # between compiled and eager evaluation.
+    if not is_floating(x.dtype):
+        x = x.astype(mx.float32)
+    return mx.softmax(x, axis=attrs.axes, precise=attrs.precise)

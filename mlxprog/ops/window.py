@@ -13,6 +13,8 @@ by ``r`` (spanning ``(w - 1) * r + 1``) and stride ``s``, has
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 from ..arrays import AVal, is_floating
 from .attrs import Attrs, PositiveInt, Size
@@ -104,7 +106,10 @@ def _extreme(dtype: mx.Dtype, highest: bool) -> mx.array:
 def _windows(x: mx.array, attrs: WindowAttrs) -> mx.array:
     """A strided view of ``x`` (already padded) of shape
     ``[windows per axis..., window elements per axis...]``."""
-    element = [1] * x.ndim  # row-major element strides (as_strided reads x flattened)
+    # as_strided addresses x's row-major buffer, so x must be row contiguous: an
+    # operand that is a view (a reversed, strided or transposed slice) is copied.
+    x = mx.contiguous(x)
+    element = [1] * x.ndim  # row-major element strides
     for axis in range(x.ndim - 2, -1, -1):
         element[axis] = element[axis + 1] * x.shape[axis + 1]
     return mx.as_strided(
@@ -182,23 +187,40 @@ def _check_window_scatter(avals: list[AVal], attrs: WindowAttrs) -> None:
         raise ValueError(f"init value (operand 2) must be a scalar; found {list(init.shape)}")
 
 
+def _first_best(windows: mx.array, real: mx.array, select_max: bool) -> mx.array:
+    """The position (in a window's flattened elements, last axis of ``windows``)
+    of each window's first maximum (or minimum) among its real elements.
+
+    Padding is excluded by ``real``, not by its value: a real element equal to
+    the padding value (-inf, +inf, an integer extreme) must still win. A NaN is
+    the best value, as in ``mx.argmax``. A window of padding only gets position 0,
+    a padding position whose scatter is cut off."""
+    identity = _extreme(windows.dtype, highest=not select_max)
+    masked = mx.where(real, windows, identity)
+    best = (mx.max if select_max else mx.min)(masked, axis=-1, keepdims=True)
+    hit = masked == best
+    if is_floating(windows.dtype):
+        hit = hit | mx.isnan(masked)  # best is NaN exactly when some real element is
+    return mx.argmax(real & hit, axis=-1, keepdims=True)
+
+
 def _window_scatter(operands, attrs: WindowAttrs, select_max: bool) -> mx.array:
     """Select-and-scatter: ``source`` added at each window's max (or min)."""
     x, source, init = operands
-    # Padding holds the selection's identity, so a real element always wins
-    # (ties go to the first element of the window, which may be padding only if
-    # the real elements equal the identity).
-    padded = _pad(x, attrs, _extreme(x.dtype, highest=not select_max))
-    windows = _windows(padded, attrs)
-    counts = windows.shape[: x.ndim]
-    flat = [*counts, -1]
-    pick = mx.argmax if select_max else mx.argmin
-    chosen = pick(windows.reshape(flat), axis=-1, keepdims=True)
-    positions = _windows(mx.arange(padded.size).reshape(padded.shape), attrs)
-    targets = mx.take_along_axis(positions.reshape(flat), chosen, axis=-1)
+    padded_shape = attrs.padded_shape(x.shape)
+    positions = mx.arange(math.prod(padded_shape)).reshape(padded_shape)
+    real = _pad(mx.ones(x.shape, mx.bool_), attrs, mx.array(False))
+    flat = [*attrs.counts(padded_shape), -1]
+
+    def windows_of(array: mx.array) -> mx.array:
+        return _windows(array, attrs).reshape(flat)
+
+    padded = _pad(x, attrs, mx.array(0, x.dtype))  # any value: `real` masks it out
+    chosen = _first_best(windows_of(padded), windows_of(real), select_max)
+    targets = mx.take_along_axis(windows_of(positions), chosen, axis=-1)
     init = init.astype(x.dtype)
-    out = mx.full((padded.size,), init).at[targets.reshape(-1)].add(source.reshape(-1))
-    out = out.reshape(padded.shape)
+    out = mx.full((positions.size,), init).at[targets.reshape(-1)].add(source.reshape(-1))
+    out = out.reshape(padded_shape)
     return out[tuple(slice(lo, lo + d) for (lo, _), d in zip(attrs.pads, x.shape))]
 
 

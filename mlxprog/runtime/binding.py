@@ -51,6 +51,12 @@ def to_array(value: Any, dtype: mx.Dtype, shape: tuple[int, ...] | None) -> mx.a
         found_dtype, found_shape = dtype, tuple(array.shape)
     if found_dtype != dtype or (shape is not None and found_shape != shape):
         raise Mismatch(_text(found_dtype, found_shape), _text(dtype, shape))
+    if found_shape and 0 in found_shape:
+        # An empty array converted from numpy misbehaves in MLX 0.32 (summing
+        # it after a compiled reduction can hang; products and `all` of it
+        # give 0 and False); an empty array MLX makes itself is safe, and
+        # there is no data to lose.
+        return mx.zeros(found_shape, dtype)
     return array if array is not None else mx.array(value, dtype=dtype)
 
 

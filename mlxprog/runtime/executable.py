@@ -16,6 +16,7 @@ from .. import native as native_kernels
 from ..arrays import AVal, to_mlx
 from ..errors import BindingError, ProgramError
 from ..format.program import Program
+from ..limits import Limits
 from ..symbolic import binding as dim_binding
 from ..symbolic.cache import SpecializationCache
 from ..validate import SymbolicProgram, ValidatedProgram, validate
@@ -201,7 +202,8 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
             check_numerics: bool = False, max_iterations: int = DEFAULT_MAX_ITERATIONS,
             max_traces: int = DEFAULT_MAX_TRACES,
             buckets: Mapping[str, str | Sequence[int]] | None = None,
-            fallback: str = "eager", native: bool | None = None) -> Executable:
+            fallback: str = "eager", native: bool | None = None,
+            limits: Limits | None = None) -> Executable:
     """Validate a program, bind its captures and return an :class:`Executable`.
 
     ``captures`` maps capture names to arrays; ``weights`` names files read with
@@ -223,9 +225,15 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     case and the default device is the CPU (see :mod:`mlxprog.native`);
     None takes the default from ``MLXPROG_NATIVE`` (on unless ``0``).
     ``False`` runs MLX's own ops everywhere, for comparison.
+
+    ``limits`` (a :class:`~mlxprog.limits.Limits`; default sized from the
+    machine's memory) bounds what the program may ask for: result sizes,
+    results per instruction, nesting, instructions; a symbolic program is held
+    to them for every binding, before it runs. A program given already
+    validated keeps the limits it was validated under.
     """
     validated = (program if isinstance(program, (ValidatedProgram, SymbolicProgram))
-                 else validate(program))
+                 else validate(program, limits))
     if check_numerics and not eager:
         raise ProgramError("check_numerics=True needs eager=True (compiled graphs are opaque)")
     if fallback not in ("eager", "raise"):

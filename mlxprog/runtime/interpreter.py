@@ -12,7 +12,7 @@ from typing import Sequence
 import mlx.core as mx
 
 from ..arrays import is_floating
-from ..errors import NumericError
+from ..errors import EvaluationError, NumericError
 from ..validate.steps import Step
 
 
@@ -31,7 +31,11 @@ def run_step_eager(step: Step, env: list, release: Sequence[int], check_numerics
     then drop the values whose last use was this step."""
     run_steps((step,), env)
     results = env[step.out : step.out + step.n_out]
-    mx.eval(results)
+    try:
+        mx.eval(results)
+    except (RuntimeError, ValueError) as exc:  # MLX's error for values it cannot compute
+        raise EvaluationError(f"{step.location} ({step.spec.name}) failed while computing its "
+                              f"results: {exc}") from exc
     if check_numerics:
         check_finite(step, results)
     for slot in release:

@@ -93,9 +93,21 @@ def plan_block(block: Block, n_inputs: int, dim_dependent: frozenset[StepPath] |
                         if a not in produced and not n_inputs <= a < block.n_prefix})
         writes = [s for s in sorted(produced) if s in after]
         shapeless = dim_dependent is not None and all(
-            step.spec.shapeless and step.path not in dim_dependent for step in group)
+            _shapeless(step, block, dim_dependent) for step in group)
         units.append(SegmentPlan(tuple(group), tuple(reads), tuple(writes), shapeless))
     return Plan(block, tuple(units), _release_plan(block))
+
+
+def _shapeless(step: Step, block: Block, dim_dependent: frozenset[StepPath]) -> bool:
+    """Whether a step's trace can serve every binding: a shape-polymorphic op
+    whose attributes use no dims, with no operand axis of size 1 (MLX 0.32's
+    shapeless compilation specialises a reduction over a size-1 axis and then
+    crashes the process for other sizes; a dim bound to 1 is handled by the
+    executable)."""
+    if not step.spec.shapeless or step.path in dim_dependent:
+        return False
+    avals = block.avals
+    return not any(1 in avals[slot].shape for slot in step.args)
 
 
 def describe(block: Block, n_inputs: int, dim_dependent: frozenset[StepPath] | None = None,

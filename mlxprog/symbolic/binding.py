@@ -50,7 +50,7 @@ def bind_dims(shapes: list[tuple[str, list[Expr], tuple[int, ...]]],
         waiting = []
         for name, axis, expr, size in pending:
             where = f"input {name!r} axis {axis}"
-            value = evaluate(expr, bindings)
+            value = _evaluate(expr, bindings, where)
             if value is not None:
                 if value != size and isinstance(expr, str):
                     raise BindingError(
@@ -87,7 +87,7 @@ def _solve(expr: Expr, value: int, bindings: Mapping[str, int], bind, where: str
         return True
     if isinstance(expr, int):
         return True
-    left, right = evaluate(expr.left, bindings), evaluate(expr.right, bindings)
+    left, right = _evaluate(expr.left, bindings, where), _evaluate(expr.right, bindings, where)
     if left is None and right is None:
         return False
     known, unknown_side = (left, expr.right) if left is not None else (right, expr.left)
@@ -105,6 +105,15 @@ def _solve(expr: Expr, value: int, bindings: Mapping[str, int], bind, where: str
         return _solve(unknown_side, value // known, bindings, bind, where)
     raise BindingError(f"{where}: cannot solve {fmt(expr)} = {value} for its unknown dim "
                        "(// and % cannot be inverted; bind the dim through another input)")
+
+
+def _evaluate(expr: Expr, bindings: Mapping[str, int], where: str) -> int | None:
+    """:func:`evaluate`, with a division by zero under ``bindings`` a
+    :class:`BindingError` at ``where``."""
+    try:
+        return evaluate(expr, bindings)
+    except ValueError as exc:
+        raise BindingError(f"{where}: {exc}") from None
 
 
 def _shape_text(shape: list[Expr]) -> str:

@@ -1,6 +1,11 @@
 """Dim expressions: integers, dim names, ``+ - *``, ``//``, ``%`` and
 parentheses (``"B*T"``, ``"S-1"``), parsed, evaluated, and printed in a
-simplified polynomial form."""
+simplified polynomial form.
+
+An expression has at most :data:`MAX_LENGTH` characters, which bounds how
+deep every recursive step here goes, and never divides by an expression that
+is identically zero (``"T//0"``, ``"T%(T-T)"``); a divisor that is zero only
+for some values fails when it is evaluated there."""
 
 from __future__ import annotations
 
@@ -12,6 +17,13 @@ from typing import Mapping, Union
 from ..format.program import DimSpec
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+MAX_LENGTH = 256
+"""The longest dim expression, in characters."""
+
+_MAX_TERMS = 64
+"""Polynomials with more terms are printed as written (expanding products of
+sums of distinct dims grows exponentially)."""
 
 
 def is_dim_name(name: str) -> bool:
@@ -30,7 +42,17 @@ class BinOp:
     right: Expr
 
     def __str__(self) -> str:
-        return f"({fmt(self.left)}{self.op}{fmt(self.right)})"
+        return f"({_operand(self.left)}{self.op}{_operand(self.right)})"
+
+
+def _operand(expr: Expr) -> str:
+    # An operand prints in parentheses unless it is an atom (a name, a
+    # non-negative integer) or already in them (an operation printed as written).
+    poly = to_poly(expr)
+    if poly is None:
+        return str(expr)
+    text = poly_str(poly)
+    return text if _NAME.match(text) or text.isdigit() else f"({text})"
 
 
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
@@ -38,9 +60,12 @@ _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: 
 
 def parse(text: str) -> Expr:
     """Parse a dim expression; ValueError (saying why) when it is not one."""
+    if len(text) > MAX_LENGTH:
+        raise ValueError(f"dim expression {text[:40]!r}... has {len(text)} characters; "
+                         f"the most is {MAX_LENGTH}")
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # ValueError: a null byte
         raise ValueError(f"{text!r} is not a dim expression") from None
     return _convert(tree, text)
 
@@ -51,7 +76,10 @@ def _convert(node: ast.AST, text: str) -> Expr:
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return BinOp(_OPS[type(node.op)], _convert(node.left, text), _convert(node.right, text))
+        expr = BinOp(_OPS[type(node.op)], _convert(node.left, text), _convert(node.right, text))
+        if expr.op in ("//", "%") and to_poly(expr.right) == {}:
+            raise ValueError(f"{text!r} divides by zero (a divisor that is always 0)")
+        return expr
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return BinOp("-", 0, _convert(node.operand, text))
     raise ValueError(
@@ -84,8 +112,13 @@ def evaluate(expr: Expr, bindings: Mapping[str, int]) -> int | None:
     if expr.op == "*":
         return left * right
     if right == 0:
-        raise ValueError(f"division by zero in {fmt(expr)}")
+        raise ValueError(f"division by zero in {fmt(expr)} (the divisor {fmt(expr.right)} is 0 "
+                         f"with {_bound(expr, bindings)})")
     return left // right if expr.op == "//" else left % right
+
+
+def _bound(expr: Expr, bindings: Mapping[str, int]) -> str:
+    return ", ".join(f"{n}={bindings[n]}" for n in sorted(names(expr))) or "no dims"
 
 
 def fmt(expr: Expr) -> str:
@@ -102,7 +135,8 @@ Poly = dict[tuple[str, ...], int]
 
 def to_poly(expr: Expr) -> Poly | None:
     """The expression as a polynomial in its names, or None if it uses // or %
-    on something that is not a constant multiple."""
+    on something that is not a constant multiple (or has over
+    :data:`_MAX_TERMS` terms)."""
     if isinstance(expr, int):
         return {(): expr} if expr else {}
     if isinstance(expr, str):
@@ -115,19 +149,23 @@ def to_poly(expr: Expr) -> Poly | None:
         out = dict(left)
         for mono, coeff in right.items():
             out[mono] = out.get(mono, 0) + sign * coeff
-        return {m: c for m, c in out.items() if c}
+        return _bounded({m: c for m, c in out.items() if c})
     if expr.op == "*":
         out: Poly = {}
         for m1, c1 in left.items():
             for m2, c2 in right.items():
                 mono = tuple(sorted(m1 + m2))
                 out[mono] = out.get(mono, 0) + c1 * c2
-        return {m: c for m, c in out.items() if c}
+        return _bounded({m: c for m, c in out.items() if c})
     if set(right) <= {()}:
         divisor = right.get((), 0)
         if divisor and expr.op == "//" and all(c % divisor == 0 for c in left.values()):
             return {m: c // divisor for m, c in left.items()}
     return None
+
+
+def _bounded(poly: Poly) -> Poly | None:
+    return poly if len(poly) <= _MAX_TERMS else None
 
 
 def poly_str(poly: Poly) -> str:
@@ -151,11 +189,16 @@ def poly_str(poly: Poly) -> str:
 
 
 def parse_dim(value: int | str, dims: Mapping[str, DimSpec]) -> Expr:
-    """Parse one shape entry: an int, or an expression over declared dims."""
+    """Parse one shape entry: an int, or an expression over declared dims (a
+    string naming none, like ``"1"``, is refused: the format does not read
+    numbers from strings)."""
     if isinstance(value, int):
         return value
     expr = parse(value)
-    unknown = names(expr) - set(dims)
+    used = names(expr)
+    if not used:
+        raise ValueError(f"{value!r} is a string naming no dim; write a number as a JSON number")
+    unknown = used - set(dims)
     if unknown:
         declared = ", ".join(sorted(dims)) or "none declared"
         raise ValueError(

@@ -12,10 +12,12 @@ import types
 import typing
 from typing import Any, Mapping
 
-from ..format.paths import StepPath
-from ..format.program import DimSpec, Instruction, Program, SubProgram
+from ..errors import ValidationError
+from ..format.paths import StepPath, render
+from ..format.program import DimSpec, Instruction, Program, SubProgram, TensorSpec
+from ..limits import MAX_DIM
 from ..ops.registry import lookup
-from .expr import Expr, evaluate, parse, parse_dim
+from .expr import Expr, evaluate, fmt, parse, parse_dim
 
 ODD_SAMPLE_SIZES = (7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)
 """Generic dim sizes (distinct, odd, unusual): a size that happens to equal
@@ -53,28 +55,54 @@ def builder_sample(spec: DimSpec, taken: set[int]) -> int:
 
 def specialize(program: Program, bindings: Mapping[str, int]) -> Program:
     """The concrete program for one binding: dims replaced in input shapes and
-    in int-valued attributes; ``value_of`` inputs stay (as int scalars)."""
-    inputs = [
-        spec.model_copy(update={"shape": [
-            e if isinstance(e, int) else evaluate(parse(e), bindings) for e in spec.shape
-        ]}) if any(isinstance(e, str) for e in spec.shape) else spec
-        for spec in program.inputs
-    ]
-    return program.model_copy(update={
-        "dims": {},
-        "inputs": inputs,
-        "instructions": [specialize_instruction(i, program.dims, bindings)
-                         for i in program.instructions],
-    })
+    in int-valued attributes; ``value_of`` inputs stay (as int scalars).
+    :class:`ValidationError` names an input whose size is not one under
+    ``bindings`` (negative, beyond MLX's ``2**31 - 1``, a division by zero)
+    or an instruction whose attribute cannot be evaluated."""
+    inputs = [_specialize_input(spec, bindings) for spec in program.inputs]
+    try:
+        instructions = [specialize_instruction(inst, program.dims, bindings, (index,))
+                        for index, inst in enumerate(program.instructions)]
+    except DimExpressionError as exc:
+        raise ValidationError(str(exc), render(exc.path), exc.op) from None
+    return program.model_copy(update={"dims": {}, "inputs": inputs,
+                                      "instructions": instructions})
+
+
+def _specialize_input(spec: TensorSpec, bindings: Mapping[str, int]) -> TensorSpec:
+    if not any(isinstance(e, str) for e in spec.shape):
+        return spec
+    shape = []
+    for axis, entry in enumerate(spec.shape):
+        where = f"input {spec.name!r} axis {axis}"
+        expr = entry if isinstance(entry, int) else parse(entry)
+        try:
+            size = evaluate(expr, bindings)
+        except ValueError as exc:
+            raise ValidationError(str(exc), where) from None
+        if not 0 <= size <= MAX_DIM:
+            # The callers add the bindings to the message.
+            raise ValidationError(f"size {fmt(expr)} is {size}; an axis has 0 to {MAX_DIM} "
+                                  "elements", where)
+        shape.append(size)
+    # model_copy does not validate: the sizes were just checked.
+    return spec.model_copy(update={"shape": shape})
 
 
 def specialize_instruction(inst: Instruction, dims: Mapping[str, DimSpec],
-                           bindings: Mapping[str, int]) -> Instruction:
+                           bindings: Mapping[str, int], path: StepPath = ()) -> Instruction:
     """One instruction (and its subprograms) with dims in integer-valued
-    attributes replaced by their values under ``bindings``."""
-    attrs, used = substitute_attrs(inst, dims, bindings)
-    subs = {name: SubProgram(instructions=[specialize_instruction(i, dims, bindings)
-                                           for i in sub.instructions], outputs=sub.outputs)
+    attributes replaced by their values under ``bindings``;
+    :class:`DimExpressionError` (a ValueError) at ``path`` when an
+    expression cannot be evaluated there (a division by zero)."""
+    try:
+        attrs, used = substitute_attrs(inst, dims, bindings)
+    except ValueError as exc:
+        raise DimExpressionError(str(exc), path, inst.op) from None
+    subs = {name: SubProgram(
+                instructions=[specialize_instruction(i, dims, bindings, (*path, name, k))
+                              for k, i in enumerate(sub.instructions)],
+                outputs=sub.outputs)
             for name, sub in inst.subprograms.items()}
     if used or subs:
         inst = inst.model_copy(update={"attrs": attrs, "subprograms": subs})
@@ -137,9 +165,9 @@ def _substitute(value: Any, dims: Mapping[str, DimSpec], bindings: Mapping[str, 
     if isinstance(value, str):
         try:
             expr = parse_dim(value, dims)
+            return (value if bindings is None else evaluate(expr, bindings)), True
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        return (value if bindings is None else evaluate(expr, bindings)), True
     if isinstance(value, list):
         used = False
         out = []

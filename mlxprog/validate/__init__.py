@@ -11,6 +11,7 @@ and resolved for execution.
 from __future__ import annotations
 
 from ..format.program import Program, gc_paused
+from ..limits import Limits
 from .program import validate_static
 from .steps import Block, Step, ValidatedProgram
 from .symbolic import SymbolicProgram, is_symbolic, validate_symbolic
@@ -19,8 +20,10 @@ __all__ = ["Block", "Step", "SymbolicProgram", "ValidatedProgram", "validate",
            "validate_static", "validate_symbolic"]
 
 
-def validate(program: Program) -> ValidatedProgram | SymbolicProgram:
-    """Check a program completely and resolve it for execution.
+def validate(program: Program, limits: Limits | None = None) -> ValidatedProgram | SymbolicProgram:
+    """Check a program completely and resolve it for execution, held to
+    ``limits`` (default: :class:`~mlxprog.limits.Limits`, sized from the
+    machine's memory).
 
     Returns a :class:`ValidatedProgram`, or for a program with symbolic dims a
     :class:`SymbolicProgram`. Raises :class:`~mlxprog.errors.ValidationError`
@@ -28,5 +31,5 @@ def validate(program: Program) -> ValidatedProgram | SymbolicProgram:
     """
     with gc_paused():
         if is_symbolic(program):
-            return validate_symbolic(program)
-        return validate_static(program)
+            return validate_symbolic(program, limits)
+        return validate_static(program, limits)

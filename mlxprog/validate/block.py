@@ -10,6 +10,7 @@ subprogram path and the op.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -19,16 +20,22 @@ from ..arrays import AVal
 from ..errors import ValidationError
 from ..format.paths import StepPath, render, within
 from ..format.program import Instruction, Ref, ResultRef
+from ..limits import Limits
 from ..ops.attrs import Attrs, CheckError, resolve_axes
 from ..ops.registry import OpSpec, lookup, suggest
 from .steps import Block, Step, make_step
 
 
 class Base:
-    """The values every block of a program sees: inputs, captures, constants."""
+    """The values every block of a program sees (inputs, captures, constants),
+    the limits the program is validated under, and what it has used of them
+    so far (instructions, result elements)."""
 
     def __init__(self, inputs: Sequence[AVal], captures: Sequence[AVal],
-                 constants: Sequence[mx.array]):
+                 constants: Sequence[mx.array], limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self.instructions = 0
+        self.elements = 0
         self.n_inputs = len(inputs)
         self.n_captures = len(captures)
         self.n_constants = len(constants)
@@ -43,6 +50,21 @@ class Base:
 def placeholder(aval: AVal) -> mx.array:
     """An unevaluated array of ``aval``: MLX records the node without allocating."""
     return mx.zeros(aval.shape, aval.dtype)
+
+
+def result_elements(avals: Sequence[AVal], limits: Limits, what: str, where: str,
+                    op: str | None = None) -> int:
+    """The elements of ``avals`` together, each within ``limits.max_elements``;
+    a ValidationError naming ``what`` (``"result"``, ``"input"``) otherwise."""
+    total = 0
+    for k, aval in enumerate(avals):
+        size = math.prod(aval.shape)
+        if size > limits.max_elements:
+            raise ValidationError(
+                f"{what} {k} is {aval}, {size:,} elements: more than the limit of "
+                f"{limits.max_elements:,} (Limits.max_elements)", where, op)
+        total += size
+    return total
 
 
 def validate_block(base: Base, instructions: Sequence[Instruction], outputs: Sequence[Ref],
@@ -72,6 +94,10 @@ class Subprograms:
 
     def check(self, name: str, carry: Sequence[AVal]) -> Block:
         """Validate subprogram ``name`` with carry values of these avals."""
+        depth = sum(isinstance(part, str) for part in self.path) + 1
+        if depth > self.base.limits.max_depth:
+            raise CheckError(f"subprograms nest {depth} deep: more than the limit of "
+                             f"{self.base.limits.max_depth} (Limits.max_depth)", subprogram=name)
         sub = self.inst.subprograms[name]
         block = validate_block(self.base, sub.instructions, sub.outputs, list(carry),
                                (*self.path, name))
@@ -140,6 +166,11 @@ class _Scope:
         # inline, and an instruction without attrs or subprograms whose op and
         # operand avals were seen before reuses the earlier inference.
         op, operands = inst.op, inst.operands
+        base = self.base
+        base.instructions += 1
+        if base.instructions > base.limits.max_instructions:
+            raise ValidationError(f"the program has more than {base.limits.max_instructions:,} "
+                                  "instructions (Limits.max_instructions)", self.where(index))
         known = self.ops.get(op)
         if known is None:
             spec = lookup_op(op, self.where(index))
@@ -162,11 +193,17 @@ class _Scope:
         key = None if inst.attrs or inst.subprograms else tuple(key)  # (op, *avals)
         inferred = self.inferred.get(key)
         if inferred is None:
-            inferred = infer(self.base, spec, inst, [avals[s] for s in args],
-                             [self.placeholders[s] for s in args], path)
+            inferred = infer(base, spec, inst, [avals[s] for s in args],
+                             [self.placeholders[s] for s in args], path, base.limits)
             if key is not None:
                 self.inferred[key] = inferred
-        attrs, blocks, out_avals, placeholders = inferred
+        attrs, blocks, out_avals, placeholders, elements = inferred
+        base.elements += elements
+        if base.elements > base.limits.max_total_elements:
+            raise ValidationError(
+                f"the program's results hold {base.elements:,} elements by here: more than "
+                f"the limit of {base.limits.max_total_elements:,} (Limits.max_total_elements)",
+                self.where(index), op)
         out = len(avals)
         avals.extend(out_avals)
         self.placeholders.extend(placeholders)
@@ -192,13 +229,14 @@ def check_arity(spec: OpSpec, n: int, where: str) -> None:
 
 
 def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
-          placeholders: list[mx.array], path: StepPath):
+          placeholders: list[mx.array], path: StepPath, limits: Limits):
     """Validate an instruction's attrs, operands and subprograms and infer its
     results: the attrs model, axis resolution, the op's ``check`` rule, then
     the shape rule, the host op's ``infer`` or the implementation on
-    placeholders. ``base`` is needed only by host ops with subprograms.
+    placeholders (lazy: nothing is allocated), each result held to
+    ``limits``. ``base`` is needed only by host ops with subprograms.
 
-    Returns ``(attrs, blocks, result avals, result placeholders)``.
+    Returns ``(attrs, blocks, result avals, result placeholders, elements)``.
     """
     attrs = _validate_attrs(spec, inst, path)
     unexpected = set(inst.subprograms) - set(spec.subprograms)
@@ -209,6 +247,11 @@ def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
             f"takes subprograms ({want}); found ({', '.join(inst.subprograms) or 'none'})",
             render(path), inst.op,
         )
+    n_out = _num_outputs(spec, attrs, len(avals), path)
+    if n_out is not None and n_out > limits.max_results:
+        raise ValidationError(f"makes {n_out:,} results: more than the limit of "
+                              f"{limits.max_results:,} (Limits.max_results)", render(path),
+                              inst.op)
     blocks: dict[str, Block] = {}
     try:
         if spec.axis_fields:
@@ -231,26 +274,39 @@ def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
         raise _check_failure(exc, path, inst.op) from None
     except ValueError as exc:
         raise ValidationError(_clean(exc), render(path), inst.op) from None
-    except (TypeError, RuntimeError, IndexError, KeyError) as exc:
+    except (TypeError, RuntimeError, IndexError, KeyError, OverflowError) as exc:
         # A rule that fails on operands it did not expect (a user's rule,
         # say) is still reported where it happened.
         raise ValidationError(f"{_clean(exc)} (operands: {_shapes(avals)})", render(path),
                               inst.op) from None
     if results is None:
         try:
-            results = _as_results(spec.impl(placeholders, attrs), spec,
-                                  spec.num_outputs(attrs, len(avals)))
-        except (ValueError, TypeError, RuntimeError, IndexError, KeyError) as exc:
+            results = _as_results(spec.impl(placeholders, attrs), spec, n_out)
+        except (ValueError, TypeError, RuntimeError, IndexError, KeyError, OverflowError) as exc:
             raise ValidationError(f"{_clean(exc)} (operands: {_shapes(avals)})", render(path),
                                   inst.op) from None
         out_avals = [AVal.of(p) for p in results]
-    n_out = spec.num_outputs(attrs, len(avals))
     if n_out is not None and len(out_avals) != n_out:
         raise ValidationError(
             f"op produced {len(out_avals)} result(s), its spec declares {n_out}", render(path),
             inst.op,
         )
-    return attrs, blocks, out_avals, results
+    if len(out_avals) > limits.max_results:
+        raise ValidationError(f"makes {len(out_avals):,} results: more than the limit of "
+                              f"{limits.max_results:,} (Limits.max_results)", render(path),
+                              inst.op)
+    elements = result_elements(out_avals, limits, "result", render(path), inst.op)
+    return attrs, blocks, out_avals, results, elements
+
+
+def _num_outputs(spec: OpSpec, attrs: Attrs, n_operands: int, path: StepPath) -> int | None:
+    """The op's declared result count (None: its subprograms decide), with a
+    user rule that fails reported at the instruction."""
+    try:
+        return spec.num_outputs(attrs, n_operands)
+    except Exception as exc:  # a user's outputs= function is arbitrary code
+        raise ValidationError(f"the op's result count could not be computed: {_clean(exc)}",
+                              render(path), spec.name) from None
 
 
 def _shapes(avals: list[AVal]) -> str:

@@ -9,19 +9,21 @@ import mlx.core as mx
 from ..arrays import AVal, exact_array, to_mlx
 from ..errors import ValidationError
 from ..format.program import NONFINITE, Constant, Program
+from ..limits import Limits
 from .block import Base, validate_block
 from .steps import ValidatedProgram
 
 
-def validate_static(program: Program) -> ValidatedProgram:
+def validate_static(program: Program, limits: Limits | None = None) -> ValidatedProgram:
     """Validate a program without symbolic dims: declarations, constants, then
-    the body (see :func:`~mlxprog.validate.block.validate_block`)."""
+    the body (see :func:`~mlxprog.validate.block.validate_block`), held to
+    ``limits`` (default: :class:`~mlxprog.limits.Limits`)."""
     _check_unique(program.inputs, "input")
     _check_unique(program.captures, "capture")
     inputs = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.inputs)
     captures = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.captures)
     constants = tuple(_make_constant(i, c) for i, c in enumerate(program.constants))
-    base = Base(inputs, captures, constants)
+    base = Base(inputs, captures, constants, limits)
     block = validate_block(base, program.instructions, program.outputs, [], path=())
     return ValidatedProgram(program, inputs, captures, constants, block)
 

@@ -18,6 +18,7 @@ from ..arrays import AVal, name_of, to_mlx
 from ..errors import ValidationError
 from ..format.paths import StepPath, render
 from ..format.program import DimSpec, Program
+from ..limits import Limits
 from ..symbolic.expr import BinOp, Expr, evaluate, fmt, is_dim_name, names, parse_dim
 from ..symbolic.specialize import (
     DimExpressionError,
@@ -47,12 +48,17 @@ class SymbolicProgram:
     out_shapes: tuple[tuple[Expr | None, ...], ...]
     out_dtypes: tuple[Any, ...]
     sample: ValidatedProgram
-    """The program specialised to the first sample binding that validated."""
+    """The program specialised to a sample binding that validated: a generic
+    one (no dim of size 1) where one did, as a plan for most bindings looks."""
+    limits: Limits | None = None
+    """The limits each specialisation is validated under (None: the defaults)."""
 
     def specialize(self, bindings: Mapping[str, int]) -> ValidatedProgram:
-        """The program with every dim replaced by its value, validated."""
+        """The program with every dim replaced by its value, validated (under
+        :attr:`limits`: a binding that makes a result too large fails here,
+        before anything runs)."""
         try:
-            return validate_static(specialize(self.program, bindings))
+            return validate_static(specialize(self.program, bindings), self.limits)
         except ValidationError as exc:
             raise ValidationError(f"{exc.detail} (with dims {_shown(bindings)})", exc.location,
                                   exc.op) from None
@@ -73,16 +79,13 @@ def is_symbolic(program: Program) -> bool:
     ) or any(spec.value_of is not None for spec in program.inputs)
 
 
-def validate_symbolic(program: Program) -> SymbolicProgram:
-    """Check a symbolic program (see the module docstring) and describe it."""
+def validate_symbolic(program: Program, limits: Limits | None = None) -> SymbolicProgram:
+    """Check a symbolic program (see the module docstring) under ``limits``
+    and describe it."""
     for name in program.dims:
         if not is_dim_name(name):
             raise ValidationError(f"dim name {name!r} is not an identifier", "dims")
     input_shapes = [_input_shape(spec, program.dims) for spec in program.inputs]
-    for spec in program.captures:
-        if any(isinstance(d, str) for d in spec.shape):
-            raise ValidationError("captures have static shapes (bind weights by exact shape)",
-                                  f"capture {spec.name!r}")
     try:
         dependent = dim_dependent_paths(program.instructions, program.dims)
     except DimExpressionError as exc:
@@ -96,7 +99,7 @@ def validate_symbolic(program: Program) -> SymbolicProgram:
     samples, first_error = [], None
     for bindings in sample_bindings(program.dims):
         try:
-            samples.append((bindings, validate_static(specialize(program, bindings))))
+            samples.append((bindings, validate_static(specialize(program, bindings), limits)))
         except ValidationError as exc:
             first_error = first_error or (exc, bindings)
     if not samples:
@@ -113,7 +116,8 @@ def validate_symbolic(program: Program) -> SymbolicProgram:
         dim_dependent=frozenset(dependent),
         out_shapes=out_shapes,
         out_dtypes=out_dtypes,
-        sample=samples[0][1],
+        sample=next((v for b, v in samples if 1 not in b.values()), samples[0][1]),
+        limits=limits,
     )
 
 
@@ -163,6 +167,14 @@ def _match(sizes: list[int], bindings: list[dict], candidates: list[Expr]) -> Ex
     if len(set(sizes)) == 1:
         return sizes[0]
     for candidate in candidates:
-        if all(evaluate(candidate, b) == s for b, s in zip(bindings, sizes)):
+        if all(_value(candidate, b) == s for b, s in zip(bindings, sizes)):
             return candidate
     return None
+
+
+def _value(expr: Expr, bindings: Mapping[str, int]) -> int | None:
+    # A candidate that divides by zero at a sample describes no output there.
+    try:
+        return evaluate(expr, bindings)
+    except ValueError:
+        return None

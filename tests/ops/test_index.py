@@ -238,6 +238,62 @@ def test_argpartition(kth, axis):
         assert (part[:k] <= part[k]).all() and (part[k + 1:] >= part[k]).all()
 
 
+# --- uint64 and int64 indices ---------------------------------------------------------
+
+BIG = 2**63  # read as negative if converted to int64 before clamping
+
+
+def _u64(*values: int) -> np.ndarray:
+    return np.array(values, np.uint64)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_uint64_indices_are_never_negative(eager):
+    x = np.arange(5, dtype=np.float32)
+    ones = np.ones(3, np.float32)
+    # Reads clamp to the last element.
+    assert_close(run_op("take", x, _u64(BIG, 2**64 - 1, 1), eager=eager), [4, 4, 1])
+    assert_close(run_op("take_along_axis", x, _u64(BIG, 3), axis=0, eager=eager), [4, 3])
+    assert_close(run_op("gather", x, _u64(BIG, 2).reshape(2, 1), axes=[0], eager=eager), [4, 2])
+    # Scatters drop out-of-range updates.
+    indices = _u64(2**64 - 1, BIG, 0).reshape(3, 1)
+    assert_close(run_op("indexed_add", x, indices, ones, axes=[0], eager=eager), [1, 1, 2, 3, 4])
+    assert_close(run_op("indexed_put", x, indices, 9 * ones, axes=[0], eager=eager),
+                 [9, 1, 2, 3, 4])
+    # Dynamic starts clamp to the end.
+    start = np.uint64(BIG + 5)
+    assert_close(run_op("slice", x, start, lengths=[2], dynamic_axes=[0], eager=eager), [3, 4])
+    assert_close(run_op("put_slice", x, np.full(2, 9, np.float32), start, dynamic_axes=[0],
+                        eager=eager), [0, 1, 2, 9, 9])
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_extreme_signed_indices_clamp_or_drop(eager):
+    x = np.arange(5, dtype=np.float32)
+    extremes = np.array([-BIG, BIG - 1, -1], np.int64)
+    assert_close(run_op("take", x, extremes, eager=eager), [0, 4, 4])
+    assert_close(run_op("indexed_add", x, extremes.reshape(3, 1), np.ones(3, np.float32),
+                        axes=[0], eager=eager), [0, 1, 2, 3, 5])
+    assert_close(run_op("take", x, np.array([-128, 127, -6, -5], np.int8), eager=eager),
+                 [0, 4, 0, 0])
+
+
+# --- empty axes ------------------------------------------------------------------------
+
+
+EMPTY_AXIS = mx.zeros((2, 0))
+
+
+@pytest.mark.parametrize("op, indices, attrs, shape", [
+    ("take", np.zeros(0, np.int32), {"axis": 1}, (2, 0)),
+    ("take_along_axis", np.zeros((2, 0), np.int32), {"axis": 1}, (2, 0)),
+    ("gather", np.zeros((0, 1), np.int32), {"axes": [1]}, (0, 2)),
+    ("take", np.zeros(3, np.int32), {"axis": 0}, (3, 0)),
+])
+def test_no_indices_into_an_empty_axis_read_nothing(op, indices, attrs, shape):
+    assert run_op(op, EMPTY_AXIS, indices, **attrs).shape == shape
+
+
 # --- validation ----------------------------------------------------------------------
 
 
@@ -272,6 +328,16 @@ INVALID = [
     ("take_along_axis", [X, np.zeros((3, 4, 2), bool)], {"axis": 2}, "integer dtype"),
     ("take_along_axis", [X, np.zeros((3, 4), np.int32)], {"axis": 2},
      "does not match array of dimension 3"),
+    # Indices into an empty axis: take and gather rejected them, take_along_axis
+    # returned zeros.
+    ("take_along_axis", [EMPTY_AXIS, np.zeros((2, 1), np.int32)], {"axis": 1},
+     "cannot read at 2 indices from axis 1 of operand 0 float32[2, 0], which is empty"),
+    ("take", [EMPTY_AXIS, np.zeros(3, np.int32)], {"axis": 1},
+     "cannot read at 3 indices from axis 1 of operand 0 float32[2, 0], which is empty"),
+    ("take", [EMPTY_AXIS, np.zeros(1, np.int32)], {},
+     "from axis 1 of operand 0 float32[2, 0], which is empty"),
+    ("gather", [EMPTY_AXIS, np.zeros((3, 1), np.int32)], {"axes": [1]},
+     "cannot read at 3 index vectors from axis 1"),
     ("indexed_add", [X, IDX, np.zeros((2, 5), np.float32)], {"axes": [0, 2]},
      "updates (operand 2) must have shape [2, 4]"),
     ("indexed_put", [X, IDX, np.zeros((2, 5), np.float32)], {"axes": [0]},

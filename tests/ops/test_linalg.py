@@ -1,8 +1,13 @@
 """Linalg ops: factorizations checked by reconstruction, solves and norms against
-numpy, all in compiled one-op programs; the least-squares example end to end."""
+numpy, all in compiled one-op programs; the least-squares example end to end;
+empty, non-finite, singular and 1x1 float64 matrices (which crashed or hung
+the process, so they run in a subprocess)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import mlx.core as mx
@@ -172,8 +177,10 @@ def test_least_squares_example_matches_numpy():
         ("inv", [(4,)], {}, "square matrix"),
         ("eigh", [(2, 3)], {}, "found shape [2, 3]"),
         ("eigh", [(3, 3)], {"UPLO": "X"}, "'UPLO'"),
-        ("solve", [(3, 3), (4,)], {}, "must match"),
-        ("solve_triangular", [(3, 4), (3,)], {"upper": True}, "(operands: float32[3, 4]"),
+        ("solve", [(3, 3), (4,)], {}, "B (operand 1) must be a vector of size 3"),
+        ("solve", [(2, 3, 3), (2, 3)], {}, "found shape [2, 3]"),
+        ("solve", [(3, 3), ()], {}, "found shape []"),
+        ("solve_triangular", [(3, 4), (3,)], {"upper": True}, "found shape [3, 4]"),
         ("norm", [(3, 4)], {"ord": "max"}, "ord is a number"),
         ("norm", [(3, 4)], {"ord": 3}, "Invalid ord 3"),
         ("norm", [(3, 4)], {"axis": 2}, "out of range"),
@@ -191,3 +198,240 @@ def test_invalid_operands_and_attrs(op, operands, attrs, message):
 def test_integer_operand_is_rejected():
     with pytest.raises(mp.ValidationError, match="instruction 0.*float32 or float64"):
         run_op("cholesky", np.eye(3, dtype=np.int32))
+
+
+def _run_isolated(code: str, timeout: float = 120) -> str:
+    """Run ``code`` (with numpy, mlx.core as mx, mlxprog as mp and the test
+    helpers imported) in a fresh interpreter, so that a crash or a hang fails
+    the test instead of killing the suite; returns its stdout."""
+    prelude = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+               "import numpy as np, mlx.core as mx, mlxprog as mp\n"
+               "from helpers import one_op_program, run_op\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not finish in {timeout} s:\n{code}")
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("op", "operands", "expected"),
+    [
+        ("inv", [(0, 0)], [(0, 0)]),
+        ("inv", [(2, 0, 0)], [(2, 0, 0)]),
+        ("solve", [(0, 0), (0,)], [(0,)]),
+        ("solve", [(0, 0), (0, 2)], [(0, 2)]),
+        ("solve", [(2, 0, 0), (0,)], [(2, 0)]),
+        ("solve_triangular", [(0, 0), (0,)], [(0,)]),
+        ("solve_triangular", [(2, 0, 0), (2, 0, 3)], [(2, 0, 3)]),
+        ("lu", [(0, 0)], [(0,), (0, 0), (0, 0)]),
+        ("lu", [(3, 0)], [(3,), (3, 0), (0, 0)]),
+        ("lu", [(0, 3)], [(0,), (0, 0), (0, 3)]),
+        ("lu", [(2, 0, 3)], [(2, 0), (2, 0, 0), (2, 0, 3)]),
+    ],
+)
+def test_empty_matrices_give_empty_results(op, operands, expected):
+    """LAPACK is never called on an empty matrix (MLX divided by its size:
+    SIGFPE), compiled or eager; the results have numpy's shapes."""
+    out = _run_isolated(f"""
+        arrays = [np.zeros(shape, np.float32) for shape in {operands!r}]
+        for eager in (False, True):
+            results = run_op({op!r}, *arrays, eager=eager)
+            results = results if isinstance(results, list) else [results]
+            print([tuple(r.shape) for r in results], [r.dtype for r in results])
+    """)
+    dtypes = "[mlx.core.uint32, " if op == "lu" else "["
+    dtypes += ", ".join(["mlx.core.float32"] * (len(expected) - (op == "lu"))) + "]"
+    assert out.splitlines() == [f"{expected!r} {dtypes}"] * 2
+
+
+def test_lu_of_a_matrix_without_columns_keeps_the_rows_in_place():
+    out = _run_isolated("""
+        pivots, lower, upper = run_op("lu", np.zeros((2, 3, 0), np.float32))
+        print(np.array(pivots).tolist())
+    """)
+    assert out.strip() == "[[0, 1, 2], [0, 1, 2]]"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 3), (3, 1), (2, 2), (2, 1, 1)])
+def test_lu_solve_inv_repeated_on_single_row_or_column_matrices(shape, dtype):
+    """MLX's LU result over-states its element count; for a 1x1 matrix the
+    extraction of L and U wrote past the buffer (compiled float64 solve on
+    [1, 1] five times: "free(): invalid next size", then SIGSEGV)."""
+    out = _run_isolated(f"""
+        dtype = getattr(mx, {dtype!r})
+        a = mx.array(np.full({shape!r}, 0.5) + 2 * np.eye(*{shape[-2:]!r}), dtype=dtype)
+        runs = [("lu", [a])]
+        if a.shape[-1] == a.shape[-2]:
+            runs += [("solve", [a, mx.ones(a.shape[-1:], dtype=dtype)]), ("inv", [a])]
+        for op, operands in runs:
+            exe = mp.compile(one_op_program(op, *operands))
+            for _ in range(20):
+                mx.eval(exe(*operands), mp.run(one_op_program(op, *operands), *operands, eager=True))
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_float64_solve_and_inverse_match_numpy():
+    a = RNG.standard_normal((2, 3, 3)) + 3 * np.eye(3)
+    b = RNG.standard_normal((2, 3, 2))
+    a64, b64 = mx.array(a, dtype=mx.float64), mx.array(b, dtype=mx.float64)
+    assert_close(run_op("solve", a64, b64), np.linalg.solve(a, b), rtol=1e-10, atol=1e-12,
+                 dtype=mx.float64)
+    assert_close(run_op("inv", a64), np.linalg.inv(a), rtol=1e-10, atol=1e-12,
+                 dtype=mx.float64)
+
+
+def test_inverse_of_a_permuting_matrix():
+    """inv is built from the LU factors: the pivot order must come back out."""
+    a = np.array([[0, 2, 1], [1, 0, 0], [3, 1, 4]], np.float32)
+    assert_close(run_op("inv", a), np.linalg.inv(a), **TOL)
+    assert_close(run_op("solve", a, np.eye(3, dtype=np.float32)), np.linalg.inv(a), **TOL)
+
+
+INF, NAN = np.inf, np.nan
+
+
+def test_svd_and_pinv_of_an_infinite_matrix_return_nan():
+    """[[inf, 1, 1], [1, 1, 1], [1, 1, 1]] made LAPACK's SVD loop forever."""
+    out = _run_isolated("""
+        a = np.array([[np.inf, 1, 1], [1, 1, 1], [1, 1, 1]], np.float32)
+        for op in ("svd", "pinv"):
+            for eager in (False, True):
+                results = run_op(op, a, eager=eager)
+                results = results if isinstance(results, list) else [results]
+                print(op, all(bool(np.isnan(np.array(r)).all()) for r in results))
+    """, timeout=60)
+    assert out.split() == ["svd", "True"] * 2 + ["pinv", "True"] * 2
+
+
+NON_FINITE_CASES = [
+    (op, attrs, bad)
+    for op, attrs in [("svd", {}), ("pinv", {}), ("eigh", {}), ("qr", {}), ("lu", {}),
+                      ("inv", {}), ("cholesky", {}), ("norm", {"ord": 2, "axis": [1, 2]}),
+                      ("norm", {"ord": "nuc", "axis": [2, 1], "keepdims": True})]
+    for bad in ("nan", "inf", "-inf")
+]
+
+
+@pytest.fixture(scope="module")
+def non_finite_outcomes() -> list[str]:
+    """For each of NON_FINITE_CASES, run in one subprocess (LAPACK could hang
+    on these): a batch of two SPD matrices, the second with one non-finite
+    entry; "ok" when every result of the second is NaN (lu's pivots: the
+    identity permutation) and the first matches the op on it alone."""
+    out = _run_isolated(f"""
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((3, 3)).astype(np.float32)
+        good = a @ a.T + 3 * np.eye(3, dtype=np.float32)
+        for op, attrs, bad in {NON_FINITE_CASES!r}:
+            batch = np.stack([good, good])
+            batch[1, 0, 0] = float(bad)
+            results, alone = (run_op(op, x, **attrs) for x in (batch, good[None]))
+            outcome = "ok"
+            for r, ref in zip(*(x if isinstance(x, list) else [x] for x in (results, alone))):
+                r, ref = np.array(r), np.array(ref)
+                nan = r[1].tolist() == [0, 1, 2] if r.dtype.kind == "u" else np.isnan(r[1]).all()
+                if not nan or not np.allclose(r[0], ref[0], rtol=1e-4, atol=1e-4):
+                    outcome = f"second {{r[1].tolist()}}, first {{r[0].tolist()}} vs {{ref[0].tolist()}}"
+            print(outcome)
+    """, timeout=300)
+    return out.splitlines()
+
+
+@pytest.mark.parametrize("case", range(len(NON_FINITE_CASES)),
+                         ids=[f"{op}-{bad}" for op, _, bad in NON_FINITE_CASES])
+def test_non_finite_matrix_gives_nan_for_that_matrix_only(non_finite_outcomes, case):
+    """One NaN/inf entry makes every result of its matrix NaN (svd, pinv and
+    eigh raised RuntimeError or never returned, eigh returned eigenvalues of
+    a NaN matrix); the other matrix of the batch is computed as usual."""
+    assert non_finite_outcomes[case] == "ok", NON_FINITE_CASES[case]
+
+
+def test_solve_gives_nan_for_a_non_finite_or_singular_matrix():
+    b = np.ones((3, 3, 2), np.float32)
+    a = np.stack([_spd(3), _spd(3), np.ones((3, 3), np.float32)])
+    a[1, 2, 1] = INF
+    x = _np(run_op("solve", a, b))
+    np.testing.assert_allclose(x[0], np.linalg.solve(a[0], b[0]), **TOL)
+    assert np.isnan(x[1:]).all()
+
+
+def test_non_finite_right_hand_sides_propagate_by_arithmetic():
+    a, b = _spd(3), np.ones((3, 2), np.float32)
+    b[0, 1] = NAN
+    for op in ("solve", "solve_triangular"):
+        x = _np(run_op(op, a, b))
+        reference = np.linalg.solve(np.tril(a) if op == "solve_triangular" else a, b[:, 0])
+        np.testing.assert_allclose(x[:, 0], reference, **TOL)
+        assert np.isnan(x[:, 1]).all()
+
+
+@pytest.mark.parametrize(
+    ("op", "matrix", "attrs"),
+    [
+        ("inv", np.zeros((3, 3)), {}),
+        ("inv", [[1, 2], [2, 4]], {}),
+        ("solve", [[1, 2], [2, 4]], {}),
+        ("solve_triangular", [[1, 0], [2, 0]], {}),
+        ("solve_triangular", [[0, 1], [0, 1]], {"upper": True}),
+        ("cholesky", [[1, 2], [2, 1]], {}),
+        ("cholesky", [[-1, 0], [0, 1]], {"upper": True}),
+    ],
+)
+def test_matrices_lapack_cannot_factor_give_nan(op, matrix, attrs):
+    """A singular matrix (inv of zeros and singular solves raised
+    RuntimeError at evaluation) or one that is not positive definite
+    (cholesky returned a partial factor) gives NaN."""
+    a = np.asarray(matrix, np.float32)
+    operands = [a] if op in ("inv", "cholesky") else [a, np.ones(a.shape[0], np.float32)]
+    for eager in (False, True):
+        assert np.isnan(_np(run_op(op, *operands, eager=eager, **attrs))).all()
+
+
+def test_lu_of_a_singular_matrix_is_still_a_factorization():
+    a = np.array([[1, 2], [2, 4]], np.float32)
+    pivots, lower, upper = (_np(x) for x in run_op("lu", a))
+    np.testing.assert_allclose(lower[pivots] @ upper, a, **TOL)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [("cholesky", {}), ("cholesky", {"upper": True}), ("eigh", {"UPLO": "L"}),
+     ("eigh", {"UPLO": "U"}), ("solve_triangular", {}), ("solve_triangular", {"upper": True})],
+)
+def test_non_finite_entries_in_the_triangle_not_read_are_ignored(op, attrs):
+    a = _spd(3)
+    upper = attrs.get("upper", attrs.get("UPLO") == "U")
+    noisy = a + np.where(np.tril(np.ones_like(a), -1) if upper else np.triu(np.ones_like(a), 1),
+                         NAN, 0)
+    operands = [[noisy], [a]] if op != "solve_triangular" else [[noisy, a[0]], [a, a[0]]]
+    got, want = (run_op(op, *ops, **attrs) for ops in operands)
+    for g, w in zip(*(r if isinstance(r, list) else [r] for r in (got, want))):
+        np.testing.assert_allclose(_np(g), _np(w), **TOL)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((2, 3, 3), (3,)), ((2, 3, 3), (4, 1, 3, 2)),
+                                                  ((3, 3), (2, 3, 1))])
+def test_solve_broadcasts_batch_axes(a_shape, b_shape):
+    a = _matrix(*a_shape) + 3 * np.eye(3, dtype=np.float32)
+    b = _matrix(*b_shape)
+    expected = np.linalg.solve(a, b[..., None] if b.ndim == 1 else b)
+    expected = expected[..., 0] if b.ndim == 1 else expected
+    assert_close(run_op("solve", a, b), expected, **TOL)
+    assert_close(run_op("solve_triangular", a, b),
+                 np.linalg.solve(np.tril(a), b[..., None])[..., 0] if b.ndim == 1
+                 else np.linalg.solve(np.tril(a), b), **TOL)
+
+
+def test_singular_value_norm_of_a_non_finite_matrix_is_nan():
+    a = np.array([[INF, 1], [1, 1]], np.float32)
+    for ord_ in (2, -2, "nuc"):
+        assert np.isnan(_np(run_op("norm", a, ord=ord_)))
+    # The norms computed by plain arithmetic propagate the infinity.
+    for ord_ in (None, 1, "inf", "fro"):
+        assert _np(run_op("norm", a, ord=ord_)) == np.inf

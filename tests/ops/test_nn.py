@@ -200,6 +200,55 @@ def test_fast_sdpa_invalid_mask_attr():
     check_invalid("mask", "fast_sdpa", q, k, v, mask="sliding")
 
 
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("hidden", ["bool", "-inf", "lowest"])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_fast_sdpa_array_mask_rows_that_see_no_key_are_zero(hidden, dtype, sinks, eager):
+    # MLX gives such a row the average of all values (boolean mask), NaN (-inf)
+    # or, for the dtype's lowest value, either one depending on the dtype.
+    q, k, v = qkv(dtype=dtype)
+    keep = np.ones((3, 5), bool)
+    keep[1] = False
+    if hidden == "bool":
+        mask = mx.array(keep)
+    else:
+        low = -np.inf if hidden == "-inf" else np.finfo(np.float16 if dtype == mx.float16
+                                                        else np.float32).min
+        mask = mx.array(np.where(keep, 0, low).astype(np.float32))
+    sink = [randn(4)] if sinks else []
+    got = run_op("fast_sdpa", q, k, v, mask, *sink, mask="array", sinks=sinks, eager=eager)
+    expected = ref_attention(as_np(q), as_np(k), as_np(v), 8 ** -0.5, keep,
+                             sinks=as_np(sink[0]) if sinks else None)
+    assert_close(got, expected, *TOL[dtype], dtype=dtype)
+    assert not as_np(got)[:, :, 1].any()
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_fast_sdpa_causal_queries_before_every_key_are_zero(eager):
+    q, k, v = qkv(tq=4, tkv=2)
+    keep = np.arange(2)[None, :] <= np.arange(4)[:, None] - 2  # rows 0 and 1 see no key
+    got = run_op("fast_sdpa", q, k, v, mask="causal", eager=eager)
+    assert_close(got, ref_attention(as_np(q), as_np(k), as_np(v), 8 ** -0.5, keep), 1e-4, 1e-5)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("kv_offset, sees", [
+    (np.int64(2**63 - 1), "all"),      # offset + i overflowed int64
+    (np.int64(2**32 + 1), "all"),      # cast to int32 this would be 1
+    (np.uint64(2**64 - 1), "all"),     # read as -1 through int64
+    (np.int64(-2**63), "none"),
+    (np.int8(-128), "none"),
+])
+def test_fast_sdpa_kv_offset_of_any_integer_dtype_and_value(kv_offset, sees, eager):
+    q, k, v = qkv()
+    key_mask = mx.ones((2, 5), mx.bool_)
+    got = run_op("fast_sdpa", q, k, v, key_mask, kv_offset, mask="causal_key_masked",
+                 eager=eager)
+    keep = np.full((3, 5), sees == "all")
+    assert_close(got, ref_attention(as_np(q), as_np(k), as_np(v), 8 ** -0.5, keep), 1e-4, 1e-5)
+
+
 # -- fused KV-cache update ------------------------------------------------------
 
 
@@ -234,6 +283,20 @@ def test_kv_cache_sdpa_update(layout, t, offset):
     ops = kv_operands(layout, t=t)
     got = run_op("kv_cache_sdpa_update", *ops, mx.array(offset, mx.int32), layout=layout)
     for g, e in zip(got, ref_kv_update(*ops, offset, None, layout)):
+        assert_close(g, e, 1e-4, 1e-5, dtype=mx.float32)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("layout", ["BTHD", "BHTD"])  # BHTD: the native kernel
+@pytest.mark.parametrize("offset, clamped", [
+    (np.int64(2**32 + 1), 5),       # cast to int32 first this wrote at 1
+    (np.uint64(2**63 + 2), 5),      # read as negative through int64
+    (np.int64(-2**40), 0),
+])
+def test_kv_cache_sdpa_update_clamps_wide_offsets(layout, offset, clamped, eager):
+    ops = kv_operands(layout)
+    got = run_op("kv_cache_sdpa_update", *ops, offset, layout=layout, eager=eager)
+    for g, e in zip(got, ref_kv_update(*ops, clamped, None, layout)):
         assert_close(g, e, 1e-4, 1e-5, dtype=mx.float32)
 
 
@@ -370,6 +433,27 @@ def test_rope_half_precision(dtype):
     assert_close(got, ref_rope(as_np(x), angles, 12, False), *TOL[dtype], dtype=dtype)
 
 
+INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("op", ["fast_rope", "fast_rope_positions"])
+def test_rope_positions_outside_int32_clamp(op, eager):
+    # Cast to int32, 2**32 + 1 became 1 and uint64 2**63 became 0.
+    x = randn(B, T, H, D) if op == "fast_rope_positions" else randn(B, H, T, D)
+
+    def rope(position):
+        shape = (B, T) if op == "fast_rope_positions" else (B,)
+        operand = np.full(shape, position, position.dtype)
+        return as_np(run_op(op, x, operand, **ROPE, eager=eager))
+
+    edge = rope(np.int32(INT32_MAX))
+    np.testing.assert_array_equal(rope(np.int64(2**32 + 1)), edge)
+    np.testing.assert_array_equal(rope(np.uint64(2**63)), edge)
+    np.testing.assert_array_equal(rope(np.int64(-2**40)), rope(np.int32(-2**31)))
+    assert not np.array_equal(edge, rope(np.int32(1)))
+
+
 def test_rope_invalid():
     x, pos = randn(B, T, H, D), mx.array(LEFT_PADDED, mx.int32)
     check_invalid("dims must be even, found 5", "fast_rope", x, dims=5)
@@ -388,6 +472,7 @@ def test_rope_invalid():
     check_invalid("positions must be integer, found float32", "fast_rope_positions", x,
                   pos.astype(mx.float32), dims=8)
     check_invalid("dims", "fast_rope", x, dims=0)
+    check_invalid("offset", "fast_rope", x, dims=8, offset=2**31)
 
 
 

@@ -123,6 +123,28 @@ def test_gather_mm_matches_per_row_reference(lhs, rhs):
     assert_close(got, expected, **TOL)
 
 
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint64])
+def test_gathered_matmul_indices_are_clamped(dtype, eager):
+    # MLX reads outside the experts (garbage, or a crash) at out-of-range indices.
+    parts, deq = _experts(3, 16, 64)
+    b = _matrix(3, 64, 16)
+    x = _matrix(4, 1, 64)
+    big = 2**64 - 1 if dtype == np.uint64 else np.iinfo(dtype).max
+    experts = np.array([big, 3, 1, 0], dtype)
+    if dtype != np.uint64:
+        experts[3] = -1  # counts from the end
+    picked = [2, 2, 1, 0 if dtype == np.uint64 else 2]
+    got = run_op("gather_qmm", x, *parts, experts, rhs_indices=True, group_size=32,
+                 eager=eager)
+    assert_close(got, np.stack([x[i] @ deq[e].T for i, e in enumerate(picked)]), **TOL)
+    got = run_op("gather_mm", x, b, experts, rhs_indices=True, eager=eager)
+    assert_close(got, np.stack([x[i] @ b[e] for i, e in enumerate(picked)]), **TOL)
+    rows = np.array([5, -7, 0, 2], np.int64)  # x has 4 rows: clamped to 3, 0, 0, 2
+    got = run_op("gather_mm", x, b[:1], rows, lhs_indices=True, eager=eager)
+    assert_close(got, np.stack([x[r] @ b[0] for r in [3, 0, 0, 2]]), **TOL)
+
+
 def test_gather_mm_eager():
     a, b = _matrix(3, 1, 4), _matrix(2, 4, 6)
     experts = np.array([1, 0, 1], dtype=np.int32)
@@ -130,9 +152,39 @@ def test_gather_mm_eager():
     assert_close(got, np.stack([a[i] @ b[e] for i, e in enumerate(experts)]), **TOL)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_quantize_group_with_nan_dequantizes_to_nan_compiled_and_eager(mode, dtype):
+    # MLX alone gives mxfp4 scales 127 compiled and 0 eager for bfloat16 NaN.
+    group = 16 if mode == "nvfp4" else 64 if mode == "affine" else 32
+    w = mx.array(_matrix(3, 128)).astype(getattr(mx, dtype))
+    w[0, 3] = float("nan")
+    w[1, group:] = float("nan")
+    compiled = run_op("quantize", w, mode=mode)
+    eager = run_op("quantize", w, mode=mode, eager=True)
+    for got, want in zip(compiled, eager):
+        np.testing.assert_array_equal(_np(got), _np(want))
+    restored = _np(run_op("dequantize", *compiled, mode=mode, dtype="float32"))
+    nan_groups = np.zeros((3, 128), bool)
+    nan_groups[0, :group] = nan_groups[1, group:] = True
+    np.testing.assert_array_equal(np.isnan(restored), nan_groups)
+    clean = run_op("quantize", mx.where(mx.isnan(w), 0, w), mode=mode)
+    expected = _np(run_op("dequantize", *clean, mode=mode, dtype="float32"))
+    np.testing.assert_array_equal(restored[~nan_groups], expected[~nan_groups])
+    x = np.ones((1, 128), np.float32)
+    product = _np(run_op("quantized_matmul", x, *compiled, mode=mode))
+    np.testing.assert_array_equal(np.isnan(product), [[True, True, False]])
+
+
 W = _matrix(8, 64)
 AFFINE = [np.array(p) for p in mx.quantize(mx.array(W))]
 MXFP4 = [np.array(p) for p in mx.quantize(mx.array(W), mode="mxfp4")]
+NO_EXPERTS = mx.quantize(mx.zeros((0, 8, 64)))
+
+
+def _f64(array: np.ndarray) -> mx.array:
+    """A float64 array (numpy float64 operands would become float32)."""
+    return mx.array(array, mx.float64)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +205,26 @@ MXFP4 = [np.array(p) for p in mx.quantize(mx.array(W), mode="mxfp4")]
          "(x, w, scales, biases): 4 expected, found 5"),
         ("gather_mm", [W, W.T], {"rhs_indices": True}, "(a, b, rhs_indices): 3 expected"),
         ("gather_mm", [W[:, None], W.T[None], np.zeros(8, np.float32)], {"rhs_indices": True},
-         "integral"),
+         "rhs_indices must have an integer dtype; found float32[8]"),
+        ("gather_mm", [W[:, None], np.zeros((0, 64, 8), np.float32), np.zeros(2, np.int32)],
+         {"rhs_indices": True}, "rhs_indices picks from the batch axes [0] of b, which hold "
+                                "no matrix; found int32[2]"),
+        ("gather_qmm", [W[:, None], *NO_EXPERTS, np.zeros(2, np.int32)], {"rhs_indices": True},
+         "rhs_indices picks from the batch axes [0] of w"),
+        # float64 fails at evaluation in MLX (or, for mxfp8 and nvfp4, gives wrong values).
+        ("quantize", [_f64(W)], {}, "w must be float16, bfloat16, float32; "
+         "found float64[8, 64]"),
+        ("quantize", [_f64(W)], {"mode": "mxfp8"}, "w must be float16"),
+        ("quantize", [W.astype(np.int32)], {}, "w must be float16"),
+        ("dequantize", MXFP4, {"mode": "nvfp4", "dtype": "float64"},
+         "dtype must be float16, bfloat16, float32 (or null); found float64"),
+        ("dequantize", [AFFINE[0], _f64(AFFINE[1]), AFFINE[2]], {},
+         "scales is float64, which MLX's quantization kernels do not support"),
+        ("quantized_matmul", [_f64(W), *AFFINE], {}, "x is float64"),
+        ("quantized_matmul", [W, *AFFINE[:2], _f64(AFFINE[2])], {},
+         "biases is float64"),
+        ("quantized_matmul", [_f64(W), *MXFP4], {"mode": "mxfp4"}, "x is float64"),
+        ("gather_qmm", [_f64(W), *AFFINE], {}, "x is float64"),
     ],
 )
 def test_invalid_attrs_and_operands(op, operands, attrs, message):

@@ -139,6 +139,68 @@ def test_reduction_invalid():
     assert_invalid("unknown attribute", "sum", X, axis=0)
 
 
+# Made by MLX: MLX 0.32.4 reduces an mx.array converted from a zero-size numpy
+# array wrongly (product 0, all false).
+EMPTY = mx.zeros((2, 0, 3))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize(
+    "op, attrs, expected",
+    [
+        ("sum", {"axes": [1]}, np.zeros((2, 3))),
+        ("product", {}, np.float32(1)),
+        ("all", {"axes": [1]}, np.ones((2, 3), bool)),
+        ("any", {}, np.False_),
+        ("mean", {"axes": [1]}, np.full((2, 3), np.nan)),
+        ("var", {"axes": [0, 1]}, np.full(3, np.nan)),
+        ("std", {"axes": [1], "ddof": 1}, np.full((2, 3), np.nan)),
+        # Empty results where the empty axis is not reduced.
+        ("reduce_max", {"axes": [2]}, np.zeros((2, 0))),
+        ("reduce_min", {"axes": [0, 2], "keepdims": True}, np.zeros((1, 0, 1))),
+        ("softmax", {}, np.zeros((2, 0, 3))),
+    ],
+)
+def test_reductions_over_no_elements(op, attrs, expected, eager):
+    got = run_op(op, EMPTY, eager=eager, **attrs)
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize(
+    "op, attrs, message",
+    [
+        ("reduce_max", {"axes": [1]}, "a reduction over no elements has no value: axis 1 of "
+                                      "operand 0 float32[2, 0, 3] is empty"),
+        ("reduce_min", {}, "axis 1 of operand 0 float32[2, 0, 3] is empty"),
+        ("argmax", {"axis": 1}, "a reduction over no elements has no value"),
+        ("argmin", {}, "a reduction over no elements has no value"),
+        ("logsumexp", {"axes": [0, 1]}, "a reduction over no elements has no value"),
+        # MLX computes these of no zero-size array, even over a non-empty axis.
+        ("argmax", {"axis": 2}, "MLX cannot compute this reduction of a zero-size operand, "
+                                "even over non-empty axes; found float32[2, 0, 3]"),
+        ("logsumexp", {"axes": [2]}, "zero-size operand"),
+    ],
+)
+def test_reductions_without_a_value_are_rejected(op, attrs, message):
+    assert_invalid(message, op, EMPTY, **attrs)
+
+
+def test_empty_reduction_is_rejected_at_a_zero_binding():
+    b = mp.ProgramBuilder("empty")
+    x = b.input("x", (2, b.dim("T", min=0)), "float32")
+    prog = b.build([b.op("reduce_max", x, axes=[1])])
+    run = mp.compile(prog)
+    assert_close(run(mx.ones((2, 3)))[0], np.ones(2))
+    with pytest.raises(mp.ValidationError, match="axis 1 of operand 0 float32.2, 0. is empty"):
+        run(mx.zeros((2, 0)))
+
+
+def test_variance_with_too_few_elements_divides_by_zero():
+    x = np.array([[1, 2], [3, 3]], np.float32)
+    assert_close(run_op("var", x, axes=[1], ddof=2), [np.inf, np.nan])
+    assert_close(run_op("std", x, axes=[1], ddof=3, eager=True), [np.inf, np.nan])
+
+
 # --- argmax, argmin ------------------------------------------------------------------
 
 
@@ -284,6 +346,19 @@ def test_softmax_half_precision(precise):
     got = run_op("softmax", x, axes=[-1], precise=precise)
     assert_close(got, np_softmax(x.astype(np.float64), -1), rtol=1e-2, atol=1e-3,
                  dtype=mx.float16)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("dtype", [np.uint32, np.int8, np.int64, np.bool_])
+@pytest.mark.parametrize("axes", [None, [-1]])
+def test_softmax_of_integers_is_float32(dtype, axes, eager):
+    # mx.softmax over all axes keeps the integer dtype, compiled [[0, 0], [0, 0]]
+    # and eager [[2147483648, 0], [0, 2147483648]] for uint32.
+    x = np.array([[0, 1], [1, 0]], dtype)
+    attrs = {} if axes is None else {"axes": axes}
+    got = run_op("softmax", x, eager=eager, **attrs)
+    expected = np_softmax(x.astype(np.float64), None if axes is None else tuple(axes))
+    assert_close(got, expected, rtol=1e-6, dtype=mx.float32)
 
 
 def test_softmax_invalid():

@@ -3,6 +3,8 @@ programs (and a sample eagerly)."""
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -100,6 +102,21 @@ def test_transpose(axes):
     expected = np.transpose(X, None if axes is None else axes)
     attrs = {} if axes is None else {"axes": axes}
     assert_close(run_op("transpose", X, **attrs), expected, dtype=mx.float32)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("shape", [[2, 3, 4], [2, "T", 4]])
+def test_transpose_axes_null_reverses(shape, eager):
+    # An explicit null (the documented default) read from a program file.
+    text = json.dumps({
+        "format": "mlxprog", "version": 1, "dims": {"T": {}} if "T" in shape else {},
+        "inputs": [{"name": "x", "shape": shape, "dtype": "float32"}],
+        "instructions": [{"op": "transpose", "operands": [{"input": 0}],
+                          "attrs": {"axes": None}}],
+        "outputs": [{"result": 0}],
+    })
+    (got,) = mp.run(mp.Program.loads(text), mx.array(X), eager=eager)
+    assert_close(got, np.transpose(X), dtype=mx.float32)
 
 
 @FAST

@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import mlxprog as mp
 from helpers import assert_close, assert_invalid, run_op
 
 RNG = np.random.default_rng(3)
@@ -141,6 +142,88 @@ def test_window_scatter_ties_go_to_first_eager(op):
     expected = np.zeros((4, 4), np.int32)
     expected[::2, ::2] = source
     assert_close(got, expected, dtype=mx.int32)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("op", ["window_scatter_max", "window_scatter_min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_window_scatter_padding_never_wins_a_tie(op, dtype, eager):
+    # The real elements equal the padding value (-inf / +inf, or the integer
+    # extreme): the source value still lands on the first real element.
+    low = -np.inf if dtype == np.float32 else np.iinfo(dtype).min
+    x = np.array([low, low, 1, 2], dtype)
+    if op == "window_scatter_min":
+        x = np.array([-low if dtype == np.float32 else np.iinfo(dtype).max] * 2 + [2, 1],
+                     dtype)
+    source = np.array([10, 20, 30], dtype)
+    got = run_op(op, x, source, dtype(0), window_dimensions=[2], window_strides=[2],
+                 padding=[[1, 1]], eager=eager)
+    assert_close(got, np.array([10, 0, 20, 30], dtype))
+
+
+def test_window_scatter_nan_is_selected_and_padding_only_windows_drop():
+    got = run_op("window_scatter_max", np.array([1, np.nan, 3], np.float32),
+                 np.array([1, 2], np.float32), np.float32(0), window_dimensions=[2])
+    assert_close(got, [0, 3, 0])
+    # Windows of padding only (the first and the last) select nothing.
+    got = run_op("window_scatter_max", np.array([1, 2], np.float32),
+                 np.array([1, 2, 3, 4], np.float32), np.float32(0), window_dimensions=[1],
+                 padding=[[1, 1]])
+    assert_close(got, [2, 3])
+
+
+def _view_program(view_op: str, window_op: str, shape, view_attrs, window_attrs,
+                  extra=()) -> mp.Program:
+    """``window_op`` applied to the result of ``view_op`` (which MLX makes a
+    non-contiguous view of the input)."""
+    b = mp.ProgramBuilder("view")
+    x = b.input("x", shape, "float32")
+    operands = [b.input(f"e{i}", a.shape, "float32") for i, a in enumerate(extra)]
+    return b.build([b.op(window_op, b.op(view_op, x, **view_attrs), *operands, **window_attrs)])
+
+
+VIEWS = [
+    # a view, its numpy equivalent
+    ("reverse", (8,), {"axes": [0]}, lambda x: x[::-1]),
+    ("slice", (8,), {"lengths": [8], "strides": [2]}, lambda x: x[::2]),
+    ("slice", (4, 6), {"lengths": [4, 6], "strides": [1, 2]}, lambda x: x[:, ::2]),
+    ("transpose", (4, 6), {"axes": [1, 0]}, lambda x: x.T),
+]
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("op", list(REDUCTIONS))
+@pytest.mark.parametrize("view, shape, view_attrs, np_view", VIEWS)
+def test_window_reductions_of_views(op, view, shape, view_attrs, np_view, eager):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    viewed = np_view(x)
+    dims, strides = [2] * viewed.ndim, [1] * (viewed.ndim - 1) + [2]
+    attrs = {"window_dimensions": dims, "window_strides": strides}
+    prog = _view_program(view, op, shape, view_attrs, attrs)
+    (got,) = mp.run(prog, mx.array(x), eager=eager)
+    reduce, identity = REDUCTIONS[op]
+    ones = [1] * viewed.ndim
+    expected = np_reduce_window(viewed, reduce, identity(x.dtype), dims, strides,
+                                [(0, 0)] * viewed.ndim, ones)
+    assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("view, shape, view_attrs, np_view", VIEWS)
+def test_window_scatter_of_views(view, shape, view_attrs, np_view, eager):
+    x = RNG.permutation(int(np.prod(shape))).reshape(shape).astype(np.float32)
+    viewed = np_view(x)
+    dims = [2] * viewed.ndim
+    counts = _counts(viewed.shape, dims, dims, [(0, 0)] * viewed.ndim, [1] * viewed.ndim)
+    source = RNG.standard_normal(counts).astype(np.float32)
+    init = np.zeros((), np.float32)
+    prog = _view_program(view, "window_scatter_max", shape, view_attrs,
+                         {"window_dimensions": dims, "window_strides": dims},
+                         extra=[source, init])
+    (got,) = mp.run(prog, mx.array(x), mx.array(source), mx.array(init), eager=eager)
+    expected = np_select_and_scatter(viewed, source, 0, dims, dims,
+                                     [(0, 0)] * viewed.ndim, select_max=True)
+    assert_close(got, expected, atol=1e-6)
 
 
 X = np.zeros((4, 5), np.float32)

@@ -364,3 +364,33 @@ def test_program_without_instructions_or_outputs():
     assert (exe.stats.calls, exe.stats.traces, exe.stats.instructions) == (2, 0, 0)
     with pytest.raises(mp.BindingError, match=r"takes 0 input\(s\) \(none\), got 1"):
         exe(X)
+
+
+def test_eager_execution_names_the_instruction_mlx_fails_to_compute():
+    @mp.register_op("test_raw_inverse")
+    def raw_inverse(operands, attrs):
+        """``mx.linalg.inv`` as MLX has it (it fails at evaluation on a singular matrix)."""
+        return mx.linalg.inv(operands[0], stream=mx.cpu)
+
+    try:
+        b = mp.ProgramBuilder()
+        x = b.input("x", (2, 2), "float32")
+        exe = mp.compile(b.build([b.test_raw_inverse(b.exp(x))]), eager=True)
+        with pytest.raises(mp.EvaluationError, match=r"instruction 1 \(test_raw_inverse\) "
+                                                     r"failed while computing its results"):
+            exe(np.full((2, 2), -np.inf, np.float32))
+    finally:
+        mp.unregister_op("test_raw_inverse")
+
+
+@pytest.mark.parametrize("make", [lambda: np.zeros((2, 0), np.float32),
+                                  lambda: mx.array(np.zeros((2, 0), np.float32)),
+                                  lambda: [[], []]])
+def test_empty_inputs_reduce_to_their_identities(make):
+    b = mp.ProgramBuilder()
+    x = b.input("x", (2, 0), "float32")
+    exe = mp.compile(b.build([b.sum(x, axes=[1]), b.product(x), b.all(x)]))
+    mx.eval(exe(np.ones((2, 0), np.float32)))  # a compiled reduction first, as in the bug
+    total, prod, every = exe(make())
+    assert np.array(total).tolist() == [0.0, 0.0]
+    assert prod.item() == 1.0 and every.item() is True

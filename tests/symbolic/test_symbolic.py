@@ -67,9 +67,8 @@ def test_unknown_dims_are_validation_errors_naming_the_place():
         mp.validate(program(bad_attr, [{"result": 0}]))
     with pytest.raises(mp.ValidationError, match="dims \\['U'\\] are declared but no input"):
         mp.validate(program([], [{"input": 0}], dims={"T": {}, "U": {}}))
-    with pytest.raises(mp.ValidationError, match="captures have static shapes"):
-        mp.validate(program([], [{"input": 0}],
-                            captures=[{"name": "w", "shape": ["T"], "dtype": "float32"}]))
+    with pytest.raises(mp.FormatError, match=r"capture 0 \('w'\): captures have static shapes"):
+        program([], [{"input": 0}], captures=[{"name": "w", "shape": ["T"], "dtype": "float32"}])
 
 
 def test_program_that_can_never_be_shape_correct_fails_at_validation():
@@ -102,6 +101,96 @@ def test_value_of_inputs_are_checked():
     with pytest.raises(mp.ValidationError, match="integer scalar"):
         mp.validate(program([], [{"input": 0}], inputs=base + [
             {"name": "n", "shape": [], "dtype": "float32", "value_of": "T"}]))
+
+
+@pytest.mark.parametrize("text", ["T//0", "T%0", "T//(T-T)", "2*T%(3-3)"])
+def test_division_by_a_zero_expression_is_refused_when_parsed(text):
+    with pytest.raises(ValueError, match="divides by zero"):
+        parse(text)
+
+
+@pytest.mark.parametrize("entry", ["T//0", "T%0"])
+def test_division_by_zero_is_a_validation_error_naming_the_place(entry):
+    with pytest.raises(mp.ValidationError, match=r"^input 'x' axis 1: .*divides by zero"):
+        mp.validate(program([], [{"input": 0}],
+                            inputs=[{"name": "x", "shape": ["T", entry], "dtype": "float32"}]))
+    attr = [{"op": "reshape", "operands": [{"input": 0}], "attrs": {"shape": [entry, 4]}}]
+    with pytest.raises(mp.ValidationError,
+                       match=r"^instruction 0 \(reshape\): attribute 'shape': .*divides by zero"):
+        mp.validate(program(attr, [{"result": 0}]))
+
+
+def test_a_divisor_zero_for_some_values_fails_there_with_the_place():
+    # T-1 is 0 only at T=1: accepted, and a call binding T=1 names the input.
+    exe = mp.compile(program([], [{"input": 0}], inputs=[
+        {"name": "x", "shape": ["T", "4//(T-1)"], "dtype": "float32"}]))
+    assert exe(np.zeros((3, 2), np.float32))[0].shape == (3, 2)
+    with pytest.raises(mp.BindingError, match=r"input 'x' axis 1: division by zero in "
+                                              r"\(4//\(T-1\)\) \(the divisor T-1 is 0 with T=1\)"):
+        exe(np.zeros((1, 5), np.float32))
+    # In an attribute, specialising for T=1 names the instruction.
+    filled = program([{"op": "full", "attrs": {"shape": ["12//(T-1)"], "value": 1,
+                                               "dtype": "int32"}}], [{"result": 0}])
+    exe = mp.compile(filled)
+    assert exe(np.zeros((4, 4), np.float32))[0].shape == (4,)
+    with pytest.raises(mp.ValidationError, match=r"instruction 0 \(full\): attribute 'shape': "
+                                                 r"division by zero.*with dims T=1"):
+        exe(np.zeros((1, 4), np.float32))
+
+
+@pytest.mark.parametrize("terms", [130, 1000, 100_000])
+def test_long_expressions_are_refused_without_recursion_errors(terms):
+    entry = "+".join(["T"] * terms)
+    with pytest.raises(ValueError, match=f"has {len(entry)} characters; the most is 256"):
+        parse(entry)
+    with pytest.raises(mp.ValidationError, match="^input 'x' axis 0: dim expression"):
+        mp.validate(program([], [{"input": 0}],
+                            inputs=[{"name": "x", "shape": [entry], "dtype": "float32"}]))
+
+
+def test_expressions_up_to_the_limit_work_and_print():
+    entry = "+".join(["T"] * 128)  # 255 characters, nested 127 deep
+    assert evaluate(parse(entry), {"T": 2}) == 256 and fmt(parse(entry)) == "128*T"
+    assert evaluate(parse("-" * 255 + "T"), {"T": 3}) == -3
+    # Products of sums of distinct dims are printed as written, not expanded.
+    product = "*".join(f"({a}+{b})" for a, b in zip("ACEGIKMOQSUW", "BDFHJLNPRTVX"))
+    assert fmt(parse(product)).count("+") < 200
+
+
+def test_operations_print_with_their_operands_parenthesised():
+    assert fmt(parse("T%(T-1)")) == "(T%(T-1))"
+    assert fmt(parse("(T-1)//2*2")) == "(((T-1)//2)*2)"
+    assert fmt(parse("T//2 + T%3")) == "((T//2)+(T%3))"
+
+
+@pytest.mark.parametrize("entry", ["-T", "T-8"])
+def test_input_shapes_that_evaluate_negative_are_validation_errors(entry):
+    # Negative for every sample value of T (at most 7): never shape-correct.
+    with pytest.raises(mp.ValidationError, match=r"^input 'y' axis 0: size .* is -\d+; an axis "
+                                                 r"has 0 to 2147483647 elements"):
+        mp.validate(program([], [{"input": 0}], dims={"T": {"max": 7}}, inputs=[
+            {"name": "x", "shape": ["T"], "dtype": "float32"},
+            {"name": "y", "shape": [entry], "dtype": "float32"}]))
+
+
+def test_strings_naming_no_dim_are_not_numbers():
+    # With dims declared, strings in integer attributes are dim expressions;
+    # one naming no dim would be a number read from a string.
+    summed = [{"op": "sum", "operands": [{"input": 0}], "attrs": {"axes": ["1"]}}]
+    with pytest.raises(mp.ValidationError, match=r"^instruction 0 \(sum\): attribute 'axes': "
+                                                 r"'1' is a string naming no dim"):
+        mp.validate(program(summed, [{"result": 0}]))
+    with pytest.raises(mp.ValidationError, match=r"^input 'x' axis 1: '4' is a string naming"):
+        mp.validate(program([], [{"input": 0}],
+                            inputs=[{"name": "x", "shape": ["T", "4"], "dtype": "float32"}]))
+
+
+def test_input_shapes_beyond_int32_are_validation_errors():
+    with pytest.raises(mp.ValidationError, match=r"^input 'y' axis 0: size 1073741824\*T is "
+                                                 r"3221225472; an axis has 0 to 2147483647"):
+        mp.validate(program([], [{"input": 0}], dims={"T": {"min": 3, "max": 3}}, inputs=[
+            {"name": "x", "shape": ["T"], "dtype": "float32"},
+            {"name": "y", "shape": ["T*1073741824"], "dtype": "float32"}]))
 
 
 def test_symbolic_output_shapes_are_described():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.arrays import name_of
+from mlxprog.arrays import is_floating, name_of
 
 X = {"input": 0}  # float32[2, 3]
 Y = {"input": 1}  # float32[4]
@@ -223,6 +223,12 @@ def test_shapes_are_inferred_through_the_program():
     (100000, "float16", "value out of range for float16"),
     (1e39, "float32", "value out of range for float32"),
     (1e39, "bfloat16", "value out of range for bfloat16"),
+    ([2**63, -1], "uint64", "value out of range for uint64"),
+    ([2**63, -1], "int64", "value out of range for int64"),
+    ([2**64, 1.0], "uint64", "value out of range for uint64"),
+    ([2**63 + 1, 0.5], "uint64", "non-integer value for dtype uint64: 0.5"),
+    ([1.0, 2.5], "int32", "non-integer value for dtype int32: 2.5"),
+    (2, "bool", "value out of range for bool [0, 1]"),
 ])
 def test_bad_constant(value, dtype, detail):
     err = invalid(constants=[{"value": 0, "dtype": "int32"}, {"value": value, "dtype": dtype}])
@@ -236,11 +242,29 @@ def test_bad_constant(value, dtype, detail):
     ("inf", "bfloat16", math.inf),
     (2**100, "float64", 2.0**100),
     ([], "int8", []),
+    # Beyond int64 numpy infers float64 for these lists; they must stay exact.
+    ([2**64 - 1, 7], "uint64", [2**64 - 1, 7]),
+    ([2**63 + 5, 1.0], "uint64", [2**63 + 5, 1]),
+    ([[2**53 + 1], [0.0]], "int64", [[2**53 + 1], [0]]),
+    ([-2**63, 2**63 - 1], "int64", [-2**63, 2**63 - 1]),
+    ([True, 1, 0.0], "bool", [True, True, False]),
 ])
 def test_edge_constants_are_accepted(value, dtype, expected):
     (const,) = mp.validate(program(constants=[{"value": value, "dtype": dtype}])).constants
     assert name_of(const.dtype) == dtype
     np.testing.assert_array_equal(const.tolist(), expected)
+    if not is_floating(const.dtype):  # numpy's comparison would round large integers
+        assert const.tolist() == expected
+
+
+def test_large_uint64_list_inputs_convert_exactly():
+    prog = mp.Program.from_dict({
+        "format": "mlxprog", "version": 1,
+        "inputs": [{"name": "x", "shape": [2], "dtype": "uint64"}], "outputs": [X]})
+    (out,) = mp.run(prog, [2**64 - 1, 7])
+    assert out.tolist() == [2**64 - 1, 7]
+    with pytest.raises(mp.BindingError, match="input 'x': value out of range for uint64"):
+        mp.run(prog, [2**64, 7])
 
 
 # -- before any trace ----------------------------------------------------------------
@@ -256,3 +280,31 @@ def test_compile_validates_first():
     bad = program(instructions=two_instructions({"op": "add", "operands": [{"result": 0}, Y]}))
     with pytest.raises(mp.ValidationError, match="instruction 1 \\(add\\)"):
         mp.compile(bad)
+
+
+
+@pytest.mark.parametrize("op, attrs, detail", [
+    ("sum", {"axes": ["1"]}, "attribute 'axes.0': Input should be a valid integer"),
+    ("sum", {"axes": [True]}, "attribute 'axes.0': Input should be a valid integer"),
+    ("sum", {"keepdims": "yes"}, "attribute 'keepdims': Input should be a valid boolean"),
+    ("sum", {"keepdims": 1}, "attribute 'keepdims': Input should be a valid boolean"),
+    ("random_key", {"seed": True}, "attribute 'seed': Input should be a valid integer"),
+    ("full", {"shape": [True], "value": 0, "dtype": "float32"},
+     "attribute 'shape.0': Input should be a valid integer"),
+])
+def test_attribute_json_types_are_strict(op, attrs, detail):
+    operands = [] if op in ("random_key", "full") else [X]
+    err = invalid(instructions=[{"op": op, "operands": operands, "attrs": attrs}])
+    assert_names(err, "instruction 0", op, detail)
+
+
+def test_arrays_fill_tuple_attributes_and_tuples_fill_list_attributes():
+    # JSON has only arrays (pad_width is a list of pairs, random_normal's shape
+    # a tuple); Python callers may pass tuples where the model has lists.
+    mp.validate(program(instructions=[
+        {"op": "pad", "operands": [X, {"const": 0}], "attrs": {"pad_width": [[1, 1], [0, 2]]}},
+        {"op": "random_key", "attrs": {"seed": 3}},
+        {"op": "random_normal", "operands": [{"result": 1}], "attrs": {"shape": [2, 3]}},
+    ], constants=[{"value": 0.0, "dtype": "float32"}]))
+    b = mp.ProgramBuilder("tuples")
+    b.build([b.op("sum", b.input("x", [2, 3]), axes=(0, 1))])

@@ -15,16 +15,18 @@ from .checks import check_predicate, check_same
 
 class WhileAttrs(Attrs):
     max_iterations: PositiveInt | None = None
-    """Iterations after which the loop fails with ``LoopLimitError``
-    (default: the Executable's ``max_iterations``)."""
+    """Iterations after which the loop fails with ``LoopLimitError``; the
+    Executable's ``max_iterations`` applies when it is smaller (or this is null)."""
 
 
 class While(HostOp):
     """Loop while ``cond`` is true: operands are the initial carry; ``cond``
     maps the carry to one boolean scalar, ``body`` maps it to a new carry of the
     same shapes and dtypes; the results are the final carry. Both subprograms see
-    the program's inputs, captures and constants. ``max_iterations`` (default: the
-    Executable's limit) ends a runaway loop with ``LoopLimitError``."""
+    the program's inputs, captures and constants. A runaway loop ends with
+    ``LoopLimitError`` after ``max_iterations`` iterations or the Executable's
+    limit, whichever is smaller (a program can lower the caller's limit, never
+    raise it)."""
 
     def infer(self, subprograms: Subprograms, avals, attrs):
         """The carry's avals; ``cond`` must give a bool scalar, ``body`` the carry."""
@@ -38,7 +40,8 @@ class While(HostOp):
         on the new carry), so an iteration is one compiled call."""
         cond, body = env.runner(step.blocks["cond"]), env.runner(step.blocks["body"])
         fused = None if env.options.eager else _fuse(step, env, cond, body)
-        limit = step.attrs.max_iterations or env.options.max_iterations
+        limit = min(step.attrs.max_iterations or env.options.max_iterations,
+                    env.options.max_iterations)
         return _Loop(step.location, cond, body, fused, limit, env.stats)
 
 
