@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -61,3 +65,19 @@ def assert_close(actual: mx.array, expected: Any, rtol: float = 1e-5, atol: floa
         np.testing.assert_array_equal(got, expected)
     else:
         np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def run_isolated(code: str, timeout: float = 120) -> str:
+    """Run ``code`` (with numpy as np, mlx.core as mx, mlxprog as mp and these
+    helpers imported) in a fresh interpreter, so that a crash or a hang fails
+    the test instead of ending the suite; returns its stdout."""
+    prelude = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+               "import numpy as np, mlx.core as mx, mlxprog as mp\n"
+               "from helpers import one_op_program, run_op\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not finish in {timeout} s:\n{code}")
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-3000:]}"
+    return done.stdout

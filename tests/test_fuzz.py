@@ -23,16 +23,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from fuzzing import KINDS, Case, Outcome, Worker, generate  # noqa: E402
+from fuzzing import KINDS, Case, Outcome, Worker, generate, minimise  # noqa: E402
 from fuzzing.choice import DataChooser  # noqa: E402
 
 CASES = Path(__file__).parent / "fuzz_cases"
-EXAMPLES = int(os.environ.get("MLXPROG_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("MLXPROG_FUZZ_EXAMPLES", "500"))
 TIMEOUT = 10.0
 
 # Open bugs the suite tolerates until they are fixed: (name, predicate on
@@ -54,16 +54,22 @@ def _known(case: Case, outcome: Outcome) -> str | None:
     return next((name for name, test in KNOWN_BUGS if test(case.text, outcome)), None)
 
 
+# No Hypothesis shrinking: a hang costs a full timeout per attempt. A bug's
+# program is minimised by tools/fuzzing's own (bounded) minimiser instead.
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+          phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def _check_generated(worker, data):
     kind = data.draw(st.sampled_from(KINDS), label="kind")
     case = generate(DataChooser(data), kind)
     outcome = worker.run(case)
-    if outcome.is_bug and not _known(case, outcome):
-        pytest.fail(f"{outcome.describe()}\nprogram ({kind}): {case.text[:4000]}\n"
-                    f"options: {case.options}, input seed {case.seed}", pytrace=False)
+    if not outcome.is_bug or _known(case, outcome):
+        return
+    if outcome.cls != "hang":
+        case = minimise(case, outcome, worker.run, budget=60, seconds=60)
+    pytest.fail(f"{outcome.describe()}\nprogram ({kind}, minimised): {case.text[:4000]}\n"
+                f"case (for tools/fuzz.py --replay): {json.dumps(case.to_dict())[:6000]}",
+                pytrace=False)
 
 
 def test_fuzz(worker):

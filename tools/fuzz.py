@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fuzzing import BUG_CLASSES, KINDS, OUTCOMES, Case, Outcome, Worker, generate, minimise  # noqa: E402
+from fuzzing import (  # noqa: E402  (tools/ is on the path only from here)
+    BUG_CLASSES, KINDS, OUTCOMES, Case, Outcome, Worker, generate, minimise)
 from fuzzing.choice import RandomChooser  # noqa: E402
 
 MINIMISE_PER_GROUP = 2

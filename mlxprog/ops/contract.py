@@ -2,10 +2,11 @@
 ``einsum``.
 
 MLX multiplies matrices only in floating dtypes. ``dot``, ``tensordot`` and
-``matmul`` also accept integer and bool operands, computed exactly as a
-broadcast multiply and sum (integers wrap on overflow as in XLA; bool gives
-"or of ands"); that path materialises the full product, so it suits the small
-index arithmetic where integer contractions occur.
+``matmul`` also accept integer and bool operands, computed exactly (integers
+wrap on overflow as in XLA; bool gives "or of ands") from ``float64`` matrix
+products of 11-bit pieces of the operands, on the CPU: memory stays
+proportional to the operands and the result, and the time is several float
+products (3 for 16-bit, 6 for 32-bit, 21 for 64-bit results).
 
 Only ``matmul`` is shapeless: ``dot`` and ``tensordot`` fold axes together with
 reshapes to sizes fixed at trace time, and ``einsum`` may.
@@ -44,25 +45,47 @@ def _check_sizes(avals: list[AVal], lhs_axes, rhs_axes, kind: str) -> None:
             )
 
 
+_PIECE_BITS = 11
+"""Integer operands are multiplied in pieces of this many bits: a product of
+two pieces is below 2**22, so ``float64`` sums of up to 2**31 of them (more
+terms than any axis holds) are exact."""
+
+
 def _matmul(a: mx.array, b: mx.array) -> mx.array:
     """``mx.matmul``, extended exactly to integer and bool operands."""
     if mx.issubdtype(a.dtype, mx.inexact) or mx.issubdtype(b.dtype, mx.inexact):
         return mx.matmul(a, b)
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError("matmul operands need at least one axis")
-    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
-        raise ValueError(
-            f"the last axis of a {list(a.shape)} and the contracted axis of b "
-            f"{list(b.shape)} differ in size"
-        )
-    vector_a, vector_b = a.ndim == 1, b.ndim == 1
-    a = a[None, :] if vector_a else a
-    b = b[:, None] if vector_b else b
-    products = mx.expand_dims(a, -1) * mx.expand_dims(b, -3)
-    # Summing widens small integers; casting back wraps like an in-dtype sum.
-    out = mx.sum(products, axis=-2).astype(products.dtype)
-    promoted = [axis for axis, vector in ((-2, vector_a), (-1, vector_b)) if vector]
-    return mx.squeeze(out, promoted) if promoted else out
+    dtype = mx.result_type(a.dtype, b.dtype)
+    if dtype == mx.bool_:
+        # A float sum of ones and zeros is positive exactly when a term is.
+        return mx.matmul(a.astype(mx.float32), b.astype(mx.float32)) > 0
+    if mx.issubdtype(dtype, mx.inexact):  # int64 with uint64 promotes to float32
+        return mx.matmul(a.astype(dtype), b.astype(dtype))
+    with mx.stream(mx.cpu):  # the GPU has no float64
+        return _integer_matmul(a, b, dtype)
+
+
+def _integer_matmul(a: mx.array, b: mx.array, dtype: mx.Dtype) -> mx.array:
+    """The product in ``dtype`` modulo ``2**bits``, as a sum of the products
+    of the operands' pieces shifted into place: only the low ``bits`` bits of
+    each operand (its two's complement) and the pairs of pieces that land
+    below bit ``bits`` can change the result."""
+    bits = dtype.size * 8
+
+    def pieces(x: mx.array) -> list[mx.array]:
+        x = x.astype(mx.uint64)  # sign-extended: the same low bits
+        mask = (1 << _PIECE_BITS) - 1
+        return [((x >> shift) & mask).astype(mx.float64)
+                for shift in range(0, bits, _PIECE_BITS)]
+
+    terms = [
+        mx.matmul(pa, pb).astype(mx.uint64) << _PIECE_BITS * (i + j)
+        for i, pa in enumerate(pieces(a))
+        for j, pb in enumerate(pieces(b))
+        if _PIECE_BITS * (i + j) < bits
+    ]
+    # uint64 sums and shifts wrap modulo 2**64; the cast keeps the low bits.
+    return sum(terms[1:], terms[0]).astype(dtype)
 
 
 def _dot_general(lhs: mx.array, rhs: mx.array, lhs_contracting, rhs_contracting,
@@ -140,8 +163,8 @@ def dot(operands, attrs):
     result's axes are the batch axes, then lhs's remaining axes, then rhs's, each
     in operand order. Negative axes count from the end. Dtypes promote like
     MLX; integer and bool operands are computed exactly (integers wrap on
-    overflow; bool gives "or of ands") through a broadcast product that holds
-    every term at once."""
+    overflow; bool gives "or of ands") on the CPU, as several ``float64``
+    matrix products of 11-bit pieces of the operands."""
     lhs, rhs = operands
     return _dot_general(lhs, rhs, attrs.lhs_contracting_axes, attrs.rhs_contracting_axes,
                         attrs.lhs_batch_axes, attrs.rhs_batch_axes)

@@ -134,40 +134,63 @@ class ConvTransposeAttrs(Attrs):
     """Feature groups."""
 
 
+def _per_dim(attrs: ConvTransposeAttrs, spatial: int) -> tuple[list[int], ...]:
+    """``stride``, ``padding``, ``dilation`` and ``output_padding``, one entry
+    per spatial dimension (defaults filled in)."""
+    return (attrs.stride or [1] * spatial, attrs.padding or [0] * spatial,
+            attrs.dilation or [1] * spatial, attrs.output_padding or [0] * spatial)
+
+
 def _check_conv_transpose(avals: list[AVal], attrs: ConvTransposeAttrs) -> None:
-    """As ``conv_general``'s check, with 1 to 3 spatial dimensions."""
-    _check_lengths(attrs, _check_layouts(avals, attrs.groups, range(1, 4)))
-
-
-_CONV_TRANSPOSE = {1: mx.conv_transpose1d, 2: mx.conv_transpose2d, 3: mx.conv_transpose3d}
+    """As ``conv_general``'s check, with 1 to 3 spatial dimensions, and a
+    result of at least one element along each of them."""
+    spatial = _check_layouts(avals, attrs.groups, range(1, 4))
+    _check_lengths(attrs, spatial)
+    x, w = avals[0].shape, avals[1].shape
+    for axis, (size, k, (s, p, d, e)) in enumerate(
+            zip(x[1:-1], w[1:-1], zip(*_per_dim(attrs, spatial))), 1):
+        out = (size - 1) * s - 2 * p + (k - 1) * d + e + 1
+        if out < 1:
+            raise ValueError(
+                f"the result would have {out} elements along axis {axis}: (in - 1) * stride "
+                f"- 2 * padding + (k - 1) * dilation + output_padding + 1 with in {size}, "
+                f"stride {s}, padding {p}, k {k}, dilation {d}, output_padding {e}; it "
+                f"must be at least 1"
+            )
 
 
 @register_op("conv_transpose", attrs=ConvTransposeAttrs, operands=2,
              check=_check_conv_transpose)
 def conv_transpose(operands, attrs):
-    """Transposed convolution over 1 to 3 spatial dimensions
-    (``mx.conv_transpose1d/2d/3d``): the gradient of ``conv_general`` with respect
-    to its input. Operands: input ``[N, *spatial, C_in]`` and weight
+    """Transposed convolution over 1 to 3 spatial dimensions (as
+    ``mx.conv_transpose1d/2d/3d``): the gradient of ``conv_general`` with
+    respect to its input. Operands: input ``[N, *spatial, C_in]`` and weight
     ``[C_out, *kernel, C_in / groups]``; result ``[N, *spatial_out, C_out]`` with
     ``out = (in - 1) * stride - 2 * padding + (k - 1) * dilation + output_padding
-    + 1``: input element ``i`` contributes through kernel tap ``j`` to output
-    position ``i * stride + j * dilation - padding``. As in ``conv_general``,
-    ``groups > 1`` works only with 1 or 2 spatial dimensions, kernel sizes
-    must be positive, and no input channels give zeros."""
+    + 1``, at least 1: input element ``i`` contributes through kernel tap ``j``
+    to output position ``i * stride + j * dilation - padding``. As in
+    ``conv_general``, ``groups > 1`` works only with 1 or 2 spatial
+    dimensions, kernel sizes must be positive, and no input channels give
+    zeros."""
     x, w = operands
-    spatial = x.ndim - 2
-
-    def per_dim(value, default):
-        values = value or [default] * spatial
-        return values[0] if spatial == 1 else tuple(values)
-
-    out = _CONV_TRANSPOSE[spatial](
+    stride, padding, dilation, extra = _per_dim(attrs, x.ndim - 2)
+    # MLX's construction: a stride-1 convolution of the input dilated by the
+    # stride, with the flipped kernel and (k - 1) * dilation - padding at
+    # each end (plus output_padding at the high end). MLX crops for a
+    # negative padding before dilating, which is wrong (the result is too
+    # short), so the convolution gets the positive part and the result is
+    # cropped: with stride 1, cropping the input crops the result alike.
+    low = [(k - 1) * d - p for k, d, p in zip(w.shape[1:-1], dilation, padding)]
+    high = [lo + e for lo, e in zip(low, extra)]
+    out = mx.conv_general(
         x,
         w,
-        stride=per_dim(attrs.stride, 1),
-        padding=per_dim(attrs.padding, 0),
-        dilation=per_dim(attrs.dilation, 1),
-        output_padding=per_dim(attrs.output_padding, 0),
+        padding=([max(lo, 0) for lo in low], [max(hi, 0) for hi in high]),
+        kernel_dilation=dilation,
+        input_dilation=stride,
         groups=attrs.groups,
+        flip=True,
     )
-    return _without_channels(x, w, out)
+    crop = [slice(max(-lo, 0), size - max(-hi, 0))
+            for lo, hi, size in zip(low, high, out.shape[1:-1])]
+    return _without_channels(x, w, out[(slice(None), *crop, slice(None))])

@@ -39,11 +39,10 @@ def _unary(fn, operands, attrs):
 
 _UNARY = {
     "abs": (mx.abs, "Absolute value."),
-    "ceil": (mx.ceil, "Round up."),
-    "floor": (mx.floor, "Round down."),
     "negate": (mx.negative, "Negation."),
-    "round": (mx.round, "Round half to even."),
-    "sign": (mx.sign, "-1, 0 or 1 by sign."),
+    "sign": (mx.sign, "-1, 0 or 1 by sign (bool unchanged). NaN gives 0 and -0.0 gives 0.0, "
+                      "as in MLX (numpy and XLA give NaN and -0.0); complex x gives x / |x| "
+                      "(0 for 0)."),
     "real": (mx.real, "Real part."),
     "imag": (mx.imag, "Imaginary part."),
     "conjugate": (mx.conjugate, "Complex conjugate."),
@@ -81,10 +80,26 @@ _UNARY = {
 register_family(_UNARY, _unary, operands=1, shapeless=True)
 
 
+def _rounding(fn, operands, attrs):
+    """``fn`` on floats; integers and bools are already whole and pass
+    unchanged (MLX rounds 64-bit integers through float inside fused
+    kernels, which loses their low bits)."""
+    x = operands[0]
+    return fn(x) if mx.issubdtype(x.dtype, mx.inexact) else x
+
+
+register_family({
+    "ceil": (mx.ceil, "Round up; integers and bools are unchanged."),
+    "floor": (mx.floor, "Round down; integers and bools are unchanged."),
+    "round": (mx.round, "Round half to even; integers and bools are unchanged."),
+}, _rounding, operands=1, shapeless=True)
+
+
 @register_op("cbrt", shapeless=True)
 def cbrt(operands, attrs):
     """Cube root as ``x ** (1/3)``: NaN for negative real inputs, as in the
-    reference compiler."""
+    reference compiler, except ``-inf``, which gives ``+inf`` (C's ``pow``);
+    ``-0.0`` gives ``0.0`` and NaN gives NaN. Integer inputs give ``float32``."""
     x = operands[0]
     return mx.power(x, mx.array(1.0 / 3.0, dtype=_float_of(x.dtype)))
 
@@ -129,8 +144,6 @@ _BINARY = {
     "atan2": (mx.arctan2, "Angle of (b, a): arctan(a / b) in the right quadrant."),
     "min": (mx.minimum, "Elementwise minimum (NaN propagates)."),
     "max": (mx.maximum, "Elementwise maximum (NaN propagates)."),
-    "left_shift": (mx.left_shift, "a << b (integers)."),
-    "right_shift": (mx.right_shift, "a >> b (integers; arithmetic for signed)."),
     "bitwise_and": (mx.bitwise_and, "a & b."),
     "bitwise_or": (mx.bitwise_or, "a | b."),
     "bitwise_xor": (mx.bitwise_xor, "a ^ b."),
@@ -145,6 +158,30 @@ _BINARY = {
 }
 
 register_family(_BINARY, _binary, operands=2, shapeless=True)
+
+
+def _shift(fn, operands, attrs):
+    """``fn`` with every shift amount defined: an amount outside ``[0, bits)``
+    of the result dtype shifts every bit out (C leaves it undefined, and MLX's
+    compiled and eager kernels then disagree)."""
+    a, amount = operands
+    result = fn(a, mx.zeros((), amount.dtype))  # the promoted dtype, for its width
+    bits = result.dtype.size * 8
+    inside = (amount >= 0) & (amount < bits)
+    shifted = fn(a, mx.where(inside, amount, 0))
+    filled = mx.zeros((), shifted.dtype)
+    if fn is mx.right_shift and mx.issubdtype(shifted.dtype, mx.signedinteger):
+        filled = mx.where(a < 0, mx.array(-1, shifted.dtype), filled)  # the sign fills in
+    return mx.where(inside, shifted, filled)
+
+
+register_family({
+    "left_shift": (mx.left_shift, "a << b (integers). An amount outside [0, bits) of the "
+                                  "result dtype gives 0."),
+    "right_shift": (mx.right_shift, "a >> b (integers; arithmetic for signed). An amount "
+                                    "outside [0, bits) of the result dtype gives 0, or -1 "
+                                    "for a negative signed a."),
+}, _shift, operands=2, shapeless=True)
 
 
 @register_op("logical_xor", operands=2, shapeless=True)
@@ -182,7 +219,10 @@ def remainder(operands, attrs):
     if mx.issubdtype(a.dtype, mx.inexact) or mx.issubdtype(b.dtype, mx.inexact):
         # Floor-mod and truncation agree on magnitudes; correcting a floor-mod
         # result by subtracting b instead would lose small dividends to rounding
-        # and turn an infinite divisor into NaN.
+        # and turn an infinite divisor into NaN. Both are promoted first: abs()
+        # of the most negative integer overflows in its own dtype.
+        dtype = (mx.zeros((), a.dtype) + mx.zeros((), b.dtype)).dtype
+        a, b = a.astype(dtype), b.astype(dtype)
         magnitude = mx.remainder(mx.abs(a), mx.abs(b))
         return mx.where(a < 0, -magnitude, magnitude)
     # Integers: exact, and abs() would overflow on the most negative value.

@@ -80,7 +80,8 @@ def _lu(a: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     """``mx.linalg.lu`` of any operand shape."""
     *batch, m, n = a.shape
     if min(m, n) == 0:
-        # MLX divides by m * n; the factors are empty and the rows stay put.
+        # Not for MLX, which divides by m * n (SIGFPE): the factors are empty
+        # and the rows stay in place.
         pivots = mx.broadcast_to(mx.arange(m, dtype=mx.uint32), [*batch, m])
         return pivots, mx.zeros([*batch, m, 0], a.dtype), mx.zeros([*batch, 0, n], a.dtype)
     if a.ndim > 2:
@@ -157,8 +158,9 @@ def solve(operands, attrs):
     rows = mx.broadcast_to(mx.argsort(pivots, axis=-1)[..., None], [*shape[:-1], 1])
     y = mx.linalg.solve_triangular(
         lower, mx.take_along_axis(mx.broadcast_to(rhs, shape), rows, axis=-2))
-    regular, upper = _invertible_triangular(upper, upper=True)
-    x = _nan_unless(mx.logical_and(ok, regular), mx.linalg.solve_triangular(upper, y, upper=True))
+    regular, safe_upper = _invertible_triangular(upper, upper=True)
+    x = mx.linalg.solve_triangular(safe_upper, y, upper=True)
+    x = _nan_unless(mx.logical_and(ok, regular), x)
     return _contiguous(x[..., 0] if b.ndim == 1 else x)
 
 
@@ -194,10 +196,10 @@ def inv(operands, attrs):
         return mx.zeros_like(a)
     ok = _finite(a)
     pivots, lower, upper = _lu(mx.where(ok, a, 0))
-    regular, upper = _invertible_triangular(upper, upper=True)
+    regular, safe_upper = _invertible_triangular(upper, upper=True)
     # A = L[pivots] @ U, so inv(A) = inv(U) @ inv(L) with its columns in
     # pivot order: column i of inv(A) is column pivots[i] of the product.
-    x = mx.linalg.tri_inv(upper, upper=True) @ mx.linalg.tri_inv(lower, upper=False)
+    x = mx.linalg.tri_inv(safe_upper, upper=True) @ mx.linalg.tri_inv(lower, upper=False)
     x = mx.take_along_axis(x, mx.expand_dims(pivots, -2), axis=-1)
     return _contiguous(_nan_unless(mx.logical_and(ok, regular), x))
 
@@ -264,10 +266,11 @@ def _svd_norm(operands, attrs: NormAttrs) -> mx.array:
 
 @register_op("norm", attrs=NormAttrs)
 def norm(operands, attrs):
-    """Vector or matrix norm, as ``mx.linalg.norm``. ``ord`` is a JSON number,
-    ``"inf"``, ``"-inf"``, ``"fro"``, ``"nuc"`` or null. Vector norms take any
-    number: 0 counts the nonzero entries, ``"inf"``/``"-inf"`` give the
-    largest/smallest magnitude, any other ``p`` gives ``sum(|x|**p)**(1/p)``.
+    """Vector or matrix norm, as ``mx.linalg.norm``. ``ord`` is a JSON number
+    (not a boolean), ``"inf"``, ``"-inf"``, ``"fro"``, ``"nuc"`` or null; other
+    strings and types are rejected. Vector norms take any number: 0 counts
+    the nonzero entries, ``"inf"``/``"-inf"`` give the largest/smallest
+    magnitude, any other ``p`` gives ``sum(|x|**p)**(1/p)``.
     Matrix norms take 1, -1, 2, -2, ``"inf"``, ``"-inf"``, ``"fro"`` and
     ``"nuc"``; other values are rejected at validation. null gives the 2-norm
     of a vector and the Frobenius norm of a matrix. Without ``axis``, a 1-D

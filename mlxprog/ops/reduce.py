@@ -14,8 +14,8 @@ of no elements have no value and are rejected at validation, as is
 three reject any zero-size operand, even where the reduced axes are not empty.
 Scans, sorts and ``softmax`` of an empty array give an empty array.
 
-Every op here is shapeless: one trace serves every binding of a symbolic
-program.
+Every op here but ``logsumexp``, ``sort`` and ``argsort`` is shapeless: one
+trace serves every binding of a symbolic program.
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ register_family(
 register_family(
     {"logsumexp": (mx.logsumexp, f"``log(sum(exp(x)))`` computed stably, {_AXES_DOC} "
                                  "A zero-size operand is rejected (MLX computes none).")},
-    _reduction, attrs=ReduceAttrs, check=_check_logsumexp, shapeless=True,
+    # Not shapeless: MLX's logsumexp reshapes to the traced shape of the
+    # axes it keeps, so one trace cannot serve other sizes of them.
+    _reduction, attrs=ReduceAttrs, check=_check_logsumexp,
 )
 
 
@@ -210,7 +212,9 @@ def _nan_aware_argsort(x: mx.array, axis: int, descending: bool) -> mx.array:
     return mx.take_along_axis(order, partition, axis=axis)
 
 
-@register_op("sort", attrs=SortAttrs, shapeless=True)
+# Not shapeless (nor argsort): the NaN-ordering pass broadcasts against the
+# traced shape, so a trace replayed for other sizes fails.
+@register_op("sort", attrs=SortAttrs)
 def sort(operands, attrs):
     """Sort along ``axis`` (default: the last), ascending or ``descending``. NaNs
     go last when ascending and first when descending; equal elements keep their
@@ -220,7 +224,7 @@ def sort(operands, attrs):
                               axis=attrs.axis)
 
 
-@register_op("argsort", attrs=SortAttrs, shapeless=True)
+@register_op("argsort", attrs=SortAttrs)
 def argsort(operands, attrs):
     """The indices that ``sort`` (same attributes) would take along ``axis``:
     NaNs last when ascending, first when descending, equal elements in their

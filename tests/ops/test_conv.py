@@ -1,5 +1,6 @@
 """Convolutions against direct numpy loops, compiled (and a sample eagerly); the
-conv + max-pool example program."""
+conv + max-pool example program; zero-size kernels and channels (which killed
+the process, so they run in a subprocess)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from helpers import assert_close, assert_invalid, run_op
+from helpers import assert_close, assert_invalid, run_isolated, run_op
 
 RNG = np.random.default_rng(11)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "maxpool_conv.json"
@@ -112,6 +113,10 @@ TRANSPOSE_CASES = [
     ((1, 4, 4), (6, 3, 2), [2], [1], [2], [1], 2),
     ((1, 3, 4, 2), (2, 2, 3, 2), [2, 3], [1, 0], [1, 2], [1, 2], 1),
     ((1, 2, 3, 2, 2), (4, 2, 1, 2, 2), [1, 2, 2], [0, 0, 1], [2, 1, 1], [0, 1, 0], 1),
+    # padding above (k - 1) * dilation with stride > 1: MLX's result was too short
+    ((1, 4, 3, 2), (4, 1, 2, 1), [2, 1], [1, 1], [1, 2], [0, 0], 2),
+    ((2, 3, 4, 2, 2), (1, 1, 1, 2, 2), [2, 2, 2], [1, 0, 0], [1, 1, 1], [0, 0, 1], 1),
+    ((1, 3, 0, 1), (2, 1, 3, 1), [2, 2], [1, 0], [1, 2], [1, 1], 1),
 ]
 
 
@@ -124,6 +129,16 @@ def test_conv_transpose(x_shape, w_shape, stride, padding, dilation, output_padd
                  output_padding=output_padding, groups=groups)
     expected = np_conv_transpose(x, w, stride, padding, dilation, output_padding, groups)
     assert_close(got, expected, rtol=1e-4, atol=1e-4, dtype=mx.float32)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_conv_transpose_crops_after_dilating(eager):
+    """Input element i lands at i * stride - padding: [1, 2, 3, 4] at -1, 1,
+    3 and 5 of a length-5 result (MLX gave [2, 0, 3])."""
+    x = np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1)
+    got = run_op("conv_transpose", x, np.ones((1, 1, 1), np.float32), stride=[2], padding=[1],
+                 eager=eager)
+    assert_close(got, np.array([0, 2, 0, 3, 0], np.float32).reshape(1, 5, 1))
 
 
 def test_conv_transpose_defaults_eager():
@@ -160,6 +175,8 @@ INVALID = [
     ("conv_transpose", [X1, W1], {"output_padding": [0, 0]}, "output_padding needs one entry"),
     ("conv_transpose", [X1, W1], {"padding": [-1]}, "greater than or equal to 0"),
     ("conv_transpose", [X1, W1], {"input_dilation": [1]}, "unknown attribute"),
+    ("conv_transpose", [X1, np.zeros((2, 1, 4), np.float32)], {"padding": [3]},
+     "the result would have -1 elements along axis 1: (in - 1) * stride - 2 * padding"),
     ("conv_general", [X3, np.zeros((2, 1, 1, 1, 1), np.float32)], {"groups": 2},
      "groups != 1 in 1D or 2D"),
     ("conv_transpose", [X3, np.zeros((2, 1, 1, 1, 1), np.float32)], {"groups": 2},
@@ -183,3 +200,53 @@ def test_maxpool_conv_example():
     relu = np.maximum(conv + bias, 0)
     expected = relu.reshape(1, 4, 2, 4, 2, 4).max(axis=(2, 4))
     assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("op", "x_shape", "w_shape"),
+    [("conv_general", (1, 5, 5, 2), (3, 0, 3, 2)), ("conv_general", (1, 5, 2), (3, 0, 2)),
+     ("conv_transpose", (1, 4, 4, 2), (3, 2, 0, 2))],
+)
+def test_zero_size_kernel_is_rejected(op, x_shape, w_shape):
+    """BLAS printed "parameter number 8 had an illegal value" and the process
+    exited with status 0 in the middle of evaluation."""
+    out = run_isolated(f"""
+        x, w = np.ones({x_shape!r}, np.float32), np.ones({w_shape!r}, np.float32)
+        try:
+            one_op_program({op!r}, x, w)
+        except mp.ValidationError as err:
+            print(err)
+    """)
+    assert out.strip() == (f"instruction 0 ({op}): kernel sizes (weight axes 1 to "
+                           f"{len(w_shape) - 2}) must be positive; found weight shape "
+                           f"{list(w_shape)}")
+
+
+@pytest.mark.parametrize(
+    ("op", "x_shape", "w_shape", "attrs"),
+    [
+        ("conv_general", (1, 5, 5, 0), (3, 1, 3, 0), {}),  # SIGFPE
+        ("conv_general", (2, 5, 0), (4, 3, 0), {"groups": 2, "stride": [2]}),  # SIGFPE
+        ("conv_general", (1, 5, 5, 2), (0, 1, 3, 2), {"padding": [[1, 0], [0, 2]]}),  # BLAS
+        ("conv_transpose", (1, 4, 0), (3, 2, 0), {"stride": [2]}),
+        ("conv_transpose", (1, 4, 2), (0, 2, 2), {}),
+    ],
+)
+def test_zero_channels_give_zeros(op, x_shape, w_shape, attrs):
+    x, w = np.ones(x_shape, np.float32), np.ones(w_shape, np.float32)
+    out = run_isolated(f"""
+        x, w = np.ones({x_shape!r}, np.float32), np.ones({w_shape!r}, np.float32)
+        for eager in (False, True):
+            result = np.array(run_op({op!r}, x, w, eager=eager, **{attrs!r}))
+            print(result.shape, result.dtype, bool((result == 0).all()))
+    """)
+    spatial = len(x_shape) - 2
+    if op == "conv_general":
+        padding = attrs.get("padding", [(0, 0)] * spatial)
+        expected = np_conv_general(x, w, attrs.get("stride", [1] * spatial), padding,
+                                   [1] * spatial, [1] * spatial, attrs.get("groups", 1), False)
+    else:
+        ones = [1] * spatial
+        expected = np_conv_transpose(x, w, attrs.get("stride", ones), [0] * spatial, ones,
+                                     [0] * spatial, 1)
+    assert out.splitlines() == [f"{expected.shape} float32 True"] * 2

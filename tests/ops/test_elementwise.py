@@ -121,6 +121,20 @@ def test_cbrt_is_nan_for_negative_inputs():
     assert_close(got, [np.nan, np.nan, 2.0], dtype=mx.float32)
 
 
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_documented_special_values_of_sign_and_cbrt(dtype, eager):
+    """The op reference's words: sign(NaN) is 0 and sign(-0.0) is +0.0;
+    cbrt(-inf) is +inf, cbrt(-0.0) is +0.0, cbrt(NaN) is NaN."""
+    x = np.array([np.nan, -0.0, -np.inf, np.inf], dtype)
+    sign = np.array(run_op("sign", x, eager=eager))
+    np.testing.assert_array_equal(sign, [0, 0, -1, 1])
+    assert not np.signbit(sign[1])
+    cbrt = np.array(run_op("cbrt", x, eager=eager))
+    np.testing.assert_array_equal(cbrt, [np.nan, 0, np.inf, np.inf])
+    assert not np.signbit(cbrt[1])
+
+
 @pytest.mark.parametrize(
     "op, expected_dtype",
     [
@@ -425,3 +439,28 @@ def test_invalid_instruction_is_named(op, operands, attrs, message):
         run_op(op, *operands, **attrs)
     assert message in str(info.value)
     assert f"({op})" in str(info.value)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_shift_amounts_outside_the_width_shift_every_bit_out(eager):
+    x = np.array([7, -8, 1, 3, 2, 100], np.int32)
+    for amount, left, right in [(32, [0] * 6, [0, -1, 0, 0, 0, 0]),
+                                (40, [0] * 6, [0, -1, 0, 0, 0, 0]),
+                                (-1, [0] * 6, [0, -1, 0, 0, 0, 0]),
+                                (3, (x << 3).tolist(), (x >> 3).tolist())]:
+        s = np.array(amount, np.int32)
+        assert np.array(run_op("left_shift", x, s, eager=eager)).tolist() == left
+        assert np.array(run_op("right_shift", x, s, eager=eager)).tolist() == right
+    unsigned = np.array([2**32 - 1, 5], np.uint32)
+    assert np.array(run_op("right_shift", unsigned, np.array(32, np.uint32),
+                           eager=eager)).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("op", ["round", "floor", "ceil"])
+def test_rounding_leaves_64_bit_integers_exact(op):
+    b = mp.ProgramBuilder()
+    x = b.input("x", (2,), "uint64")
+    prog = b.build([b.add(b.op(op, x), b.constant(0, "uint64"))])  # fused with the add
+    big = np.array([2**64 - 1, 3], np.uint64)
+    assert np.array(mp.run(prog, big)[0]).tolist() == [2**64 - 1, 3]
+    assert np.array(run_op(op, np.array([2**63 - 1, -3], np.int64))).tolist() == [2**63 - 1, -3]

@@ -5,9 +5,6 @@ the process, so they run in a subprocess)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,7 +12,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from helpers import assert_close, run_op
+from helpers import assert_close, run_isolated, run_op
 
 RNG = np.random.default_rng(0)
 TOL = {"rtol": 1e-4, "atol": 1e-4}
@@ -200,22 +197,6 @@ def test_integer_operand_is_rejected():
         run_op("cholesky", np.eye(3, dtype=np.int32))
 
 
-def _run_isolated(code: str, timeout: float = 120) -> str:
-    """Run ``code`` (with numpy, mlx.core as mx, mlxprog as mp and the test
-    helpers imported) in a fresh interpreter, so that a crash or a hang fails
-    the test instead of killing the suite; returns its stdout."""
-    prelude = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
-               "import numpy as np, mlx.core as mx, mlxprog as mp\n"
-               "from helpers import one_op_program, run_op\n")
-    try:
-        done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"did not finish in {timeout} s:\n{code}")
-    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
 @pytest.mark.parametrize(
     ("op", "operands", "expected"),
     [
@@ -235,7 +216,7 @@ def _run_isolated(code: str, timeout: float = 120) -> str:
 def test_empty_matrices_give_empty_results(op, operands, expected):
     """LAPACK is never called on an empty matrix (MLX divided by its size:
     SIGFPE), compiled or eager; the results have numpy's shapes."""
-    out = _run_isolated(f"""
+    out = run_isolated(f"""
         arrays = [np.zeros(shape, np.float32) for shape in {operands!r}]
         for eager in (False, True):
             results = run_op({op!r}, *arrays, eager=eager)
@@ -248,7 +229,7 @@ def test_empty_matrices_give_empty_results(op, operands, expected):
 
 
 def test_lu_of_a_matrix_without_columns_keeps_the_rows_in_place():
-    out = _run_isolated("""
+    out = run_isolated("""
         pivots, lower, upper = run_op("lu", np.zeros((2, 3, 0), np.float32))
         print(np.array(pivots).tolist())
     """)
@@ -261,16 +242,17 @@ def test_lu_solve_inv_repeated_on_single_row_or_column_matrices(shape, dtype):
     """MLX's LU result over-states its element count; for a 1x1 matrix the
     extraction of L and U wrote past the buffer (compiled float64 solve on
     [1, 1] five times: "free(): invalid next size", then SIGSEGV)."""
-    out = _run_isolated(f"""
+    out = run_isolated(f"""
         dtype = getattr(mx, {dtype!r})
         a = mx.array(np.full({shape!r}, 0.5) + 2 * np.eye(*{shape[-2:]!r}), dtype=dtype)
         runs = [("lu", [a])]
         if a.shape[-1] == a.shape[-2]:
             runs += [("solve", [a, mx.ones(a.shape[-1:], dtype=dtype)]), ("inv", [a])]
         for op, operands in runs:
-            exe = mp.compile(one_op_program(op, *operands))
+            prog = one_op_program(op, *operands)
+            exe = mp.compile(prog)
             for _ in range(20):
-                mx.eval(exe(*operands), mp.run(one_op_program(op, *operands), *operands, eager=True))
+                mx.eval(exe(*operands), mp.run(prog, *operands, eager=True))
         print("ok")
     """)
     assert out.strip() == "ok"
@@ -298,7 +280,7 @@ INF, NAN = np.inf, np.nan
 
 def test_svd_and_pinv_of_an_infinite_matrix_return_nan():
     """[[inf, 1, 1], [1, 1, 1], [1, 1, 1]] made LAPACK's SVD loop forever."""
-    out = _run_isolated("""
+    out = run_isolated("""
         a = np.array([[np.inf, 1, 1], [1, 1, 1], [1, 1, 1]], np.float32)
         for op in ("svd", "pinv"):
             for eager in (False, True):
@@ -324,7 +306,7 @@ def non_finite_outcomes() -> list[str]:
     on these): a batch of two SPD matrices, the second with one non-finite
     entry; "ok" when every result of the second is NaN (lu's pivots: the
     identity permutation) and the first matches the op on it alone."""
-    out = _run_isolated(f"""
+    out = run_isolated(f"""
         rng = np.random.default_rng(0)
         a = rng.standard_normal((3, 3)).astype(np.float32)
         good = a @ a.T + 3 * np.eye(3, dtype=np.float32)
@@ -337,7 +319,7 @@ def non_finite_outcomes() -> list[str]:
                 r, ref = np.array(r), np.array(ref)
                 nan = r[1].tolist() == [0, 1, 2] if r.dtype.kind == "u" else np.isnan(r[1]).all()
                 if not nan or not np.allclose(r[0], ref[0], rtol=1e-4, atol=1e-4):
-                    outcome = f"second {{r[1].tolist()}}, first {{r[0].tolist()}} vs {{ref[0].tolist()}}"
+                    outcome = f"{{r[1].tolist()}}; {{r[0].tolist()}} vs {{ref[0].tolist()}}"
             print(outcome)
     """, timeout=300)
     return out.splitlines()
@@ -435,3 +417,16 @@ def test_singular_value_norm_of_a_non_finite_matrix_is_nan():
     # The norms computed by plain arithmetic propagate the infinity.
     for ord_ in (None, 1, "inf", "fro"):
         assert _np(run_op("norm", a, ord=ord_)) == np.inf
+
+
+@pytest.mark.parametrize("ord_", [2, 2.5, -1, 0, "inf", "-inf", None])
+def test_norm_ord_accepts_numbers_infinities_and_null(ord_):
+    x = _matrix(5)
+    expected = np.linalg.norm(x, ord={"inf": np.inf, "-inf": -np.inf}.get(ord_, ord_))
+    assert_close(run_op("norm", x, ord=ord_), expected, **TOL)
+
+
+@pytest.mark.parametrize("ord_", [True, "2", "Infinity", [2]])
+def test_norm_ord_rejects_other_types(ord_):
+    with pytest.raises(mp.ValidationError, match="instruction 0 \\(norm\\): attribute 'ord'"):
+        run_op("norm", _matrix(5), ord=ord_)

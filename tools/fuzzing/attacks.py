@@ -236,12 +236,15 @@ def huge_input(c: Chooser) -> Attack:
 
 def huge_intermediate(c: Chooser) -> Attack:
     """Contractions whose implementation might build an operand-sized cube."""
-    n = c.weighted([(6, 64), (3, 300), (1, 1500)])
     op = c.choice(["matmul", "dot", "einsum", "tensordot"])
     dtype = c.choice(["int32", "int64", "uint8", "float32"])
+    # 1024 cubed 4-byte elements exceed a 4 GiB limit; the product itself
+    # takes seconds on a small machine, so it is computed once.
+    n = c.weighted([(6, 64), (3, 300), (1, 1024)])
     attrs = {"dot": {"lhs_contracting_axes": [1], "rhs_contracting_axes": [0]},
              "einsum": {"subscripts": "ij,jk->ik"}, "tensordot": {"axes": 1}}.get(op, {})
-    return _doc_for(op, [[n, n], [n, n]], None, attrs, dtype).data, {"calls": 1}
+    options = {"calls": 1, "eager": n < 1024, "bad_calls": n < 1024}
+    return _doc_for(op, [[n, n], [n, n]], None, attrs, dtype).data, options
 
 
 def linalg_special(c: Chooser) -> Attack:

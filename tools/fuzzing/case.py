@@ -39,8 +39,10 @@ class Case:
     """A program text with how to run it.
 
     ``seed`` drives the worker's random inputs. ``options`` (all optional):
-    ``inputs`` (explicit call inputs, as JSON values), ``outputs`` (the
-    expected outputs of a call with them), ``input_form`` (``"mx"``,
+    ``inputs`` (explicit call inputs, as JSON values; ``{"zeros": shape}``
+    for a zero-size one), ``input_sets`` (a
+    list of them, called in turn), ``outputs`` (the expected outputs of a
+    call with them), ``input_form`` (``"mx"``,
     ``"numpy"`` or ``"list"``: how inputs are passed), ``calls`` (compiled
     calls per binding, default 3), ``eager`` (false: skip the eager run),
     ``compile`` (extra ``mlxprog.compile`` keywords, e.g.

@@ -36,9 +36,11 @@ class Document:
                                      "instructions": [], "outputs": []}
         self.results = 0
 
-    def input(self, shape: list, dtype: str) -> dict:
+    def input(self, shape: list, dtype: str, value_of: str | None = None) -> dict:
         inputs = self.data["inputs"]
         inputs.append({"name": f"x{len(inputs)}", "shape": shape, "dtype": dtype})
+        if value_of:
+            inputs[-1]["value_of"] = value_of
         return {"input": len(inputs) - 1}
 
     def constant(self, value: Any, dtype: str) -> dict:
@@ -83,3 +85,8 @@ def elements(shape: list) -> int:
     for d in shape:
         total *= d if isinstance(d, int) else 1
     return total
+
+
+def is_axis_name(name: str) -> bool:
+    """An attribute that holds axes (validation may normalise negative ones)."""
+    return name in ("axis", "axes") or name.endswith(("_axis", "_axes"))

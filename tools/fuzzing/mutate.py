@@ -167,8 +167,8 @@ def _change_shape(c: Chooser, data: Any) -> Any:
     elif action == "remove":
         shape.pop(c.integer(0, len(shape) - 1))
     else:
-        shape[c.integer(0, len(shape) - 1)] = c.choice(
-            [0, 1, 2, *HUGE_SIZES, -1, "T", "-T", "T//0", "T%0", "2*T", "1", 1.5, True, None, "1e30"])
+        shape[c.integer(0, len(shape) - 1)] = c.choice([0, 1, 2, *HUGE_SIZES, -1, "T", "-T", "T//0",
+                                                        "T%0", "2*T", "1", 1.5, True, None, "1e30"])
     if any(isinstance(d, str) for d in shape) and isinstance(data, dict) and c.chance(0.7):
         data.setdefault("dims", {"T": {}})
     return data

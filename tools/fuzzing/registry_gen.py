@@ -15,7 +15,7 @@ import mlxprog as mp
 from pydantic import BaseModel
 
 from .choice import Chooser
-from .document import DTYPES, SHAPES, UNARY, Document, array_value, elements
+from .document import DTYPES, SHAPES, UNARY, Document, array_value, elements, is_axis_name
 from .hostile import hostile
 
 _HOST_OPS = ("while", "cond", "runtime_call")
@@ -56,17 +56,41 @@ def registry_program(c: Chooser) -> dict:
     doc = Document(f"fuzz_{name}")
     base, dtype = list(c.choice(SHAPES)), c.weighted(DTYPES)
     operand_avals = _operand_avals(c, spec, base, dtype)
+    if name.startswith("random_") and operand_avals and c.chance(0.8):
+        operand_avals[0] = ([2], "uint32")  # a key, as random ops take one
     refs = [_operand(c, doc, shape, dt) for shape, dt in operand_avals]
     attrs = attributes(c, spec.attrs, Context(base, len(refs)))
     n_out = min(_count_outputs(spec, attrs, len(refs)), 8)
     first = doc.add(name, refs, attrs, n_out)
     outputs = [{"result": first["result"] + k} for k in range(n_out)]
-    if c.chance(0.3):
-        outputs.append(doc.add(c.choice(UNARY), [outputs[0]]))
+    if c.chance(0.4):
+        outputs += _elementwise_chain(c, doc, outputs, refs)
+    if c.chance(0.25) and make_symbolic(c, doc.data, base) and c.chance(0.3):
+        # The bound value of T as an input (value_of), used on the first result.
+        t = doc.input([], "int32", value_of="T")
+        outputs.append(doc.add("multiply", [outputs[0], t]))
     doc.output(*outputs)
-    if c.chance(0.25):
-        make_symbolic(c, doc.data, base)
     return doc.data
+
+
+def elementwise_ops() -> list[str]:
+    """The registry's elementwise ops, sorted."""
+    return sorted(n for n, spec in mp.all_ops().items() if spec.family == "elementwise")
+
+
+def _elementwise_chain(c: Chooser, doc: Document, results: list[dict],
+                       inputs: list[dict]) -> list[dict]:
+    """One to four elementwise ops on earlier results (so a compiled segment
+    fuses them), each output as well; ``astype`` gets a random dtype."""
+    made = []
+    for _ in range(c.integer(1, 4)):
+        op = c.choice(elementwise_ops()) if c.chance(0.7) else c.choice(UNARY)
+        lo, _ = mp.lookup(op).operand_range()
+        pool = results + made
+        operands = [c.choice(pool)] + [c.choice(pool + inputs) for _ in range(lo - 1)]
+        attrs = {"dtype": c.weighted(DTYPES)} if op in ("astype", "bitcast") else None
+        made.append(doc.add(op, operands, attrs))
+    return made
 
 
 def _operand_avals(c: Chooser, spec, base: list[int], dtype: str) -> list[tuple[list, str]]:
@@ -141,7 +165,7 @@ def value_of(c: Chooser, annotation: Any, metadata: list, ctx: Context) -> Any:
     if origin is Literal:
         return c.choice(args)
     if origin in (list, tuple):
-        return _list_value(c, origin, args, metadata, ctx)
+        return _list_value(c, origin, args, ctx)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return {name: value_of(c, info.annotation, info.metadata, ctx)
                 for name, info in annotation.model_fields.items()}
@@ -161,21 +185,18 @@ def _field_metadata(items) -> list:
     return [m for item in items for m in getattr(item, "metadata", [])]
 
 
-def _bounds(metadata: list) -> tuple[int | None, int | None]:
-    lo = next((m.ge for m in metadata if hasattr(m, "ge")), None)
-    hi = next((m.le for m in metadata if hasattr(m, "le")), None)
-    return lo, hi
+def _lower_bound(metadata: list) -> int | None:
+    return next((m.ge for m in metadata if hasattr(m, "ge")), None)
 
 
 def _is_axis(metadata: list, ctx: Context) -> bool:
-    return any(type(m).__name__ == "AxisOf" for m in metadata) or ctx.field in (
-        "axis", "axes", "start_axis", "end_axis", "dynamic_axes") or ctx.field.endswith("_axes")
+    return any(type(m).__name__ == "AxisOf" for m in metadata) or is_axis_name(ctx.field)
 
 
 def _int_value(c: Chooser, metadata: list, ctx: Context) -> int:
     if _is_axis(metadata, ctx):
         return c.integer(-ctx.rank, ctx.rank - 1) if ctx.rank else c.choice([0, -1])
-    lo, _ = _bounds(metadata)
+    lo = _lower_bound(metadata)
     if ctx.field in ("group_size",):
         return c.choice([32, 64, 128, 16])
     if ctx.field in ("bits",):
@@ -194,13 +215,13 @@ def _str_value(c: Chooser, ctx: Context) -> str:
     return c.choice(["x", "", "nan"])
 
 
-def _list_value(c: Chooser, origin, args, metadata: list, ctx: Context) -> list:
+def _list_value(c: Chooser, origin, args, ctx: Context) -> list:
     if origin is tuple and len(args) == 2 and args[1] is not Ellipsis:
         return [value_of(c, a, [], ctx) for a in args]
     item = args[0] if args else int
     if ctx.field == "shape":
         return _shape_value(c, ctx)
-    if ctx.field in ("axes", "axis") or ctx.field.endswith("_axes"):
+    if is_axis_name(ctx.field):
         axes = c.sample(range(ctx.rank), c.integer(0, ctx.rank))
         return [a - ctx.rank if c.chance(0.3) else a for a in axes]
     if ctx.field in _PER_AXIS:
@@ -237,12 +258,13 @@ def _shape_value(c: Chooser, ctx: Context) -> list[int]:
 
 # -- symbolic programs ------------------------------------------------------------
 
-def make_symbolic(c: Chooser, data: dict, base: list[int]) -> None:
-    """Turn one axis of ``base`` into the dim ``T`` in every input of that shape."""
+def make_symbolic(c: Chooser, data: dict, base: list[int]) -> bool:
+    """Turn one axis of ``base`` into the dim ``T`` in every input of that
+    shape; False when no input has it."""
     axes = [k for k, d in enumerate(base) if d >= 1]
     matching = [spec for spec in data["inputs"] if spec["shape"] == base]
     if not axes or not matching:
-        return
+        return False
     axis = c.choice(axes)
     spec = {"min": c.choice([1, 0, 2])}
     if c.chance(0.3):
@@ -250,6 +272,7 @@ def make_symbolic(c: Chooser, data: dict, base: list[int]) -> None:
     data["dims"] = {"T": spec}
     for input_spec in matching:
         input_spec["shape"] = [*base[:axis], "T", *base[axis + 1:]]
+    return True
 
 
 # -- host ops -----------------------------------------------------------------

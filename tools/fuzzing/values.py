@@ -46,7 +46,7 @@ def random_array(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
             values = values + 1j * rng.standard_normal(size)
             return values.astype(np.complex64).reshape(shape)
         if dtype == "bfloat16":
-            return _round_bfloat16(values.astype(np.float32)).reshape(shape)
+            return round_bfloat16(values.astype(np.float32)).reshape(shape)
         with np.errstate(over="ignore"):
             return values.astype(dtype).reshape(shape)
     info = np.iinfo(dtype)
@@ -59,7 +59,7 @@ def random_array(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
     return values.reshape(shape)
 
 
-def _round_bfloat16(values: np.ndarray) -> np.ndarray:
+def round_bfloat16(values: np.ndarray) -> np.ndarray:
     """float32 values rounded to the nearest bfloat16 (ties to even)."""
     bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000

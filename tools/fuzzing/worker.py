@@ -19,6 +19,7 @@ constants must all hold exactly what the text says.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import math
@@ -30,7 +31,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .case import Case, Outcome
-from .values import decode_nonfinite, difference, random_array, to_mx, to_numpy
+from .document import is_axis_name
+from .values import decode_nonfinite, difference, random_array, round_bfloat16, to_mx, to_numpy
 
 CHANNEL = None  # the answer channel, opened by main()
 
@@ -71,8 +73,9 @@ def describe(exc: BaseException) -> str:
         text = text[:600] + "..."
     if classify(exc) != "program-error":
         frames = traceback.extract_tb(exc.__traceback__)
-        if frames:
-            last = frames[-1]
+        ours = [f for f in frames if f"{os.sep}mlxprog{os.sep}" in f.filename] or frames
+        if ours:
+            last = ours[-1]
             text += f" [at {os.path.basename(last.filename)}:{last.lineno} in {last.name}]"
     return text
 
@@ -176,12 +179,11 @@ def _float_of(value: int) -> float | None:
 
 
 def _is_axis_value(value: Any) -> bool:
-    """An axis attribute holds an int (not a bool), a list of them, or null."""
-    if value is None:
-        return True
+    """An axis attribute holds an int (not a bool), null, or (nested) lists
+    of ints (``tensordot``'s ``[[1], [0]]``)."""
     if isinstance(value, list):
-        return all(type(v) is int for v in value)
-    return type(value) is int
+        return all(type(v) is int or isinstance(v, list) and _is_axis_value(v) for v in value)
+    return value is None or type(value) is int
 
 
 # -- one case -----------------------------------------------------------------
@@ -225,7 +227,7 @@ class Trial:
         if problems:
             raise Finding("coercion", f"accepted a document with a {problems[0]}")
         if raw is not None:
-            found = json_difference(raw, program.model_dump())
+            found = json_difference(raw, program.model_dump(warnings=False))
             if found:
                 raise Finding("coercion", found)
         self._enter("validate")
@@ -260,8 +262,9 @@ class Trial:
             given = instruction.get("attrs") if isinstance(instruction, dict) else None
             if not isinstance(given, dict):
                 continue
-            parsed = step.attrs.model_dump()
-            axes = {name for name, _ in step.spec.axis_fields}
+            parsed = step.attrs.model_dump(warnings=False)
+            axes = {name for name, _ in step.spec.axis_fields} | {
+                name for name in given if is_axis_name(name)}
             for name, value in given.items():
                 where = f"{step.location} ({step.spec.name}) attribute {name!r}"
                 if name in axes:
@@ -293,14 +296,26 @@ class Trial:
         return captures
 
     def _callbacks(self, block_owner) -> dict[str, Callable]:
-        """A callback for each ``runtime_call``: zeros of the declared outputs."""
+        """A callback for each ``runtime_call``: mostly one returning zeros of
+        the declared outputs, sometimes one returning the wrong shape or
+        raising (a CallbackError then)."""
         mx = self.mx
+
+        def wrong_shape(*args, avals):
+            return [mx.zeros((*a.shape, 2), a.dtype) for a in avals]
+
+        def failing(*args, avals):
+            raise ZeroDivisionError("the callback failed")
+
+        def zeros(*args, avals):
+            return [mx.zeros(a.shape, a.dtype) for a in avals]
+
         callbacks = {}
         for step in block_owner.block.walk():
             if step.spec.name == "runtime_call":
-                avals = list(step.attrs.output_avals)
-                callbacks[step.attrs.callback] = (
-                    lambda *args, avals=avals: [mx.zeros(a.shape, a.dtype) for a in avals])
+                behaviour = self.rng.choice([zeros] * 8 + [wrong_shape, failing])
+                callbacks[step.attrs.callback] = functools.partial(
+                    behaviour, avals=list(step.attrs.output_avals))
         return callbacks
 
     # -- calling --------------------------------------------------------------
@@ -308,10 +323,10 @@ class Trial:
     def _calls(self, program, validated):
         """``(args, refs)`` per call: the arguments to pass and the numpy
         arrays they hold (None for a ``value_of`` input)."""
-        given = self.options.get("inputs")
         specs = list(program.inputs)
-        if given is not None:
-            yield self._explicit_inputs(specs, given)
+        if "inputs" in self.options or "input_sets" in self.options:
+            for given in self.options.get("input_sets") or [self.options["inputs"]]:
+                yield self._explicit_inputs(specs, given)
             return
         for binding in _bindings(program, self.rng):
             shapes = [_shape_of(spec.shape, binding) for spec in specs]
@@ -339,8 +354,12 @@ class Trial:
             if spec.value_of is not None:
                 refs.append(None)
                 continue
-            array = np.array(decode_nonfinite(next(values)),
-                             dtype=_numpy_dtype(spec.dtype))
+            value = next(values)
+            if isinstance(value, dict):
+                # {"zeros": [0, 2]}: a shape that nested lists cannot spell.
+                array = np.zeros(value["zeros"], dtype=_numpy_dtype(spec.dtype))
+            else:
+                array = np.array(decode_nonfinite(value), dtype=_numpy_dtype(spec.dtype))
             refs.append(array)
             args.append(_passed(array, spec.dtype, form))
         return args, refs
@@ -392,6 +411,8 @@ class Trial:
                 want = refs[index]
             elif kind == "const":
                 want = np.array(decode_nonfinite(constants[index]["value"]), dtype=got.dtype)
+                if dtype == "bfloat16":
+                    want = round_bfloat16(want)
             else:
                 continue
             if want.dtype != got.dtype:
@@ -421,6 +442,7 @@ class Trial:
                 raise result
 
 
+@functools.lru_cache(maxsize=None)
 def _limit_kwargs(mp, memory_limit: int) -> dict[str, Any]:
     """``limits=`` sized for the worker's address-space limit, where this
     mlxprog takes one."""
@@ -469,7 +491,7 @@ def _constant_difference(given: Any, array) -> str | None:
     value = decode_nonfinite(given["value"])
     if dtype == "bool":
         flat = np.array(value, dtype=object).ravel().tolist()
-        if any(v not in (0, 1) or (type(v) is float) for v in flat):
+        if any(v not in (0, 1) for v in flat):
             return f"bool constant from {json.dumps(given['value'])[:40]}"
         return None
     if dtype in ("bfloat16", "complex64"):
@@ -498,16 +520,21 @@ def _raw_instruction(raw: dict, path: tuple) -> Any:
 
 
 def _bindings(program, rng) -> list[dict[str, int]]:
-    """Dim bindings to call with: one for a static program, two (the minimum
-    and a small random value) for a symbolic one."""
+    """Dim bindings to call with, in order: none for a static program; for
+    a symbolic one the minimum, one more, and a small random value (so one
+    trace meets other sizes)."""
     if not program.dims:
         return [{}]
-    low = {name: spec.min for name, spec in program.dims.items()}
-    other = {}
-    for name, spec in program.dims.items():
-        top = spec.min + 4 if spec.max is None else min(spec.max, spec.min + 4)
-        other[name] = int(rng.integers(spec.min, top + 1))
-    return [low, other] if other != low else [low]
+    bindings: list[dict[str, int]] = []
+    for step in (0, 1, None):
+        binding = {}
+        for name, spec in program.dims.items():
+            top = spec.min + 4 if spec.max is None else min(spec.max, spec.min + 4)
+            value = int(rng.integers(spec.min, top + 1)) if step is None else spec.min + step
+            binding[name] = min(value, top)
+        if binding not in bindings:
+            bindings.append(binding)
+    return bindings
 
 
 def _shape_of(shape, binding: dict[str, int]) -> tuple[int, ...] | None:
@@ -541,7 +568,8 @@ def _eval_node(node, binding):
         ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__,
                ast.FloorDiv: int.__floordiv__, ast.Mod: int.__mod__}
         if type(node.op) in ops:
-            return ops[type(node.op)](_eval_node(node.left, binding), _eval_node(node.right, binding))
+            left, right = _eval_node(node.left, binding), _eval_node(node.right, binding)
+            return ops[type(node.op)](left, right)
     raise ValueError("not a dim expression")
 
 
