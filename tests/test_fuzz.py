@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -32,8 +32,9 @@ from fuzzing import KINDS, Case, Outcome, Worker, generate, minimise  # noqa: E4
 from fuzzing.choice import DataChooser  # noqa: E402
 
 CASES = Path(__file__).parent / "fuzz_cases"
-EXAMPLES = int(os.environ.get("MLXPROG_FUZZ_EXAMPLES", "500"))
+EXAMPLES = int(os.environ.get("MLXPROG_FUZZ_EXAMPLES", "400"))
 TIMEOUT = 10.0
+MEMORY_LIMIT = 4 << 30
 
 # Open bugs the suite tolerates until they are fixed: (name, predicate on
 # the case's text and its outcome). Remove an entry once its fix is in.
@@ -45,9 +46,23 @@ KNOWN_FAILING: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
-def worker():
-    with Worker(timeout=TIMEOUT, memory_limit=4 << 30) as w:
-        yield w
+def workers():
+    """Workers by memory limit, started when first needed."""
+    started: dict[int, Worker] = {}
+
+    def get(memory_limit: int = MEMORY_LIMIT) -> Worker:
+        if memory_limit not in started:
+            started[memory_limit] = Worker(timeout=TIMEOUT, memory_limit=memory_limit)
+        return started[memory_limit]
+
+    yield get
+    for w in started.values():
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def worker(workers):
+    return workers()
 
 
 def _known(case: Case, outcome: Outcome) -> str | None:
@@ -62,6 +77,7 @@ def _known(case: Case, outcome: Outcome) -> str | None:
 def _check_generated(worker, data):
     kind = data.draw(st.sampled_from(KINDS), label="kind")
     case = generate(DataChooser(data), kind)
+    assume(not case.options.get("timeout"))  # the slow ones are for tools/fuzz.py
     outcome = worker.run(case)
     if not outcome.is_bug or _known(case, outcome):
         return
@@ -88,10 +104,10 @@ def _regression_cases() -> list:
 
 
 @pytest.mark.parametrize("entry", _regression_cases())
-def test_fuzz_case(worker, entry):
+def test_fuzz_case(workers, entry):
     case = Case.from_dict({**entry, "kind": "regression"})
     expected = entry["expect"] if isinstance(entry["expect"], list) else [entry["expect"]]
-    outcome = worker.run(case, timeout=case.options.get("timeout", TIMEOUT))
+    outcome = workers(case.options.get("memory_limit", MEMORY_LIMIT)).run(case)
     assert outcome.cls in expected, (
         f"{entry['name']} ({entry.get('note', '')}): expected {' or '.join(expected)}, got "
         f"{outcome.describe()}")

@@ -158,15 +158,23 @@ class Run:
 def replay(args: argparse.Namespace) -> int:
     """Run saved cases (a bug file written by a run, or a case JSON) again."""
     status = 0
-    with Worker(timeout=args.timeout, memory_limit=args.memory_limit) as worker:
-        for name in args.replay:
-            saved = json.loads(Path(name).read_text())
-            case = Case.from_dict(saved.get("case", saved))
+    workers: dict[int, Worker] = {}
+    for name in args.replay:
+        saved = json.loads(Path(name).read_text())
+        cases = saved if isinstance(saved, list) else [saved.get("case", saved)]
+        for entry in cases:  # a bug file, a case, or a tests/fuzz_cases file
+            case = Case.from_dict(entry)
             if "minimised" in saved and not args.original:
                 case.text = saved["minimised"]
-            outcome = worker.run(case)
-            print(f"{name}: {outcome.describe()}\n  program: {case.text[:2000]}")
+            limit = case.options.get("memory_limit", args.memory_limit)
+            if limit not in workers:
+                workers[limit] = Worker(timeout=args.timeout, memory_limit=limit)
+            outcome = workers[limit].run(case)
+            print(f"{name} {entry.get('name', '')}: {outcome.describe()}\n"
+                  f"  program: {case.text[:2000]}")
             status |= outcome.is_bug
+    for worker in workers.values():
+        worker.close()
     return status
 
 

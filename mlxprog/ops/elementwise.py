@@ -46,8 +46,6 @@ _UNARY = {
     "real": (mx.real, "Real part."),
     "imag": (mx.imag, "Imaginary part."),
     "conjugate": (mx.conjugate, "Complex conjugate."),
-    "is_nan": (mx.isnan, "True where NaN."),
-    "is_infinity": (mx.isinf, "True where +/-Inf."),
     "bitwise_not": (mx.bitwise_invert, "Bitwise complement (integers and bool)."),
     "logical_not": (mx.logical_not, "Logical negation; result is bool."),
     "sigmoid": (mx.sigmoid, "1 / (1 + exp(-x))."),
@@ -78,6 +76,20 @@ _UNARY = {
 }
 
 register_family(_UNARY, _unary, operands=1, shapeless=True)
+
+
+def _float_test(fn, operands, attrs):
+    """``fn`` on floats; integers and bools are never NaN or infinite. Written
+    ``x != x`` for them rather than MLX's constant, which has the traced shape
+    and so cannot serve other bindings of a symbolic program."""
+    x = operands[0]
+    return fn(x) if mx.issubdtype(x.dtype, mx.inexact) else mx.not_equal(x, x)
+
+
+register_family({
+    "is_nan": (mx.isnan, "True where NaN (never, for integers and bools)."),
+    "is_infinity": (mx.isinf, "True where +/-Inf (never, for integers and bools)."),
+}, _float_test, operands=1, shapeless=True)
 
 
 def _rounding(fn, operands, attrs):

@@ -47,8 +47,8 @@ class Case:
     calls per binding, default 3), ``eager`` (false: skip the eager run),
     ``compile`` (extra ``mlxprog.compile`` keywords, e.g.
     ``{"max_iterations": 10}``), ``bad_calls`` (false: skip the calls with
-    mismatched inputs), ``timeout`` (seconds, for a slow case; read by the
-    caller of :meth:`fuzzing.runner.Worker.run`).
+    mismatched inputs), ``timeout`` (seconds, for a slow case),
+    ``memory_limit`` (bytes: the case needs a worker with this limit).
     """
 
     text: str

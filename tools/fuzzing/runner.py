@@ -75,11 +75,16 @@ class Worker:
         line = self._read_line(STARTUP_TIMEOUT)
         if line is None or not json.loads(line).get("ready"):
             tail = self._stderr_tail(0)
-            self.close()
+            self._stop()
             raise RuntimeError(f"the fuzz worker did not start:\n{tail}")
 
     def close(self) -> None:
-        """Stop the process (if any)."""
+        """Stop the process and release the worker's files."""
+        self._stop()
+        self._stderr.close()
+
+    def _stop(self) -> None:
+        """Stop the process (if any); the next case starts a fresh one."""
         process, self._process = self._process, None
         if process is None:
             return
@@ -97,20 +102,22 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
-        self._stderr.close()
 
     # -- running --------------------------------------------------------------
 
     def run(self, case: Case, timeout: float | None = None) -> Outcome:
-        """Run one case; a crash is confirmed in a fresh process."""
+        """Run one case, within ``timeout`` seconds (default: the case's
+        ``timeout`` option, else the worker's); a crash or a hang is
+        confirmed in a fresh process."""
+        timeout = timeout or case.options.get("timeout") or self.timeout
         outcome = self._run_once(case, timeout)
         if self.confirm and outcome.error.startswith(_DEATHS):
-            self.close()
+            self._stop()
             again = self._run_once(case, timeout)
             outcome.reproducible = again.cls == outcome.cls
         return outcome
 
-    def _run_once(self, case: Case, timeout: float | None) -> Outcome:
+    def _run_once(self, case: Case, timeout: float) -> Outcome:
         if self._process is None:
             self._start()
         offset = self._stderr.seek(0, os.SEEK_END)
@@ -119,14 +126,14 @@ class Worker:
             self._process.stdin.write(request)
         except BrokenPipeError:
             return self._died(offset)
-        line = self._read_line(timeout or self.timeout)
+        line = self._read_line(timeout)
         if line is not None:
             return Outcome(**json.loads(line))
         if self._process.poll() is None:
             stage, tail = self._last_stage(offset), self._stderr_tail(offset)
-            self.close()
+            self._stop()
             self.restarts += 1
-            return Outcome("hang", stage, f"no answer within {timeout or self.timeout:g} s", tail)
+            return Outcome("hang", stage, f"no answer within {timeout:g} s", tail)
         return self._died(offset)
 
     def _died(self, offset: int) -> Outcome:
@@ -134,7 +141,7 @@ class Worker:
         code = self._process.wait()
         stage = self._last_stage(offset)
         tail = self._stderr_tail(offset)
-        self.close()
+        self._stop()
         self.restarts += 1
         if code < 0:
             how = f"killed by {signal.Signals(-code).name}"

@@ -34,8 +34,6 @@ from .case import Case, Outcome
 from .document import is_axis_name
 from .values import decode_nonfinite, difference, random_array, round_bfloat16, to_mx, to_numpy
 
-CHANNEL = None  # the answer channel, opened by main()
-
 _ALLOCATION_TEXTS = ("bad_alloc", "unable to allocate", "out of memory",
                      "cannot allocate memory", "[malloc]")
 _DISGUISED_TEXTS = ("maximum recursion depth", "Traceback (most recent call last)")
@@ -243,7 +241,7 @@ class Trial:
         eager = mp.compile(validated, eager=True, **kwargs) \
             if self.options.get("eager", True) else None
         self._enter("call")
-        for args, refs in self._calls(program, validated):
+        for args, refs in self._calls(program):
             self._call(compiled, eager, args, refs, raw)
             self._enter("bad-call")
             if self.options.get("bad_calls", True):
@@ -320,7 +318,7 @@ class Trial:
 
     # -- calling --------------------------------------------------------------
 
-    def _calls(self, program, validated):
+    def _calls(self, program):
         """``(args, refs)`` per call: the arguments to pass and the numpy
         arrays they hold (None for a ``value_of`` input)."""
         specs = list(program.inputs)
@@ -602,20 +600,18 @@ def _replace(items: list, index: int, value) -> list:
 
 def main() -> None:
     """Serve cases until stdin closes."""
-    global CHANNEL
-    CHANNEL = os.fdopen(os.dup(1), "w", buffering=1)
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
     memory_limit = int(os.environ.get("FUZZ_MEMORY_LIMIT", "0"))
     import mlxprog  # noqa: F401  (import once, before the first case's clock starts)
 
-    CHANNEL.write(json.dumps({"ready": True}) + "\n")
+    channel.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         case = Case.from_dict(json.loads(line))
         sys.stderr.write(f"\n=== case {case.kind} seed {case.seed}\n")
         sys.stderr.flush()
         outcome = Trial(case, memory_limit).run()
-        CHANNEL.write(json.dumps(outcome.__dict__) + "\n")
+        channel.write(json.dumps(outcome.__dict__) + "\n")
 
 
 if __name__ == "__main__":
