@@ -1,5 +1,6 @@
 """Per-kernel speed: mlxprog's native CPU kernels against MLX's own ops, on
-the shapes of a SmolLM2-135M decode step (M=1) and of a 42-token prefill.
+the shapes of a SmolLM2-135M decode step (M=1), a decode step of a batch of
+four sequences (M=4) and of a 42-token prefill.
 
 Each case compiles a function that applies the op to ``--layers`` distinct
 weight sets (so weights come from memory as in a real step, not from the
@@ -72,7 +73,7 @@ def main() -> None:
         print(f"| {name} | {shape} | {t_ref / layers * 1e6:.0f} | {t_nat / layers * 1e6:.1f} | "
               f"{t_ref / t_nat:.1f}x | {rate} |")
 
-    for rows in (1, 42):
+    for rows in (1, 4, 42):
         for n, k, bits in ((576, 576, 4), (192, 576, 4), (1536, 576, 4), (576, 1536, 4),
                            (49152, 576, 8)):
             layers = L if n < 10000 else 2  # the LM head: two copies are plenty

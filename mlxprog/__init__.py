@@ -19,6 +19,7 @@ from .errors import (
     NumericError,
     ProgramError,
     TraceError,
+    UnboundError,
     ValidationError,
 )
 from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
@@ -54,7 +55,7 @@ __all__ = [
     "InsertAxis", "Instruction", "Limits", "LoopLimitError", "NoAttrs", "NumericError",
     "OpSpec", "Program", "ProgramBuilder", "ProgramError", "Ref", "StaticExecutable", "Stats",
     "SubProgram", "SymbolicExecutable", "SymbolicProgram", "TensorSpec", "TraceError",
-    "ValidatedProgram", "ValidationError", "Value", "all_ops", "compile", "full_schema",
-    "load_weights", "lookup", "register_family", "register_host_op", "register_op", "run",
-    "unregister_op", "validate",
+    "UnboundError", "ValidatedProgram", "ValidationError", "Value", "all_ops", "compile",
+    "full_schema", "load_weights", "lookup", "register_family", "register_host_op",
+    "register_op", "run", "unregister_op", "validate",
 ]

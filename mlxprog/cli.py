@@ -4,24 +4,34 @@ print the JSON Schema.
 Exit status: 0 on success; 1 when the program, its inputs or its files are
 invalid or running it fails (the message is one ``error: ...`` line on stderr);
 2 when the command line itself is malformed (an unknown option, an ``--input``
-without ``NAME=``, an input literal that is not JSON).
+without ``NAME=``, an input literal that is not JSON, a flag value out of its
+range); 130 (128 + SIGINT) when Ctrl-C stops a command (quietly: what
+it printed stays, and no traceback follows); 141 (128 + SIGPIPE, what a
+shell reports for a command the signal ends) when the reader of stdout goes
+away first (``mlxprog schema | head -1``): the output stops quietly. (``--help`` and ``--version`` are argparse's, which
+ignores a closed stdout: they exit with 0.)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
+import os
 import sys
 from collections import Counter
-from typing import Any, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from . import native
+from . import __version__, native
 from .arrays import AVal, to_mlx
 from .docs import attr_docs, describe_outputs, render_op_reference
-from .errors import EvaluationError, ProgramError
+from .errors import EvaluationError, ProgramError, UnboundError
 from .format.program import Instruction, Program
 from .format.schema import full_schema
 from .llm.cli import add_commands as add_llm_commands
@@ -33,6 +43,14 @@ from .validate import SymbolicProgram, validate
 PRINT_THRESHOLD = 64
 """Arrays with more elements than this are printed summarised (``...``)."""
 
+EXIT_BROKEN_PIPE = 141
+"""The exit status when the reader of stdout goes away before the output is
+written (128 + SIGPIPE)."""
+
+
+EXIT_INTERRUPTED = 130
+"""The exit status when Ctrl-C stops a command (128 + SIGINT)."""
+
 
 class UsageError(Exception):
     """The command line is malformed (exit status 2)."""
@@ -41,6 +59,21 @@ class UsageError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``mlxprog`` command with ``argv`` (default: ``sys.argv[1:]``);
     returns the exit status."""
+    try:
+        code = _run_command(argv)
+        # Output still buffered meets a closed pipe here, not at exit, where
+        # Python could only print the error.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:  # commands that stop cleanly on Ctrl-C catch it themselves
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -51,20 +84,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         _error(str(exc))
         return 2
+    except BrokenPipeError:  # an OSError, but no error of the command: main stops quietly
+        raise
     except (ProgramError, OSError) as exc:
         _error(str(exc))
         return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, as Python's documentation recommends
+    after a broken pipe: the flush at exit then writes nowhere instead of
+    raising again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # stdout is no file descriptor (main called in-process): nothing to flush at exit
 
 
 def _error(message: str) -> None:
     print("error: " + " ".join(message.split()), file=sys.stderr)
 
 
+def version() -> str:
+    """The version of mlxprog: the installed distribution's, else (a source
+    tree that is not installed) ``mlxprog.__version__``."""
+    try:
+        return importlib.metadata.version("mlxprog")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows every option's default, except the defaults that say
+    nothing: None (the help says what happens instead), a flag that is off,
+    an empty list."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if default is None or default is False or (isinstance(default, list) and not default):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser with :class:`HelpFormatter`; subcommand parsers are of
+    the parser's class, so every command's help shows its defaults."""
+
+    def __init__(self, *args: Any, formatter_class: type = HelpFormatter, **kwargs: Any):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mlxprog",
         description="Validate, inspect and run mlxprog tensor programs (format v1) on MLX.",
     )
+    parser.add_argument("--version", action="version", version=f"mlxprog {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
@@ -79,6 +156,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-w", "--weights", action="append", default=[], metavar="FILE",
                      help="a weights file (.safetensors, .npz, .gguf) binding captures by "
                      "name (repeatable)")
+    run.add_argument("--callback", action="append", default=[],
+                     metavar="NAME=MODULE:FUNCTION",
+                     help="bind the runtime_call callback NAME to FUNCTION of MODULE, a module "
+                     "name or a .py file (repeatable)")
     run.add_argument("--eager", action="store_true",
                      help="run instruction by instruction, without mx.compile")
     run.add_argument("--check-numerics", action="store_true",
@@ -118,12 +199,25 @@ def _parser() -> argparse.ArgumentParser:
 # -- run ----------------------------------------------------------------------
 
 
+CLI_REMEDIES = {
+    "capture": "pass a --weights FILE that holds it",
+    "callback": "pass --callback {name}=MODULE:FUNCTION",
+}
+"""How to give what an :class:`~mlxprog.UnboundError` names, on this command
+line (its message says how in Python)."""
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     inputs = _parse_inputs(args.input)
+    callbacks = _load_callbacks(args.callback)
     program = Program.load(args.program)
     eager = args.eager or args.check_numerics
-    exe = compile_program(program, weights=args.weights or None, eager=eager,
-                          check_numerics=args.check_numerics)
+    try:
+        exe = compile_program(program, weights=args.weights or None, callbacks=callbacks,
+                              eager=eager, check_numerics=args.check_numerics)
+    except UnboundError as exc:
+        remedy = CLI_REMEDIES[exc.kind].format(name=exc.name)
+        raise ProgramError(f"{exc.problem}: {remedy}") from None
     outputs = exe(**inputs)
     try:
         mx.eval(outputs)
@@ -155,6 +249,42 @@ def _parse_inputs(items: Sequence[str]) -> dict[str, Any]:
             raise UsageError(f"input {name!r} is given twice")
         values[name] = _read_input(name, text)
     return values
+
+
+def _load_callbacks(items: Sequence[str]) -> dict[str, Callable]:
+    """``NAME=MODULE:FUNCTION`` arguments as the callbacks mapping; MODULE is
+    a module name (imported as usual) or a ``.py`` file (loaded from its
+    path; each once)."""
+    callbacks: dict[str, Callable] = {}
+    modules: dict[str, ModuleType] = {}
+    for item in items:
+        name, sep, target = item.partition("=")
+        module, colon, attr = target.rpartition(":")
+        if not (sep and name and colon and module and attr):
+            raise UsageError(f"--callback {item!r}: expected NAME=MODULE:FUNCTION")
+        if name in callbacks:
+            raise UsageError(f"callback {name!r} is given twice")
+        if module not in modules:
+            modules[module] = _import(module, item)
+        function = getattr(modules[module], attr, None)
+        if not callable(function):
+            raise ProgramError(f"--callback {item}: {module} has no function {attr!r}")
+        callbacks[name] = function
+    return callbacks
+
+
+def _import(module: str, item: str) -> ModuleType:
+    """The module a ``--callback`` names (``item``, for the message)."""
+    try:
+        if module.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(module).stem, module)
+            loaded = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(loaded)
+            return loaded
+        return importlib.import_module(module)
+    except Exception as exc:  # the module's own code may raise anything
+        raise ProgramError(f"--callback {item}: cannot import {module}: "
+                           f"{type(exc).__name__}: {exc}") from None
 
 
 def _read_input(name: str, text: str) -> Any:

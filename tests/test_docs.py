@@ -17,6 +17,8 @@ import mlxprog as mp
 from mlxprog.ops.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
 from mlxprog.docs import REGENERATE, attr_docs, builtin_ops, render_op_reference, type_name
 
+from helpers import readme_commands
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -135,13 +137,8 @@ def test_readme_commands_work(capsys, monkeypatch):
     from mlxprog.cli import main
 
     monkeypatch.chdir(ROOT)
-    for block in code_blocks(ROOT / "README.md", "sh"):
-        for line in block.strip().splitlines():
-            command = line.split("&& ")[-1]
-            if command.startswith("mlxprog "):
-                argv = [arg.strip("'\"") for arg in re.findall(r"'[^']*'|\"[^\"]*\"|\S+",
-                                                                command)][1:]
-                assert main(argv) == 0, command
+    for argv in readme_commands():
+        assert main(argv) == 0, argv
     out = capsys.readouterr().out
     assert "output 0" in out
     assert out.startswith("The capital of France is Paris.")

@@ -1,9 +1,9 @@
-"""Every program in examples/ loads, validates, round-trips through JSON and runs
-compiled and eager with the same results."""
+"""Every program in examples/ loads, validates, round-trips through JSON, runs
+compiled and eager with the same results, and runs with the command README.md
+gives for it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -11,8 +11,11 @@ import pytest
 
 import mlxprog as mp
 from mlxprog.arrays import is_floating, is_integer, name_of, to_mlx
+from mlxprog.cli import main
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.json"))
+from helpers import ROOT, readme_commands
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
 def generate(aval: mp.AVal, rng: np.random.Generator) -> mx.array:
@@ -83,6 +86,23 @@ def test_example_runs_compiled_and_eager_alike(path):
         got, want = _numpy(out), _numpy(ref)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
         np.testing.assert_array_equal(_numpy(second), got)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_runs_with_the_readme_command(path, capsys, monkeypatch):
+    """A new example needs a command in README.md's Examples section, with
+    whatever inputs, weights and callbacks it needs shipped in examples/."""
+    program = f"examples/{path.name}"
+    commands = [argv for argv in readme_commands() if argv[:2] == ["run", program]]
+    assert commands, f"README.md gives no `mlxprog run {program} ...` command"
+    expected = [f"output {i}: {aval}"
+                for i, aval in enumerate(mp.validate(mp.Program.load(path)).out_avals)]
+    monkeypatch.chdir(ROOT)
+    for argv in commands:
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert (code, "error:" in err) == (0, False), (argv, err)
+        assert [line for line in out.splitlines() if line.startswith("output ")] == expected
 
 
 def _numpy(array: mx.array) -> np.ndarray:

@@ -43,9 +43,6 @@ KNOWN_BUGS: list[tuple[str, object]] = []
 # Regression cases that fail today: "file/case" -> why. Remove an entry
 # once its fix is in (the test then holds the fix in place).
 KNOWN_FAILING: dict[str, str] = {
-    "fuzz_shapeless_segments/softmax_after_empty_binding":
-        "a shapeless trace made for an empty binding is replayed for non-empty ones "
-        "(mx.softmax of an empty array traces as the identity)",
     **dict.fromkeys(
         ["fuzz_complex_nan_constant/complex64_nan_constant_fused_add",
          "fuzz_complex_nan_constant/complex64_nan_constant_fused_max"],

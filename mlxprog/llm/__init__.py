@@ -1,11 +1,14 @@
 """LLM support: llama-family model loading (GGUF, Hugging Face), tokenizers,
 model programs and generation."""
 
+from .cache import CacheLayout, PromptCache, PromptCachePool
+from .chat import Chat
 from .config import Checkpoint, ModelConfig, ModelError, Quantization
-from .generate import (
-    LLM, Generation, GenerationOptions, GenerationStats, export, load, load_exported,
+from .engine import Engine, Generation, GenerationStats, Piece, Request
+from .generate import LLM, GenerationOptions, export, load, load_exported
+from .programs import (
+    ModelSpec, Picking, Sampling, build_decode, build_decode_loop, build_pick, build_prefill,
 )
-from .programs import ModelSpec, Sampling, build_decode, build_decode_loop, build_prefill
 from .gguf import load_gguf
 from .hf import load_hf
 from .model_files import default_model_path, load_checkpoint
@@ -13,7 +16,9 @@ from .tokenizer import StreamingDecoder, Tokenizer
 
 __all__ = [
     "LLM", "Generation", "GenerationOptions", "GenerationStats", "ModelSpec", "Sampling",
-    "build_decode", "build_decode_loop", "build_prefill", "export", "load", "load_exported",
+    "Chat", "Picking", "Piece", "Engine", "Request", "PromptCache", "PromptCachePool", "CacheLayout",
+    "build_decode", "build_decode_loop", "build_pick", "build_prefill", "export", "load",
+    "load_exported",
     "Checkpoint", "ModelConfig", "ModelError", "Quantization", "StreamingDecoder",
     "Tokenizer", "default_model_path", "load_checkpoint", "load_gguf", "load_hf",
 ]

@@ -1,19 +1,27 @@
-"""The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``.
+"""The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``,
+``serve``.
 
 The generation flags store under :class:`~mlxprog.llm.GenerationOptions`'
 field names, so each command builds its options once from the flags it has
-(:func:`_generation_options`).
+(:func:`_generation_options`). Numeric flags are checked as they are parsed:
+a value out of range exits with status 2 and names the flag
+(``argument --max-tokens: must be at least 1, got 0``), before any model loads.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import ProgramError
+from .engine import PromptTooLongError
 
 if TYPE_CHECKING:
-    from . import GenerationOptions
+    from . import LLM, Generation, GenerationOptions, Piece, PromptCache
 
 
 def add_commands(commands: Any) -> None:
@@ -23,16 +31,30 @@ def add_commands(commands: Any) -> None:
         description="Stream a completion of PROMPT, then print a stats line. The default "
         "model is SmolLM2-135M-Instruct (installed on first use).",
     )
-    generate.add_argument("--prompt", required=True, help="the prompt text")
+    prompt = generate.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("-p", "--prompt", help="the prompt text; - reads it from stdin")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
     _model_options(generate)
     _sampling_options(generate)
-    generate.add_argument("--max-tokens", type=int, default=256, help="tokens to generate")
+    _generation_flags(generate)
+    generate.add_argument("--max-tokens", type=_at_least(1), default=256, metavar="N",
+                          help="tokens to generate")
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT",
                           help="stop when this text appears (repeatable)")
     generate.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                          help="wrap the prompt in the model's chat template (default: yes)")
+                          help="wrap the prompt in the model's chat template")
     generate.add_argument("--in-program", action="store_true",
                           help="run the decode loop as one program (while + runtime_call)")
+    generate.add_argument("--verbose", action=argparse.BooleanOptionalAction, default=True,
+                          help="print the stats line on stderr")
+    generate.add_argument("--json", action="store_true",
+                          help="instead of streaming, print one JSON object on stdout at the "
+                          "end: the text, finish_reason, cache_full, the token ids and the "
+                          "stats")
+    generate.add_argument("--prompt-cache", metavar="FILE",
+                          help="reuse the KV cache saved in FILE (.safetensors) for the "
+                          "prefix it shares with the prompt, and save the prompt and reply "
+                          "to it afterwards (a new file if FILE does not exist)")
     generate.set_defaults(handler=_cmd_generate)
 
     chat = commands.add_parser("chat", help="chat with an LLM interactively",
@@ -40,7 +62,11 @@ def add_commands(commands: Any) -> None:
                                "an empty line or end of input quits, /reset starts over.")
     _model_options(chat)
     _sampling_options(chat)
-    chat.add_argument("--max-tokens", type=int, default=512, help="tokens per reply")
+    _generation_flags(chat)
+    chat.add_argument("--max-tokens", type=_at_least(1), default=512, metavar="N",
+                      help="tokens per reply")
+    chat.add_argument("--verbose", action="store_true",
+                      help="print a stats line on stderr after each reply")
     chat.set_defaults(handler=_cmd_chat)
 
     export = commands.add_parser(
@@ -51,26 +77,117 @@ def add_commands(commands: Any) -> None:
     export.add_argument("model", nargs="?", default=None,
                         help="model file or directory (default: SmolLM2-135M-Instruct)")
     export.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
-    export.add_argument("--max-length", type=int, default=2048, help="KV-cache length")
+    export.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
+                        help="KV-cache length")
+    # Only the sampling attributes: the seed is no part of the programs (the
+    # PRNG key is an input of each call).
     _sampling_options(export)
     export.set_defaults(handler=_cmd_export)
 
+    serve = commands.add_parser(
+        "serve", help="serve an LLM over an OpenAI-compatible API",
+        description="Serve an LLM over an OpenAI-compatible HTTP API: /v1/chat/completions "
+        "and /v1/completions (streaming or not), /v1/models, /health. Requests are decoded "
+        "together in one batch; Ctrl-C stops the server. See docs/serving.md.")
+    serve.add_argument("-m", "--model", default=None, metavar="PATH",
+                       help="a .gguf file or Hugging Face directory "
+                       "(default: SmolLM2-135M-Instruct)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=_number(int, lambda v: 0 <= v <= 65535, "in [0, 65535]"),
+                       default=8080, help="port to listen on; 0 picks a free one")
+    serve.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
+                       help="KV-cache length of each request: prompt plus generated tokens")
+    serve.add_argument("--max-batch", type=_number(int, lambda v: 1 <= v <= 64, "in [1, 64]"),
+                       default=8, metavar="N",
+                       help="requests decoded together; more wait in order")
+    serve.add_argument("--prompt-cache-size", type=_at_least(0), default=8, metavar="N",
+                       help="prompt prefixes kept for reuse; 0 turns the cache off")
+    serve.add_argument("--model-id", default=None, metavar="ID",
+                       help="the model's name in the API (default: the model file's stem)")
+    serve.set_defaults(handler=_cmd_serve)
+
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="a .gguf file or Hugging Face directory (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--max-length", type=int, default=2048,
-                        help="KV-cache length: prompt plus generated tokens (default 2048)")
+    parser.add_argument("-m", "--model", default=None,
+                        help="a .gguf file or Hugging Face directory "
+                        "(default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
+                        help="KV-cache length: prompt plus generated tokens")
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temp", dest="temperature", metavar="TEMP", type=float, default=0.0,
+    """The flags of the sampling attributes (:class:`~mlxprog.llm.Sampling`)."""
+    parser.add_argument("--temp", dest="temperature", metavar="TEMP", default=0.0,
+                        type=_number(float, lambda v: v >= 0, ">= 0"),
                         help="temperature (0: greedy)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    parser.add_argument("--min-p", type=float, default=0.0,
+    parser.add_argument("--top-p", metavar="P", default=1.0,
+                        type=_number(float, lambda v: 0 < v <= 1, "in (0, 1]"),
+                        help="nucleus sampling mass")
+    parser.add_argument("--top-k", metavar="K", type=_at_least(1), default=None,
+                        help="keep the k most likely tokens (default: all)")
+    parser.add_argument("--min-p", metavar="P", default=0.0,
+                        type=_number(float, lambda v: 0 <= v < 1, "in [0, 1)"),
                         help="keep tokens at least this times as likely as the best")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
+def _generation_flags(parser: argparse.ArgumentParser) -> None:
+    """The generation flags beyond sampling, for the commands that generate."""
+    parser.add_argument("--system-prompt", metavar="TEXT",
+                        help="a system message before the conversation")
+    parser.add_argument("--seed", metavar="N", default=0,
+                        type=_number(int, lambda v: 0 <= v < 2**64,
+                                     "a non-negative integer below 2**64"),
+                        help="sampling seed")
+    parser.add_argument("--repetition-penalty", metavar="PENALTY", default=None,
+                        type=_number(float, lambda v: v > 0, "> 0"),
+                        help="make recent tokens less likely (mlx-lm's rule; default: off)")
+    parser.add_argument("--repetition-context-size", metavar="N", type=_at_least(1),
+                        default=20, help="how many recent tokens the repetition penalty counts")
+
+
+def _number(kind: type, accept: Callable[[Any], bool], requirement: str) -> Callable[[str], Any]:
+    """An argparse ``type=``: the flag's text as a ``kind`` (int or float)
+    that ``accept`` holds for; argparse reports anything else as
+    ``argument --flag: must be {requirement}, got {text}`` and exits with
+    status 2. NaN fails every comparison, so it is never accepted."""
+    expected = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    return parse
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for an integer of at least ``low``."""
+    return _number(int, lambda v: v >= low, f"at least {low}")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt a ``generate`` command line gives: ``--prompt TEXT``,
+    ``--prompt -`` (stdin) or ``--prompt-file FILE``. What is read from stdin
+    or a file loses its trailing line breaks (an editor's last newline is
+    not part of the prompt); a file that cannot be read is a
+    :class:`~mlxprog.ProgramError` naming it."""
+    if args.prompt_file is None and args.prompt != "-":
+        return args.prompt
+    where = "stdin" if args.prompt_file is None else f"prompt file {args.prompt_file!r}"
+    try:
+        if args.prompt_file is None:
+            text = sys.stdin.read()
+        else:
+            with open(args.prompt_file, encoding="utf-8") as file:
+                text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ProgramError(f"cannot read the prompt from {where}: {reason}") from None
+    return text.rstrip("\r\n")
 
 
 def _generation_options(args: argparse.Namespace) -> GenerationOptions:
@@ -87,43 +204,108 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from . import load
 
     options = _generation_options(args)
+    prompt = read_prompt(args)
     llm = load(args.model, max_length=args.max_length)
-    if args.in_program:
-        result = llm.generate_in_program(args.prompt, on_text=_write, options=options)
+    cache = _prompt_cache(llm, args.prompt_cache) if args.prompt_cache else None
+    last: Piece | None = None
+    try:
+        if args.json:
+            result = llm.generate(prompt, prompt_cache=cache, options=options)
+        elif args.in_program:
+            result = llm.generate_in_program(prompt, on_text=_write, options=options)
+        else:
+            for last in llm.stream(prompt, prompt_cache=cache, options=options):
+                _write(last.text)
+            result = llm.last_generation
+    except PromptTooLongError as exc:
+        raise ProgramError(_too_long("the prompt has", exc)) from None
+    except KeyboardInterrupt:
+        # What was generated stays on screen; the stats so far follow.
+        print(flush=True)
+        if args.verbose and last is not None:
+            print(f"{last.stats.summary()} | finish: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
+                          "cache_full": result.cache_full, "tokens": result.tokens,
+                          "stats": result.stats.as_dict()}))
     else:
-        for piece in llm.stream(args.prompt, options=options):
-            _write(piece)
-        result = llm.last_generation
-    print(flush=True)
-    print(result.stats.summary(), file=sys.stderr)
+        print(flush=True)
+    if cache is not None:
+        cache.save(args.prompt_cache)
+    if args.verbose:
+        print(f"{result.stats.summary()} | finish: {_finish(result, args)}", file=sys.stderr)
     return 0
 
 
+def _too_long(what: str, exc: PromptTooLongError) -> str:
+    """A prompt too long for the cache, in the flags' terms."""
+    return (f"{what} {exc.prompt_tokens} tokens, but the KV cache holds {exc.max_length} "
+            "(--max-length); raise --max-length or shorten it")
+
+
+def _prompt_cache(llm: LLM, path: str) -> PromptCache:
+    """The prompt cache in ``--prompt-cache`` FILE, or a new one if there is
+    no such file yet."""
+    return llm.load_prompt_cache(path) if os.path.exists(path) else llm.prompt_cache()
+
+
+def _finish(result: Generation, args: argparse.Namespace) -> str:
+    """Why a generation stopped, in the flags' terms."""
+    if result.finish_reason == "length":
+        if result.cache_full:
+            return (f"length (the KV cache of {args.max_length} tokens is full; "
+                    "raise --max-length)")
+        return f"length (--max-tokens {args.max_tokens})"
+    return {"eos": "eos (end of sequence)", "stop": "stop (a --stop text)"}.get(
+        result.finish_reason, result.finish_reason)
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from . import load
+    from . import Chat, load
 
     options = _generation_options(args)
     llm = load(args.model, max_length=args.max_length)
-    messages: list[dict[str, str]] = []
-    print("mlxprog chat: an empty line quits, /reset starts over.", file=sys.stderr)
+    chat = Chat(llm, options=options)
+    print("mlxprog chat: Ctrl-C stops a reply; an empty line, Ctrl-D or Ctrl-C at the "
+          "prompt quits; /reset starts over.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except EOFError:
             print()
             return 0
+        except KeyboardInterrupt:
+            print()
+            return 130
         if not line.strip():
             return 0
         if line.strip() == "/reset":
-            messages.clear()
+            chat.reset()
+            print("[the conversation starts over]", file=sys.stderr)
             continue
-        messages.append({"role": "user", "content": line})
-        reply = ""
-        for piece in llm.stream(messages, options=options):
-            reply += piece
-            _write(piece)
+        try:
+            reply = chat.send(line)
+        except PromptTooLongError as exc:
+            print(f"error: {_too_long('the message makes a prompt of', exc)}", file=sys.stderr)
+            continue
+        if chat.dropped:
+            print(f"[the conversation outgrew the KV cache of {args.max_length} tokens "
+                  f"(--max-length): dropped the {chat.dropped} oldest exchange"
+                  f"{'s' if chat.dropped > 1 else ''}]", file=sys.stderr)
+        try:
+            for piece in reply:
+                _write(piece.text)
+        except KeyboardInterrupt:
+            reply.close()  # the reply so far stays in the conversation
+            print("\n[interrupted]", file=sys.stderr)
+            continue
         print()
-        messages.append({"role": "assistant", "content": reply})
+        result = llm.last_generation
+        if result.finish_reason == "length":
+            print(f"[the reply stopped at {_finish(result, args)}]", file=sys.stderr)
+        if args.verbose:
+            print(result.stats.summary(), file=sys.stderr)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -135,6 +317,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(piece: str) -> None:
-    sys.stdout.write(piece)
+def _cmd_serve(args: argparse.Namespace) -> int:
+    # Imported here: the ASGI stack is needed only by this command.
+    from .server import serve
+
+    serve(args.model, host=args.host, port=args.port, max_length=args.max_length,
+          max_batch=args.max_batch, prompt_cache_size=args.prompt_cache_size,
+          model_id=args.model_id)
+    return 0
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
     sys.stdout.flush()

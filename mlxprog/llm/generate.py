@@ -1,37 +1,44 @@
-"""Text generation with compiled prefill and decode-step programs.
+"""Text generation with compiled prefill, decode-step and token-picking programs.
 
-:func:`load` returns an :class:`LLM`. Its host loop keeps the device busy: the
-next decode step is dispatched (``mx.async_eval``) before the current tokens
-are read back and detokenized, and the tokens a step picked are fed to the
-next step as lazy arrays, so the loop never waits on the host between steps.
+:func:`load` returns an :class:`LLM`. Its generation methods run on the
+engine (:mod:`~mlxprog.llm.engine`), which keeps the device busy: the next
+decode step is dispatched before the current tokens are read back and
+detokenized.
 
 Every generation method takes the same options, declared once by
-:class:`GenerationOptions`: as keyword arguments, or as ``options=``.
+:class:`GenerationOptions`: as keyword arguments, or as ``options=``. A
+prompt is text (rendered with the chat template when ``chat``), a list of
+chat messages, or a list of token ids.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import mlx.core as mx
 
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
+from .cache import CacheLayout, PromptCache
 from .config import Checkpoint, ModelError
+from .engine import Engine, Generation, Piece, Request, run
 from .model_files import load_checkpoint
 from .programs import (
-    DecodeInputs, DecodeLoopInputs, ModelSpec, PrefillInputs, Sampling, StepOutputs,
-    build_decode, build_decode_loop, build_prefill,
+    DecodeLoopInputs, ModelSpec, Picking, PrefillInputs, Sampling, build_decode,
+    build_decode_loop, build_pick, build_prefill,
 )
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_CACHE_STEP = 128
+MAX_TOP_LOGPROBS = 20
+
+#: A prompt: text, chat messages (dicts with ``role`` and ``content``), or token ids.
+Prompt = Union[str, Sequence[Mapping[str, str]], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -42,11 +49,17 @@ class GenerationOptions:
     ``max_tokens``: the most tokens to generate. ``temperature`` 0 is greedy;
     ``top_k``/``top_p``/``min_p`` filter the tempered distribution (see
     :class:`~mlxprog.llm.Sampling`, derived as :attr:`sampling`); ``seed`` makes
-    sampling reproducible. Generation ends at EOS, a ``stop`` string (one
-    string or several; kept as a tuple of the non-empty ones) or
-    ``max_tokens`` tokens. ``chat`` renders a text prompt as one user message
-    with the model's chat template. Bad values raise
-    :class:`~mlxprog.llm.ModelError`.
+    sampling reproducible. ``repetition_penalty`` (None: off; mlx-lm's
+    rule) makes the tokens among the last ``repetition_context_size`` ones
+    less likely. ``logprobs`` reports each token's log-probability (off by
+    default: on the CPU it costs about a millisecond per token);
+    ``top_logprobs`` also those of that many most likely tokens (at most 20;
+    implies ``logprobs``). Generation ends at EOS, a
+    ``stop`` string (one string or several; kept as a tuple of the non-empty
+    ones) or ``max_tokens`` tokens. ``chat`` renders a text prompt as a user
+    message with the model's chat template, after ``system_prompt`` as a
+    system message if given. Bad values raise
+    :class:`~mlxprog.llm.ModelError` naming the option.
     """
 
     max_tokens: int = 256
@@ -55,8 +68,13 @@ class GenerationOptions:
     top_k: int | None = None
     min_p: float = 0.0
     seed: int = 0
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    logprobs: bool = False
+    top_logprobs: int = 0
     stop: str | Sequence[str] = ()
     chat: bool = True
+    system_prompt: str | None = None
     #: The sampling parameters (the programs' attributes), derived from the
     #: fields above once, which validates them.
     sampling: Sampling = field(init=False, repr=False, compare=False)
@@ -64,110 +82,52 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampling",
                            Sampling(self.temperature, self.top_k, self.top_p, self.min_p))
-        if self.max_tokens < 1:
-            raise ModelError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ModelError(f"max_tokens must be at least 1, got {self.max_tokens!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
             raise ModelError(
                 f"seed must be a non-negative integer below 2**64, got {self.seed!r}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ModelError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if not _is_int(self.repetition_context_size) or self.repetition_context_size < 1:
+            raise ModelError("repetition_context_size must be at least 1, got "
+                             f"{self.repetition_context_size!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ModelError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
+                             f"got {self.top_logprobs!r}")
         # A bare string is one stop string, not one per character.
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) for s in stop):
+            raise ModelError(f"stop must be strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(s for s in stop if s))
+
+    @property
+    def picking(self) -> Picking:
+        """How each token is picked (greedy picking ignores the filters and
+        the seed, so every greedy request shares one picker)."""
+        sampling = self.sampling if self.sampling.temperature > 0 else Sampling()
+        penalty = self.repetition_penalty
+        return Picking(sampling, penalty, self.repetition_context_size if penalty else 1,
+                       self.logprobs or self.top_logprobs > 0, self.top_logprobs)
 
     @classmethod
     def given(cls, options: GenerationOptions | None,
               overrides: Mapping[str, Any]) -> GenerationOptions:
         """What a generation method was given: ``options`` (None: the
         defaults) with the keyword arguments ``overrides`` replacing fields."""
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}: not a generation "
+                            f"option (the options are {', '.join(sorted(names))})")
         if options is None:
             return cls(**overrides)
         return dataclasses.replace(options, **overrides) if overrides else options
 
 
-@dataclass
-class GenerationStats:
-    """Timings of one generation. ``prompt_tps`` counts prompt tokens over the
-    prefill time; ``decode_tps`` generated tokens (after the first) over the
-    decode time; ``ttft`` is the time to the first token, in seconds."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prompt_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    ttft: float = 0.0
-    peak_memory_gb: float = 0.0
-
-    @property
-    def prompt_tps(self) -> float:
-        """Prompt tokens per second."""
-        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        """Generated tokens per second, after the first."""
-        steps = max(self.generated_tokens - 1, 0)
-        return steps / self.decode_seconds if self.decode_seconds else 0.0
-
-    def summary(self) -> str:
-        """One line: prompt and decode speed, time to first token, peak memory."""
-        return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
-                f"decode: {self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s | "
-                f"ttft: {self.ttft:.3f} s | peak memory: {self.peak_memory_gb:.2f} GB")
-
-
-@dataclass
-class Generation:
-    """What :meth:`LLM.generate` returns: the text, the generated token ids
-    (without the EOS), why it stopped (``"eos"``, ``"stop"`` or ``"length"``),
-    and stats."""
-
-    text: str
-    tokens: list[int]
-    finish_reason: str
-    stats: GenerationStats = field(default_factory=GenerationStats)
-
-
-class _Row:
-    """Host-side state of one sequence of a batch: tokens, detokenizer, stops."""
-
-    def __init__(self, llm: LLM, stop: tuple[str, ...]):
-        self.tokens: list[int] = []
-        self.text = ""
-        self.emitted = 0
-        self.finish_reason: str | None = None
-        self.decoder = llm.tokenizer.stream_decoder(skip_special_tokens=True)
-        self.eos = set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids)
-        self.stop = stop
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-
-    def add(self, token: int) -> str:
-        """Take one token; return the text that can be shown now."""
-        if self.finish_reason is not None:
-            return ""
-        if token in self.eos:
-            self.finish_reason = "eos"
-        else:
-            self.tokens.append(token)
-            self.text += self.decoder.add(token)
-            for s in self.stop:
-                at = self.text.find(s)
-                if at >= 0:
-                    self.text = self.text[:at]
-                    self.finish_reason = "stop"
-        if self.finish_reason is not None:
-            self.text += "" if self.finish_reason == "stop" else self.decoder.flush()
-            end = len(self.text)
-        else:  # hold back what could still become a stop string
-            end = max(self.emitted, len(self.text) - self.hold)
-        piece, self.emitted = self.text[self.emitted:end], end
-        return piece
-
-    def finish(self) -> str:
-        """Mark a row that ran out of tokens; return its remaining text."""
-        if self.finish_reason is None:
-            self.text += self.decoder.flush()
-            self.finish_reason = "length"
-        piece, self.emitted = self.text[self.emitted:], len(self.text)
-        return piece
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # The handler of the in-program generation running in this context (thread,
@@ -186,19 +146,31 @@ def _emit(tokens: mx.array) -> mx.array:
     return handler(tokens)
 
 
+# The decode step is traced per batch size and cache length (64 x 16 with
+# the defaults), the prefill per prompt bucket and cache length: room for a
+# server's mix.
+MAX_TRACES = 256
+
+
+def _sampling_of(kind: str, sampling: Sampling | None) -> Sampling | None:
+    """The sampling of a program of ``kind``: the decode loop always samples
+    (None: greedy)."""
+    return Sampling() if kind == "decode_loop" and sampling is None else sampling
+
+
 class LLM:
     """A loaded model with its tokenizer and compiled programs.
 
     ``max_length`` is the longest the KV cache gets: prompt plus generated
     tokens must fit. Attention reads every slot of the cache, so the caches
-    start at the prompt's length and the decode steps grow them to multiples of
-    ``cache_step`` slots as tokens are generated (``cache_step >= max_length``:
-    the whole cache from the first decode step on). Programs are built on
-    first use for each sampling configuration (sampling parameters are program
-    attributes) and compiled with the model's weights as captures; the prefill
-    program has a symbolic prompt length (one trace per length, least recently
-    used evicted), and the decode step is traced once per batch size and cache
-    length. ``native`` is passed to :func:`mlxprog.compile` (None: the
+    start at the prompt's length (rounded up to ``cache_step``) and grow in
+    multiples of ``cache_step`` slots as tokens are generated (``cache_step >=
+    max_length``: the whole cache from the start). Programs are built on first
+    use and compiled with the model's weights as captures: the prefill and
+    decode step return logits and a small picker program per sampling
+    configuration picks each sequence's token; the in-program decode loop
+    samples inside the program (sampling parameters are its attributes).
+    ``native`` is passed to :func:`mlxprog.compile` (None: the
     ``MLXPROG_NATIVE`` default; False: MLX's own CPU ops).
     """
 
@@ -206,10 +178,10 @@ class LLM:
                  programs: Mapping[str, Program] | None = None,
                  programs_sampling: Sampling = Sampling(),
                  cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None):
-        if max_length < 2:
-            raise ModelError(f"max_length must be at least 2, got {max_length}")
-        if cache_step < 1:
-            raise ModelError(f"cache_step must be at least 1, got {cache_step}")
+        if not _is_int(max_length) or max_length < 2:
+            raise ModelError(f"max_length must be at least 2, got {max_length!r}")
+        if not _is_int(cache_step) or cache_step < 1:
+            raise ModelError(f"cache_step must be at least 1, got {cache_step!r}")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
@@ -217,259 +189,219 @@ class LLM:
         self.cache_step = cache_step
         self.native = native
         self.spec = ModelSpec.of(checkpoint)
+        self.cache_layout = CacheLayout.of(self.config)
         self._captures = self.spec.captures(checkpoint)
         self._given = dict(programs or {})
         self._given_sampling = programs_sampling
-        self._executables: dict[tuple[str, Sampling], Executable] = {}
+        self._executables: dict[tuple[str, Sampling | None], Executable] = {}
+        self._pickers: dict[Picking, Executable] = {}
+        #: The result of the last :meth:`stream`, once it has finished.
+        self.last_generation: Generation | None = None
 
     # -- programs ----------------------------------------------------------
-    def program(self, kind: str, sampling: Sampling = Sampling()) -> Program:
-        """The ``"prefill"``, ``"decode"`` or ``"decode_loop"`` program for
-        ``sampling`` (programs given to the constructor are used as they are)."""
-        if kind in self._given:
-            if sampling != self._given_sampling:
-                raise ModelError(f"the given programs sample with {self._given_sampling}; "
-                                 f"{sampling} needs programs built (or exported) for it")
-            return self._given[kind]
+    def program(self, kind: str, sampling: Sampling | None = None) -> Program:
+        """The ``"prefill"``, ``"decode"`` or ``"decode_loop"`` program. The
+        default (``sampling=None``) is what generation runs: steps that
+        return logits, and a greedy decode loop (the loop always samples);
+        with a ``Sampling``, steps that sample it. Programs given to the
+        constructor (exported ones: logits-returning prefill and decode, a
+        decode loop for one sampling) are used as they are."""
         builders = {"prefill": build_prefill, "decode": build_decode,
                     "decode_loop": build_decode_loop}
         if kind not in builders:
             raise ModelError(f"unknown program kind {kind!r}; one of {sorted(builders)}")
+        sampling = _sampling_of(kind, sampling)
+        if kind in self._given:
+            given_sampling = self._given_sampling if kind == "decode_loop" else None
+            if sampling != given_sampling:
+                raise ModelError(f"the given {kind} program samples with {given_sampling}; "
+                                 f"{sampling} needs programs built (or exported) for it")
+            return self._given[kind]
         return builders[kind](self.spec, self.max_length, sampling)
 
-    def executable(self, kind: str, sampling: Sampling = Sampling()) -> Executable:
-        """The compiled program of ``kind`` for ``sampling`` (cached). The decode
-        loop's ``emit`` callback forwards to the in-program generation running
-        in the caller's context (see :meth:`generate_in_program`)."""
-        key = (kind, sampling)
+    def executable(self, kind: str, sampling: Sampling | None = None) -> Executable:
+        """The compiled :meth:`program` of ``kind`` for ``sampling`` (cached).
+        The decode loop's ``emit`` callback forwards to the in-program
+        generation running in the caller's context (see
+        :meth:`generate_in_program`)."""
+        key = (kind, _sampling_of(kind, sampling))
         if key not in self._executables:
-            # The prefill is traced per prompt length rather than padded to
-            # buckets: a trace costs less than a few padded tokens on the CPU.
             self._executables[key] = compile_program(
-                self.program(kind, sampling), captures=self._captures,
+                self.program(*key), captures=self._captures,
                 callbacks={"emit": _emit} if kind == "decode_loop" else None,
-                native=self.native,
+                native=self.native, max_traces=MAX_TRACES,
             )
         return self._executables[key]
 
+    def picker(self, picking: Picking) -> Executable:
+        """The compiled token picker for ``picking`` (cached; see
+        :func:`~mlxprog.llm.programs.build_pick`)."""
+        if picking not in self._pickers:
+            self._pickers[picking] = compile_program(
+                build_pick(self.config.vocab_size, picking), native=self.native)
+        return self._pickers[picking]
+
     # -- prompts -----------------------------------------------------------
-    def prompt_ids(self, prompt: str | Sequence[Mapping[str, str]], chat: bool = True) -> list[int]:
-        """Token ids of a prompt: text (rendered as one user message with the
-        chat template when ``chat``), or a list of chat messages."""
-        if not isinstance(prompt, str):
-            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))
-        if chat and self.tokenizer.chat_template:
-            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        ids = self.tokenizer.encode(prompt)
+    def prompt_ids(self, prompt: Prompt, chat: bool = True,
+                   system_prompt: str | None = None) -> list[int]:
+        """Token ids of a prompt: text (rendered as a user message with the
+        chat template when ``chat``, after ``system_prompt`` as a system
+        message), a list of chat messages (``system_prompt`` goes first unless
+        they start with one), or token ids (used as they are)."""
+        if isinstance(prompt, str):
+            if chat and self.tokenizer.chat_template:
+                return self.prompt_ids([{"role": "user", "content": prompt}], True,
+                                       system_prompt)
+            if system_prompt:
+                prompt = f"{system_prompt}\n{prompt}"
+            ids = self.tokenizer.encode(prompt)
+        elif len(prompt) and all(isinstance(m, Mapping) for m in prompt):
+            messages = [dict(m) for m in prompt]
+            if system_prompt and messages[0].get("role") != "system":
+                messages.insert(0, {"role": "system", "content": system_prompt})
+            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages))
+        else:
+            ids = self._token_ids(prompt)
         if not ids:
             raise ModelError("the prompt is empty")
         return ids
+
+    def _token_ids(self, prompt: Sequence[Any]) -> list[int]:
+        """A prompt given as token ids, checked against the vocabulary."""
+        if isinstance(prompt, mx.array):
+            prompt = prompt.tolist()
+        vocab = self.config.vocab_size
+        ids = list(prompt)
+        for i, token in enumerate(ids):
+            if not _is_int(token):
+                raise ModelError(f"prompt item {i} is {token!r}: a prompt is text, chat "
+                                 "messages (dicts with role and content) or token ids")
+            if not 0 <= token < vocab:
+                raise ModelError(f"prompt token {i} is {token}, outside the vocabulary "
+                                 f"[0, {vocab})")
+        return ids
+
+    def request(self, prompt: Prompt, options: GenerationOptions,
+                prompt_cache: PromptCache | None = None) -> Request:
+        """A :class:`~mlxprog.llm.engine.Request` generating ``prompt``."""
+        if prompt_cache is not None and prompt_cache.layout != self.cache_layout:
+            raise ModelError(f"the prompt cache was made by a model of "
+                             f"{prompt_cache.layout.describe()}; this model has "
+                             f"{self.cache_layout.describe()}")
+        ids = self.prompt_ids(prompt, options.chat, options.system_prompt)
+        return Request(self, ids, options, prompt_cache)
+
+    # -- prompt caches -----------------------------------------------------
+    def prompt_cache(self) -> PromptCache:
+        """An empty :class:`~mlxprog.llm.PromptCache` for this model."""
+        return PromptCache(self.cache_layout)
+
+    def cache_prompt(self, prompt: Prompt, prompt_cache: PromptCache | None = None, *,
+                     options: GenerationOptions | None = None,
+                     **overrides: Any) -> PromptCache:
+        """Prefill ``prompt`` into a prompt cache (a new one, or
+        ``prompt_cache`` extended) and return it: generation from a prompt
+        that starts with it prefills only the rest. Save it with
+        :meth:`PromptCache.save <mlxprog.llm.PromptCache.save>`."""
+        options = GenerationOptions.given(options, {**overrides, "max_tokens": 1})
+        cache = prompt_cache if prompt_cache is not None else self.prompt_cache()
+        self.generate(prompt, prompt_cache=cache, options=options)
+        return cache
+
+    def load_prompt_cache(self, path: str | Path) -> PromptCache:
+        """A prompt cache saved with :meth:`PromptCache.save
+        <mlxprog.llm.PromptCache.save>`, checked to fit this model."""
+        return PromptCache.load(path, self.cache_layout)
 
     # -- generation --------------------------------------------------------
     # Each method takes GenerationOptions' fields as keyword arguments and/or
     # a whole GenerationOptions as ``options=`` (the keyword arguments replace
     # its fields), so the options and their defaults are declared only there.
-    def generate(self, prompt: str | Sequence[Mapping[str, str]], *,
+    def generate(self, prompt: Prompt, *, prompt_cache: PromptCache | None = None,
                  options: GenerationOptions | None = None, **overrides: Any) -> Generation:
-        """Generate a completion of ``prompt``; see :class:`GenerationOptions`
-        for the options."""
+        """Generate a completion of ``prompt`` (text, chat messages or token
+        ids); see :class:`GenerationOptions` for the options. With
+        ``prompt_cache``, the prefix it shares with the prompt is not prefilled
+        again, and it holds the prompt and the completion afterwards."""
         options = GenerationOptions.given(options, overrides)
-        return _drain(self._run([self.prompt_ids(prompt, options.chat)], options))[0]
+        request = self.request(prompt, options, prompt_cache)
+        for _ in run(self, [request]):
+            pass
+        return request.result()
 
-    def stream(self, prompt: str | Sequence[Mapping[str, str]], *,
-               options: GenerationOptions | None = None, **overrides: Any) -> Iterator[str]:
-        """Yield the completion's text as it is generated (never a broken UTF-8
-        character, never part of a stop string); see :class:`GenerationOptions`
-        for the options. ``self.last_generation`` holds the full result and
-        stats once the iterator is exhausted."""
+    def stream(self, prompt: Prompt, *, prompt_cache: PromptCache | None = None,
+               options: GenerationOptions | None = None, **overrides: Any) -> Iterator[Piece]:
+        """Yield a :class:`~mlxprog.llm.Piece` per generated token: its text
+        (never a broken UTF-8 character, never part of a stop string), token
+        id, log-probability and the running stats; the last one has the
+        ``finish_reason``. Options and ``prompt_cache`` as in
+        :meth:`generate`; ``self.last_generation`` holds the full result once
+        the iterator is exhausted. Closing the iterator early stops the
+        generation."""
         options = GenerationOptions.given(options, overrides)
-        run = self._run([self.prompt_ids(prompt, options.chat)], options)
-        while True:
-            try:
-                _, piece = next(run)
-            except StopIteration as finished:
-                self.last_generation = finished.value[0]
-                return
-            if piece:
-                yield piece
+        request = self.request(prompt, options, prompt_cache)
+        self.last_generation = None
+        for _, piece in run(self, [request]):
+            yield piece
+        self.last_generation = request.result()
 
-    def generate_batch(self, prompts: Sequence[str | Sequence[Mapping[str, str]]], *,
+    def generate_batch(self, prompts: Sequence[Prompt], *,
                        options: GenerationOptions | None = None,
                        **overrides: Any) -> list[Generation]:
-        """Generate for several prompts at once (left-padded into one batch);
-        each row stops on its own. Under greedy decoding each row's output is
-        the same as generating its prompt alone."""
+        """Generate for several prompts at once, decoded in one batch; each
+        row stops on its own and picks its tokens with its own PRNG key
+        (``seed``), so each row's output is the same as generating its prompt
+        alone."""
         options = GenerationOptions.given(options, overrides)
-        if not prompts:
-            return []
-        return _drain(self._run([self.prompt_ids(p, options.chat) for p in prompts], options))
+        requests = [self.request(p, options) for p in prompts]
+        for _ in run(self, requests):
+            pass
+        return [r.result() for r in requests]
 
-    def generate_in_program(self, prompt: str | Sequence[Mapping[str, str]], *,
+    def generate_in_program(self, prompt: Prompt, *,
                             on_text: Callable[[str], None] | None = None,
                             options: GenerationOptions | None = None,
                             **overrides: Any) -> Generation:
         """Like :meth:`generate`, but the decode loop is one program: a ``while``
-        loop whose body runs the decode step, picks the token and streams it to
-        Python through a ``runtime_call`` (which also decides when to stop);
-        ``on_text`` gets the text as it is generated.
+        loop whose body runs the decode step, samples the token and streams it
+        to Python through a ``runtime_call`` (which also decides when to stop);
+        ``on_text`` gets the text as it is generated. The loop does not report
+        log-probabilities nor apply a repetition penalty.
 
         The executable's ``emit`` callback finds this generation through a
         context variable set for the duration of the loop, so generations in
         other threads, or started from ``on_text``, each get their own tokens."""
         options = GenerationOptions.given(options, overrides)
-        state = self._start([self.prompt_ids(prompt, options.chat)], options)
-        row = state.rows[0]
+        if options.repetition_penalty is not None or options.picking.logprobs:
+            raise ModelError("the in-program decode loop has no repetition_penalty, logprobs "
+                             "or top_logprobs; use generate")
+        request = self.request(prompt, options)
         on_text = on_text or (lambda piece: None)
-
-        def emit(tokens: mx.array) -> mx.array:  # the decode loop's runtime_call
-            on_text(row.add(tokens.item()))
-            return mx.array(row.finish_reason is not None)
-
-        on_text(row.add(state.first.item()))
-        state.mark_first_token()
         loop = self.executable("decode_loop", options.sampling)
-        state.reserve(state.width + state.max_new)  # the loop's caches cannot grow
-        if row.finish_reason is None and state.max_new > 0:
+        engine = Engine(self)
+        on_text(engine.add(request).text)
+        if not request.finished:
+            # The loop's caches cannot grow: room for every token it may make.
+            n, max_new = request.length, request.budget - 1
+            size = max(engine.width, n + max_new)
+            caches = tuple(mx.pad(x, [(0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)])
+                           for x in engine.caches)
+
+            def emit(tokens: mx.array) -> mx.array:  # the decode loop's runtime_call
+                on_text(request.take(tokens.item(), None, []).text)
+                return mx.array(request.finished)
+
             inputs = DecodeLoopInputs(
-                tokens=state.first, rope_offset=state.rope_offset(0),
-                cache_offset=state.cache_offset(0), key_mask=state.key_mask, key=state.key,
-                caches=state.caches, max_new=state.max_new)
+                tokens=request.next_token, rope_offset=mx.array([n], dtype=mx.int32),
+                cache_offset=mx.array(n, dtype=mx.int32),
+                key_mask=mx.ones((1, size), dtype=mx.bool_), key=request.key,
+                caches=caches, max_new=mx.array(max_new, dtype=mx.int32))
             handler_set = _EMIT_HANDLER.set(emit)
             try:
                 mx.eval(loop(**inputs.by_name()))
             finally:
                 _EMIT_HANDLER.reset(handler_set)
-        on_text(row.finish())
-        return state.finish()[0]
-
-    def _start(self, ids: list[list[int]], options: GenerationOptions) -> _State:
-        """The batch of prompts ``ids`` after the prefill: its first tokens,
-        PRNG key and caches (dispatched, not yet evaluated)."""
-        state = _State(self, ids, options)
-        prefill = self.executable("prefill", options.sampling)
-        out = StepOutputs.of(prefill(**PrefillInputs(
-            tokens=state.tokens, rope_offset=state.rope_offset(-state.width),
-            key_mask=state.key_mask, key=mx.random.key(options.seed), caches=state.caches,
-        ).by_name()))
-        state.first, state.key, state.caches = out.next_tokens, out.key, out.caches
-        mx.async_eval(out.values())
-        return state
-
-    def _run(self, ids: list[list[int]], options: GenerationOptions
-             ) -> Generator[tuple[int, str], None, list[Generation]]:
-        """Yield ``(row, text piece)`` as tokens arrive; return the results.
-
-        The first tokens are read and yielded as soon as the prefill is done,
-        before the decode step is built or traced (on a cold start that takes a
-        few tenths of a second). After that each decode step is dispatched
-        before the previous step's tokens are read, so the device does not wait
-        for the host."""
-        state = self._start(ids, options)
-        first = state.first.tolist()
-        state.mark_first_token()
-        yield from state.add(first)
-        tokens, unread = state.first, None
-        for step in range(state.max_new):
-            if state.done:
-                break
-            state.reserve(state.width + step + 1)
-            decode = self.executable("decode", options.sampling)  # built on first use
-            # The inputs are not kept: once the step is dispatched nothing
-            # refers to the old caches, so the step writes them in place.
-            out = StepOutputs.of(decode(**DecodeInputs(
-                tokens=tokens, rope_offset=state.rope_offset(step),
-                cache_offset=state.cache_offset(step), key_mask=state.key_mask,
-                key=state.key, caches=state.caches,
-            ).by_name()))
-            tokens, state.key, state.caches = out.next_tokens, out.key, out.caches
-            mx.async_eval(out.values())
-            if unread is not None:
-                yield from state.add(unread.tolist())
-            unread = tokens
-        if unread is not None and not state.done:
-            yield from state.add(unread.tolist())
-        for i, row in enumerate(state.rows):
-            yield i, row.finish()
-        return state.finish()
-
-
-class _State:
-    """One generation's batch: padded tokens, masks, caches and timings."""
-
-    def __init__(self, llm: LLM, ids: list[list[int]], options: GenerationOptions):
-        c = llm.config
-        self.width = max(len(p) for p in ids)
-        if self.width >= llm.max_length:
-            raise ModelError(f"the prompt has {self.width} tokens, but the KV cache holds "
-                             f"{llm.max_length} (max_length); load the model with a larger "
-                             "max_length or shorten the prompt")
-        self.pads = [self.width - len(p) for p in ids]
-        self.tokens = mx.array([[0] * pad + p for pad, p in zip(self.pads, ids)], dtype=mx.int32)
-        self.max_length, self.cache_step = llm.max_length, llm.cache_step
-        # The prefill's caches hold just the prompt (attention reads every
-        # slot); the decode steps grow them with reserve().
-        shape = (len(ids), c.num_kv_heads, self.width, c.head_dim)
-        self.caches = tuple(mx.zeros(shape, dtype=mx.float32) for _ in range(2 * c.num_layers))
-        self.key_mask = self._key_mask(self.width)
-        # Decode steps after the first token: bounded by max_tokens and the cache.
-        self.max_new = min(options.max_tokens - 1, llm.max_length - self.width)
-        self.rows = [_Row(llm, options.stop) for _ in ids]
-        self.prompt_tokens = sum(len(p) for p in ids)
-        self.first: mx.array | None = None
-        self.key: mx.array | None = None
-        mx.reset_peak_memory()
-        self.start = time.perf_counter()
-        self.first_token_at = self.start
-
-    @property
-    def done(self) -> bool:
-        """Whether every row has finished."""
-        return all(row.finish_reason is not None for row in self.rows)
-
-    def add(self, tokens: list[int]) -> Iterator[tuple[int, str]]:
-        """Give each row its token; yield ``(row, text piece)``."""
-        for i, (row, token) in enumerate(zip(self.rows, tokens)):
-            yield i, row.add(token)
-
-    def reserve(self, slots: int) -> None:
-        """Grow the caches (zero-filled) and the key mask to at least ``slots``
-        slots: the next multiple of ``cache_step``, at most ``max_length``."""
-        size = self.key_mask.shape[1]
-        if slots <= size:
-            return
-        new_size = min(-(-slots // self.cache_step) * self.cache_step, self.max_length)
-        grow = [(0, 0), (0, 0), (0, new_size - size), (0, 0)]
-        self.caches = tuple(mx.pad(cache, grow) for cache in self.caches)
-        self.key_mask = self._key_mask(new_size)
-
-    def _key_mask(self, size: int) -> mx.array:
-        """``[B, size]``: false on each row's left padding."""
-        return mx.arange(size)[None, :] >= mx.array(self.pads)[:, None]
-
-    def rope_offset(self, step: int) -> mx.array:
-        """Each row's position of the token written at ``step`` (``-width``: the
-        prompt's first token)."""
-        return mx.array([self.width + step - pad for pad in self.pads], dtype=mx.int32)
-
-    def cache_offset(self, step: int) -> mx.array:
-        """The cache slot the token of decode step ``step`` is written to."""
-        return mx.array(self.width + step, dtype=mx.int32)
-
-    def mark_first_token(self) -> None:
-        self.first_token_at = time.perf_counter()
-
-    def finish(self) -> list[Generation]:
-        end = time.perf_counter()
-        stats = GenerationStats(
-            prompt_tokens=self.prompt_tokens,
-            generated_tokens=sum(len(r.tokens) + (r.finish_reason == "eos") for r in self.rows),
-            prompt_seconds=self.first_token_at - self.start,
-            decode_seconds=end - self.first_token_at,
-            ttft=self.first_token_at - self.start,
-            peak_memory_gb=mx.get_peak_memory() / 1e9,
-        )
-        return [Generation(r.text, r.tokens, r.finish_reason or "length", stats)
-                for r in self.rows]
+        return request.result()
 
 
 def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
@@ -479,6 +411,9 @@ def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
     see :class:`LLM` for ``max_length``, ``cache_step`` and ``native``."""
     return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step,
                native=native)
+
+
+EXPORTED = ("prefill", "decode", "decode_loop")
 
 
 def load_exported(directory: str | Path, model: str | Path | None = None,
@@ -492,44 +427,39 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
         raise ModelError(f"{directory}: no manifest.json (write it with mlxprog export-llm)")
     manifest = json.loads(manifest_path.read_text())
     programs = {kind: Program.load(directory / f"{kind}.json") for kind in EXPORTED}
-    sampling = Sampling(**manifest["sampling"])
-    return LLM(load_checkpoint(model if model is not None else manifest.get("model")),
-               max_length=manifest["max_length"], programs=programs, programs_sampling=sampling,
-               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native)
-
-
-EXPORTED = ("prefill", "decode", "decode_loop")
+    llm = LLM(load_checkpoint(model if model is not None else manifest.get("model")),
+              max_length=manifest["max_length"], programs=programs,
+              programs_sampling=Sampling(**manifest["sampling"]),
+              cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native)
+    expected = list(PrefillInputs.names_for(llm.config.num_layers))
+    if [s.name for s in programs["prefill"].inputs] != expected:
+        raise ModelError(f"{directory / 'prefill.json'}: its inputs are not this version's "
+                         f"({', '.join(expected[:4])}, ...); export the model again")
+    return llm
 
 
 def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling()) -> list[Path]:
     """Write the model's programs as JSON (weights stay in the model file) plus a
     manifest naming the model, the cache length and growth step, and the
-    sampling; returns the files written. :func:`load_exported` runs them."""
+    decode loop's sampling; the prefill and decode step return logits (each
+    token is picked outside them, so any sampling runs them). Returns the
+    files written; :func:`load_exported` runs them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    programs = {"prefill": llm.program("prefill", None), "decode": llm.program("decode", None),
+                "decode_loop": llm.program("decode_loop", sampling)}
     written = []
     for kind in EXPORTED:
         path = directory / f"{kind}.json"
-        llm.program(kind, sampling).save(path)
+        programs[kind].save(path)
         written.append(path)
     manifest = {
         "model": str(llm.checkpoint.path),
         "max_length": llm.max_length,
         "cache_step": llm.cache_step,
         "sampling": dataclasses.asdict(sampling),
-        "inputs": {kind: [s.name for s in llm.program(kind, sampling).inputs]
-                   for kind in EXPORTED},
+        "inputs": {kind: [s.name for s in programs[kind].inputs] for kind in EXPORTED},
     }
     path = directory / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return [*written, path]
-
-
-
-def _drain(run: Generator[tuple[int, str], None, list[Generation]]) -> list[Generation]:
-    """Run a generation to the end; its results."""
-    while True:
-        try:
-            next(run)
-        except StopIteration as finished:
-            return finished.value

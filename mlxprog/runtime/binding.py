@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..arrays import AVal, exact_array, name_of, numpy_dtype
-from ..errors import BindingError
+from ..errors import BindingError, UnboundError
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,9 @@ def bind_captures(specs: Sequence[Any], avals: Sequence[AVal], captures: Mapping
     values = []
     for spec, aval in zip(specs, avals):
         if spec.name not in available:
-            raise BindingError(
-                f"capture {spec.name!r} ({aval}) is not bound: pass it in captures= or a "
-                "weights= file"
-            )
+            raise UnboundError("capture", spec.name,
+                               f"capture {spec.name!r} ({aval}) is not bound",
+                               "pass it in captures= or a weights= file")
         try:
             values.append(to_array(available[spec.name], aval.dtype, aval.shape))
         except Mismatch as bad:

@@ -6,7 +6,6 @@ function. :func:`compile` builds one; a static program gets a
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -176,8 +175,10 @@ class SymbolicExecutable(Executable):
         """The runner for one binding, from the cache or built (and counted)."""
         def build() -> BlockRunner:
             # MLX 0.32's shapeless compilation crashes the process when an axis
-            # it reduces has size 1, so such bindings get traces of their own.
-            shared = None if 1 in bindings.values() else self._shared
+            # it reduces has size 1, and a trace of an empty array can drop
+            # the ops (softmax of nothing traces as the identity), so bindings
+            # with a 0 or 1 get traces of their own.
+            shared = None if {0, 1} & set(bindings.values()) else self._shared
             context = RunContext(self.options, self.stats, self.validated.dim_dependent, shared)
             return self._runner(self.validated.specialize(bindings), context)
 

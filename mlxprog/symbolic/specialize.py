@@ -27,14 +27,19 @@ EVEN_SAMPLE_SIZES = (6, 10, 14, 22, 26, 34, 38, 46, 58, 62, 74, 82)
 """Generic even sizes, for a second sample binding (catches odd-only programs)."""
 
 
-def sample_bindings(dims: Mapping[str, DimSpec]) -> list[dict[str, int]]:
+def sample_bindings(dims: Mapping[str, DimSpec], reverse: bool = False) -> list[dict[str, int]]:
     """Bindings used to check a symbolic program statically: every dim at its
     minimum, then two assignments of distinct, generic values (odd and even)
-    within the bounds."""
+    within the bounds, growing in declaration order (``reverse``: in the
+    reverse order). Dims often bound one another without saying so (a
+    prompt length ``T`` declared before the cache length ``S`` it must fit
+    in): growing in declaration order keeps such a program valid at the
+    samples, as the builder's sample sizes do (:func:`builder_sample`)."""
     samples = [{d: spec.min for d, spec in dims.items()}]
+    ordered = list(dims.items())[::-1] if reverse else list(dims.items())
     for pool in (ODD_SAMPLE_SIZES, EVEN_SAMPLE_SIZES):
         sample = {}
-        for i, (d, spec) in enumerate(sorted(dims.items())):
+        for i, (d, spec) in enumerate(ordered):
             value = pool[i % len(pool)] * (1 + i // len(pool))
             if not spec.contains(value):
                 value = spec.max if spec.max is not None and value > spec.max else spec.min

@@ -96,12 +96,16 @@ def validate_symbolic(program: Program, limits: Limits | None = None) -> Symboli
         raise ValidationError(f"dims {unbound} are declared but no input shape uses them, "
                               "so they could never be bound", "dims")
 
-    samples, first_error = [], None
-    for bindings in sample_bindings(program.dims):
-        try:
-            samples.append((bindings, validate_static(specialize(program, bindings), limits)))
-        except ValidationError as exc:
-            first_error = first_error or (exc, bindings)
+    first = sample_bindings(program.dims)
+    samples, first_error = _validate_at(program, first, limits)
+    if len(samples) < len(first):
+        # Dims often bound one another without saying so (T <= S); when a
+        # sample fails, values growing against the declaration order are
+        # tried as well, so a program valid only for some orderings still
+        # has generic samples to describe its outputs by. A program valid at
+        # every first sample is validated no more often.
+        again = [b for b in sample_bindings(program.dims, reverse=True) if b not in first]
+        samples += _validate_at(program, again, limits)[0]
     if not samples:
         exc, bindings = first_error
         raise ValidationError(f"{exc.detail} (with dims {_shown(bindings)}; the program fails "
@@ -119,6 +123,18 @@ def validate_symbolic(program: Program, limits: Limits | None = None) -> Symboli
         sample=next((v for b, v in samples if 1 not in b.values()), samples[0][1]),
         limits=limits,
     )
+
+
+def _validate_at(program: Program, bindings: list[dict[str, int]], limits: Limits | None):
+    """The ``(binding, validated program)`` pairs of the bindings the program
+    is valid at, and the first error with its binding (None when none failed)."""
+    valid, first_error = [], None
+    for binding in bindings:
+        try:
+            valid.append((binding, validate_static(specialize(program, binding), limits)))
+        except ValidationError as exc:
+            first_error = first_error or (exc, binding)
+    return valid, first_error
 
 
 def _input_shape(spec, dims: Mapping[str, DimSpec]) -> tuple[Expr, ...]:
@@ -152,24 +168,35 @@ def _lift_outputs(program: Program, input_shapes, samples):
     candidates.extend(attr_expressions(program.instructions))
     dims = sorted(program.dims)
     candidates.extend(BinOp("*", a, b) for i, a in enumerate(dims) for b in dims[i:])
+    bindings = [b for b, _ in samples]
+    # A dim that can vary but has one value at every sample that validated
+    # (only the all-minimum binding did, say) cannot be told from a constant.
+    stuck = {d for d, spec in program.dims.items()
+             if spec.min != spec.max and len({b[d] for b in bindings}) == 1}
     first = samples[0][1]
     out_shapes = []
     for k, aval in enumerate(first.out_avals):
         shape = []
         for axis in range(len(aval.shape)):
             sizes = [vp.out_avals[k].shape[axis] for _, vp in samples]
-            shape.append(_match(sizes, [b for b, _ in samples], candidates))
+            shape.append(_match(sizes, bindings, candidates, stuck))
         out_shapes.append(tuple(shape))
     return tuple(out_shapes), tuple(a.dtype for a in first.out_avals)
 
 
-def _match(sizes: list[int], bindings: list[dict], candidates: list[Expr]) -> Expr | None:
+def _match(sizes: list[int], bindings: list[dict], candidates: list[Expr],
+           stuck: set[str]) -> Expr | None:
+    """The size of an output axis at every sample as a constant or the first
+    candidate expression matching it; None (shown ``?``) when nothing
+    matches, or when an expression over a ``stuck`` dim matches too, as the
+    samples cannot say which it is."""
+    matching = [c for c in candidates
+                if all(_value(c, b) == s for b, s in zip(bindings, sizes))]
+    if any(names(c) & stuck for c in matching):
+        return None
     if len(set(sizes)) == 1:
         return sizes[0]
-    for candidate in candidates:
-        if all(_value(candidate, b) == s for b, s in zip(bindings, sizes)):
-            return candidate
-    return None
+    return matching[0] if matching else None
 
 
 def _value(expr: Expr, bindings: Mapping[str, int]) -> int | None:

@@ -81,9 +81,8 @@ def program_logits(llm: LLM, prompt: list[int], continuation: list[int]) -> np.n
     decode = mp.compile(build_decode(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
     key_mask = mx.ones((1, MAX_LENGTH), dtype=mx.bool_)
     key = mx.random.key(0)
-    out = LogitsOutputs.of(prefill(**PrefillInputs(
-        tokens=mx.array([prompt], dtype=mx.int32), rope_offset=mx.array([0], dtype=mx.int32),
-        key_mask=key_mask, key=key, caches=empty_caches(c, 1, MAX_LENGTH)).by_name()))
+    out = LogitsOutputs.of(prefill(**prompt_inputs(
+        prompt, key_mask, empty_caches(c, 1, MAX_LENGTH)).by_name()))
     steps = [out.logits[0]]
     for position, token in enumerate(continuation, start=len(prompt)):
         out = LogitsOutputs.of(decode(**DecodeInputs(
@@ -93,6 +92,16 @@ def program_logits(llm: LLM, prompt: list[int], continuation: list[int]) -> np.n
             caches=out.caches).by_name()))
         steps.append(out.logits[0])
     return np.array(mx.stack(steps))
+
+
+def prompt_inputs(prompt: list[int], key_mask: mx.array,
+                  caches: tuple[mx.array, ...]) -> PrefillInputs:
+    """The prefill inputs of one whole prompt, written from slot 0."""
+    return PrefillInputs(
+        tokens=mx.array([prompt], dtype=mx.int32),
+        last_index=mx.array([len(prompt) - 1], dtype=mx.int32),
+        rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
+        key_mask=key_mask, key=mx.random.key(0), caches=caches)
 
 
 def empty_caches(c, batch: int, slots: int) -> tuple[mx.array, ...]:
@@ -117,7 +126,8 @@ CACHES_2 = ["k_cache.0", "v_cache.0", "k_cache.1", "v_cache.1"]
 
 
 @pytest.mark.parametrize("build, inputs, names", [
-    (build_prefill, PrefillInputs, ["tokens", "rope_offset", "key_mask", "key", *CACHES_2]),
+    (build_prefill, PrefillInputs,
+         ["tokens", "last_index", "rope_offset", "cache_offset", "key_mask", "key", *CACHES_2]),
     (build_decode, DecodeInputs,
      ["tokens", "rope_offset", "cache_offset", "key_mask", "key", *CACHES_2]),
     (build_decode_loop, DecodeLoopInputs,
@@ -139,11 +149,10 @@ def test_input_declarations_are_the_programs_inputs(gguf, build, inputs, names):
 def test_output_declarations_are_the_programs_outputs(gguf):
     c = gguf.config
     captures = gguf.spec.captures(gguf.checkpoint)
-    prompt = mx.array([gguf.tokenizer.encode(PROMPT)], dtype=mx.int32)
-    width = prompt.shape[1]
-    inputs = PrefillInputs(tokens=prompt, rope_offset=mx.array([0], dtype=mx.int32),
-                           key_mask=mx.ones((1, width), dtype=mx.bool_), key=mx.random.key(0),
-                           caches=empty_caches(c, 1, width))
+    prompt = gguf.tokenizer.encode(PROMPT)
+    width = len(prompt)
+    inputs = prompt_inputs(prompt, mx.ones((1, width), dtype=mx.bool_),
+                           empty_caches(c, 1, width))
     cache_shape = (1, c.num_kv_heads, width, c.head_dim)
     for sampling, outputs in [(Sampling(), StepOutputs), (None, LogitsOutputs)]:
         exe = mp.compile(build_prefill(gguf.spec, MAX_LENGTH, sampling), captures=captures)
@@ -246,7 +255,7 @@ def test_growing_the_cache_in_chunks_changes_nothing(model_paths, gguf):
                 lambda m: m.generate_batch([PROMPT, "hello"], max_tokens=20, chat=False)[1],
                 lambda m: m.generate_in_program(PROMPT, max_tokens=20, chat=False)):
         assert run(chunked).tokens == run(gguf).tokens
-    decode = chunked.executable("decode")
+    decode = chunked.executable("decode", None)
     assert decode.stats.traces >= 4  # one per cache length reached
     assert all(b["S"] % 4 == 0 or b["S"] == MAX_LENGTH for b in decode.stats.bindings)
 
@@ -270,8 +279,12 @@ def test_exported_programs_reproduce_generation(tiny, tmp_path):
     assert exported.max_length == MAX_LENGTH
     assert exported.generate(PROMPT, max_tokens=12, chat=False).tokens == expected.tokens
     assert exported.generate_in_program(PROMPT, max_tokens=12, chat=False).tokens == expected.tokens
+    # The prefill and decode step return logits: any sampling runs them; the
+    # decode loop samples as it was exported.
+    sampled = dict(max_tokens=12, chat=False, temperature=0.5, seed=1)
+    assert exported.generate(PROMPT, **sampled).tokens == tiny.generate(PROMPT, **sampled).tokens
     with pytest.raises(mp.ProgramError, match="needs programs built"):
-        exported.generate(PROMPT, chat=False, temperature=0.5)
+        exported.generate_in_program(PROMPT, **sampled)
 
 
 def test_exported_programs_bind_weights_from_the_model_file(tiny, tmp_path):
@@ -282,15 +295,14 @@ def test_exported_programs_bind_weights_from_the_model_file(tiny, tmp_path):
                    callbacks={"emit": lambda tokens: mx.array(True)})
     prefill = mp.compile(mp.Program.load(tmp_path / "prefill.json"), weights=weights)
     c = tiny.config
-    inputs = PrefillInputs(tokens=mx.array([tiny.tokenizer.encode(PROMPT)], dtype=mx.int32),
-                           rope_offset=mx.array([0], dtype=mx.int32),
-                           key_mask=mx.ones((1, MAX_LENGTH), dtype=mx.bool_),
-                           key=mx.random.key(0), caches=empty_caches(c, 1, MAX_LENGTH))
-    ours = StepOutputs.of(prefill(**inputs.by_name()))
-    theirs = StepOutputs.of(tiny.executable("prefill")(**inputs.by_name()))
+    inputs = prompt_inputs(tiny.tokenizer.encode(PROMPT), mx.ones((1, MAX_LENGTH), dtype=mx.bool_),
+                           empty_caches(c, 1, MAX_LENGTH))
+    ours = LogitsOutputs.of(prefill(**inputs.by_name()))
+    theirs = LogitsOutputs.of(tiny.executable("prefill", None)(**inputs.by_name()))
     for a, b in zip(ours.values(), theirs.values(), strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b))
-    assert ours.next_tokens.item() == tiny.generate(PROMPT, max_tokens=1, chat=False).tokens[0]
+    first = mx.argmax(ours.logits[0]).item()
+    assert first == tiny.generate(PROMPT, max_tokens=1, chat=False).tokens[0]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["inputs"] == {
         "prefill": list(PrefillInputs.names_for(c.num_layers)),
@@ -306,8 +318,8 @@ def test_in_program_loop_matches_generate_and_streams(tiny, sampling):
                                    **sampling)
     assert (out.tokens, out.text, out.finish_reason) == (
         expected.tokens, expected.text, expected.finish_reason)
-    # one call per token picked (the EOS included), then one for the end
-    assert len(pieces) == len(out.tokens) + (out.finish_reason == "eos") + 1
+    # one call per token picked (the EOS included)
+    assert len(pieces) == len(out.tokens) + (out.finish_reason == "eos")
     assert "".join(pieces) == out.text
 
 
@@ -353,6 +365,7 @@ def test_in_program_generations_in_two_threads_get_their_own_tokens(gguf):
     def run(i: int) -> None:
         results[i] = gguf.generate_in_program(prompts[i], max_tokens=8, chat=False,
                                               on_text=lambda piece: barrier.wait()).tokens
+        mx.clear_streams()  # MLX's per-thread state, before the thread ends (docs/llm.md)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
@@ -413,7 +426,7 @@ def test_generation_options_are_one_object(gguf):
     assert gguf.generate(PROMPT, options=options).tokens == expected.tokens
     assert gguf.generate_in_program(PROMPT, options=options).tokens == expected.tokens
     assert gguf.generate_batch([PROMPT], options=options)[0].tokens == expected.tokens
-    assert "".join(gguf.stream(PROMPT, options=options)) == expected.text
+    assert "".join(p.text for p in gguf.stream(PROMPT, options=options)) == expected.text
     # Keyword arguments replace the fields of options=.
     assert gguf.generate(PROMPT, options=options, max_tokens=3).tokens == expected.tokens[:3]
     assert GenerationOptions.given(options, {"seed": 5}) == GenerationOptions(
@@ -442,16 +455,16 @@ def test_stop_strings_end_the_text_before_the_stop(gguf):
     out = gguf.generate(PROMPT, max_tokens=20, chat=False, stop=["never seen", stop])
     assert (out.text, out.finish_reason) == (expected, "stop")
     assert out.tokens == full.tokens[:len(out.tokens)]
-    pieces = list(gguf.stream(PROMPT, max_tokens=20, chat=False, stop=[stop]))
+    pieces = [p.text for p in gguf.stream(PROMPT, max_tokens=20, chat=False, stop=[stop])]
     assert "".join(pieces) == gguf.last_generation.text == expected
     # A single stop string may be given bare (not split into characters).
     assert gguf.generate(PROMPT, max_tokens=20, chat=False, stop=stop).text == expected
 
 
 def test_stream_pieces_join_to_the_text(gguf):
-    pieces = list(gguf.stream(PROMPT, max_tokens=20, chat=False))
+    pieces = [p.text for p in gguf.stream(PROMPT, max_tokens=20, chat=False)]
     result = gguf.last_generation
-    assert len(pieces) > 1
+    assert len(pieces) == 20  # one per token
     assert "".join(pieces) == result.text
     assert result.tokens == gguf.generate(PROMPT, max_tokens=20, chat=False).tokens
     assert result.finish_reason == "length"
@@ -498,6 +511,7 @@ def test_cli_generate_streams_text_and_stats(model_paths, gguf, capsys, flags, o
     assert f"prompt: {prompt_tokens} tokens" in captured.err
     assert "decode: 8 tokens" in captured.err
     assert "ttft:" in captured.err and "peak memory:" in captured.err
+    assert "finish: length (--max-tokens 8)" in captured.err
 
 
 def test_cli_export_llm_writes_the_programs(model_paths, tmp_path, capsys):
@@ -512,13 +526,13 @@ def test_cli_export_llm_writes_the_programs(model_paths, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--top-p", "1.5", "top_p must be in (0, 1], got 1.5"),
-    ("--seed", "-1", "seed must be a non-negative integer below 2**64, got -1"),
+    ("--top-p", "1.5", "argument --top-p: must be in (0, 1], got 1.5"),
+    ("--seed", "-1", "argument --seed: must be a non-negative integer below 2**64, got -1"),
 ])
 def test_cli_bad_sampling_option_is_an_error(model_paths, capsys, option, value, message):
     assert main(["generate", "--model", str(model_paths["gguf"]), "--prompt", PROMPT,
-                 option, value]) == 1
-    assert capsys.readouterr().err == f"error: {message}\n"
+                 option, value]) == 2
+    assert capsys.readouterr().err.endswith(f"mlxprog generate: error: {message}\n")
 
 
 # ---------------------------------------------------------------------------

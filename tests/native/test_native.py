@@ -61,8 +61,11 @@ def test_qmm_matches_mlx(ext, isa, bits, transpose):
     rng = np.random.default_rng(bits)
     for group_size in (32, 64, 128):
         for dtype in DTYPES:
-            for rows in (1, 2, 5):
-                K, N = 256, 128
+            # 5 and 8 rows take the batched path (weights dequantized once
+            # for all rows); 131 output columns (transposed), its tail of
+            # single weight rows.
+            for rows, N in ((1, 128), (2, 128), (5, 131 if transpose else 128), (8, 128)):
+                K = 256
                 w, scales, biases = quantized(rng, (N, K) if transpose else (K, N), dtype,
                                               group_size, bits)
                 x = mx.array(rng.standard_normal((rows, K)).astype(np.float32)).astype(dtype)

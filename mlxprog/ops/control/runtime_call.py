@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ...arrays import AVal, to_mlx
-from ...errors import BindingError, CallbackError
+from ...errors import CallbackError, UnboundError
 from ...runtime.binding import Mismatch, to_array
 from ..attrs import Attrs, DType, Size
 from ..host import HostEnv, HostOp, HostOptions
@@ -46,9 +46,9 @@ class RuntimeCall(HostOp):
         name = step.attrs.callback
         if not callable(options.callbacks.get(name)):
             given = ", ".join(sorted(options.callbacks)) or "none"
-            raise BindingError(
-                f"{step.location} (runtime_call) names callback {name!r}, which is not "
-                f"in the callbacks given to compile (given: {given})"
+            raise UnboundError(
+                "callback", name, f"{step.location} (runtime_call) names callback {name!r}, "
+                f"which was not given (given: {given})", "pass it in compile's callbacks="
             )
 
     def prepare(self, step, env: HostEnv) -> _Call:

@@ -1,0 +1,97 @@
+"""A conversation that keeps its KV cache across turns.
+
+Each turn renders the whole conversation with the chat template, but only the
+tokens after what the prompt cache already holds are prefilled: the time to
+the first token depends on the new message, not on the history. When the
+conversation outgrows the cache (``max_length``), the oldest exchanges are
+dropped (the system prompt stays) until the new message and room for a reply
+fit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .config import ModelError
+from .engine import Piece, PromptTooLongError
+
+if TYPE_CHECKING:
+    from .generate import LLM, GenerationOptions
+
+
+class Chat:
+    """A chat with ``llm``: :meth:`send` a user message, stream the reply.
+
+    Options are :class:`~mlxprog.llm.GenerationOptions` (as ``options=`` and/or
+    keyword arguments; ``system_prompt`` starts the conversation). After each
+    :meth:`send`, :attr:`dropped` says how many of the oldest exchanges (a user
+    message and its reply) were dropped to make room."""
+
+    def __init__(self, llm: LLM, *, options: GenerationOptions | None = None,
+                 **overrides: Any):
+        from .generate import GenerationOptions
+
+        self.llm = llm
+        self.options = GenerationOptions.given(options, overrides)
+        #: The user and assistant messages so far (the system prompt apart).
+        self.messages: list[dict[str, str]] = []
+        self.cache = llm.prompt_cache()
+        self.dropped = 0
+
+    def reset(self) -> None:
+        """Start over: no messages, nothing cached."""
+        self.messages.clear()
+        self.cache.clear()
+        self.dropped = 0
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages the model sees: the system prompt, if any, then the turns."""
+        return self._system() + self.messages
+
+    def _system(self) -> list[dict[str, str]]:
+        system = self.options.system_prompt
+        return [{"role": "system", "content": system}] if system else []
+
+    def send(self, text: str) -> Iterator[Piece]:
+        """Add the user message ``text`` and return an iterator over the
+        reply's pieces (see :meth:`LLM.stream <mlxprog.llm.LLM.stream>`).
+
+        Before it returns, the oldest exchanges are dropped if the
+        conversation would not leave room for a reply (:attr:`dropped`); a
+        message too long even alone raises :class:`~mlxprog.llm.ModelError` and
+        is not added (:class:`~mlxprog.llm.engine.PromptTooLongError`). The
+        reply joins the conversation when the iterator ends,
+        or with the text so far when it is closed early (an interrupted
+        reply)."""
+        if not text:
+            raise ModelError("the message is empty")
+        ids, dropped = self._fit([*self.messages, {"role": "user", "content": text}])
+        self.messages = self.messages[2 * dropped:] + [{"role": "user", "content": text}]
+        self.dropped = dropped
+        return self._reply(ids)
+
+    def _fit(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
+        """The prompt ids of the conversation with ``messages``, after
+        dropping the oldest exchanges until it leaves room for a reply, and
+        how many were dropped."""
+        llm = self.llm
+        # Room for a reply: max_tokens, but at most a quarter of the cache, so
+        # that a long max_tokens does not drop the whole history.
+        room = min(self.options.max_tokens, max(1, llm.max_length // 4))
+        for dropped in range(0, len(messages) // 2 + 1):
+            ids = llm.prompt_ids(self._system() + messages[2 * dropped:], chat=True)
+            if len(ids) + room <= llm.max_length:
+                return ids, dropped
+        # Only the new message is left.
+        if len(ids) < llm.max_length:
+            return ids, len(messages) // 2
+        raise PromptTooLongError(len(ids), llm.max_length)
+
+    def _reply(self, ids: list[int]) -> Iterator[Piece]:
+        text = ""
+        try:
+            for piece in self.llm.stream(ids, prompt_cache=self.cache, options=self.options):
+                text += piece.text
+                yield piece
+        finally:
+            self.messages.append({"role": "assistant", "content": text})

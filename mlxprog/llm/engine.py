@@ -1,0 +1,519 @@
+"""The generation engine: sequences decoded together in one batch, joining
+when their prefill is done and leaving when they finish.
+
+Every generation runs here: :class:`~mlxprog.llm.LLM`'s methods (one
+sequence, or a fixed batch) and the server (requests joining a running
+batch). The engine runs the model's logits programs (``prefill`` and
+``decode`` built with ``sampling=None``) and picks each sequence's token with
+its own picker program (:func:`~mlxprog.llm.programs.build_pick`), so every
+sequence has its own sampling, PRNG key, repetition penalty and
+log-probabilities, whatever else shares the batch.
+
+The batch's caches are ``[B, kv_heads, W, head_dim]``; every row writes its
+next token at the same slot ``offset``, so a row holding ``n`` tokens sits at
+slots ``[offset - n, offset)`` behind ``pad`` masked slots. A joining row
+whose prompt is longer than ``offset`` shifts the batch right; rows that leave
+are cut out and the slots no row uses any more are dropped. ``W`` grows in
+steps of ``cache_step`` slots (attention reads every slot), at most
+``max_length``.
+
+A prefill reuses a prompt cache (:mod:`~mlxprog.llm.cache`): the tokens it
+shares with the prompt are not run again; its caches start from the cached
+keys and values and only the rest of the prompt is prefilled. A finished
+sequence stores its tokens and caches back.
+
+The host never waits between steps: a decode step is dispatched
+(``mx.async_eval``) before the tokens of the previous one are read and
+detokenized, and the picked tokens feed the next step as lazy arrays.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+
+import mlx.core as mx
+
+from .cache import common_prefix
+from .config import ModelError
+from .programs import DecodeInputs, LogitsOutputs, PrefillInputs
+
+if TYPE_CHECKING:
+    from .generate import LLM, GenerationOptions
+
+FINISH_REASONS = ("eos", "stop", "length", "cancelled")
+
+
+@dataclass
+class GenerationStats:
+    """Timings of one generation. ``prompt_tokens`` counts the whole prompt,
+    ``cached_tokens`` the part of it reused from a prompt cache (not
+    prefilled); ``prompt_tps`` counts the prefilled tokens over the prefill
+    time; ``decode_tps`` generated tokens (after the first) over the decode
+    time; ``ttft`` is the time to the first token, in seconds."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    ttft: float = 0.0
+    peak_memory_gb: float = 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        """Prefilled prompt tokens per second."""
+        prefilled = self.prompt_tokens - self.cached_tokens
+        return prefilled / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        """Generated tokens per second, after the first."""
+        steps = max(self.generated_tokens - 1, 0)
+        return steps / self.decode_seconds if self.decode_seconds else 0.0
+
+    def summary(self) -> str:
+        """One line: prompt and decode speed, time to first token, peak memory."""
+        cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
+        return (f"prompt: {self.prompt_tokens} tokens{cached}, {self.prompt_tps:.1f} tok/s | "
+                f"decode: {self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s | "
+                f"ttft: {self.ttft:.3f} s | peak memory: {self.peak_memory_gb:.2f} GB")
+
+    def as_dict(self) -> dict[str, float]:
+        """The stats and the derived speeds, for JSON."""
+        return {**vars(self), "prompt_tps": self.prompt_tps, "decode_tps": self.decode_tps}
+
+
+@dataclass
+class Piece:
+    """One generated token, as :meth:`LLM.stream <mlxprog.llm.LLM.stream>`
+    yields it: the ``text`` it completes (possibly empty: a character still
+    incomplete, or text that could still become a stop string), its ``token``
+    id and ``logprob`` (None unless asked for with ``logprobs``), the most likely alternatives (``top_logprobs``:
+    ``(token, logprob)`` pairs, when asked for), the running ``stats``, and
+    ``finish_reason`` on the last piece (see :class:`Generation`)."""
+
+    text: str
+    token: int
+    logprob: float | None
+    stats: GenerationStats
+    finish_reason: str | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """A finished generation: the text, the generated token ids (without the
+    EOS) and, if asked for (``logprobs``), their log-probabilities, why it
+    stopped, and stats.
+
+    ``finish_reason`` is ``"eos"``, ``"stop"`` (a stop string), ``"length"``
+    (``max_tokens``, or the KV cache full: then ``cache_full``) or
+    ``"cancelled"``."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[float] = field(default_factory=list)
+    cache_full: bool = False
+
+
+class PromptTooLongError(ModelError):
+    """A prompt that does not fit the KV cache: ``prompt_tokens`` tokens
+    against ``max_length`` slots (the front ends word it for their settings)."""
+
+    def __init__(self, prompt_tokens: int, max_length: int):
+        self.prompt_tokens, self.max_length = prompt_tokens, max_length
+        super().__init__(f"the prompt has {prompt_tokens} tokens, but the KV cache holds "
+                         f"{max_length} (max_length); load the model with a larger "
+                         "max_length or shorten the prompt")
+
+
+class CacheStore(Protocol):
+    """Where a sequence finds a cached prefix and leaves its own caches: a
+    :class:`~mlxprog.llm.PromptCache` or :class:`~mlxprog.llm.PromptCachePool`."""
+
+    def lookup(self, ids: Sequence[int]) -> tuple[list[int], tuple[mx.array, ...]]:
+        """Cached tokens and their caches, to share a prefix with ``ids``."""
+
+    def store(self, tokens: Sequence[int], caches: Sequence[mx.array]) -> None:
+        """Keep a finished sequence's tokens and caches."""
+
+
+class Request:
+    """One sequence to generate: its prompt ids, options and prompt cache,
+    and, once running, its tokens, text and place in the batch.
+
+    ``cancel()`` may be called from any thread; the engine drops the row at
+    its next step."""
+
+    def __init__(self, llm: LLM, ids: Sequence[int], options: GenerationOptions,
+                 prompt_cache: CacheStore | None = None):
+        self.ids = list(ids)
+        if not self.ids:
+            raise ModelError("the prompt is empty")
+        if len(self.ids) >= llm.max_length:
+            raise PromptTooLongError(len(self.ids), llm.max_length)
+        self.options = options
+        self.picking = options.picking
+        self.prompt_cache = prompt_cache
+        # Tokens it may generate: max_tokens, and what the cache has room for
+        # (the last token is never written, so one more than the free slots).
+        room = llm.max_length - len(self.ids) + 1
+        self.budget = min(options.max_tokens, room)
+        self.limited_by_cache = room < options.max_tokens
+        self.cancelled = False
+        # Text.
+        self.decoder = llm.tokenizer.stream_decoder(skip_special_tokens=True)
+        self.eos = set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids)
+        self.hold = max((len(s) for s in options.stop), default=1) - 1
+        self.text = ""
+        self.emitted = 0
+        self.tokens: list[int] = []       # generated, without the EOS
+        self.logprobs: list[float] = []
+        self.read: list[int] = []         # every token read, the EOS included
+        self.finish_reason: str | None = None
+        self.cache_full = False
+        # Device state: the PRNG key, the repetition history, the token to
+        # feed next, and what was picked but not yet read.
+        self.key = mx.random.key(options.seed)
+        context = self.picking.repetition_context_size
+        recent = self.ids[-context:]
+        self.history = mx.array([[-1] * (context - len(recent)) + recent], dtype=mx.int32)
+        self.next_token: mx.array | None = None
+        self.unread: tuple[mx.array, ...] | None = None
+        self.dispatched = 0   # tokens picked (read or not)
+        self.fed = 0          # generated tokens written to the cache
+        self.cached = 0       # prompt tokens reused from the prompt cache
+        self.pad = 0          # masked slots before the row in the batch
+        # Timings.
+        self.start = time.perf_counter()
+        self.first_token_at = self.start
+        self.end = self.start
+
+    def cancel(self) -> None:
+        """Stop generating (thread-safe); the finish reason is ``"cancelled"``."""
+        self.cancelled = True
+
+    @property
+    def finished(self) -> bool:
+        """Whether the sequence has finished (or was cancelled)."""
+        return self.finish_reason is not None
+
+    @property
+    def length(self) -> int:
+        """Tokens in the sequence's cache: the prompt and the generated tokens fed."""
+        return len(self.ids) + self.fed
+
+    def stats(self) -> GenerationStats:
+        """The stats so far."""
+        end = self.end if self.finished else time.perf_counter()
+        return GenerationStats(
+            prompt_tokens=len(self.ids), cached_tokens=self.cached,
+            generated_tokens=len(self.read),
+            prompt_seconds=self.first_token_at - self.start,
+            decode_seconds=end - self.first_token_at if self.read else 0.0,
+            ttft=self.first_token_at - self.start,
+            peak_memory_gb=mx.get_peak_memory() / 1e9)
+
+    def result(self) -> Generation:
+        """The generation (once finished)."""
+        return Generation(self.text, list(self.tokens), self.finish_reason or "length",
+                          self.stats(), list(self.logprobs), self.cache_full)
+
+    # -- picking ---------------------------------------------------------------
+    def pick(self, llm: LLM, logits: mx.array) -> tuple[mx.array, ...]:
+        """Dispatch the pick of the next token from ``logits [1, V]``; the
+        picked token becomes the one fed next."""
+        token, self.key, *rest = llm.picker(self.picking)(logits, self.key, self.history)
+        if self.picking.repetition_penalty is not None:
+            self.history = mx.concatenate([self.history[:, 1:], token[None]], axis=1)
+        self.next_token = token
+        self.dispatched += 1
+        return (token, *rest)
+
+    # -- text ------------------------------------------------------------------
+    def take(self, token: int, logprob: float | None,
+             top: list[tuple[int, float]]) -> Piece:
+        """Take one picked token (and its log-probability, if known); the
+        piece of text it lets through."""
+        if not self.read:
+            self.first_token_at = time.perf_counter()
+        self.read.append(token)
+        if token in self.eos:
+            self.finish_reason = "eos"
+        else:
+            self.tokens.append(token)
+            if logprob is not None:
+                self.logprobs.append(logprob)
+            self.text += self.decoder.add(token)
+            for stop in self.options.stop:
+                at = self.text.find(stop)
+                if at >= 0:
+                    self.text = self.text[:at]
+                    self.finish_reason = "stop"
+        if self.finish_reason is None and len(self.read) >= self.budget:
+            self.finish_reason = "length"
+            self.cache_full = self.limited_by_cache
+        return self._piece(token, logprob, top)
+
+    def finish(self, reason: str) -> None:
+        """End the sequence early (``"cancelled"``), keeping what it made."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.end = time.perf_counter()
+
+    def _piece(self, token: int, logprob: float | None, top: list[tuple[int, float]]) -> Piece:
+        if self.finish_reason is not None:
+            if self.finish_reason in ("eos", "length"):
+                self.text += self.decoder.flush()
+            end = len(self.text)
+            self.end = time.perf_counter()
+        else:  # hold back what could still become a stop string
+            end = max(self.emitted, len(self.text) - self.hold)
+        text, self.emitted = self.text[self.emitted:end], end
+        return Piece(text, token, logprob, self.stats(), self.finish_reason, top)
+
+
+class Engine:
+    """A batch of sequences decoded together with ``llm``'s programs.
+
+    :meth:`add` prefills a request (reusing its prompt cache) and returns its
+    first piece; unless that finished it, the request joins the batch.
+    :meth:`step` runs one decode step of every row and returns the pieces
+    read. At most ``max_batch`` rows run at once (the programs' batch dim
+    allows 64)."""
+
+    def __init__(self, llm: LLM, max_batch: int = 64):
+        if not 1 <= max_batch <= 64:
+            raise ModelError(f"max_batch must be in [1, 64], got {max_batch}")
+        self.llm = llm
+        self.max_batch = max_batch
+        self.rows: list[Request] = []
+        self.caches: tuple[mx.array, ...] = ()
+        self.offset = 0        # the slot every row writes its next token to
+        self._key_mask: mx.array | None = None
+        # The step programs' key input is unused: each row picks with its own.
+        self._step_key = mx.random.key(0)
+
+    @property
+    def width(self) -> int:
+        """Slots in the batch's caches."""
+        return self.caches[0].shape[2] if self.caches else 0
+
+    @property
+    def full(self) -> bool:
+        """Whether no more rows can join."""
+        return len(self.rows) >= self.max_batch
+
+    # -- joining ---------------------------------------------------------------
+    def add(self, request: Request) -> Piece:
+        """Prefill ``request`` (after the prefix its prompt cache holds), pick
+        and read its first token, and, unless it has finished, add it to the
+        batch. The batch must not be :attr:`full`."""
+        if self.full:
+            raise ModelError(f"the batch is full ({self.max_batch} rows)")
+        llm, ids = self.llm, request.ids
+        prefix, cached = self._cached_prefix(request)
+        new = ids[prefix:]
+        # The new tokens are padded on the right to a bucket length, so that
+        # prompts of nearby lengths share one trace and its compiled kernels.
+        chunk = min(prefill_bucket(len(new)), llm.max_length - prefix)
+        size = min(_round_up(prefix + chunk, llm.cache_step), llm.max_length)
+        c = llm.config
+        if prefix:
+            grow = [(0, 0), (0, 0), (0, size - prefix), (0, 0)]
+            caches = tuple(mx.pad(x[:, :, :prefix], grow) for x in cached)
+        else:
+            caches = tuple(mx.zeros((1, c.num_kv_heads, size, c.head_dim), dtype=mx.float32)
+                           for _ in range(2 * c.num_layers))
+        request.cached = prefix
+        out = LogitsOutputs.of(llm.executable("prefill", None)(**PrefillInputs(
+            tokens=mx.array([new + [0] * (chunk - len(new))], dtype=mx.int32),
+            last_index=mx.array([len(new) - 1], dtype=mx.int32),
+            rope_offset=mx.array([prefix], dtype=mx.int32),
+            cache_offset=mx.array(prefix, dtype=mx.int32),
+            key_mask=mx.ones((1, size), dtype=mx.bool_), key=self._step_key, caches=caches,
+        ).by_name()))
+        picked = request.pick(llm, out.logits)
+        mx.async_eval(*picked, *out.caches)
+        piece = self._take(request, picked)
+        if request.finished:
+            self._store(request, out.caches, 0)
+        else:
+            self._join(request, tuple(x[:, :, :len(ids)] for x in out.caches))
+        return piece
+
+    def _cached_prefix(self, request: Request) -> tuple[int, tuple[mx.array, ...]]:
+        """How many prompt tokens the prompt cache holds (leaving at least one
+        to prefill: its logits pick the first token), and its caches."""
+        if request.prompt_cache is None:
+            return 0, ()
+        tokens, caches = request.prompt_cache.lookup(request.ids)
+        if not caches:
+            return 0, ()
+        return min(common_prefix(tokens, request.ids), len(request.ids) - 1), caches
+
+    def _join(self, request: Request, caches: tuple[mx.array, ...]) -> None:
+        """Add a prefilled row holding ``request.length`` tokens."""
+        n = request.length
+        if not self.rows:
+            self.caches, self.offset = caches, n
+        else:
+            if n > self.offset:  # shift the batch right to line the rows up
+                shift = n - self.offset
+                self.caches = tuple(mx.pad(x, [(0, 0), (0, 0), (shift, 0), (0, 0)])
+                                    for x in self.caches)
+                for row in self.rows:
+                    row.pad += shift
+                self.offset = n
+            place = [(0, 0), (0, 0), (self.offset - n, self.width - self.offset), (0, 0)]
+            self.caches = tuple(mx.concatenate([x, mx.pad(new, place)], axis=0)
+                                for x, new in zip(self.caches, caches))
+        request.pad = self.offset - n
+        self.rows.append(request)
+        self._key_mask = None
+
+    # -- stepping --------------------------------------------------------------
+    def step(self) -> list[tuple[Request, Piece]]:
+        """One decode step of every row; returns ``(request, piece)`` for the
+        tokens read (those of the previous step: this step's are read on the
+        next). Cancelled and finished rows leave the batch."""
+        pieces: list[tuple[Request, Piece]] = []
+        for row in self.rows:
+            if row.cancelled:
+                row.finish("cancelled")
+        if any(r.dispatched >= r.budget for r in self.rows if not r.finished):
+            # Their last token is picked: read every row's now, so that they
+            # leave before the step.
+            pieces += self._read()
+        self._leave()
+        if not self.rows:
+            return pieces
+        self._make_room()
+        llm = self.llm
+        tokens = [r.next_token for r in self.rows]
+        out = LogitsOutputs.of(llm.executable("decode", None)(**DecodeInputs(
+            tokens=tokens[0] if len(tokens) == 1 else mx.concatenate(tokens),
+            rope_offset=mx.array([self.offset - r.pad for r in self.rows], dtype=mx.int32),
+            cache_offset=mx.array(self.offset, dtype=mx.int32), key_mask=self.key_mask(),
+            key=self._step_key, caches=self.caches,
+        ).by_name()))
+        self.caches, self.offset = out.caches, self.offset + 1
+        picked = []
+        for i, row in enumerate(self.rows):
+            row.fed += 1
+            logits = out.logits if len(self.rows) == 1 else out.logits[i:i + 1]
+            picked.append(row.pick(llm, logits))
+        mx.async_eval(*[a for p in picked for a in p], *self.caches)
+        pieces += self._read()
+        for row, p in zip(self.rows, picked):
+            row.unread = p
+        self._leave()
+        return pieces
+
+    def _read(self) -> list[tuple[Request, Piece]]:
+        """Read the rows' unread tokens; their pieces."""
+        pieces = []
+        for row in self.rows:
+            if row.unread is not None and not row.finished:
+                pieces.append((row, self._take(row, row.unread)))
+            row.unread = None
+        return pieces
+
+    @staticmethod
+    def _take(row: Request, picked: tuple[mx.array, ...]) -> Piece:
+        """Read one picked token (and its log-probabilities, if asked for)."""
+        token, *logprobs = picked
+        logprob = logprobs[0].item() if logprobs else None
+        top = list(zip(logprobs[1][0].tolist(), logprobs[2][0].tolist())) if len(logprobs) > 1 else []
+        return row.take(token.item(), logprob, top)
+
+    def _leave(self) -> None:
+        """Cut out the finished rows (storing their caches) and the slots no
+        row uses any more."""
+        gone = [i for i, r in enumerate(self.rows) if r.finished]
+        if not gone:
+            return
+        for i in gone:
+            self._store(self.rows[i], self.caches, i)
+        keep = [i for i, r in enumerate(self.rows) if not r.finished]
+        self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.caches, self.offset = (), 0
+        else:
+            index = mx.array(keep, dtype=mx.int32)
+            self.caches = tuple(mx.take(x, index, axis=0) for x in self.caches)
+            self._trim()
+        self._key_mask = None
+
+    def _store(self, row: Request, caches: tuple[mx.array, ...], index: int) -> None:
+        """Give a finished row's tokens and caches to its prompt cache."""
+        if row.prompt_cache is None:
+            return
+        n = row.length
+        start = row.pad
+        row.prompt_cache.store(
+            row.ids + row.read[:row.fed],
+            [x[index:index + 1, :, start:start + n] for x in caches])
+
+    def _trim(self) -> None:
+        """Drop the leading slots that are padding in every row."""
+        unused = min(r.pad for r in self.rows)
+        if unused:
+            self.caches = tuple(x[:, :, unused:] for x in self.caches)
+            self.offset -= unused
+            for row in self.rows:
+                row.pad -= unused
+            self._key_mask = None
+
+    def _make_room(self) -> None:
+        """Make the caches ``offset + 1`` slots or more wide (the next
+        multiple of ``cache_step``, at most ``max_length``)."""
+        llm = self.llm
+        if self.offset + 1 > llm.max_length:
+            self._trim()  # each row has room, so some slots are padding everywhere
+        width = min(_round_up(self.offset + 1, llm.cache_step), llm.max_length)
+        if width > self.width:
+            grow = [(0, 0), (0, 0), (0, width - self.width), (0, 0)]
+            self.caches = tuple(mx.pad(x, grow) for x in self.caches)
+            self._key_mask = None
+        elif width < self.width:
+            self.caches = tuple(x[:, :, :width] for x in self.caches)
+            self._key_mask = None
+
+    def key_mask(self) -> mx.array:
+        """``[B, W]``: false on each row's padding."""
+        if self._key_mask is None:
+            pads = mx.array([r.pad for r in self.rows], dtype=mx.int32)
+            self._key_mask = mx.arange(self.width)[None, :] >= pads[:, None]
+        return self._key_mask
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def prefill_bucket(n: int) -> int:
+    """The padded length a prefill of ``n`` tokens runs at: 8, 16, 32, then
+    the next multiple of 32 up to 512, then of 256. Each new length costs a
+    trace and, on the CPU, about a second of kernel compilation (once per
+    machine: MLX keeps the kernels on disk); the padding costs at most 31
+    tokens' compute below 512 tokens."""
+    if n <= 32:
+        return max(8, 1 << (n - 1).bit_length())
+    return _round_up(n, 32 if n <= 512 else 256)
+
+
+def run(llm: LLM, requests: Iterable[Request]) -> Iterable[tuple[Request, Piece]]:
+    """Generate ``requests`` together (joining as rows free up); yield
+    ``(request, piece)`` as tokens are read."""
+    engine = Engine(llm)
+    waiting = list(requests)
+    while waiting or engine.rows:
+        while waiting and not engine.full:
+            request = waiting.pop(0)
+            yield request, engine.add(request)
+        yield from engine.step()
