@@ -22,6 +22,7 @@ from .errors import ValidationError
 from .format.paths import StepPath, render
 from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
 from .limits import Limits
+from .ops import distributed
 from .ops.registry import lookup, suggest
 from .symbolic.expr import evaluate, is_dim_name, parse_dim
 from .symbolic.specialize import builder_sample, specialize_instruction
@@ -111,12 +112,13 @@ class _Scope:
         values = self._operands(operands, where)
         inst = Instruction(op=name, operands=[v.ref for v in values], attrs=attrs,
                            subprograms=subprograms or {})
-        _, _, out_avals, results, _ = infer(
-            # Only structured ops read the base (to validate their subprograms).
-            self.root.base() if spec.subprograms else None, spec,
-            self.root.at_sample(inst, where), [v.aval for v in values],
-            [v.placeholder for v in values], path, self.root.limits,
-        )
+        with distributed.declaring(self.root._world_size):
+            _, _, out_avals, results, _ = infer(
+                # Only structured ops read the base (to validate their subprograms).
+                self.root.base() if spec.subprograms else None, spec,
+                self.root.at_sample(inst, where), [v.aval for v in values],
+                [v.placeholder for v in values], path, self.root.limits,
+            )
         self.instructions.append(inst)
         outs = tuple(
             Value(self, Ref.of("result", self.n_results + k), aval, ph)
@@ -243,10 +245,19 @@ def _scalar_dtype(value: Any, like: Value | None) -> str:
 class ProgramBuilder(_Scope):
     """Builds a :class:`~mlxprog.format.program.Program` op by op. ``b.op(name, ...)``
     or ``b.<name>(...)`` appends an instruction; ``build(outputs)`` returns the
-    program. Each instruction is held to ``limits`` (default: :class:`Limits`)."""
+    program. Each instruction is held to ``limits`` (default: :class:`Limits`).
+    ``world_size`` declares the number of ranks of a program that uses
+    distributed ops (see ``docs/distributed.md``)."""
 
-    def __init__(self, name: str = "", limits: Limits | None = None):
+    def __init__(self, name: str = "", limits: Limits | None = None,
+                 world_size: int | None = None):
+        if world_size is not None and (isinstance(world_size, bool)
+                                       or not isinstance(world_size, int) or world_size < 1):
+            raise ValidationError(f"world_size must be an integer >= 1, got {world_size!r}",
+                                  "world_size")
         self.name = name
+        # Private: b.world_size() is the op of that name.
+        self._world_size = world_size
         self.limits = limits or Limits()
         self.dims: dict[str, DimSpec] = {}
         self._sample: dict[str, int] = {}
@@ -351,6 +362,7 @@ class ProgramBuilder(_Scope):
         body = self._subprogram(outputs)
         program = Program(
             name=self.name,
+            world_size=self._world_size,
             dims=self.dims,
             inputs=self.inputs,
             captures=self.captures,

@@ -40,12 +40,15 @@ def tiny_tokenizer_metadata(pre: str = "smollm") -> dict:
 TINY_VOCAB = len(tiny_tokenizer_metadata()["tokenizer.ggml.tokens"])
 TINY = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
             intermediate_size=128, vocab_size=TINY_VOCAB)
+#: TINY with 3 KV heads (2 query heads each): no even split over 2 ranks.
+TINY_UNEVEN = dict(TINY, num_heads=6, num_kv_heads=3)
 
 
-def tiny_weights(tied: bool, attention_bias: bool, seed: int = 0) -> dict[str, mx.array]:
-    """Random weights under mlxprog's names for the TINY shapes."""
+def tiny_weights(tied: bool, attention_bias: bool, seed: int = 0,
+                 sizes: dict | None = None) -> dict[str, mx.array]:
+    """Random weights under mlxprog's names for the ``sizes`` shapes (default TINY)."""
     key = mx.random.key(seed)
-    c = TINY
+    c = sizes or TINY
     q, kv = c["num_heads"] * c["head_dim"], c["num_kv_heads"] * c["head_dim"]
     h, f = c["hidden_size"], c["intermediate_size"]
     shapes = {"embed_tokens.weight": (c["vocab_size"], h), "norm.weight": (h,)}
@@ -75,15 +78,16 @@ def tiny_weights(tied: bool, attention_bias: bool, seed: int = 0) -> dict[str, m
 
 def write_hf(directory: Path, model_type: str = "llama", tied: bool = True,
              quantize: Quantization | None = None,
-             quantize_embedding: Quantization | None = None,
+             quantize_embedding: Quantization | None = None, sizes: dict | None = None,
              **overrides) -> dict[str, mx.array]:
     """A tiny Hugging Face checkpoint; returns its weights under mlxprog's names.
 
     ``quantize`` MLX-quantizes the projections and the embedding;
     ``quantize_embedding``, when given, overrides it for the embedding.
+    ``sizes`` replaces the TINY shapes (e.g. ``TINY_UNEVEN``).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    c = TINY
+    c = sizes or TINY
     config = {
         "model_type": model_type, "architectures": ["LlamaForCausalLM"],
         "hidden_size": c["hidden_size"], "num_hidden_layers": c["num_layers"],
@@ -94,7 +98,7 @@ def write_hf(directory: Path, model_type: str = "llama", tied: bool = True,
         "bos_token_id": 1, "eos_token_id": [2, 0], "hidden_act": "silu", **overrides,
     }
     (directory / "config.json").write_text(json.dumps(config))
-    weights = tiny_weights(tied, attention_bias=model_type == "qwen2")
+    weights = tiny_weights(tied, attention_bias=model_type == "qwen2", sizes=c)
     if quantize is not None:
         for name in [n for n in weights if n.endswith("proj.weight") or n == "embed_tokens.weight"]:
             q = quantize
@@ -127,9 +131,11 @@ GGUF_NAME_PAIRS = [
 ]
 
 
-def write_gguf(path: Path, arch: str = "llama", tied: bool = True, **metadata) -> dict:
-    """A tiny float GGUF file; returns its weights under mlxprog's names."""
-    c = TINY
+def write_gguf(path: Path, arch: str = "llama", tied: bool = True, sizes: dict | None = None,
+               **metadata) -> dict:
+    """A tiny float GGUF file; returns its weights under mlxprog's names.
+    ``sizes`` replaces the TINY shapes (e.g. ``TINY_UNEVEN``)."""
+    c = sizes or TINY
     meta = {
         "general.architecture": arch,
         f"{arch}.block_count": mx.array(c["num_layers"], dtype=mx.uint32),
@@ -144,7 +150,7 @@ def write_gguf(path: Path, arch: str = "llama", tied: bool = True, **metadata) -
         **tiny_tokenizer_metadata(),
         **metadata,
     }
-    weights = tiny_weights(tied, attention_bias=arch == "qwen2")
+    weights = tiny_weights(tied, attention_bias=arch == "qwen2", sizes=c)
     to_gguf = {v: k for k, v in GGUF_NAME_PAIRS}
     tensors = {}
     for name, value in weights.items():

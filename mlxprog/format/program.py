@@ -249,6 +249,11 @@ class Program(_Model):
     format: Literal["mlxprog"] = FORMAT
     version: Literal[1] = VERSION
     name: str = ""
+    world_size: int | None = Field(
+        default=None, ge=1,
+        description="the number of ranks the program runs on; required when an "
+        "instruction uses a distributed op (see docs/distributed.md)",
+    )
     dims: dict[str, DimSpec] = Field(default_factory=dict)
     inputs: list[TensorSpec] = Field(default_factory=list)
     captures: list[TensorSpec] = Field(default_factory=list)

@@ -72,13 +72,18 @@ def add_commands(commands: Any) -> None:
     export = commands.add_parser(
         "export-llm", help="write an LLM's programs as JSON",
         description="Write prefill.json, decode.json, decode_loop.json and manifest.json; "
-        "the weights stay in the model file and bind to the programs' captures by name.",
+        "the weights stay in the model file and bind to the programs' captures by name. "
+        "With --world-size N, each rank's tensor-parallel programs go to rank0/ ... "
+        "rank<N-1>/.",
     )
     export.add_argument("model", nargs="?", default=None,
                         help="model file or directory (default: SmolLM2-135M-Instruct)")
     export.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     export.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
                         help="KV-cache length")
+    export.add_argument("--world-size", type=_at_least(1), default=1, metavar="N",
+                        help="split the model over N processes (tensor parallelism): one "
+                        "directory of programs per rank")
     # Only the sampling attributes: the seed is no part of the programs (the
     # PRNG key is an input of each call).
     _sampling_options(export)
@@ -201,39 +206,52 @@ def _generation_options(args: argparse.Namespace) -> GenerationOptions:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+
     from . import load
 
     options = _generation_options(args)
     prompt = read_prompt(args)
-    llm = load(args.model, max_length=args.max_length)
+    # Under mlx.launch the processes split the model (tensor parallelism);
+    # alone, init() gives a group of one and the whole model runs here.
+    group = mx.distributed.init()
+    if group.size() > 1 and args.prompt_cache:
+        raise ProgramError(f"--prompt-cache: a model split over {group.size()} processes "
+                           "keeps part of each KV cache per process; run without it")
+    llm = load(args.model, max_length=args.max_length, group=group)
+    # Every rank generates the same tokens; only rank 0 shows them.
+    shown = llm.rank == 0
+    write = _write if shown else _discard
+    verbose = args.verbose and shown
     cache = _prompt_cache(llm, args.prompt_cache) if args.prompt_cache else None
     last: Piece | None = None
     try:
         if args.json:
             result = llm.generate(prompt, prompt_cache=cache, options=options)
         elif args.in_program:
-            result = llm.generate_in_program(prompt, on_text=_write, options=options)
+            result = llm.generate_in_program(prompt, on_text=write, options=options)
         else:
             for last in llm.stream(prompt, prompt_cache=cache, options=options):
-                _write(last.text)
+                write(last.text)
             result = llm.last_generation
     except PromptTooLongError as exc:
         raise ProgramError(_too_long("the prompt has", exc)) from None
     except KeyboardInterrupt:
         # What was generated stays on screen; the stats so far follow.
-        print(flush=True)
-        if args.verbose and last is not None:
+        if shown:
+            print(flush=True)
+        if verbose and last is not None:
             print(f"{last.stats.summary()} | finish: interrupted", file=sys.stderr)
         return 130
-    if args.json:
+    if args.json and shown:
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
                           "cache_full": result.cache_full, "tokens": result.tokens,
                           "stats": result.stats.as_dict()}))
-    else:
+    elif shown:
         print(flush=True)
     if cache is not None:
         cache.save(args.prompt_cache)
-    if args.verbose:
+    if verbose:
         print(f"{result.stats.summary()} | finish: {_finish(result, args)}", file=sys.stderr)
     return 0
 
@@ -261,9 +279,21 @@ def _finish(result: Generation, args: argparse.Namespace) -> str:
         result.finish_reason, result.finish_reason)
 
 
+def _single_process(command: str) -> None:
+    """Refuse to run ``command`` as one of several processes: it does not
+    split the model, so every process would run (and print) all of it."""
+    import mlx.core as mx
+
+    size = mx.distributed.init().size()
+    if size > 1:
+        raise ProgramError(f"mlxprog {command} runs in one process, but this is one of {size} "
+                           "(mlx.launch); only mlxprog generate splits the model over them")
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     from . import Chat, load
 
+    _single_process("chat")
     options = _generation_options(args)
     llm = load(args.model, max_length=args.max_length)
     chat = Chat(llm, options=options)
@@ -312,7 +342,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from . import export, load
 
     sampling = _generation_options(args).sampling
-    for path in export(load(args.model, max_length=args.max_length), args.output, sampling):
+    llm = load(args.model, max_length=args.max_length)
+    for path in export(llm, args.output, sampling, world_size=args.world_size):
         print(path)
     return 0
 
@@ -321,6 +352,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # Imported here: the ASGI stack is needed only by this command.
     from .server import serve
 
+    _single_process("serve")
     serve(args.model, host=args.host, port=args.port, max_length=args.max_length,
           max_batch=args.max_batch, prompt_cache_size=args.prompt_cache_size,
           model_id=args.model_id)
@@ -330,3 +362,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def _discard(text: str) -> None:
+    """What the ranks other than 0 do with their (identical) text."""

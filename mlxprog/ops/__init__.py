@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     control,
     conv,
     creation,
+    distributed,
     elementwise,
     fft,
     index,

@@ -29,6 +29,16 @@ CheckRule = Callable[[list[AVal], Any], None]
 :class:`~mlxprog.ops.attrs.CheckError`) when the operands do not fit the op
 and its attributes."""
 
+GroupCheck = Callable[[Any, Any], None]
+"""``check(attrs, group)`` raises ValueError when an instruction cannot run on
+this rank of ``group`` (a :class:`~mlxprog.ops.distributed.GroupInfo`):
+checked at compile, once the group is known."""
+
+DISTRIBUTED_KINDS = ("group", "collective", "point_to_point")
+"""How a distributed op uses the process group: ``group`` reads it (rank,
+size), ``collective`` ops run on every rank with the same operand shapes,
+``point_to_point`` ops pair one rank with another."""
+
 NativeCoverage = Callable[[list[AVal], Any], bool]
 """``covers(operand_avals, attrs)``: whether the op's native CPU kernel
 computes an instruction (see :mod:`mlxprog.native`)."""
@@ -61,6 +71,14 @@ class OpSpec:
     ``native_coverage``, for an op with a native CPU kernel, says which
     instructions the kernel computes (``mlxprog inspect`` reports it; the
     implementation makes the same decision on the arrays).
+
+    ``distributed`` (one of :data:`DISTRIBUTED_KINDS`) marks an op that needs
+    the program's process group: the program must declare ``world_size``,
+    the op is never compiled shapeless, and ``collective`` ops make up the
+    digest the ranks compare before the first call. ``group_check`` is its
+    compile-time rule against this rank of the group. ``keep`` marks an op
+    whose result must be computed even when nothing reads it (``send``): the
+    runner ties it to its block's outputs.
     """
 
     name: str
@@ -77,6 +95,9 @@ class OpSpec:
     shapeless: bool = False
     native_coverage: NativeCoverage | None = None
     axis_fields: tuple[tuple[str, AxisOf], ...] = ()
+    distributed: str | None = None
+    group_check: GroupCheck | None = None
+    keep: bool = False
 
     def operand_range(self) -> tuple[int, int | None]:
         """(min, max) operand count; max is None when unbounded."""
@@ -120,6 +141,9 @@ def register_op(
     doc: str | None = None,
     shapeless: bool = False,
     native_coverage: NativeCoverage | None = None,
+    distributed: str | None = None,
+    group_check: GroupCheck | None = None,
+    keep: bool = False,
     replace: bool = False,
 ) -> Callable[[Impl], Impl]:
     """Decorator adding an op to the registry.
@@ -133,10 +157,17 @@ def register_op(
     The function receives the operand arrays and the validated attrs model and
     returns one array (or a tuple for multi-output ops); its docstring is the
     op's entry in the op reference (``doc`` overrides it). ``check`` is the
-    op's operand rule (see :class:`OpSpec`). Registering a name that exists
-    is an error unless ``replace=True``.
+    op's operand rule (see :class:`OpSpec`, also for ``distributed``,
+    ``group_check`` and ``keep``). Registering a name that exists is an error
+    unless ``replace=True``.
     """
     _check_new(name, attrs, replace)
+    if distributed is not None and distributed not in DISTRIBUTED_KINDS:
+        raise RegistryError(f"op {name!r}: distributed must be one of "
+                            f"{', '.join(DISTRIBUTED_KINDS)}, got {distributed!r}")
+    if distributed is not None and shapeless:
+        # MLX cannot infer a collective's output shape in a shapeless trace.
+        raise RegistryError(f"op {name!r}: a distributed op cannot be shapeless")
 
     def decorate(fn: Impl) -> Impl:
         _add(OpSpec(
@@ -144,7 +175,8 @@ def register_op(
             family=family or (fn.__module__ or "").rsplit(".", 1)[-1],
             doc=inspect.cleandoc(doc if doc is not None else fn.__doc__ or ""),
             shape_rule=shape_rule, check=check, shapeless=shapeless,
-            native_coverage=native_coverage,
+            native_coverage=native_coverage, distributed=distributed,
+            group_check=group_check, keep=keep,
         ))
         return fn
 

@@ -16,10 +16,12 @@ from ..arrays import AVal, to_mlx
 from ..errors import BindingError, ProgramError
 from ..format.program import Program
 from ..limits import Limits
+from ..ops import distributed as distributed_ops
 from ..symbolic import binding as dim_binding
 from ..symbolic.cache import SpecializationCache
 from ..validate import SymbolicProgram, ValidatedProgram, validate
 from ..validate.steps import Block
+from . import distributed
 from .binding import bind_captures, bind_input
 from .options import DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRACES, Options, Stats
 from .runner import BlockRunner, RunContext
@@ -36,8 +38,10 @@ class Executable:
     """
 
     def __init__(self, validated: ValidatedProgram | SymbolicProgram,
-                 capture_values: Sequence[mx.array], options: Options):
+                 capture_values: Sequence[mx.array], options: Options,
+                 group: distributed_ops.GroupInfo | None = None):
         self.validated = validated
+        self._group = group
         self.program = validated.program
         self.options = options
         self.stats = Stats(eager=options.eager, native=options.native)
@@ -50,10 +54,26 @@ class Executable:
         """Names of the inputs a caller passes, in call order."""
         return list(self._input_names)
 
+    @property
+    def group(self) -> mx.distributed.Group | None:
+        """The process group the program runs on (None: it declares no world_size)."""
+        return None if self._group is None else self._group.group
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group (0 without one)."""
+        return 0 if self._group is None else self._group.rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the group (1 without one)."""
+        return 1 if self._group is None else self._group.size
+
     def __call__(self, *args: Any, **kwargs: Any) -> list[mx.array]:
         token = native_kernels.enter(self._native)
         try:
-            return self._call(self._arguments(args, kwargs))
+            with distributed_ops.entered(self._group):
+                return self._call(self._arguments(args, kwargs))
         finally:
             native_kernels.leave(token)
 
@@ -90,8 +110,8 @@ class StaticExecutable(Executable):
     """An Executable of a program without symbolic dims: one runner."""
 
     def __init__(self, validated: ValidatedProgram, capture_values: Sequence[mx.array],
-                 options: Options):
-        super().__init__(validated, capture_values, options)
+                 options: Options, group: distributed_ops.GroupInfo | None = None):
+        super().__init__(validated, capture_values, options, group)
         self._input_avals = validated.input_avals
         self._body = self._runner(validated, RunContext(options, self.stats))
         self.stats.segments.extend(s.stats for s in self._body.segments)
@@ -118,8 +138,9 @@ class SymbolicExecutable(Executable):
 
     def __init__(self, validated: SymbolicProgram, capture_values: Sequence[mx.array],
                  options: Options, max_traces: int = DEFAULT_MAX_TRACES,
-                 buckets: Mapping[str, str | Sequence[int]] | None = None):
-        super().__init__(validated, capture_values, options)
+                 buckets: Mapping[str, str | Sequence[int]] | None = None,
+                 group: distributed_ops.GroupInfo | None = None):
+        super().__init__(validated, capture_values, options, group)
         specs = self.program.inputs
         self._buckets = dim_binding.check_buckets(buckets or {}, validated.dims)
         self._cache: SpecializationCache[BlockRunner] = SpecializationCache(max_traces)
@@ -204,7 +225,8 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
             max_traces: int = DEFAULT_MAX_TRACES,
             buckets: Mapping[str, str | Sequence[int]] | None = None,
             fallback: str = "eager", native: bool | None = None,
-            limits: Limits | None = None) -> Executable:
+            limits: Limits | None = None,
+            group: mx.distributed.Group | None = None) -> Executable:
     """Validate a program, bind its captures and return an :class:`Executable`.
 
     ``captures`` maps capture names to arrays; ``weights`` names files read with
@@ -232,6 +254,13 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     results per instruction, nesting, instructions; a symbolic program is held
     to them for every binding, before it runs. A program given already
     validated keeps the limits it was validated under.
+
+    ``group`` is the ``mx.distributed.Group`` a program that declares
+    ``world_size`` runs on (default ``mx.distributed.init()``); its size must
+    be the declared one. Every rank then compares a digest of its program's
+    collectives with the others' (this call waits for every rank to compile)
+    and raises :class:`ProgramError` when they differ — see
+    ``docs/distributed.md``.
     """
     validated = (program if isinstance(program, (ValidatedProgram, SymbolicProgram))
                  else validate(program, limits))
@@ -259,9 +288,11 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
             step.spec.native_coverage is not None for step in body.walk()):
         # Build or load the kernels now rather than inside the first trace.
         native_kernels.status()
+    group_info = distributed.setup(validated.program, body, group)
     if symbolic:
-        return SymbolicExecutable(validated, capture_values, options, max_traces, buckets)
-    return StaticExecutable(validated, capture_values, options)
+        return SymbolicExecutable(validated, capture_values, options, max_traces, buckets,
+                                  group_info)
+    return StaticExecutable(validated, capture_values, options, group_info)
 
 
 def _check_options(block: Block, options: Options) -> None:

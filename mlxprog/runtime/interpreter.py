@@ -17,13 +17,28 @@ from ..validate.steps import Step
 
 
 def run_steps(steps: Sequence[Step], env: list) -> None:
-    """Apply each step to ``env`` in order, writing results into their slots."""
+    """Apply each step to ``env`` in order, writing results into their slots.
+
+    Steps that talk to other ranks are chained (each one's operands depend on
+    the previous one's result): MLX evaluates a graph in an order of its own,
+    and ranks must communicate in program order or wait for each other
+    forever."""
+    previous = None  # the result of the last step that talked to other ranks
     for step in steps:
-        result = step.spec.impl([env[i] for i in step.args], step.attrs)
+        operands = [env[i] for i in step.args]
+        talks = step.spec.distributed in _TALKS
+        if talks and previous is not None and operands:
+            operands = mx.depends(operands, [previous])
+        result = step.spec.impl(operands, step.attrs)
+        if talks:
+            previous = result[0] if step.unpack else result
         if step.unpack:
             env[step.out : step.out + step.n_out] = result
         else:
             env[step.out] = result
+
+
+_TALKS = ("collective", "point_to_point")
 
 
 def run_step_eager(step: Step, env: list, release: Sequence[int], check_numerics: bool) -> None:

@@ -22,12 +22,15 @@ class SegmentPlan:
     """A run of steps compiled as one function. ``reads`` are the environment
     slots it takes per call (inputs, carry, earlier results); ``writes`` the
     slots it produces that are needed later. ``shapeless`` segments of a
-    symbolic program serve every binding with one trace."""
+    symbolic program serve every binding with one trace. A ``sync`` segment
+    starts with a ``recv``: what the block computed before it is evaluated
+    first (see :func:`_waits`)."""
 
     steps: tuple[Step, ...]
     reads: tuple[int, ...]
     writes: tuple[int, ...]
     shapeless: bool
+    sync: bool = False
 
     @property
     def key(self) -> tuple[StepPath, StepPath]:
@@ -54,11 +57,15 @@ Unit = Union[SegmentPlan, HostPlan]
 @dataclass(frozen=True)
 class Plan:
     """How a block runs: compiled, its ``units`` in order; eager, its steps in
-    order, freeing after step ``i`` the result slots in ``release[i]``."""
+    order, freeing after step ``i`` the result slots in ``release[i]``.
+    ``kept`` are the results of steps whose op must run even when nothing
+    reads them (``send``): segments hand them on and the runner ties them to
+    the block's outputs."""
 
     block: Block
     units: tuple[Unit, ...]
     release: tuple[tuple[int, ...], ...]
+    kept: tuple[int, ...] = ()
 
     @property
     def single_segment(self) -> bool:
@@ -72,9 +79,10 @@ def plan_block(block: Block, n_inputs: int, dim_dependent: frozenset[StepPath] |
     steps whose attributes use dims; None for a static program, whose
     segments are never shapeless."""
     groups = _group_steps(block)
+    kept = tuple(s for step in block.steps if step.spec.keep for s in step.results)
     # Slots needed after each group: walk backwards from the block outputs.
     needed_after: list[set[int]] = []
-    live = set(block.outputs)
+    live = set(block.outputs) | set(kept)
     for group in reversed(groups):
         needed_after.append(set(live))
         for step in group:
@@ -94,8 +102,9 @@ def plan_block(block: Block, n_inputs: int, dim_dependent: frozenset[StepPath] |
         writes = [s for s in sorted(produced) if s in after]
         shapeless = dim_dependent is not None and all(
             _shapeless(step, block, dim_dependent) for step in group)
-        units.append(SegmentPlan(tuple(group), tuple(reads), tuple(writes), shapeless))
-    return Plan(block, tuple(units), _release_plan(block))
+        units.append(SegmentPlan(tuple(group), tuple(reads), tuple(writes), shapeless,
+                                 _waits(group[0])))
+    return Plan(block, tuple(units), _release_plan(block), kept)
 
 
 def _shapeless(step: Step, block: Block, dim_dependent: frozenset[StepPath]) -> bool:
@@ -130,11 +139,24 @@ def describe(block: Block, n_inputs: int, dim_dependent: frozenset[StepPath] | N
     return lines
 
 
+def _waits(step: Step) -> bool:
+    """Whether a step waits for another rank without operands (``recv``).
+
+    Other communicating steps are ordered by their operands (see
+    :func:`~mlxprog.runtime.interpreter.run_steps`); an operand-free one
+    could run before earlier communication of its own block, and a ``recv``
+    that waits for a ``send`` the other rank makes only after this rank's
+    earlier ``send`` or collective waits forever. So it starts a segment, run
+    once what came before it is evaluated."""
+    return step.spec.distributed == "point_to_point" and not step.args
+
+
 def _group_steps(block: Block) -> list[list[Step]]:
-    """Maximal runs of compilable steps, with each host step on its own."""
+    """Maximal runs of compilable steps, with each host step on its own and
+    each operand-free ``recv`` starting a run."""
     groups: list[list[Step]] = []
     for step in block.steps:
-        if step.spec.host is not None:
+        if step.spec.host is not None or _waits(step):
             groups.append([step])
         elif groups and groups[-1][0].spec.host is None:
             groups[-1].append(step)

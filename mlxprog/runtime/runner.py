@@ -101,7 +101,7 @@ class BlockRunner:
             return [env[s] for s in writes]
 
         return Segment(interpret, unit.label, len(steps), fixed, self.options.fallback,
-                       self.stats, shapeless, reads, writes)
+                       self.stats, shapeless, reads, writes, unit.sync)
 
     def _direct_sources(self) -> tuple:
         """For a block of at most one segment: the segment, where its reads
@@ -121,7 +121,8 @@ class BlockRunner:
             return ValueSource.SEGMENT, writes.index(slot)
 
         reads = [source(s) for s in segment.reads] if segment else []
-        return segment, reads, [source(s) for s in self.block.outputs]
+        return (segment, reads, [source(s) for s in self.block.outputs],
+                [source(s) for s in self.plan.kept])
 
     def function(self) -> Callable[[Sequence[mx.array], Sequence[mx.array]], list] | None:
         """The block as one uncompiled function ``(inputs, carry) -> outputs``,
@@ -137,11 +138,12 @@ class BlockRunner:
                     carry: Sequence[mx.array]) -> list[mx.array]:
         """A block of at most one segment, run by calling ``call`` (the
         compiled segment, or its interpreter) on the list of values it reads."""
-        _, reads, outputs = self._direct
+        _, reads, outputs, kept = self._direct
         sources = [inputs, self.fixed, carry, ()]  # in ValueSource order
         if call is not None:
             sources[ValueSource.SEGMENT] = call([sources[k][i] for k, i in reads])
-        return [sources[k][i] for k, i in outputs]
+        results = [sources[k][i] for k, i in outputs]
+        return _tie(results, [sources[k][i] for k, i in kept]) if kept else results
 
     def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array] = ()) -> list[mx.array]:
         """Run the block on the program inputs and (for subprograms) the carry."""
@@ -153,11 +155,17 @@ class BlockRunner:
         else:
             for unit in self.units:
                 if type(unit) is Segment:
+                    if unit.sync:
+                        # Earlier communication first (see plan._waits).
+                        mx.eval([v for v in env[self.block.n_prefix:] if v is not None])
                     out = unit([env[s] for s in unit.reads])
                     for slot, value in zip(unit.writes, out):
                         env[slot] = value
                 else:
                     self._run_host(unit, env)
+            if self.plan.kept:
+                return _tie([env[s] for s in self.block.outputs],
+                            [env[s] for s in self.plan.kept])
         return [env[s] for s in self.block.outputs]
 
     def _run_eager(self, env: list) -> None:
@@ -173,6 +181,16 @@ class BlockRunner:
     def _run_host(self, step: Step, env: list) -> None:
         results = self.host_calls[step]([env[i] for i in step.args], env[: self.n_inputs])
         env[step.out : step.out + step.n_out] = results
+
+
+def _tie(outputs: list[mx.array], kept: list[mx.array]) -> list[mx.array]:
+    """The outputs made to depend on ``kept`` (results that must be computed
+    though nothing reads them: MLX computes only what an output needs); a
+    block without outputs computes them now."""
+    if outputs:
+        return list(mx.depends(outputs, kept))
+    mx.eval(kept)
+    return outputs
 
 
 class _HostEnv:

@@ -20,14 +20,16 @@ class Segment:
     could not see is handled by ``fallback_policy``: ``"eager"`` runs the
     segment uncompiled from then on (with a warning), ``"raise"`` raises
     :class:`~mlxprog.errors.TraceError`. ``reads`` and ``writes`` are the
-    environment slots a segment of steps takes and hands on."""
+    environment slots a segment of steps takes and hands on; a ``sync``
+    segment runs once the values computed before it are evaluated."""
 
     def __init__(self, interpret: Callable[..., list], label: str, instructions: int,
                  closed_over: Sequence[Any], fallback_policy: str, stats: Stats,
                  shapeless: bool = False, reads: Sequence[int] = (),
-                 writes: Sequence[int] = ()):
+                 writes: Sequence[int] = (), sync: bool = False):
         self.interpret = interpret
         self.reads, self.writes = tuple(reads), tuple(writes)
+        self.sync = sync
         self.fallback_policy = fallback_policy
         self.executable_stats = stats
         self.stats = segment_stats = SegmentStats(label, instructions, shapeless=shapeless)

@@ -10,6 +10,7 @@ from ..arrays import AVal, exact_array, to_mlx
 from ..errors import ValidationError
 from ..format.program import NONFINITE, Constant, Program
 from ..limits import Limits
+from ..ops import distributed
 from .block import Base, validate_block
 from .steps import ValidatedProgram
 
@@ -24,7 +25,8 @@ def validate_static(program: Program, limits: Limits | None = None) -> Validated
     captures = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.captures)
     constants = tuple(_make_constant(i, c) for i, c in enumerate(program.constants))
     base = Base(inputs, captures, constants, limits)
-    block = validate_block(base, program.instructions, program.outputs, [], path=())
+    with distributed.declaring(program.world_size):
+        block = validate_block(base, program.instructions, program.outputs, [], path=())
     return ValidatedProgram(program, inputs, captures, constants, block)
 
 
