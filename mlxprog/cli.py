@@ -8,8 +8,9 @@ without ``NAME=``, an input literal that is not JSON, a flag value out of its
 range); 130 (128 + SIGINT) when Ctrl-C stops a command (quietly: what
 it printed stays, and no traceback follows); 141 (128 + SIGPIPE, what a
 shell reports for a command the signal ends) when the reader of stdout goes
-away first (``mlxprog schema | head -1``): the output stops quietly. (``--help`` and ``--version`` are argparse's, which
-ignores a closed stdout: they exit with 0.)
+away first (``mlxprog schema | head -1``): the output stops quietly.
+(``--help`` and ``--version`` are argparse's, which ignores a closed
+stdout: they exit with 0.)
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ PRINT_THRESHOLD = 64
 EXIT_BROKEN_PIPE = 141
 """The exit status when the reader of stdout goes away before the output is
 written (128 + SIGPIPE)."""
-
 
 EXIT_INTERRUPTED = 130
 """The exit status when Ctrl-C stops a command (128 + SIGINT)."""
