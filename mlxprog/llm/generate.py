@@ -208,6 +208,10 @@ class LLM:
         self.cache_layout = CacheLayout(self.config.num_layers, shard.num_kv_heads,
                                         self.config.head_dim)
         self._captures = self.spec.captures(checkpoint, self.world_size, self.rank)
+        if self.world_size > 1:
+            # The sliced captures are copies: without the whole model's
+            # weights, a rank holds only its part of the model.
+            self.checkpoint = dataclasses.replace(checkpoint, weights={})
         self._given = dict(programs or {})
         self._given_sampling = programs_sampling
         self._executables: dict[tuple[str, Sampling | None], Executable] = {}

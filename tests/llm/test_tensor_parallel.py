@@ -261,7 +261,9 @@ group = mx.distributed.init()
 models, runs, exported, argv = json.loads({spec!r})
 for path in models:
     llm = load(path, max_length=64, group=group)
-    out = {{"rank": llm.rank, "world_size": llm.world_size}}
+    # A rank keeps only its part of the weights (the sliced captures).
+    out = {{"rank": llm.rank, "world_size": llm.world_size,
+            "whole_weights": len(llm.checkpoint.weights)}}
     for name, options in runs.items():
         run = llm.generate_in_program if name == "in_program" else llm.generate
         result = run({prompt!r}, **options)
@@ -297,7 +299,7 @@ def _expected(path: Path, runs: dict = RUNS) -> dict:
 
 def _check_same_generation(line: str, expected: dict, rank: int, world_size: int) -> None:
     got = json.loads(line)
-    assert (got["rank"], got["world_size"]) == (rank, world_size)
+    assert (got["rank"], got["world_size"], got["whole_weights"]) == (rank, world_size, 0)
     for name, want in expected.items():
         tokens, logprobs = got[name]
         assert tokens == want.tokens, name
