@@ -50,6 +50,11 @@ class ModelError(ProgramError):
     unsupported type or architecture, or its contents are inconsistent."""
 
 
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer setting (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters of a llama-family decoder (Llama, SmolLM2, Mistral, Qwen2).

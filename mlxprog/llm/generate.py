@@ -25,7 +25,7 @@ import mlx.core as mx
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
 from .cache import CacheLayout, PromptCache
-from .config import Checkpoint, ModelError
+from .config import Checkpoint, ModelError, is_int
 from .engine import Engine, Generation, Piece, Request, run
 from .model_files import load_checkpoint
 from .programs import (
@@ -82,18 +82,18 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampling",
                            Sampling(self.temperature, self.top_k, self.top_p, self.min_p))
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ModelError(f"max_tokens must be at least 1, got {self.max_tokens!r}")
-        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
+        if not is_int(self.seed) or not 0 <= self.seed < 2**64:
             raise ModelError(
                 f"seed must be a non-negative integer below 2**64, got {self.seed!r}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise ModelError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        if not _is_int(self.repetition_context_size) or self.repetition_context_size < 1:
+        if not is_int(self.repetition_context_size) or self.repetition_context_size < 1:
             raise ModelError("repetition_context_size must be at least 1, got "
                              f"{self.repetition_context_size!r}")
-        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+        if not is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ModelError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
                              f"got {self.top_logprobs!r}")
         # A bare string is one stop string, not one per character.
@@ -124,10 +124,6 @@ class GenerationOptions:
         if options is None:
             return cls(**overrides)
         return dataclasses.replace(options, **overrides) if overrides else options
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # The handler of the in-program generation running in this context (thread,
@@ -187,9 +183,9 @@ class LLM:
                  programs_sampling: Sampling = Sampling(),
                  cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
                  group: mx.distributed.Group | None = None):
-        if not _is_int(max_length) or max_length < 2:
+        if not is_int(max_length) or max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length!r}")
-        if not _is_int(cache_step) or cache_step < 1:
+        if not is_int(cache_step) or cache_step < 1:
             raise ModelError(f"cache_step must be at least 1, got {cache_step!r}")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
@@ -295,7 +291,7 @@ class LLM:
         vocab = self.config.vocab_size
         ids = list(prompt)
         for i, token in enumerate(ids):
-            if not _is_int(token):
+            if not is_int(token):
                 raise ModelError(f"prompt item {i} is {token!r}: a prompt is text, chat "
                                  "messages (dicts with role and content) or token ids")
             if not 0 <= token < vocab:

@@ -70,7 +70,7 @@ import mlx.core as mx
 from ..arrays import name_of
 from ..builder import ProgramBuilder, Value
 from ..format.program import Program
-from .config import Checkpoint, ModelConfig, ModelError, Quantization
+from .config import Checkpoint, ModelConfig, ModelError, Quantization, is_int
 
 CACHE_DTYPE = "float32"
 
@@ -88,8 +88,7 @@ class Sampling:
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
             raise ModelError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int)
-                                       or isinstance(self.top_k, bool) or self.top_k < 1):
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise ModelError(f"top_k must be a positive integer, got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ModelError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -409,9 +408,9 @@ def _shard(config: ModelConfig, quantization: dict[str, Quantization], world_siz
     their query heads), the intermediate dim in blocks of whole quantization
     groups of the down projection's columns; every rank's split is checked,
     so all ranks agree on whether the model can be split."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+    if not is_int(world_size) or world_size < 1:
         raise ModelError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+    if not is_int(rank) or not 0 <= rank < world_size:
         raise ModelError(f"rank {rank!r} is not in [0, world_size {world_size})")
     c = config
     if world_size > c.num_kv_heads:

@@ -11,7 +11,7 @@ a call, never process-wide state.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -53,26 +53,26 @@ _declared: ContextVar[int | None] = ContextVar("mlxprog_declared_world_size", de
 
 
 @contextmanager
-def entered(info: GroupInfo | None) -> Iterator[None]:
-    """Make ``info`` the group the distributed ops run on, for the duration
-    of the block (an executable's call)."""
-    token = _group.set(info)
+def _setting(variable: ContextVar, value: Any) -> Iterator[None]:
+    """``variable`` set to ``value`` for the duration of the block."""
+    token = variable.set(value)
     try:
         yield
     finally:
-        _group.reset(token)
+        variable.reset(token)
 
 
-@contextmanager
-def declaring(world_size: int | None) -> Iterator[None]:
+def entered(info: GroupInfo | None) -> AbstractContextManager[None]:
+    """Make ``info`` the group the distributed ops run on, for the duration
+    of the block (an executable's call)."""
+    return _setting(_group, info)
+
+
+def declaring(world_size: int | None) -> AbstractContextManager[None]:
     """Make ``world_size`` the declared world size the distributed ops are
     checked against, for the duration of the block (validating or building
     a program)."""
-    token = _declared.set(world_size)
-    try:
-        yield
-    finally:
-        _declared.reset(token)
+    return _setting(_declared, world_size)
 
 
 def current() -> GroupInfo:
