@@ -1,6 +1,7 @@
 """Per-kernel speed: mlxprog's native CPU kernels against MLX's own ops, on
 the shapes of a SmolLM2-135M decode step (M=1), a decode step of a batch of
-four sequences (M=4) and of a 42-token prefill.
+four sequences (M=4) and of a 42-token prefill; then the quantized matmul's
+int8 numerics against its exact ones.
 
 Each case compiles a function that applies the op to ``--layers`` distinct
 weight sets (so weights come from memory as in a real step, not from the
@@ -35,16 +36,20 @@ def best_time(fn: Callable, rounds: int, calls: int = 10) -> float:
 
 
 def qmm_case(ext, rows: int, n: int, k: int, bits: int, layers: int):
+    """The native kernel in exact and int8 numerics and MLX's op over
+    ``layers`` weight sets, and the bytes of weights one call reads."""
     weights = [mx.quantize(mx.random.normal((n, k)) * 0.05, group_size=32, bits=bits)
                for _ in range(layers)]
     x = mx.random.normal((1, rows, k))
     mx.eval(weights, x)
     nat = lambda: [ext.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=bits)
                    for w, s, b in weights]
+    int8 = lambda: [ext.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=bits,
+                                         int8=True) for w, s, b in weights]
     ref = lambda: [mx.quantized_matmul(x, w, s, b, group_size=32, bits=bits)
                    for w, s, b in weights]
     bytes_read = layers * sum(a.nbytes for a in weights[0])
-    return nat, ref, bytes_read
+    return nat, int8, ref, bytes_read
 
 
 def main() -> None:
@@ -73,13 +78,17 @@ def main() -> None:
         print(f"| {name} | {shape} | {t_ref / layers * 1e6:.0f} | {t_nat / layers * 1e6:.1f} | "
               f"{t_ref / t_nat:.1f}x | {rate} |")
 
+    qmm_shapes = ((576, 576, 4), (192, 576, 4), (1536, 576, 4), (576, 1536, 4),
+                  (49152, 576, 8))
+    int8_rows = []
     for rows in (1, 4, 42):
-        for n, k, bits in ((576, 576, 4), (192, 576, 4), (1536, 576, 4), (576, 1536, 4),
-                           (49152, 576, 8)):
+        for n, k, bits in qmm_shapes:
             layers = L if n < 10000 else 2  # the LM head: two copies are plenty
-            nat, ref, nbytes = qmm_case(ext, rows, n, k, bits, layers)
+            nat, int8, ref, nbytes = qmm_case(ext, rows, n, k, bits, layers)
             row(f"quantized_matmul {bits}-bit g32", f"M={rows} N={n} K={k}", nat, ref, nbytes,
                 layers)
+            int8_rows.append((f"quantized_matmul {bits}-bit g32 int8", f"M={rows} N={n} K={k}",
+                              int8, nat, nbytes, layers))
 
     for rows in (1, 42):
         x = mx.random.normal((1, rows, 576))
@@ -116,6 +125,13 @@ def main() -> None:
             lambda q=q, caches=caches, st=st: [ext.cache_attention(q, k, v, st, mask, scale=0.125)
                                                 for k, v in caches],
             reference)
+
+    # The quantized matmul's int8 numerics against its exact ones (both native).
+    print()
+    print("| kernel | shape | exact (us/layer) | int8 (us/layer) | exact / int8 | int8 GB/s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for name, shape, int8, exact, nbytes, layers in int8_rows:
+        row(name, shape, int8, exact, nbytes, layers)
 
 
 if __name__ == "__main__":

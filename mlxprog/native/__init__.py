@@ -3,22 +3,25 @@
 MLX's CPU backend runs ``quantized_matmul`` as single-threaded scalar code
 and composes ``mx.fast`` RoPE, RMS norm and attention from many small ops.
 The kernels here (``src/``) are MLX
-``Primitive`` subclasses with AVX2+FMA inner loops chosen at run time (a
-portable path is always built) and a small thread pool, so inside
-``mx.compile`` they behave like any MLX op.
+``Primitive`` subclasses with AVX2+FMA (and VNNI) or NEON (and dot-product)
+inner loops chosen at run time (a portable path is always built) and a small
+thread pool, so inside ``mx.compile`` they behave like any MLX op. The
+quantized matmul also has int8 numerics (the op's ``numerics`` attribute).
 
 Ops use a kernel only when all of these hold, and MLX's own op otherwise:
 the executable runs with native kernels on (``mlxprog.compile(native=...)``,
 default from ``MLXPROG_NATIVE``, on unless ``0``), the default device is the
 CPU, the extension is built and loaded, and the kernel covers the operands
 (dtype, layout, sizes; see :mod:`mlxprog.native.kernels`). A program file
-never chooses. The extension is built on first use (:mod:`.build`); when
+never chooses whether a kernel runs, only (``numerics``) which result it
+wants. The extension is built on first use (:mod:`.build`); when
 that fails mlxprog warns once and runs MLX's ops.
 
 Environment: ``MLXPROG_NATIVE=0`` (the executables' default: off; on
 otherwise), ``MLXPROG_NATIVE_THREADS`` (threads, the calling one included;
-default: the usable cores), ``MLXPROG_NATIVE_ISA=portable`` (no vector
-code), ``MLXPROG_NATIVE_SPIN_US`` (how long idle workers spin before
+default: the usable cores), ``MLXPROG_NATIVE_ISA`` (a kernel table the CPU
+runs: ``portable`` for no vector code, ``avx2`` for AVX2 without VNNI, ...;
+the extension's ``isas()`` lists them), ``MLXPROG_NATIVE_SPIN_US`` (how long idle workers spin before
 sleeping, default 50), and for the build ``MLXPROG_CACHE_DIR`` and
 ``MLXPROG_NATIVE_REBUILD`` (see :mod:`.build`).
 """
@@ -31,7 +34,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Iterator
 
@@ -127,11 +130,13 @@ def _smoke_test(loaded: ModuleType) -> None:
 
 @dataclass
 class Scope:
-    """The native-kernel setting of the executable now running, and its
-    counts of the instructions that took a native kernel, by op."""
+    """The native-kernel setting of the executable now running, its counts
+    of the instructions that took a native kernel, by op, and of those whose
+    numerics choice no kernel could honour, by (op, reason)."""
 
     enabled: bool
     counts: dict[str, int]
+    numerics_fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 _scope: ContextVar[Scope | None] = ContextVar("mlxprog_native_scope", default=None)
@@ -163,12 +168,19 @@ def scope(enabled: bool, counts: dict[str, int] | None = None) -> Iterator[Scope
 def active() -> ModuleType | None:
     """The extension when ops running now may use it: inside a scope that
     enables native kernels, on the CPU device, with the extension loaded."""
+    return None if inactive_reason() else module()
+
+
+def inactive_reason() -> str:
+    """Why ops running now may not use the extension ("" when they may)."""
     current = _scope.get()
     if current is None or not current.enabled:
-        return None
+        return "native kernels are off for this executable (native=False or MLXPROG_NATIVE=0)"
     if mx.default_device() != mx.cpu:
-        return None
-    return module()
+        return f"the default device is {mx.default_device()}; native kernels run on the CPU only"
+    if module() is None:
+        return f"native kernels are unavailable ({_status.reason if _status else 'not loaded'})"
+    return ""
 
 
 def record(op: str) -> None:
@@ -176,3 +188,12 @@ def record(op: str) -> None:
     current = _scope.get()
     if current is not None:
         current.counts[op] = current.counts.get(op, 0) + 1
+
+
+def record_numerics_fallback(op: str, reason: str) -> None:
+    """Count one instruction of ``op`` that asked for numerics no kernel
+    here honours and ran the exact path instead, and why."""
+    current = _scope.get()
+    if current is not None:
+        key = (op, reason)
+        current.numerics_fallbacks[key] = current.numerics_fallbacks.get(key, 0) + 1

@@ -34,7 +34,8 @@ from types import ModuleType
 MODULE = "_mlxprog_native"
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("CMakeLists.txt", "src/kernels.h", "src/kernels_isa.inc", "src/kernels.cpp",
-           "src/kernels_portable.cpp", "src/kernels_avx2.cpp", "src/threadpool.h",
+           "src/kernels_portable.cpp", "src/kernels_avx2.cpp", "src/kernels_avxvnni.cpp",
+           "src/kernels_avx512vnni.cpp", "src/kernels_dotprod.cpp", "src/threadpool.h",
            "src/threadpool.cpp", "src/primitives.cpp")
 
 

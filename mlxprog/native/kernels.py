@@ -11,11 +11,12 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..arrays import AVal
-from . import active, record
+from . import active, inactive_reason, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
 QMM_GROUP_SIZES = (32, 64, 128)
+Q8_BITS = (4, 8)  # the codes the int8 kernel reads
 
 
 def covers_quantized_matmul(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
@@ -43,6 +44,22 @@ def covers_quantized_matmul(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
             and tuple(b_shape) == groups_shape and k > 0 and 0 not in x_shape[:-1])
 
 
+def int8_uncovered_reason(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
+                          transpose: bool, group_size: int, bits: int, mode: str) -> str:
+    """Why the int8 kernel cannot compute this case ("" when it can): it
+    needs the native quantized matmul's case, with ``transpose`` and 4- or
+    8-bit codes."""
+    if mode != "affine":
+        return f"int8 numerics need mode 'affine', found {mode!r}"
+    if not transpose:
+        return "int8 numerics need transpose=true (groups along x's last axis)"
+    if bits not in Q8_BITS:
+        return f"int8 numerics need 4- or 8-bit codes, found {bits}"
+    if not covers_quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode):
+        return "the native kernel does not cover these operands (dtypes, shapes)"
+    return ""
+
+
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
                      *, transpose: bool, group_size: int, bits: int,
                      mode: str) -> mx.array | None:
@@ -55,6 +72,21 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     record("quantized_matmul")
     return native.quantized_matmul(x, w, scales, biases, transpose=transpose,
                                    group_size=group_size, bits=bits)
+
+
+def quantized_matmul_int8(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
+                          *, transpose: bool, group_size: int, bits: int,
+                          mode: str) -> tuple[mx.array | None, str]:
+    """The quantized matmul in int8 numerics (x quantized to int8 per group,
+    integer dot products) and "", or None and why it cannot run here."""
+    reason = inactive_reason() or int8_uncovered_reason(
+        AVal.of(x), AVal.of(w), AVal.of(scales), None if biases is None else AVal.of(biases),
+        transpose, group_size, bits, mode)
+    if reason:
+        return None, reason
+    record("quantized_matmul")
+    return active().quantized_matmul(x, w, scales, biases, transpose=transpose,
+                                     group_size=group_size, bits=bits, int8=True), ""
 
 
 def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
@@ -73,6 +105,24 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array | Non
         return None
     record("fast_rms_norm")
     return native.rms_norm(x, weight, eps=eps)
+
+
+def covers_add_rms_norm(x: AVal, y: AVal, weight: AVal) -> bool:
+    """Whether the native add + RMS norm computes this case: float32 x and y
+    of one shape, rank >= 1 with a non-empty last axis, weight float32 ``[D]``."""
+    return (x == y and x[1] == mx.float32 and weight[1] == mx.float32
+            and covers_rms_norm(x, weight))
+
+
+def add_rms_norm(x: mx.array, y: mx.array, weight: mx.array,
+                 eps: float) -> list[mx.array] | None:
+    """The native ``(x + y, mx.fast.rms_norm(x + y, weight))``, or None where
+    it does not apply."""
+    native = active()
+    if native is None or not covers_add_rms_norm(AVal.of(x), AVal.of(y), AVal.of(weight)):
+        return None
+    record("fast_add_rms_norm")
+    return native.add_rms_norm(x, y, weight, eps=eps)
 
 
 def covers_rope(x: AVal, offset_size: int, dims: int, freqs: AVal | None) -> bool:
@@ -131,6 +181,39 @@ def cache_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, start: mx
         key_mask = key_mask.astype(mx.bool_)
     return native.cache_attention(q, k_cache, v_cache, _int32_vector(start), key_mask,
                                   scale=scale)
+
+
+def covers_cache_attention_block(qkv: AVal, k_cache: AVal, v_cache: AVal) -> bool:
+    """Whether the native attention block computes this case: float32 qkv
+    ``[B, T, F]`` with T >= 1 and float32 caches ``[B, H_kv, S, D]`` (alike,
+    S >= 1); the op checks how F splits into heads."""
+    (x_shape, x_dtype), (c_shape, c_dtype) = qkv, k_cache
+    return (k_cache == v_cache and x_dtype == mx.float32 and c_dtype == mx.float32
+            and len(x_shape) == 3 and len(c_shape) == 4 and 0 not in x_shape
+            and 0 not in c_shape and x_shape[0] == c_shape[0])
+
+
+def cache_attention_block(qkv: mx.array, k_cache: mx.array, v_cache: mx.array,
+                          start: mx.array, positions: mx.array, *, heads: int, kv_heads: int,
+                          dims: int, traditional: bool, base: float, rope_scale: float,
+                          scale: float, freqs: mx.array | None,
+                          key_mask: mx.array | None) -> list[mx.array] | None:
+    """The native ``kv_cache_attention_block`` (``start``: the clamped int32
+    cache slot, ``positions``: int32 RoPE start positions, one or per row):
+    (output, k_cache, v_cache), or None where it does not apply."""
+    native = active()
+    if native is None or not covers_cache_attention_block(AVal.of(qkv), AVal.of(k_cache),
+                                                          AVal.of(v_cache)):
+        return None
+    if freqs is not None and freqs.dtype != mx.float32:
+        return None
+    record("kv_cache_attention_block")
+    if key_mask is not None and key_mask.dtype != mx.bool_:
+        key_mask = key_mask.astype(mx.bool_)
+    return native.cache_attention_block(
+        qkv, k_cache, v_cache, start, positions, heads=heads, kv_heads=kv_heads, dims=dims,
+        traditional=traditional, base=base, rope_scale=rope_scale, scale=scale, freqs=freqs,
+        key_mask=key_mask)
 
 
 def _int32_vector(a: mx.array) -> mx.array:

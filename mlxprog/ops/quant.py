@@ -17,11 +17,16 @@ from pydantic import field_validator, model_validator
 
 from ..arrays import AVal, is_integer, name_of, to_mlx
 from ..native import kernels as native
+from ..native import record_numerics_fallback
 from .attrs import Attrs, DType
 from .index import clamp_index
 from .registry import register_op
 
 Mode = Literal["affine", "mxfp4", "mxfp8", "nvfp4"]
+# How quantized_matmul multiplies: "exact" as MLX (weights dequantized to
+# floats, float products); "int8" as llama.cpp (activations quantized to 8
+# bits per weight group, integer dot products). See quantized_matmul.
+Numerics = Literal["exact", "int8"]
 
 # mode: (group sizes, bits) that MLX supports.
 _SUPPORTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
@@ -200,8 +205,8 @@ def dequantize(operands, attrs):
                          **attrs.quant_kwargs())
 
 
-class QuantizedMatmulAttrs(QuantAttrs):
-    """The attributes of ``quantized_matmul``."""
+class MatmulAttrs(QuantAttrs):
+    """The attributes of a matmul on a quantized matrix."""
 
     transpose: bool = True  # x @ w.T (w stored as (out, in)); False: x @ w
 
@@ -209,13 +214,22 @@ class QuantizedMatmulAttrs(QuantAttrs):
         return ("x", *self.parts())
 
 
+class QuantizedMatmulAttrs(MatmulAttrs):
+    """The attributes of ``quantized_matmul``."""
+
+    numerics: Numerics = "exact"
+
+
 def _native_quantized_matmul(avals, attrs) -> bool:
-    """Whether the native quantized-matmul kernel computes this instruction."""
+    """Whether a native quantized-matmul kernel computes this instruction (in
+    int8 numerics: the int8 one)."""
     named = dict(zip(attrs.operand_names(), avals))
     group_size, bits = attrs.resolved()
-    return native.covers_quantized_matmul(named["x"], named["w"], named["scales"],
-                                          named.get("biases"), attrs.transpose, group_size,
-                                          bits, attrs.mode)
+    args = (named["x"], named["w"], named["scales"], named.get("biases"), attrs.transpose,
+            group_size, bits, attrs.mode)
+    if attrs.numerics == "int8":
+        return not native.int8_uncovered_reason(*args)
+    return native.covers_quantized_matmul(*args)
 
 
 @register_op("quantized_matmul", attrs=QuantizedMatmulAttrs, operands=(3, 4),
@@ -225,12 +239,34 @@ def quantized_matmul(operands, attrs):
     computed on the packed weight. Operands: ``x``, ``w``, ``scales``, and
     ``biases`` in ``"affine"`` mode; none of them float64. The result dtype is
     the promoted dtype of ``x`` and (in ``"affine"`` mode) the scales and
-    biases."""
+    biases.
+
+    ``numerics`` says how it multiplies:
+
+    - ``"exact"`` (the default): as MLX, float products of ``x`` with the
+      dequantized weights, accumulated in float32;
+    - ``"int8"``: as llama.cpp, each group of ``group_size`` elements of a row
+      of ``x`` is quantized to int8 with one float32 scale (``d = max|x| /
+      127``, ``q = round(x * 127 / max|x|)``, half to even) and the result is
+      ``dequantize(w) @ (d * q)``, computed with integer dot products per
+      group; a group holding an infinity or NaN makes its row's results NaN.
+      Several times faster on the CPU, and within the activation rounding of
+      ``"exact"`` (at most ``sum_g d_g / 2 * sum |w|`` over the group).
+      It runs on mlxprog's native CPU kernel (affine mode, ``transpose``, 4-
+      or 8-bit codes, the kernel's dtypes and shapes); elsewhere (another
+      device, native kernels off, other bits) the instruction computes
+      ``"exact"`` and ``exe.stats.numerics_fallbacks`` counts it, with the
+      reason."""
     named = dict(zip(attrs.operand_names(), operands))
     x, w, scales, biases = named["x"], named["w"], named["scales"], named.get("biases")
     group_size, bits = attrs.resolved()
-    result = native.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,
-                                     mode=attrs.mode, group_size=group_size, bits=bits)
+    kwargs = dict(transpose=attrs.transpose, mode=attrs.mode, group_size=group_size, bits=bits)
+    if attrs.numerics == "int8":
+        result, reason = native.quantized_matmul_int8(x, w, scales, biases, **kwargs)
+        if result is not None:
+            return result
+        record_numerics_fallback("quantized_matmul", f"int8 computed exactly: {reason}")
+    result = native.quantized_matmul(x, w, scales, biases, **kwargs)
     if result is not None:
         return result
     return mx.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,
@@ -279,7 +315,7 @@ class GatherAttrs(Attrs):
         return tuple(name for name in ("lhs_indices", "rhs_indices") if getattr(self, name))
 
 
-class GatherQMMAttrs(QuantizedMatmulAttrs, GatherAttrs):
+class GatherQMMAttrs(MatmulAttrs, GatherAttrs):
     """The attributes of ``gather_qmm``."""
 
     def operand_names(self) -> tuple[str, ...]:

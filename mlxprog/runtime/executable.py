@@ -45,7 +45,8 @@ class Executable:
         self.program = validated.program
         self.options = options
         self.stats = Stats(eager=options.eager, native=options.native)
-        self._native = native_kernels.Scope(options.native, self.stats.native_ops)
+        self._native = native_kernels.Scope(options.native, self.stats.native_ops,
+                                            self.stats.numerics_fallbacks)
         self._captures = list(capture_values)
         self._input_names = [s.name for s in self.program.inputs if s.value_of is None]
 

@@ -26,7 +26,12 @@ class Options:
 class SegmentStats:
     """Counters of one compiled segment. ``shapeless`` segments serve every
     binding of a symbolic program with one trace; ``fallback`` ones failed to
-    trace and run eagerly."""
+    trace and run eagerly. ``nodes`` is the number of MLX primitives a call
+    evaluates, counted on the compiled tape of the last trace (after
+    ``mx.compile``'s simplification and fusion; see
+    :func:`mlxprog.runtime.graph.count_nodes`), and ``primitives`` the same
+    by primitive name; None and empty before the first trace and when the
+    segment runs eagerly."""
 
     location: str
     instructions: int
@@ -34,6 +39,8 @@ class SegmentStats:
     calls: int = 0
     shapeless: bool = False
     fallback: bool = False
+    nodes: int | None = None
+    primitives: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,7 +49,11 @@ class Stats:
     of its plan, and (symbolic programs) its trace cache. ``native`` says
     whether native CPU kernels were allowed; ``native_ops`` counts, by op, the
     instructions that took one (once per trace when compiled, once per call
-    when eager). ``exe.stats`` is live; ``exe.stats.as_dict()`` snapshots it."""
+    when eager); ``numerics_fallbacks`` counts, by (op, reason), those that
+    asked for numerics no kernel here honours (``quantized_matmul``'s
+    ``"int8"`` off the CPU, say) and computed exactly instead. ``segments[i].nodes`` (``segment_nodes`` in :meth:`as_dict`)
+    is the number of MLX nodes a call of segment i evaluates, counted when it
+    is traced. ``exe.stats`` is live; ``exe.stats.as_dict()`` snapshots it."""
 
     calls: int = 0
     traces: int = 0
@@ -59,6 +70,7 @@ class Stats:
     fallbacks: int = 0
     native: bool = False
     native_ops: dict[str, int] = field(default_factory=dict)
+    numerics_fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as plain data."""
@@ -69,6 +81,7 @@ class Stats:
             "instructions": self.instructions,
             "segments": len(self.segments),
             "segment_traces": [s.traces for s in self.segments],
+            "segment_nodes": [s.nodes for s in self.segments],
             "shapeless_segments": sum(s.shapeless for s in self.segments),
             "loop_iterations": self.loop_iterations,
             "callback_calls": self.callback_calls,
@@ -80,6 +93,8 @@ class Stats:
             "fallbacks": self.fallbacks,
             "native": self.native,
             "native_ops": dict(self.native_ops),
+            "numerics_fallbacks": [{"op": op, "reason": reason, "count": count}
+                                   for (op, reason), count in self.numerics_fallbacks.items()],
         }
 
     def __str__(self) -> str:

@@ -533,19 +533,35 @@ def test_cache_attention_peaked_and_long(ext, isa):
 # -- the kernel tables without MLX (host, and arm64 under qemu) ---------------------------
 
 
+X86_TABLES = {  # the extra x86-64 tables: file, flags, kernels.cpp's definition
+    "avx2+avxvnni": ("kernels_avxvnni.cpp", ["-mavxvnni"], "MLXPROG_HAVE_AVXVNNI"),
+    "avx2+avx512vnni": ("kernels_avx512vnni.cpp",
+                        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+                         "-mprefer-vector-width=256"], "MLXPROG_HAVE_AVX512VNNI"),
+}
+
+
 def run_selftest(compiler: str, tmp_path, avx2_flags: list[str], link_flags: list[str],
-                 runner: list[str], isa_name: str | None) -> str:
-    """Build tests/native_selftest.cpp with the kernel sources (the AVX2 file
-    with its own flags, as CMakeLists.txt does) and run it; its output."""
+                 runner: list[str], isa_name: str | None,
+                 extra_tables: dict[str, tuple[str, list[str], str]] | None = None) -> str:
+    """Build tests/native_selftest.cpp with the kernel sources (each table's
+    file with its own flags, as CMakeLists.txt does; ``extra_tables`` as
+    X86_TABLES) and run it; its output."""
     import os
     import subprocess
     from pathlib import Path
 
     src = build.SOURCE_DIR / "src"
     compile_ = [compiler, "-O2", "-std=c++17", f"-I{src}", "-c"]
+    sources = [("kernels_avx2.cpp", avx2_flags), ("kernels_portable.cpp", []),
+               ("threadpool.cpp", [])]
+    defines = []
+    for file, flags, define in (extra_tables or {}).values():
+        sources.append((file, [*avx2_flags, *flags]))
+        defines.append(f"-D{define}=1")
+    sources.append(("kernels.cpp", defines))
     objects = []
-    for name, flags in (("kernels_avx2.cpp", avx2_flags), ("kernels_portable.cpp", []),
-                        ("kernels.cpp", []), ("threadpool.cpp", [])):
+    for name, flags in sources:
         obj = tmp_path / f"{name}.o"
         subprocess.run([*compile_, *flags, str(src / name), "-o", str(obj)], check=True,
                        timeout=600)
@@ -563,8 +579,9 @@ def run_selftest(compiler: str, tmp_path, avx2_flags: list[str], link_flags: lis
     return done.stdout
 
 
-@pytest.mark.parametrize("isa_name", ["portable", None])
+@pytest.mark.parametrize("isa_name", ["portable", "avx2", None])
 def test_kernel_tables_on_the_host(tmp_path, isa_name):
+    """Every table this CPU runs (None: the best), built as the extension is."""
     import platform
     import shutil
 
@@ -572,10 +589,11 @@ def test_kernel_tables_on_the_host(tmp_path, isa_name):
     if compiler is None:
         pytest.skip("no C++ compiler")
     x86 = platform.machine() in ("x86_64", "AMD64")
+    if isa_name == "avx2" and "avx2" not in native.module().isas():
+        pytest.skip("no AVX2 here")
     out = run_selftest(compiler, tmp_path, ["-mavx2", "-mfma", "-mf16c"] if x86 else [], [], [],
-                       isa_name)
-    best = "avx2" if x86 and native.status().isa == "avx2" else "portable"
-    assert out.startswith(f"table: {isa_name or best}")
+                       isa_name, X86_TABLES if x86 else None)
+    assert out.startswith(f"table: {isa_name or native.status().isa}")
 
 
 def test_portable_kernels_on_arm64_under_qemu(tmp_path):
@@ -587,6 +605,20 @@ def test_portable_kernels_on_arm64_under_qemu(tmp_path):
                     "qemu-user)")
     out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None)
     assert out.startswith("table: portable")
+
+
+def test_dot_product_kernels_on_arm64_under_qemu(tmp_path):
+    """The arm64 table with sdot (armv8.2-a+dotprod), which qemu emulates."""
+    import shutil
+
+    compiler, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+    if compiler is None or qemu is None:
+        pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (Debian: g++-aarch64-linux-gnu, "
+                    "qemu-user)")
+    tables = {"neon+dotprod": ("kernels_dotprod.cpp", ["-march=armv8.2-a+dotprod"],
+                               "MLXPROG_HAVE_DOTPROD")}
+    out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None, tables)
+    assert out.startswith("table: neon+dotprod")
 
 
 def test_cache_attention_non_finite_scores_give_nan_like_mlx(ext, isa):

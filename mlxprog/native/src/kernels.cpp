@@ -1,6 +1,10 @@
 // Kernel table selection and the scalar conversions every table shares.
 #include <cstdlib>
 #include <cstring>
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 #include "kernels.h"
 
@@ -14,27 +18,81 @@ namespace avx2 {
 extern const Kernels table;
 }
 #endif
+#if MLXPROG_HAVE_AVXVNNI
+namespace avxvnni {
+extern const Kernels table;
+}
+#endif
+#if MLXPROG_HAVE_AVX512VNNI
+namespace avx512vnni {
+extern const Kernels table;
+}
+#endif
+#if MLXPROG_HAVE_DOTPROD
+namespace dotprod {
+extern const Kernels table;
+}
+#endif
+
+namespace {
+
+#if defined(__aarch64__) && MLXPROG_HAVE_DOTPROD
+bool cpu_has_dotprod() {
+#if defined(__APPLE__)
+  return true;  // every Apple arm64 CPU has it
+#elif defined(__linux__)
+  return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+  return false;
+#endif
+}
+#endif
+
+// The tables built into this binary that the CPU can run, best first.
+int usable_tables(const Kernels* out[5]) {
+  int n = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+#if MLXPROG_HAVE_AVX512VNNI
+  if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw"))
+    out[n++] = &avx512vnni::table;
+#endif
+#if MLXPROG_HAVE_AVXVNNI
+  if (avx2 && __builtin_cpu_supports("avxvnni")) out[n++] = &avxvnni::table;
+#endif
+  if (avx2) out[n++] = &avx2::table;
+#endif
+#if defined(__aarch64__) && MLXPROG_HAVE_DOTPROD
+  if (cpu_has_dotprod()) out[n++] = &dotprod::table;
+#endif
+  out[n++] = &portable::table;
+  return n;
+}
+
+}  // namespace
 
 const Kernels& portable_kernels() { return portable::table; }
 
-const Kernels* avx2_kernels() {
-#if defined(__x86_64__) || defined(_M_X64)
-  return &avx2::table;
-#else
+const Kernels* kernels_named(const char* name) {
+  const Kernels* tables[5];
+  const int n = usable_tables(tables);
+  for (int i = 0; i < n; ++i)
+    if (std::strcmp(tables[i]->isa, name) == 0) return tables[i];
   return nullptr;
-#endif
 }
 
 const Kernels& select_kernels() {
   const char* forced = std::getenv("MLXPROG_NATIVE_ISA");
-  if (forced && std::strcmp(forced, "portable") == 0) return portable_kernels();
-#if defined(__x86_64__) || defined(_M_X64)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return *avx2_kernels();
-#endif
-  return portable_kernels();
+  if (forced && *forced) {
+    const Kernels* named = kernels_named(forced);
+    if (named) return *named;
+  }
+  const Kernels* tables[5];
+  usable_tables(tables);
+  return *tables[0];
 }
 
 float half_to_float(uint16_t h) {

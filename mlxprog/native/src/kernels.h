@@ -2,8 +2,11 @@
 //
 // Every kernel exists once per instruction set: kernels_isa.inc is compiled
 // into a portable table (the compiler's baseline: SSE2 on x86-64, NEON on
-// arm64) and, on x86-64, into an AVX2+FMA table with hand-written inner loops.
-// select_kernels() picks a table at run time from the CPU's features.
+// arm64) and, on x86-64, into an AVX2+FMA table with hand-written inner loops
+// and two more that differ only in the int8 matmul's dot products (AVX-VNNI,
+// AVX512-VNNI), on arm64 into a dot-product (sdot) table, where the compiler
+// can build them. select_kernels() picks a table at run time from the CPU's
+// features.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +31,11 @@ struct QmmProblem {
   int64_t M, N, K;
   int bits, group_size;
   bool transpose;
+  // int8 numerics (qmm_q8, transpose only): x quantized per group by
+  // prepare_qmm_q8: M x K codes, and per group its scale d and d * sum(q).
+  const int8_t* xq;
+  const float* xd;
+  const float* xqsum;
 };
 
 // RMS norm over the last axis: out = x * rsqrt(mean(x^2) + eps) * weight.
@@ -77,6 +85,13 @@ struct Kernels {
                         int group_size, bool transpose, float* xp, float* xsum);
   // Output columns [n0, n1) of a quantized matmul, every row.
   void (*qmm)(const QmmProblem& p, int64_t n0, int64_t n1);
+  // int8 numerics, 4- and 8-bit codes, transpose (see kernels_isa.inc):
+  // quantize x (M x K, `dtype`) per group to int8 in the order qmm_q8 reads
+  // codes, leaving xhat = d * q in `xp` (M x K floats, the same order; qmm_q8
+  // reads it as p.x), then output columns [n0, n1).
+  void (*prepare_qmm_q8)(const void* x, DType dtype, int64_t M, int64_t K, int bits,
+                         int group_size, float* xp, int8_t* xq, float* xd, float* xqsum);
+  void (*qmm_q8)(const QmmProblem& p, int64_t n0, int64_t n1);
   // Rows [r0, r1) of an RMS norm.
   void (*rms_norm)(const RmsNormProblem& p, int64_t r0, int64_t r1);
   // Rows [r0, r1) of a rotary embedding (row = (b * H + h) * T + t).
@@ -87,10 +102,13 @@ struct Kernels {
 };
 
 const Kernels& portable_kernels();
-const Kernels* avx2_kernels();  // null where not built (not x86-64)
+// The table of that name ("portable", "avx2", "avx2+avxvnni",
+// "avx2+avx512vnni", "neon+dotprod") if it is built and the CPU runs it,
+// else null.
+const Kernels* kernels_named(const char* name);
 
-// The table to use: MLXPROG_NATIVE_ISA=portable forces the portable one;
-// otherwise the best the CPU supports.
+// The table to use: the one MLXPROG_NATIVE_ISA names, where usable (e.g.
+// "portable" forces the portable one); otherwise the best the CPU supports.
 const Kernels& select_kernels();
 
 // Scalar conversions shared by every table.
