@@ -284,17 +284,25 @@ class ModelSpec:
     quantization: dict[str, Quantization]
     weights: dict[str, tuple[tuple[int, ...], str]]
     source_names: dict[str, str]
+    #: Fused projections: a layer name (``layers.0.self_attn.qkv_proj``) to
+    #: the layers whose output rows it stacks, in order (see :func:`_fuse`).
+    fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, checkpoint: Checkpoint) -> ModelSpec:
-        """The spec of a loaded checkpoint."""
-        return cls(
+        """The spec of a loaded checkpoint, with its q/k/v and gate/up
+        projections fused where they are packed alike."""
+        spec = cls(
             config=checkpoint.config,
             quantization=dict(checkpoint.quantization),
             weights={n: (tuple(w.shape), name_of(w.dtype))
                      for n, w in checkpoint.weights.items()},
             source_names={n: checkpoint.source_names.get(n, n) for n in checkpoint.weights},
         )
+        for i in range(spec.config.num_layers):
+            for fused, parts in _FUSIONS:
+                _fuse(spec, f"layers.{i}.{fused}", [f"layers.{i}.{p}" for p in parts])
+        return spec
 
     def shard(self, world_size: int = 1, rank: int = 0) -> Shard:
         """Rank ``rank``'s part of the model split over ``world_size`` ranks
@@ -303,7 +311,12 @@ class ModelSpec:
         return _shard(self.config, self.quantization, world_size, rank)
 
     def local_shape(self, name: str, shard: Shard) -> tuple[int, ...]:
-        """The shape of weight ``name`` on the rank of ``shard``."""
+        """The shape of weight ``name`` on the rank of ``shard`` (of a fused
+        layer: its parts' rows stacked)."""
+        layer, part = name.rsplit(".", 1)
+        if layer in self.fused:
+            shapes = [self.local_shape(f"{p}.{part}", shard) for p in self.fused[layer]]
+            return (sum(s[0] for s in shapes), *shapes[0][1:])
         shape = list(self.weights[name][0])
         cut = self._slice(name, shard)
         if cut is not None:
@@ -316,7 +329,10 @@ class ModelSpec:
         """The checkpoint's weights under the programs' capture names, sliced
         to rank ``rank``'s part when ``world_size > 1``: rows of the
         q/k/v/gate/up projections (quantized weights with their scales and
-        biases), whole quantization groups of the o/down projections' columns."""
+        biases), whole quantization groups of the o/down projections' columns.
+        A fused layer's arrays are its parts' (rank's) rows stacked, under the
+        joined names that :func:`mlxprog.compile` also resolves from the
+        model file itself (``blk.0.attn_q.weight+blk.0.attn_k.weight+...``)."""
         shard = self.shard(world_size, rank)
         out = {}
         for name, w in checkpoint.weights.items():
@@ -327,6 +343,14 @@ class ModelSpec:
                 # kernels the dense row-major layout a weight read from a file has.
                 w = mx.contiguous(w[start:end] if axis == 0 else w[:, start:end])
             out[self.source_names[name]] = w
+        for layer, parts in self.fused.items():
+            for part in _PARTS:
+                if f"{parts[0]}.{part}" in self.weights:
+                    out[self.source_names[f"{layer}.{part}"]] = mx.concatenate(
+                        [out[self.source_names[f"{p}.{part}"]] for p in parts], axis=0)
+        # Computed here: a lazy array belongs to this thread's stream, and
+        # the executables may be compiled in another (the server's).
+        mx.eval(list(out.values()))
         return out
 
     def _slice(self, name: str, shard: Shard) -> tuple[int, int, int] | None:
@@ -354,6 +378,43 @@ class ModelSpec:
             else:
                 start, end = start // quant.group_size, end // quant.group_size
         return 1, start, end
+
+
+# The projections fused into one matmul (they read the same input), by the
+# name of the fused layer under ``layers.<i>.``.
+_FUSIONS = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj",
+                                    "self_attn.v_proj")),
+            ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))
+_PARTS = ("weight", "scales", "biases", "bias")  # a layer's arrays
+
+
+def _fuse(spec: ModelSpec, layer: str, parts: list[str]) -> None:
+    """Declare ``layer`` in ``spec`` as the projections ``parts`` stacked by
+    output rows, when they are all there and packed alike (the same
+    quantization, or none; the same dtypes and input width; biases on all or
+    none): one matmul then computes all their outputs, each row exactly as
+    its own projection would. Its arrays are named by joining the parts'
+    file names with ``+``."""
+    arrays = [[spec.weights.get(f"{p}.{part}") for part in _PARTS] for p in parts]
+    if any(a[0] is None for a in arrays):
+        return
+    if len({spec.quantization.get(p) for p in parts}) != 1:
+        return
+    weights = {}
+    for i, part in enumerate(_PARTS):
+        found = [a[i] for a in arrays]
+        if found.count(None) == len(found):
+            continue
+        if None in found or len({(f[0][1:], f[1]) for f in found}) != 1:
+            return
+        weights[f"{layer}.{part}"] = ((sum(f[0][0] for f in found), *found[0][0][1:]),
+                                      found[0][1])
+    spec.weights.update(weights)
+    spec.source_names.update({name: "+".join(spec.source_names[f"{p}.{name.rsplit('.', 1)[1]}"]
+                                             for p in parts) for name in weights})
+    if parts[0] in spec.quantization:
+        spec.quantization[layer] = spec.quantization[parts[0]]
+    spec.fused[layer] = tuple(parts)
 
 
 # Which block of a Shard each projection's rows (outputs) or columns (inputs)
@@ -449,10 +510,12 @@ def _shard(config: ModelConfig, quantization: dict[str, Quantization], world_siz
 class _Model:
     """Emits the model's instructions into a builder scope."""
 
-    def __init__(self, root: ProgramBuilder, spec: ModelSpec, shard: Shard):
+    def __init__(self, root: ProgramBuilder, spec: ModelSpec, shard: Shard,
+                 numerics: str = "exact"):
         self.root = root
         self.spec = spec
         self.shard = shard
+        self.numerics = numerics
         self.c = spec.config
         self._captures: dict[str, Value] = {}
 
@@ -469,10 +532,12 @@ class _Model:
         summed before the bias is added, so the bias counts once."""
         quant = self.spec.quantization.get(name)
         if quant is not None:
+            # "exact" is the op's default: such programs stay as they were.
+            numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
             y = sb.quantized_matmul(x, self.weight(f"{name}.weight"),
                                     self.weight(f"{name}.scales"),
                                     self.weight(f"{name}.biases"), transpose=True,
-                                    group_size=quant.group_size, bits=quant.bits)
+                                    group_size=quant.group_size, bits=quant.bits, **numerics)
         else:
             w = self.weight(f"{name}.weight")
             y = sb.matmul(x, sb.transpose(sb.astype(w, dtype="float32")))
@@ -506,48 +571,121 @@ class _Model:
                             base=c.rope_theta, scale=c.rope_scale)
 
     def heads(self, sb, x: Value, n: int, T: int | str) -> Value:
-        """[B, T, n*D] -> [B, n, T, D]."""
+        """[B, T, n*D] -> [B, n, T, D]; one token needs no transpose (the
+        layouts hold the same order), which saves a graph node."""
+        if T == 1:
+            return sb.reshape(x, shape=["B", n, 1, self.c.head_dim])
         x = sb.reshape(x, shape=["B", T, n, self.c.head_dim])
         return sb.transpose(x, axes=[0, 2, 1, 3])
 
-    def layer(self, sb, i: int, h: Value, T, rope_offset, cache_offset, key_mask,
-              k_cache: Value, v_cache: Value):
-        c, p = self.c, f"layers.{i}"
+    def merge_heads(self, sb, x: Value, n: int, T: int | str) -> Value:
+        """[B, n, T, D] -> [B, T, n*D], the inverse of :meth:`heads`."""
+        if T == 1:
+            return sb.reshape(x, shape=["B", 1, n * self.c.head_dim])
+        return sb.reshape(sb.transpose(x, axes=[0, 2, 1, 3]), shape=["B", T, n * self.c.head_dim])
+
+    def qkv(self, sb, i: int, x: Value, T, rope_offset) -> tuple[Value, Value, Value]:
+        """Layer ``i``'s queries, keys and values of the normed ``x``, in
+        the ``[B, heads, T, D]`` layout, q and k rotated. With the fused
+        projection (see :class:`ModelSpec`), one matmul, one RoPE over the
+        q and k heads together, and two splits."""
+        p = f"layers.{i}.self_attn"
         heads, kv_heads = self.shard.num_heads, self.shard.num_kv_heads
-        x = self.norm(sb, f"{p}.input_layernorm.weight", h)
-        q = self.rope(sb, self.heads(sb, self.linear(sb, f"{p}.self_attn.q_proj", x),
-                                     heads, T), rope_offset)
-        k = self.rope(sb, self.heads(sb, self.linear(sb, f"{p}.self_attn.k_proj", x),
-                                     kv_heads, T), rope_offset)
-        v = self.heads(sb, self.linear(sb, f"{p}.self_attn.v_proj", x), kv_heads, T)
-        attn, k_cache, v_cache = sb.kv_cache_sdpa_update(
-            q, k, v, k_cache, v_cache, cache_offset, key_mask, layout="BHTD")
-        attn = sb.reshape(sb.transpose(attn, axes=[0, 2, 1, 3]),
-                          shape=["B", T, heads * c.head_dim])
-        h = h + self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True)
-        x = self.norm(sb, f"{p}.post_attention_layernorm.weight", h)
-        gate = self.linear(sb, f"{p}.mlp.gate_proj", x)
-        up = self.linear(sb, f"{p}.mlp.up_proj", x)
-        h = h + self.linear(sb, f"{p}.mlp.down_proj", sb.fast_swiglu(gate, up), reduce=True)
-        return h, k_cache, v_cache
+        if f"{p}.qkv_proj" in self.spec.fused:
+            y = self.heads(sb, self.linear(sb, f"{p}.qkv_proj", x), heads + 2 * kv_heads, T)
+            qk, v = sb.split(y, indices_or_sections=[heads + kv_heads], axis=1)
+            q, k = sb.split(self.rope(sb, qk, rope_offset), indices_or_sections=[heads], axis=1)
+            return q, k, v
+        q = self.rope(sb, self.heads(sb, self.linear(sb, f"{p}.q_proj", x), heads, T),
+                      rope_offset)
+        k = self.rope(sb, self.heads(sb, self.linear(sb, f"{p}.k_proj", x), kv_heads, T),
+                      rope_offset)
+        v = self.heads(sb, self.linear(sb, f"{p}.v_proj", x), kv_heads, T)
+        return q, k, v
+
+    def attention_block(self, sb, qkv: Value, rope_offset, cache_offset, key_mask,
+                        k_cache: Value, v_cache: Value) -> tuple[Value, Value, Value]:
+        """Attention from the fused projection's output ``qkv`` [B, T,
+        (heads + 2 kv_heads) D]: one ``kv_cache_attention_block`` (heads,
+        RoPE, cache writes and attention in one node on the CPU) giving
+        [B, T, heads * D] and the new caches."""
+        c = self.c
+        freqs = ([sb.constant(list(c.rope_freqs), "float32")]
+                 if c.rope_freqs is not None else [])
+        return sb.kv_cache_attention_block(
+            qkv, k_cache, v_cache, cache_offset, rope_offset, *freqs, key_mask,
+            heads=self.shard.num_heads, kv_heads=self.shard.num_kv_heads, rope_dims=c.head_dim,
+            traditional=c.rope_traditional, base=c.rope_theta, rope_scale=c.rope_scale,
+            freqs=bool(freqs))
+
+    def mlp(self, sb, i: int, x: Value) -> Value:
+        """Layer ``i``'s SwiGLU MLP of the normed ``x`` (before the ranks'
+        partial sums are added: the down projection reduces); with the fused
+        gate/up projection, one matmul split in two."""
+        p = f"layers.{i}.mlp"
+        if f"{p}.gate_up_proj" in self.spec.fused:
+            gate_rows = self.spec.local_shape(f"{p}.gate_proj.weight", self.shard)[0]
+            gate, up = sb.split(self.linear(sb, f"{p}.gate_up_proj", x),
+                                indices_or_sections=[gate_rows], axis=-1)
+        else:
+            gate = self.linear(sb, f"{p}.gate_proj", x)
+            up = self.linear(sb, f"{p}.up_proj", x)
+        return self.linear(sb, f"{p}.down_proj", sb.fast_swiglu(gate, up), reduce=True)
+
+    def add_norm(self, sb, name: str, h: Value, y: Value) -> tuple[Value, Value]:
+        """The residual ``h + y`` and its norm by weight ``name``, in one op
+        (one graph node on the CPU)."""
+        weight = sb.astype(self.weight(name), dtype="float32")
+        return sb.fast_add_rms_norm(h, y, weight, eps=self.c.norm_eps)
+
+    def layer(self, sb, i: int, h: Value, x: Value, T, rope_offset, cache_offset, key_mask,
+              k_cache: Value, v_cache: Value) -> tuple[Value, Value, Value, Value]:
+        """Transformer layer ``i`` on the hidden states ``h`` [B, T, hidden]
+        and ``x``, their norm by the layer's input norm: ``h`` plus the
+        attention, the MLP's output (left for the caller to add with the
+        next norm, see :meth:`trunk`) and the layer's new caches."""
+        p = f"layers.{i}"
+        if f"{p}.self_attn.qkv_proj" in self.spec.fused:
+            attn, k_cache, v_cache = self.attention_block(
+                sb, self.linear(sb, f"{p}.self_attn.qkv_proj", x), rope_offset, cache_offset,
+                key_mask, k_cache, v_cache)
+        else:
+            q, k, v = self.qkv(sb, i, x, T, rope_offset)
+            attn, k_cache, v_cache = sb.kv_cache_sdpa_update(
+                q, k, v, k_cache, v_cache, cache_offset, key_mask, layout="BHTD")
+            attn = self.merge_heads(sb, attn, self.shard.num_heads, T)
+        h, x = self.add_norm(sb, f"{p}.post_attention_layernorm.weight", h,
+                             self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True))
+        return h, self.mlp(sb, i, x), k_cache, v_cache
+
+    def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
+              caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
+        """Every layer on the embedded tokens ``h`` [B, T, hidden], then the
+        final norm: the normed hidden states and the new caches. Each
+        residual add is done with the norm after it (:meth:`add_norm`)."""
+        x = self.norm(sb, "layers.0.input_layernorm.weight", h)
+        new_caches: list[Value] = []
+        for i in range(self.c.num_layers):
+            h, y, k_cache, v_cache = self.layer(sb, i, h, x, T, rope_offset, cache_offset,
+                                                key_mask, caches[2 * i], caches[2 * i + 1])
+            new_caches += [k_cache, v_cache]
+            norm = (f"layers.{i + 1}.input_layernorm.weight" if i + 1 < self.c.num_layers
+                    else "norm.weight")
+            h, x = self.add_norm(sb, norm, h, y)
+        return x, tuple(new_caches)
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
                 caches: Sequence[Value], last_index: Value | None = None
                 ) -> tuple[Value, tuple[Value, ...]]:
         """Logits [B, V] after token ``last_index`` (per row) of the T tokens
         (None: the one token), and the new caches."""
-        h = self.embed(sb, tokens)
-        new_caches: list[Value] = []
-        for i in range(self.c.num_layers):
-            h, k_cache, v_cache = self.layer(sb, i, h, T, rope_offset, cache_offset, key_mask,
-                                             caches[2 * i], caches[2 * i + 1])
-            new_caches += [k_cache, v_cache]
+        h, new_caches = self.trunk(sb, self.embed(sb, tokens), T, rope_offset, cache_offset,
+                                   key_mask, caches)
         if last_index is not None:
             h = sb.take_along_axis(h, sb.reshape(last_index, shape=["B", 1, 1]), axis=1)
         h = sb.reshape(h, shape=["B", self.c.hidden_size])
-        h = self.norm(sb, "norm.weight", h)
         head = "embed_tokens" if self.c.tie_embeddings else "lm_head"
-        return self.linear(sb, head, h), tuple(new_caches)
+        return self.linear(sb, head, h), new_caches
 
     def pick(self, sb, logits: Value, key: Value, sampling: Sampling):
         if sampling.temperature == 0:
@@ -557,11 +695,11 @@ class _Model:
 
 
 def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
-             world_size: int, rank: int, prompt: bool = False):
+             world_size: int, rank: int, numerics: str, prompt: bool = False):
     """A builder with the batch dim ``B``, the prompt length ``T`` (with
     ``prompt``) and the cache length ``S``, declared in that order so that
     the build-time sample binding has ``T <= S``; and the model of rank
-    ``rank`` of ``world_size``."""
+    ``rank`` of ``world_size`` whose quantized matmuls use ``numerics``."""
     if max_length < 2:
         raise ModelError(f"max_length must be at least 2, got {max_length}")
     shard = spec.shard(world_size, rank)
@@ -571,18 +709,22 @@ def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
     if prompt:
         b.dim("T", min=1, max=max_length)
     b.dim("S", min=1, max=max_length)
-    return b, _Model(b, spec, shard)
+    return b, _Model(b, spec, shard, numerics)
 
 
 def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
-                  max_batch: int = 64, world_size: int = 1, rank: int = 0) -> Program:
+                  max_batch: int = 64, world_size: int = 1, rank: int = 0,
+                  numerics: str = "exact") -> Program:
     """The prefill program: runs a padded prompt batch [B, T] through the
     model, writing the caches from slot ``cache_offset`` (0, or after a cached
     prefix the tokens attend to), and picks the first new token (or, with
     ``sampling=None``, returns the logits after each row's ``last_index``).
     With ``world_size > 1``, rank ``rank``'s program of the tensor-parallel
-    model (see the module docstring)."""
-    b, model = _builder(spec, "prefill", max_length, max_batch, world_size, rank, prompt=True)
+    model (see the module docstring). ``numerics`` is the quantized matmuls'
+    (``"exact"``: MLX's float numerics; ``"int8"``: 8-bit activations and
+    integer dot products, see the ``quantized_matmul`` op)."""
+    b, model = _builder(spec, "prefill", max_length, max_batch, world_size, rank, numerics,
+                          prompt=True)
     x = PrefillInputs.declare(b, spec.config, model.shard.num_kv_heads)
     logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
                                    x.key_mask, x.caches, x.last_index)
@@ -590,11 +732,12 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
 
 
 def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
-                 max_batch: int = 64, world_size: int = 1, rank: int = 0) -> Program:
+                 max_batch: int = 64, world_size: int = 1, rank: int = 0,
+                 numerics: str = "exact") -> Program:
     """One decode step: the tokens [B] picked last, written at ``cache_offset``;
     picks the next tokens (or returns the logits with ``sampling=None``).
-    ``world_size`` and ``rank`` as in :func:`build_prefill`."""
-    b, model = _builder(spec, "decode", max_length, max_batch, world_size, rank)
+    ``world_size``, ``rank`` and ``numerics`` as in :func:`build_prefill`."""
+    b, model = _builder(spec, "decode", max_length, max_batch, world_size, rank, numerics)
     x = DecodeInputs.declare(b, spec.config, model.shard.num_kv_heads)
     logits, caches = model.forward(b, b.reshape(x.tokens, shape=["B", 1]), 1, x.rope_offset,
                                    x.cache_offset, x.key_mask, x.caches)
@@ -614,14 +757,16 @@ def _build_step(b: ProgramBuilder, model: _Model, logits: Value, key: Value,
 
 
 def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sampling(),
-                      max_batch: int = 64, world_size: int = 1, rank: int = 0) -> Program:
+                      max_batch: int = 64, world_size: int = 1, rank: int = 0,
+                  numerics: str = "exact") -> Program:
     """The whole decode loop as one program: a ``while`` loop whose body runs a
     decode step, picks the next tokens and streams them to the ``emit``
     callback, until ``emit`` returns true or ``max_new`` tokens were made.
-    ``world_size`` and ``rank`` as in :func:`build_prefill` (every rank picks
+    ``world_size``, ``rank`` and ``numerics`` as in :func:`build_prefill` (every rank picks
     the same tokens from the same logits and key, so every rank's ``emit``
     sees the same tokens)."""
-    b, model = _builder(spec, "decode_loop", max_length, max_batch, world_size, rank)
+    b, model = _builder(spec, "decode_loop", max_length, max_batch, world_size, rank,
+                          numerics)
     x = DecodeLoopInputs.declare(b, spec.config, model.shard.num_kv_heads)
 
     def cond(sb, *carry: Value) -> Value:

@@ -78,7 +78,9 @@ def bind_captures(specs: Sequence[Any], avals: Sequence[AVal], captures: Mapping
                   weights: str | Path | Sequence[str | Path] | None) -> list[mx.array]:
     """The capture arrays in declaration order (``specs`` are the program's
     capture declarations), from ``captures`` and ``weights`` files (captures
-    win), each checked against its declaration."""
+    win), each checked against its declaration. A name that is not bound
+    but joins bound names with ``+`` (``"a+b"``) is their concatenation
+    along axis 0 (see :func:`joined_capture`)."""
     available: dict[str, Any] = {}
     if weights is not None:
         available.update(load_weights(weights))
@@ -86,6 +88,9 @@ def bind_captures(specs: Sequence[Any], avals: Sequence[AVal], captures: Mapping
         available.update(captures)
     values = []
     for spec, aval in zip(specs, avals):
+        joined = None if spec.name in available else joined_capture(spec.name, available)
+        if joined is not None:
+            available[spec.name] = joined
         if spec.name not in available:
             raise UnboundError("capture", spec.name,
                                f"capture {spec.name!r} ({aval}) is not bound",
@@ -96,6 +101,21 @@ def bind_captures(specs: Sequence[Any], avals: Sequence[AVal], captures: Mapping
             found = bad.found or bad.reason
             raise BindingError(f"capture {spec.name!r} expects {aval}, got {found}") from None
     return values
+
+
+def joined_capture(name: str, available: Mapping[str, Any]) -> mx.array | None:
+    """The capture ``name`` = ``"a+b+..."`` as the arrays ``a``, ``b``, ...
+    of ``available`` stacked along axis 0 (a fused projection's weights from
+    a model file that holds each projection's), or None when ``name`` joins
+    no names or one of them is not available."""
+    parts = name.split("+")
+    if len(parts) < 2 or not all(p in available for p in parts):
+        return None
+    try:
+        return mx.concatenate([mx.array(available[p]) for p in parts], axis=0)
+    except ValueError as exc:
+        raise BindingError(f"capture {name!r}: its parts cannot be joined along axis 0: "
+                           f"{exc}") from None
 
 
 def load_weights(paths: str | Path | Sequence[str | Path]) -> dict[str, mx.array]:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from ..errors import ProgramError, TraceError
+from .graph import count_nodes
 from .options import SegmentStats, Stats
 
 
@@ -61,8 +62,17 @@ class Segment:
         if self.stats.traces != before:
             stats.traces += 1
             stats.trace_seconds += time.perf_counter() - start
+            if not self.stats.fallback:
+                self._count(out, values)
         self.stats.calls += 1
         return out
+
+    def _count(self, out: Sequence[mx.array], values: Sequence[mx.array]) -> None:
+        """Count the nodes of the compiled tape just traced: the outputs of
+        a call are its replay, so their graph is what every call evaluates."""
+        primitives = count_nodes(out, values)
+        self.stats.nodes = sum(primitives.values())
+        self.stats.primitives = dict(primitives)
 
     def _fall_back(self, exc: Exception, values: Sequence[mx.array]) -> list:
         where = self.stats.location

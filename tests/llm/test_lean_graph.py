@@ -1,0 +1,135 @@
+"""The lean decode graph (issue 20): fused q/k/v and gate/up projections
+(``ModelSpec.fused``, captures joined with ``+``), one RoPE over the q and
+k heads, no transposes for a single token; the same logits as the separate
+projections within float32 rounding, on one rank and split over ranks, and
+fewer MLX nodes per decode step.
+
+Tiny random-weight checkpoints, written once per module: a dense float32
+GGUF (untied head), a Hugging Face Qwen2 checkpoint (q/k/v biases) and one
+with 4-bit projections; the uneven ones have 6 query heads over 3 KV heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from llm_fixtures import TINY, TINY_UNEVEN, write_gguf, write_hf
+
+import mlxprog as mp
+from mlxprog.llm import ModelSpec, Quantization, build_decode, build_prefill, load_checkpoint
+from mlxprog.llm.programs import DecodeInputs, LogitsOutputs, PrefillInputs
+
+MAX_LENGTH = 32
+KINDS = ["gguf", "qwen2", "hf-q"]
+PROMPT = [5, 60, 7, 200, 31, 9]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    root: Path = tmp_path_factory.mktemp("tiny-lean")
+    write_gguf(root / "tiny.gguf", tied=False, sizes=TINY_UNEVEN)
+    write_hf(root / "qwen2", model_type="qwen2", tied=False)
+    write_hf(root / "hf-q", quantize=Quantization(bits=4, group_size=32),
+             quantize_embedding=Quantization(bits=8, group_size=32), sizes=TINY_UNEVEN)
+    return {kind: load_checkpoint(root / name) for kind, name in
+            (("gguf", "tiny.gguf"), ("qwen2", "qwen2"), ("hf-q", "hf-q"))}
+
+
+@pytest.fixture(params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
+def unfused(spec: ModelSpec) -> ModelSpec:
+    """The spec with every projection on its own (as before issue 20)."""
+    return dataclasses.replace(spec, fused={})
+
+
+def step_logits(spec: ModelSpec, checkpoint, world_size: int = 1,
+                rank: int = 0) -> tuple[np.ndarray, np.ndarray, mp.Executable]:
+    """The prefill's logits of PROMPT and the next decode step's, with
+    rank ``rank``'s programs; and the decode executable."""
+    c = checkpoint.config
+    captures = spec.captures(checkpoint, world_size, rank)
+    prefill = mp.compile(build_prefill(spec, MAX_LENGTH, None, world_size=world_size,
+                                       rank=rank), captures=captures)
+    decode = mp.compile(build_decode(spec, MAX_LENGTH, None, world_size=world_size,
+                                     rank=rank), captures=captures)
+    heads = spec.shard(world_size, rank).num_kv_heads
+    caches = tuple(mx.zeros((1, heads, MAX_LENGTH, c.head_dim))
+                   for _ in range(2 * c.num_layers))
+    mask, key = mx.ones((1, MAX_LENGTH), dtype=mx.bool_), mx.random.key(0)
+    first = LogitsOutputs.of(prefill(**PrefillInputs(
+        tokens=mx.array([PROMPT], dtype=mx.int32),
+        last_index=mx.array([len(PROMPT) - 1], dtype=mx.int32),
+        rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
+        key_mask=mask, key=key, caches=caches).by_name()))
+    n = len(PROMPT)
+    second = LogitsOutputs.of(decode(**DecodeInputs(
+        tokens=mx.array([3], dtype=mx.int32), rope_offset=mx.array([n], dtype=mx.int32),
+        cache_offset=mx.array(n, dtype=mx.int32), key_mask=mask, key=key,
+        caches=first.caches).by_name()))
+    return np.array(first.logits), np.array(second.logits), decode
+
+
+def test_projections_are_fused_where_packed_alike(checkpoints, kind):
+    spec = ModelSpec.of(checkpoints[kind])
+    assert spec.fused == {
+        f"layers.{i}.{name}": tuple(f"layers.{i}.{p}" for p in parts)
+        for i in range(TINY["num_layers"]) for name, parts in (
+            ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj",
+                                    "self_attn.v_proj")),
+            ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))}
+    program = build_decode(spec, MAX_LENGTH, None)
+    names = {c.name for c in program.captures}
+    q, k, v = (spec.source_names[f"layers.0.self_attn.{p}_proj.weight"] for p in "qkv")
+    assert f"{q}+{k}+{v}" in names and q not in names
+    if kind == "qwen2":  # the biases are joined too
+        assert spec.source_names["layers.0.self_attn.qkv_proj.bias"].count("+") == 2
+
+
+def test_a_projection_packed_differently_is_not_fused(checkpoints):
+    checkpoint = checkpoints["hf-q"]
+    quantization = dict(checkpoint.quantization)
+    quantization["layers.1.self_attn.k_proj"] = Quantization(bits=8, group_size=32)
+    spec = ModelSpec.of(dataclasses.replace(checkpoint, quantization=quantization))
+    assert "layers.1.self_attn.qkv_proj" not in spec.fused
+    assert {"layers.0.self_attn.qkv_proj", "layers.1.mlp.gate_up_proj"} <= set(spec.fused)
+
+
+def test_fused_projections_give_the_separate_ones_logits(checkpoints, kind):
+    checkpoint = checkpoints[kind]
+    spec = ModelSpec.of(checkpoint)
+    fused = step_logits(spec, checkpoint)
+    separate = step_logits(unfused(spec), checkpoint)
+    for a, b in zip(fused[:2], separate[:2]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # And the step evaluates fewer MLX nodes.
+    assert fused[2].stats.segments[0].nodes < separate[2].stats.segments[0].nodes
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fused_rank_captures_fit_the_rank_programs(checkpoints, world_size):
+    # 3 KV heads: rank blocks of unequal size over 2 ranks.
+    checkpoint = checkpoints["hf-q"]
+    spec = ModelSpec.of(checkpoint)
+    for rank in range(world_size):
+        shard = spec.shard(world_size, rank)
+        captures = spec.captures(checkpoint, world_size, rank)
+        qkv = captures[spec.source_names["layers.0.self_attn.qkv_proj.scales"]]
+        assert qkv.shape[0] == (shard.num_heads + 2 * shard.num_kv_heads) * TINY["head_dim"]
+        program = build_decode(spec, MAX_LENGTH, None, world_size=world_size, rank=rank)
+        assert {c.name: tuple(c.shape) for c in program.captures} == {
+            c.name: tuple(captures[c.name].shape) for c in program.captures}
+
+
+def test_the_decode_step_has_no_transposes(checkpoints):
+    checkpoint = checkpoints["hf-q"]
+    *_, decode = step_logits(ModelSpec.of(checkpoint), checkpoint)
+    primitives = decode.stats.segments[0].primitives
+    assert "Transpose" not in primitives
+    assert decode.stats.as_dict()["segment_nodes"] == [decode.stats.segments[0].nodes]
