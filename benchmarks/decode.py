@@ -2,7 +2,11 @@
 
 - ``mlxprog``: ``mlxprog.llm.load(...).generate(...)``: the prefill and decode
   programs, compiled, driven by the LLM's pipelined host loop, with
-  mlxprog's native CPU kernels (quantized matmul, RMS norm, RoPE, attention);
+  mlxprog's native CPU kernels (quantized matmul, RMS norm, RoPE, attention),
+  in the exact numerics (``numerics="exact"``: MLX's float products);
+- ``mlxprog-int8``: the same with ``numerics="int8"`` (llama.cpp's numerics:
+  activations quantized to 8 bits per weight group, integer dot products;
+  the LLM layer's default on the CPU);
 - ``mlxprog-mlx-ops``: the same with ``native=False``: MLX's own CPU ops;
 - ``hand``:    the same model and loop written directly in MLX: a compiled
   decode step over a KV cache that grows in chunks (fixed shape within a
@@ -18,8 +22,9 @@
 
 All start from the same prompt ids (the chat template applied), decode
 greedily and stop at EOS or ``--max-tokens``; the script checks that they
-produce the same tokens (llama.cpp's own kernels round differently, so its
-tokens may part from the others' after a while; the script says where). The
+produce the same tokens (llama.cpp's own kernels, and mlxprog's int8
+numerics, round differently, so their tokens may part from the others' after a
+while; the script says where, and where mlxprog-int8's part from llama.cpp's). The
 cold time to first token is each
 implementation's first call in a fresh process of its own (programs built and
 traced; MLX's fused CPU kernels loaded from ``$TMPDIR/mlx``, or compiled with
@@ -27,7 +32,8 @@ the system C++ compiler if not cached there). In this process each
 implementation is then called once to warm up (and to check its tokens), and
 ``--runs`` rounds call each implementation once, rotating the order. The
 table shows medians; the mlxprog / other ratios are medians of the per-round
-ratios (calls made moments apart, so load from other processes mostly cancels). Prefill tok/s is prompt tokens over the time to first
+ratios (calls made moments apart, so load from other processes mostly cancels),
+for both numerics modes. Prefill tok/s is prompt tokens over the time to first
 token; decode tok/s counts the tokens after the first over the time from the
 first token to the last. GB/s is the weight bytes a decode step reads (every
 linear layer's packed weights, scales and biases, the norms, and the whole
@@ -35,7 +41,7 @@ LM head; the tied 8-bit embedding counts once, as the head) times decode tok/s.
 
     python benchmarks/decode.py [--max-tokens 32] [--prompt TEXT] [--runs 3]
                                 [--max-length 2048] [--cache-step 128]
-                                [--only mlx-lm,llama.cpp,mlxprog-mlx-ops,hand]
+                                [--only mlxprog-int8,mlx-lm,llama.cpp,mlxprog-mlx-ops,hand]
 """
 
 from __future__ import annotations
@@ -102,20 +108,29 @@ def timed_run(tokens: Iterator[int], prompt_tokens: int, eos: set[int], max_toke
 
 class MlxprogImpl:
     """``LLM.generate`` with its own stats (prompt ids from the chat template),
-    native CPU kernels on."""
+    native CPU kernels on, exact numerics."""
 
     name = "mlxprog"
     native = True
+    numerics = "exact"
 
     def __init__(self, checkpoint: Checkpoint, max_length: int, cache_step: int):
         self.llm = mlxprog.llm.LLM(checkpoint, max_length=max_length, cache_step=cache_step,
-                                   native=self.native)
+                                   native=self.native, numerics=self.numerics)
 
     def generate(self, prompt: str, ids: list[int], max_tokens: int) -> Run:
         out = self.llm.generate(prompt, max_tokens=max_tokens)
         s = out.stats
         return Run(out.tokens, s.prompt_tokens, s.ttft, s.decode_seconds,
                    max(s.generated_tokens - 1, 0))
+
+
+class MlxprogInt8Impl(MlxprogImpl):
+    """``LLM.generate`` in the int8 numerics (8-bit activations, integer dot
+    products in the native quantized matmul)."""
+
+    name = "mlxprog-int8"
+    numerics = "int8"
 
 
 class MlxprogMlxOpsImpl(MlxprogImpl):
@@ -363,7 +378,7 @@ def main() -> None:
     args = parser.parse_args()
 
     checkpoint = mlxprog.llm.load_checkpoint()
-    kinds: list[Callable] = [MlxprogImpl, MlxprogMlxOpsImpl, HandImpl]
+    kinds: list[Callable] = [MlxprogImpl, MlxprogInt8Impl, MlxprogMlxOpsImpl, HandImpl]
     for module, kind in (("mlx_lm", MlxLmImpl), ("llama_cpp", LlamaCppImpl)):
         try:
             importlib.import_module(module)
@@ -422,15 +437,34 @@ def main() -> None:
                 break
         else:
             print(f"{impl.name}: same greedy tokens as mlxprog's first run")
+    if "mlxprog-int8" in warmup and "llama.cpp" in warmup:
+        # Both quantize the activations to 8 bits: how long their tokens agree.
+        diff = first_difference(warmup["mlxprog-int8"].tokens, warmup["llama.cpp"].tokens)
+        print("mlxprog-int8 / llama.cpp tokens: " +
+              ("the same" if diff is None else f"part from token {diff}"))
     print(f"text: {checkpoint.tokenizer.decode(reference)!r}")
-    for other in ("mlx-lm", "llama.cpp", "mlxprog-mlx-ops", "hand"):
-        if other not in runs:
-            continue
-        decode, ttft = (round_ratio(runs["mlxprog"], runs[other], key)
-                        for key in ("decode_tps", "ttft"))
-        print(f"mlxprog / {other} (median of per-round ratios): decode tok/s {decode:.2f}x "
-              f"(above 1: mlxprog faster), TTFT warm {ttft:.2f}x, TTFT cold "
-              f"{cold_ttfts['mlxprog'] / cold_ttfts[other]:.2f}x (below 1: mlxprog faster)")
+    for ours in ("mlxprog", "mlxprog-int8"):
+        for other in ("llama.cpp", "mlx-lm", "mlxprog-mlx-ops", "hand", "mlxprog"):
+            if ours not in runs or other not in runs or other == ours:
+                continue
+            decode, prefill, ttft = (round_ratio(runs[ours], runs[other], key)
+                                     for key in ("decode_tps", "prefill_tps", "ttft"))
+            print(f"{ours} / {other} (median of per-round ratios): decode tok/s {decode:.2f}x, "
+                  f"prefill tok/s {prefill:.2f}x (above 1: {ours} faster), TTFT warm "
+                  f"{ttft:.2f}x, TTFT cold {cold_ttfts[ours] / cold_ttfts[other]:.2f}x "
+                  f"(below 1: {ours} faster)")
+    if "llama.cpp" in runs:
+        print()
+        print("| mlxprog numerics | decode tok/s / llama.cpp | prefill tok/s / llama.cpp "
+              "| TTFT warm / llama.cpp | TTFT cold / llama.cpp |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for ours, numerics in (("mlxprog", "exact"), ("mlxprog-int8", "int8")):
+            if ours not in runs:
+                continue
+            decode, prefill, ttft = (round_ratio(runs[ours], runs["llama.cpp"], key)
+                                     for key in ("decode_tps", "prefill_tps", "ttft"))
+            print(f"| {numerics} | {decode:.2f}x | {prefill:.2f}x | {ttft:.2f}x | "
+                  f"{cold_ttfts[ours] / cold_ttfts['llama.cpp']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import pytest
 
 import mlxprog as mp
 import mlxprog.llm
+import mlxprog.llm.perplexity
+import mlxprog.llm.server
 from mlxprog.cli import EXIT_BROKEN_PIPE, _parser, main
 from mlxprog.docs import render_op_reference
 from mlxprog.format.schema import full_schema
@@ -520,6 +522,10 @@ def no_model(monkeypatch):
     ("chat", ["--top-p", "1.5"], "argument --top-p: must be in (0, 1], got 1.5"),
     ("export-llm", ["-o", "out", "--max-length", "1"],
      "argument --max-length: must be at least 2, got 1"),
+    *[(command, [*required, "--numerics", "fast"],
+       "argument --numerics: must be one of auto, exact, int8, got fast")
+      for command, required in [("generate", []), ("chat", []), ("serve", []),
+                                ("export-llm", ["-o", "out"]), ("perplexity", ["text.txt"])]],
 ])
 def test_bad_flag_values_are_usage_errors(capsys, no_model, command, flags, message):
     prompt = ["--prompt", "hi"] if command == "generate" else []
@@ -560,6 +566,38 @@ def test_generate_flags_and_their_dests():
     args = vars(parse("export-llm", "model.gguf", "-o", "out", "--temp", "0.7"))
     assert args["temperature"] == 0.7
     assert not {"seed", "repetition_penalty", "repetition_context_size"} & set(args)
+
+
+@pytest.mark.parametrize("command, required", [
+    ("generate", ["-p", "hi"]), ("chat", []), ("export-llm", ["-o", "out"]),
+    ("perplexity", ["text.txt"]),
+])
+def test_numerics_flag_parses_and_reaches_the_model(capsys, monkeypatch, tmp_path, command,
+                                                    required):
+    assert parse(command, *required).numerics == "auto"
+    assert parse(command, *required, "--numerics", "int8").numerics == "int8"
+    asked: list[str | None] = []
+
+    def load(*args, numerics=None, **kwargs):
+        asked.append(numerics)
+        raise ModelError("not loaded")
+
+    monkeypatch.setattr(mlxprog.llm, "load", load)
+    monkeypatch.setattr(mlxprog.llm.perplexity, "perplexity",
+                        lambda model, text, numerics=None, **kwargs: load(numerics=numerics))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.txt").write_text("some text")
+    code, _, err = run_cli(capsys, command, *required, "--numerics", "exact")
+    assert (code, asked) == (1, ["exact"]), err
+
+
+def test_serve_numerics_flag_reaches_the_server(capsys, monkeypatch):
+    asked = []
+    monkeypatch.setattr(mlxprog.llm.server, "serve",
+                        lambda model, numerics=None, **kwargs: asked.append(numerics))
+    assert parse("serve").numerics == "auto"
+    assert run_cli(capsys, "serve", "--numerics", "int8")[0] == 0
+    assert asked == ["int8"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,5 +1,5 @@
 """The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``,
-``serve``.
+``serve``, ``perplexity``.
 
 The generation flags store under :class:`~mlxprog.llm.GenerationOptions`'
 field names, so each command builds its options once from the flags it has
@@ -18,10 +18,11 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ProgramError
+from .config import AUTO_NUMERICS, NUMERICS
 from .engine import PromptTooLongError
 
 if TYPE_CHECKING:
-    from . import LLM, Generation, GenerationOptions, Piece, PromptCache
+    from . import LLM, Generation, GenerationOptions, GenerationStats, Piece, PromptCache
 
 
 def add_commands(commands: Any) -> None:
@@ -84,6 +85,7 @@ def add_commands(commands: Any) -> None:
     export.add_argument("--world-size", type=_at_least(1), default=1, metavar="N",
                         help="split the model over N processes (tensor parallelism): one "
                         "directory of programs per rank")
+    _numerics_option(export)
     # Only the sampling attributes: the seed is no part of the programs (the
     # PRNG key is an input of each call).
     _sampling_options(export)
@@ -109,7 +111,32 @@ def add_commands(commands: Any) -> None:
                        help="prompt prefixes kept for reuse; 0 turns the cache off")
     serve.add_argument("--model-id", default=None, metavar="ID",
                        help="the model's name in the API (default: the model file's stem)")
+    _numerics_option(serve)
     serve.set_defaults(handler=_cmd_serve)
+
+    score = commands.add_parser(
+        "perplexity", help="measure an LLM's perplexity on a text",
+        description="Print the model's perplexity on FILE (its text tokenized as it is, no "
+        "chat template): the exponential of the mean negative log-likelihood of each token "
+        "after the ones before it. Texts longer than --window tokens are scored in "
+        "overlapping windows. See docs/llm.md.")
+    score.add_argument("file", metavar="FILE", help="the text (UTF-8); - reads stdin")
+    score.add_argument("-m", "--model", default=None, metavar="PATH",
+                       help="a .gguf file or Hugging Face directory "
+                       "(default: SmolLM2-135M-Instruct)")
+    _numerics_option(score)
+    score.add_argument("--window", type=_at_least(2), default=None, metavar="N",
+                       help="the most tokens of context (default: the whole text, up to the "
+                       "model's context length)")
+    score.add_argument("--stride", type=_at_least(1), default=None, metavar="N",
+                       help="how far each window starts after the previous one "
+                       "(default: half the window)")
+    score.add_argument("--chunk", type=_at_least(1), default=256, metavar="N",
+                       help="tokens per program call (bounds the logits held at once)")
+    score.add_argument("--json", action="store_true",
+                       help="print one JSON object: perplexity, nll, tokens, numerics, window, "
+                       "stride, chunk, seconds")
+    score.set_defaults(handler=_cmd_perplexity)
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +145,19 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
                         "(default: SmolLM2-135M-Instruct)")
     parser.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
                         help="KV-cache length: prompt plus generated tokens")
+    _numerics_option(parser)
+
+
+def _numerics_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--numerics`` flag of the commands that load a model: the
+    quantized matmuls' numerics (:func:`~mlxprog.llm.config.resolve_numerics`);
+    another value exits with status 2, naming the flag."""
+    choices = (AUTO_NUMERICS, *NUMERICS)
+    parser.add_argument("--numerics", default=AUTO_NUMERICS, metavar="{" + ",".join(choices) + "}",
+                        type=_choice(choices),
+                        help="the quantized matmuls' numerics: int8 (llama.cpp's: activations "
+                        "quantized to 8 bits, integer dot products), exact (MLX's float "
+                        "numerics); auto: int8 on the CPU, exact otherwise")
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -165,6 +205,18 @@ def _number(kind: type, accept: Callable[[Any], bool], requirement: str) -> Call
         if not accept(value):
             raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
         return value
+
+    return parse
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse ``type=`` for one of ``choices``, reported as the numeric
+    flags are: ``argument --flag: must be one of a, b, got c`` (exit status 2)."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text}")
+        return text
 
     return parse
 
@@ -218,7 +270,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if group.size() > 1 and args.prompt_cache:
         raise ProgramError(f"--prompt-cache: a model split over {group.size()} processes "
                            "keeps part of each KV cache per process; run without it")
-    llm = load(args.model, max_length=args.max_length, group=group)
+    llm = load(args.model, max_length=args.max_length, group=group, numerics=args.numerics)
     # Every rank generates the same tokens; only rank 0 shows them.
     shown = llm.rank == 0
     write = _write if shown else _discard
@@ -241,19 +293,26 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if shown:
             print(flush=True)
         if verbose and last is not None:
-            print(f"{last.stats.summary()} | finish: interrupted", file=sys.stderr)
+            print(_stats_line(llm, last.stats, "interrupted"), file=sys.stderr)
         return 130
     if args.json and shown:
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
                           "cache_full": result.cache_full, "tokens": result.tokens,
-                          "stats": result.stats.as_dict()}))
+                          "numerics": llm.numerics, "stats": result.stats.as_dict()}))
     elif shown:
         print(flush=True)
     if cache is not None:
         cache.save(args.prompt_cache)
     if verbose:
-        print(f"{result.stats.summary()} | finish: {_finish(result, args)}", file=sys.stderr)
+        print(_stats_line(llm, result.stats, _finish(result, args)), file=sys.stderr)
     return 0
+
+
+def _stats_line(llm: LLM, stats: GenerationStats, finish: str | None = None) -> str:
+    """The ``--verbose`` line: the generation's stats, the numerics it ran
+    with, and why it stopped (when given)."""
+    line = f"{stats.summary()} | numerics: {llm.numerics}"
+    return line if finish is None else f"{line} | finish: {finish}"
 
 
 def _too_long(what: str, exc: PromptTooLongError) -> str:
@@ -295,7 +354,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
     _single_process("chat")
     options = _generation_options(args)
-    llm = load(args.model, max_length=args.max_length)
+    llm = load(args.model, max_length=args.max_length, numerics=args.numerics)
     chat = Chat(llm, options=options)
     print("mlxprog chat: Ctrl-C stops a reply; an empty line, Ctrl-D or Ctrl-C at the "
           "prompt quits; /reset starts over.", file=sys.stderr)
@@ -335,14 +394,14 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if result.finish_reason == "length":
             print(f"[the reply stopped at {_finish(result, args)}]", file=sys.stderr)
         if args.verbose:
-            print(result.stats.summary(), file=sys.stderr)
+            print(_stats_line(llm, result.stats), file=sys.stderr)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from . import export, load
 
     sampling = _generation_options(args).sampling
-    llm = load(args.model, max_length=args.max_length)
+    llm = load(args.model, max_length=args.max_length, numerics=args.numerics)
     for path in export(llm, args.output, sampling, world_size=args.world_size):
         print(path)
     return 0
@@ -355,7 +414,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _single_process("serve")
     serve(args.model, host=args.host, port=args.port, max_length=args.max_length,
           max_batch=args.max_batch, prompt_cache_size=args.prompt_cache_size,
-          model_id=args.model_id)
+          model_id=args.model_id, numerics=args.numerics)
+    return 0
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    from .perplexity import perplexity
+
+    _single_process("perplexity")
+    where = "stdin" if args.file == "-" else f"file {args.file!r}"
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.file, encoding="utf-8") as file:
+                text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ProgramError(f"cannot read the text from {where}: {reason}") from None
+    result = perplexity(args.model, text, numerics=args.numerics,
+                        window=args.window, stride=args.stride, chunk=args.chunk)
+    if args.json:
+        fields = ("perplexity", "nll", "tokens", "numerics", "window", "stride", "chunk",
+                  "seconds")
+        print(json.dumps({name: getattr(result, name) for name in fields}))
+    else:
+        print(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens (nll "
+              f"{result.nll:.4f} nats/token; numerics {result.numerics}, window "
+              f"{result.window}, stride {result.stride}, chunk {result.chunk}; "
+              f"{result.seconds:.1f} s)")
     return 0
 
 

@@ -55,6 +55,34 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: The numerics of the quantized matmuls (the ``quantized_matmul`` op's
+#: ``numerics``): ``"exact"``, MLX's float numerics (weights dequantized,
+#: float products); ``"int8"``, llama.cpp's (activations quantized to 8 bits
+#: per weight group, integer dot products).
+NUMERICS = ("exact", "int8")
+#: The numerics choice that picks by device (see :func:`resolve_numerics`).
+AUTO_NUMERICS = "auto"
+
+
+def resolve_numerics(numerics: str | None, native: bool | None = None) -> str:
+    """The quantized matmuls' numerics a choice means: ``"exact"`` or
+    ``"int8"`` as given; None or ``"auto"``: ``"int8"`` (llama.cpp's numerics,
+    what users of quantized models expect on the CPU) when the default device
+    is the CPU and the native kernels are not turned off (``native=False``,
+    or ``MLXPROG_NATIVE=0`` with ``native=None``: only the native kernels
+    implement it), ``"exact"`` otherwise. Anything else is a
+    :class:`ModelError` naming the choices."""
+    if numerics is None or numerics == AUTO_NUMERICS:
+        from .. import native as native_kernels
+
+        enabled = native_kernels.default_enabled() if native is None else native
+        return "int8" if enabled and mx.default_device() == mx.cpu else "exact"
+    if numerics not in NUMERICS:
+        raise ModelError(f"numerics must be one of {AUTO_NUMERICS!r}, "
+                         f"{', '.join(map(repr, NUMERICS))} or None, got {numerics!r}")
+    return numerics
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters of a llama-family decoder (Llama, SmolLM2, Mistral, Qwen2).

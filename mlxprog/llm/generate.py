@@ -25,7 +25,7 @@ import mlx.core as mx
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
 from .cache import CacheLayout, PromptCache
-from .config import Checkpoint, ModelError, is_int
+from .config import NUMERICS, Checkpoint, ModelError, is_int, resolve_numerics
 from .engine import Engine, Generation, Piece, Request, run
 from .model_files import load_checkpoint
 from .programs import (
@@ -169,6 +169,16 @@ class LLM:
     ``native`` is passed to :func:`mlxprog.compile` (None: the
     ``MLXPROG_NATIVE`` default; False: MLX's own CPU ops).
 
+    ``numerics`` is the decode steps' quantized matmuls' (:attr:`numerics`
+    holds the resolved choice): ``"exact"``, MLX's float numerics;
+    ``"int8"``, llama.cpp's (activations quantized to 8 bits per weight
+    group, integer dot products); None or ``"auto"``: ``"int8"`` on the CPU
+    with the native kernels, ``"exact"`` otherwise (see
+    :func:`~mlxprog.llm.config.resolve_numerics`). The prefill stays exact
+    (see :func:`program_numerics`). Where a kernel cannot honour ``"int8"``
+    (an op on the GPU, bits the integer path lacks) it computes exactly and
+    the executable's ``stats`` say so.
+
     ``group`` (an ``mx.distributed`` group of more than one process) runs the
     model tensor-parallel over it: this process builds and runs its rank's
     programs (:attr:`world_size`, :attr:`rank`; see
@@ -182,7 +192,7 @@ class LLM:
                  programs: Mapping[str, Program] | None = None,
                  programs_sampling: Sampling = Sampling(),
                  cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
-                 group: mx.distributed.Group | None = None):
+                 group: mx.distributed.Group | None = None, numerics: str | None = None):
         if not is_int(max_length) or max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length!r}")
         if not is_int(cache_step) or cache_step < 1:
@@ -193,6 +203,9 @@ class LLM:
         self.max_length = max_length
         self.cache_step = cache_step
         self.native = native
+        #: The quantized matmuls' numerics the programs are built with:
+        #: ``"exact"`` or ``"int8"``.
+        self.numerics = resolve_numerics(numerics, native)
         self.spec = ModelSpec.of(checkpoint)
         # A group of one process needs no collectives: the unsharded programs.
         self.group = group if group is not None and group.size() > 1 else None
@@ -235,7 +248,16 @@ class LLM:
                                  f"{sampling} needs programs built (or exported) for it")
             return self._given[kind]
         return builders[kind](self.spec, self.max_length, sampling,
-                              world_size=self.world_size, rank=self.rank)
+                              world_size=self.world_size, rank=self.rank,
+                              numerics=program_numerics(kind, self.numerics))
+
+    def compile(self, program: Program, **options: Any) -> Executable:
+        """``program``, built for this model (its captures named as the
+        model's weights, e.g. with :class:`~mlxprog.llm.ModelSpec`), compiled
+        with this process's weights as captures, the model's ``native`` choice
+        and its group; ``options`` go to :func:`mlxprog.compile`."""
+        return compile_program(program, captures=self._captures, native=self.native,
+                               group=self.group, **options)
 
     def executable(self, kind: str, sampling: Sampling | None = None) -> Executable:
         """The compiled :meth:`program` of ``kind`` for ``sampling`` (cached).
@@ -244,10 +266,10 @@ class LLM:
         :meth:`generate_in_program`)."""
         key = (kind, _sampling_of(kind, sampling))
         if key not in self._executables:
-            self._executables[key] = compile_program(
-                self.program(*key), captures=self._captures,
+            self._executables[key] = self.compile(
+                self.program(*key),
                 callbacks={"emit": _emit} if kind == "decode_loop" else None,
-                native=self.native, max_traces=MAX_TRACES, group=self.group,
+                max_traces=MAX_TRACES,
             )
         return self._executables[key]
 
@@ -422,16 +444,30 @@ class LLM:
         return request.result()
 
 
+def program_numerics(kind: str, numerics: str) -> str:
+    """The numerics of the LLM's ``kind`` program under its ``numerics``:
+    the decode steps take the LLM's choice; the prefill is always
+    ``"exact"``. A prefill multiplies one row per prompt token, and from
+    eight rows on the int8 kernel hands the quantized activations to the
+    same float kernel the exact path runs (docs/native.md), so int8 would
+    save no time there and only round the prompt's activations: the logits
+    that pick the first token stay exact. (On the README prompt the first
+    token is a tie, "The" 0.08 ahead of "L" in the logits, that 8-bit
+    activations flip everywhere, llama.cpp's included.)"""
+    return "exact" if kind == "prefill" else numerics
+
+
 def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
          cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
-         group: mx.distributed.Group | None = None) -> LLM:
+         group: mx.distributed.Group | None = None, numerics: str | None = None) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
-    see :class:`LLM` for ``max_length``, ``cache_step`` and ``native``.
+    see :class:`LLM` for ``max_length``, ``cache_step``, ``native`` and
+    ``numerics`` (None: ``"int8"`` on the CPU, ``"exact"`` otherwise).
     ``group=mx.distributed.init()`` splits the model over the launched
     processes when there are several (tensor parallelism; see :class:`LLM`)."""
     return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step,
-               native=native, group=group)
+               native=native, group=group, numerics=numerics)
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")
@@ -444,7 +480,9 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
     (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
     weights bound by capture name from the model file. Programs exported for
     several ranks (``rank<r>/``, ``--world-size``) run on a ``group`` of that
-    size, each process its rank's."""
+    size, each process its rank's. The LLM's :attr:`~LLM.numerics` are the
+    ones the programs were exported with (the manifest's; ``"exact"`` for a
+    manifest that predates the choice)."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
@@ -456,13 +494,17 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
         raise ModelError(f"{directory}: the programs were exported for world_size "
                          f"{world_size}; run them on that many processes (mlx.launch -n "
                          f"{world_size}), not {size}")
+    numerics = manifest.get("numerics", "exact")
+    if numerics not in NUMERICS:
+        raise ModelError(f"{manifest_path}: numerics {numerics!r} is not one of "
+                         f"{', '.join(map(repr, NUMERICS))}")
     where = directory if world_size == 1 else directory / f"rank{group.rank()}"
     programs = {kind: Program.load(where / f"{kind}.json") for kind in EXPORTED}
     llm = LLM(load_checkpoint(model if model is not None else manifest.get("model")),
               max_length=manifest["max_length"], programs=programs,
               programs_sampling=Sampling(**manifest["sampling"]),
               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native,
-              group=group)
+              group=group, numerics=numerics)
     expected = list(PrefillInputs.names_for(llm.config.num_layers))
     if [s.name for s in programs["prefill"].inputs] != expected:
         raise ModelError(f"{where / 'prefill.json'}: its inputs are not this version's "
@@ -473,7 +515,8 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
 def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
            world_size: int = 1) -> list[Path]:
     """Write the model's programs as JSON (weights stay in the model file) plus a
-    manifest naming the model, the cache length and growth step, and the
+    manifest naming the model, the cache length and growth step, the
+    quantized matmuls' numerics (the LLM's :attr:`~LLM.numerics`) and the
     decode loop's sampling; the prefill and decode step return logits (each
     token is picked outside them, so any sampling runs them). With
     ``world_size > 1``, each rank's programs of the tensor-parallel model go
@@ -491,7 +534,8 @@ def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
         builders = {"prefill": build_prefill, "decode": build_decode,
                     "decode_loop": build_decode_loop}
         per_rank = [{kind: builders[kind](llm.spec, llm.max_length, samplings[kind],
-                                          world_size=world_size, rank=rank)
+                                          world_size=world_size, rank=rank,
+                                          numerics=program_numerics(kind, llm.numerics))
                      for kind in EXPORTED} for rank in range(world_size)]
     written = []
     for rank, programs in enumerate(per_rank):
@@ -505,6 +549,7 @@ def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
         "model": str(llm.checkpoint.path),
         "max_length": llm.max_length,
         "cache_step": llm.cache_step,
+        "numerics": llm.numerics,
         "sampling": dataclasses.asdict(sampling),
         # The input names are the same on every rank (only the caches' shapes differ).
         "inputs": {kind: [s.name for s in per_rank[0][kind].inputs] for kind in EXPORTED},

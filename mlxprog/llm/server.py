@@ -896,8 +896,10 @@ class Server:
                                "waiting": s.waiting, "max_batch": s.engine.max_batch})
 
     def _model_card(self) -> dict[str, Any]:
+        # OpenAI's fields, then the quantized matmuls' numerics (clients
+        # ignore fields they do not know).
         return {"id": self.model_id, "object": "model", "created": self.created,
-                "owned_by": "mlxprog"}
+                "owned_by": "mlxprog", "numerics": self.llm.numerics}
 
     # -- helpers ---------------------------------------------------------------
     async def _body(self, request: HTTPRequest, model: type[T]) -> T:
@@ -1007,15 +1009,16 @@ def model_name(llm: LLM) -> str:
 def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           max_length: int = DEFAULT_MAX_LENGTH, max_batch: int = DEFAULT_MAX_BATCH,
           prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE, model_id: str | None = None,
-          native: bool | None = None) -> None:
-    """Load ``model`` (see :func:`~mlxprog.llm.load`) and serve it until
-    Ctrl-C, logging one line per request on stderr."""
+          native: bool | None = None, numerics: str | None = None) -> None:
+    """Load ``model`` (see :func:`~mlxprog.llm.load` for ``native`` and
+    ``numerics``) and serve it until Ctrl-C, logging one line per request on
+    stderr."""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    llm = load(model, max_length=max_length, native=native)
+    llm = load(model, max_length=max_length, native=native, numerics=numerics)
     Server(llm, model_id=model_id, max_batch=max_batch,
            prompt_cache_size=prompt_cache_size).run(host, port)

@@ -54,7 +54,10 @@ def model_paths(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def llms(model_paths) -> dict[str, LLM]:
-    return {kind: load(path, max_length=MAX_LENGTH) for kind, path in model_paths.items()}
+    # Exact numerics: these models are checked against float references (the
+    # int8 mode's own checks are in test_numerics.py and test_perplexity.py).
+    return {kind: load(path, max_length=MAX_LENGTH, numerics="exact")
+            for kind, path in model_paths.items()}
 
 
 @pytest.fixture(params=KINDS)
