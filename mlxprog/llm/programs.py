@@ -621,12 +621,16 @@ class _Model:
     def mlp(self, sb, i: int, x: Value) -> Value:
         """Layer ``i``'s SwiGLU MLP of the normed ``x`` (before the ranks'
         partial sums are added: the down projection reduces); with the fused
-        gate/up projection, one matmul split in two."""
+        gate/up projection, one matmul whose halves go to one SwiGLU."""
         p = f"layers.{i}.mlp"
         if f"{p}.gate_up_proj" in self.spec.fused:
             gate_rows = self.spec.local_shape(f"{p}.gate_proj.weight", self.shard)[0]
-            gate, up = sb.split(self.linear(sb, f"{p}.gate_up_proj", x),
-                                indices_or_sections=[gate_rows], axis=-1)
+            fused = self.linear(sb, f"{p}.gate_up_proj", x)
+            if 2 * gate_rows == self.spec.local_shape(f"{p}.gate_up_proj.weight",
+                                                      self.shard)[0]:
+                # Gate and up are the halves: one SwiGLU node, no split.
+                return self.linear(sb, f"{p}.down_proj", sb.fast_swiglu(fused), reduce=True)
+            gate, up = sb.split(fused, indices_or_sections=[gate_rows], axis=-1)
         else:
             gate = self.linear(sb, f"{p}.gate_proj", x)
             up = self.linear(sb, f"{p}.up_proj", x)

@@ -107,6 +107,23 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array | Non
     return native.rms_norm(x, weight, eps=eps)
 
 
+def covers_swiglu_halves(x: AVal) -> bool:
+    """Whether the native SwiGLU over halves computes this case: float32 x
+    of rank >= 1 with a non-empty, even last axis."""
+    (shape, dtype) = x
+    return dtype == mx.float32 and len(shape) >= 1 and shape[-1] > 0 and shape[-1] % 2 == 0
+
+
+def swiglu_halves(x: mx.array) -> mx.array | None:
+    """The native ``silu(x[..., :I]) * x[..., I:]``, or None where it does not
+    apply."""
+    native = active()
+    if native is None or not covers_swiglu_halves(AVal.of(x)):
+        return None
+    record("fast_swiglu")
+    return native.swiglu_halves(x)
+
+
 def covers_add_rms_norm(x: AVal, y: AVal, weight: AVal) -> bool:
     """Whether the native add + RMS norm computes this case: float32 x and y
     of one shape, rank >= 1 with a non-empty last axis, weight float32 ``[D]``."""

@@ -81,10 +81,32 @@ def fast_layer_norm(operands, attrs):
     return mx.fast.layer_norm(x, weight, bias[0] if bias else None, attrs.eps)
 
 
-@register_op("fast_swiglu", operands=2)
+def _check_swiglu(avals: list[AVal], attrs) -> None:
+    """One operand: its last axis holds the gate, then up (even length)."""
+    if len(avals) == 1 and (not avals[0].shape or avals[0].shape[-1] % 2):
+        raise ValueError(f"one operand holds gate and up as the halves of its last axis, "
+                         f"which must have an even length; found {avals[0]}")
+
+
+def _native_swiglu(avals, attrs) -> bool:
+    """Whether the native kernel computes this instruction (the one-operand form)."""
+    return len(avals) == 1 and native.covers_swiglu_halves(avals[0])
+
+
+@register_op("fast_swiglu", operands=(1, 2), check=_check_swiglu,
+             native_coverage=_native_swiglu)
 def fast_swiglu(operands, attrs):
-    """The SwiGLU gate ``silu(gate) * up``. Operands: gate, up (broadcasting)."""
-    gate, up = operands
+    """The SwiGLU gate ``silu(gate) * up``. Operands: gate and up
+    (broadcasting), or one operand ``[..., 2I]`` holding gate then up along
+    its last axis (a fused gate/up projection's output), which gives
+    ``[..., I]``: on the CPU with native kernels (float32) one graph node."""
+    if len(operands) == 1:
+        out = native.swiglu_halves(operands[0])
+        if out is not None:
+            return out
+        gate, up = mx.split(operands[0], 2, axis=-1)
+    else:
+        gate, up = operands
     return gate * mx.sigmoid(gate) * up
 
 

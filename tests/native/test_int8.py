@@ -22,23 +22,6 @@ RTOL = {mx.float32: 2e-5, mx.float16: 4e-3, mx.bfloat16: 3e-2}
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 
 
-@pytest.fixture(scope="module")
-def ext():
-    """The loaded extension: CI builds it, so its absence is a failure."""
-    state = native.status()
-    assert state.available, f"native kernels did not build: {state.reason}"
-    return native.module()
-
-
-@pytest.fixture(params=["best", "portable"])
-def table(request, ext):
-    """The best kernel table this CPU runs, and the portable one (the tables
-    between them are compared in test_int8_tables_agree)."""
-    ext.set_isa(request.param)
-    yield request.param
-    ext.set_isa("best")
-
-
 def f64(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.float32)).astype(np.float64)
 
@@ -94,7 +77,7 @@ def int8_qmm(ext, x, w, scales, biases, group_size, bits):
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])
-def test_int8_matches_reference(ext, table, bits, group_size, rows):
+def test_int8_matches_reference(ext, isa, bits, group_size, rows):
     rng = np.random.default_rng(bits * 1000 + group_size + rows)
     K = 3 * group_size
     for n in (1, 4, 37):  # weight-row tiles of four, and the tails
@@ -105,7 +88,7 @@ def test_int8_matches_reference(ext, table, bits, group_size, rows):
         check_int8(got, x, w, scales, biases, group_size, bits, mx.float32)
 
 
-def test_int8_is_not_the_exact_product(ext, table):
+def test_int8_is_not_the_exact_product(ext, isa):
     """A kernel that ignored the numerics would pass the bound check; the
     activation rounding must be visible."""
     rng = np.random.default_rng(5)
@@ -140,7 +123,7 @@ def test_int8_tables_agree(ext, bits, group_size):
 
 @pytest.mark.parametrize("x_dtype", DTYPES)
 @pytest.mark.parametrize("scale_dtype", DTYPES)
-def test_int8_dtypes_promote_like_mlx(ext, table, x_dtype, scale_dtype):
+def test_int8_dtypes_promote_like_mlx(ext, isa, x_dtype, scale_dtype):
     rng = np.random.default_rng(7)
     w, scales, biases = quantized(rng, (24, 128), scale_dtype, 32, 4)
     x = mx.array(rng.standard_normal((2, 128)).astype(np.float32)).astype(x_dtype)
@@ -151,7 +134,7 @@ def test_int8_dtypes_promote_like_mlx(ext, table, x_dtype, scale_dtype):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 96), (2, 3, 96), (2, 1, 4, 96), (7, 96), (1, 96)])
-def test_int8_batch_dims(ext, table, shape):
+def test_int8_batch_dims(ext, isa, shape):
     rng = np.random.default_rng(8)
     w, scales, biases = quantized(rng, (5, 96), mx.float32, 32, 4)
     x = mx.array(rng.standard_normal(shape).astype(np.float32))
@@ -160,7 +143,7 @@ def test_int8_batch_dims(ext, table, shape):
     check_int8(got.reshape(-1, 5), x.reshape(-1, 96), w, scales, biases, 32, 4, mx.float32)
 
 
-def test_int8_non_contiguous_inputs(ext, table):
+def test_int8_non_contiguous_inputs(ext, isa):
     rng = np.random.default_rng(9)
     w, scales, biases = quantized(rng, (64, 128), mx.float32, 32, 4)
     base = mx.array(rng.standard_normal((6, 128, 4)).astype(np.float32))
@@ -176,7 +159,7 @@ def test_int8_non_contiguous_inputs(ext, table):
     check_int8(int8_qmm(ext, x, wt, st2, bt, 32, 8), x, wt, st, bt, 32, 8, mx.float32)
 
 
-def test_int8_special_values(ext, table):
+def test_int8_special_values(ext, isa):
     w, scales, biases = quantized(np.random.default_rng(10), (8, 64), mx.float32, 32, 4)
     zeros = int8_qmm(ext, mx.zeros((1, 64)), w, scales, biases, 32, 4)
     assert (np.array(zeros) == 0).all()

@@ -21,22 +21,6 @@ DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 RTOL = {mx.float32: 2e-5, mx.float16: 4e-3, mx.bfloat16: 3e-2}
 
 
-@pytest.fixture(scope="module")
-def ext():
-    """The loaded extension: CI builds it, so its absence is a failure."""
-    state = native.status()
-    assert state.available, f"native kernels did not build: {state.reason}"
-    return native.module()
-
-
-@pytest.fixture(params=["best", "portable"])
-def isa(request, ext):
-    """Run a test on the vector kernels and on the portable ones."""
-    ext.set_isa(request.param)
-    yield request.param
-    ext.set_isa("best")
-
-
 def f64(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.float32)).astype(np.float64)
 

@@ -77,6 +77,14 @@ struct AttentionProblem {
   float scale;
 };
 
+// SwiGLU over the two halves of each row of x (rows x 2I, float32): out[r,
+// i] = silu(x[r, i]) * x[r, I + i].
+struct SwigluProblem {
+  const float* x;
+  float* out;  // rows x I
+  int64_t I;
+};
+
 struct Kernels {
   const char* isa;
   // Convert x (M x K, `dtype`) to float32 in the order the qmm kernel reads
@@ -92,6 +100,8 @@ struct Kernels {
   void (*prepare_qmm_q8)(const void* x, DType dtype, int64_t M, int64_t K, int bits,
                          int group_size, float* xp, int8_t* xq, float* xd, float* xqsum);
   void (*qmm_q8)(const QmmProblem& p, int64_t n0, int64_t n1);
+  // Rows [r0, r1) of a SwiGLU over halves.
+  void (*swiglu)(const SwigluProblem& p, int64_t r0, int64_t r1);
   // Rows [r0, r1) of an RMS norm.
   void (*rms_norm)(const RmsNormProblem& p, int64_t r0, int64_t r1);
   // Rows [r0, r1) of a rotary embedding (row = (b * H + h) * T + t).

@@ -223,6 +223,48 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                    {x, w, scales, biases});
 }
 
+// -- SwiGLU over the halves of a row -------------------------------------------------------
+
+// silu(gate) * up with gate and up the two halves of x's last axis (a fused
+// gate/up projection's output): one node instead of a split and the SwiGLU.
+class SwigluHalves : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    enqueue(out, [x = inputs[0]](mx::array& out) mutable {
+      std::vector<uint8_t> keep;
+      SwigluProblem p{};
+      p.x = static_cast<const float*>(contiguous_data(x, keep));
+      p.out = out.data<float>();
+      p.I = out.shape(-1);
+      const int64_t rows = p.I ? static_cast<int64_t>(out.size()) / p.I : 0;
+      const Kernels& kernels = *active_kernels;
+      ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 1, 256),
+                                          [&](int64_t r0, int64_t r1) { kernels.swiglu(p, r0, r1); });
+    });
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() /= 2;
+    return {shape};
+  }
+
+  const char* name() const override { return "MlxprogSwigluHalves"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const SwigluHalves*>(&other) != nullptr;
+  }
+};
+
+mx::array swiglu_halves(const mx::array& x) {
+  mx::Shape shape = x.shape();
+  shape.back() /= 2;
+  return mx::array(shape, mx::float32,
+                   std::make_shared<SwigluHalves>(mx::default_stream(mx::Device::cpu)), {x});
+}
+
 // -- RMS norm ------------------------------------------------------------------------
 
 class RmsNorm : public CpuPrimitive {
@@ -683,6 +725,8 @@ NB_MODULE(_mlxprog_native, m) {
   m.def("add_rms_norm", &mlxprog::add_rms_norm, nb::arg("x"), nb::arg("y"), nb::arg("weight"),
         nb::kw_only(), nb::arg("eps"),
         "(x + y, rms_norm(x + y) * weight) for float32 x, y [..., D] and weight [D].");
+  m.def("swiglu_halves", &mlxprog::swiglu_halves, nb::arg("x"),
+        "silu(x[..., :I]) * x[..., I:] for float32 x [..., 2I].");
   m.def("rms_norm", &mlxprog::rms_norm, nb::arg("x"), nb::arg("weight"), nb::kw_only(),
         nb::arg("eps"), "RMS norm over the last axis, as MLX's CPU rms_norm.");
   m.def("rope", &mlxprog::rope, nb::arg("x"), nb::arg("offsets"), nb::kw_only(),

@@ -1,7 +1,8 @@
-"""``kv_cache_attention_block``: the fused attention block (heads of a fused
-q/k/v projection, RoPE, cache writes, attention) against the same steps
-written with the separate ops, on the native kernel and on MLX's ops; and
-its validation."""
+"""The fused ops that keep a decode step's graph small, each against the
+same steps written with the separate ops, on the native kernel and on MLX's
+ops, and their validation: ``kv_cache_attention_block`` (heads of a fused
+q/k/v projection, RoPE, cache writes, attention), ``fast_add_rms_norm`` and
+the one-operand ``fast_swiglu``."""
 
 from __future__ import annotations
 
@@ -214,3 +215,31 @@ def test_add_rms_norm_validation(shapes, message):
     x, y, w = (b.input(f"a{i}", s, "float32") for i, s in enumerate(shapes))
     with pytest.raises(mp.ValidationError, match=message):
         b.fast_add_rms_norm(x, y, w)
+
+
+# -- fast_swiglu over halves ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1, 2 * 37), (3, 5, 16), (2,)])
+def test_swiglu_of_halves_is_the_two_operand_form(native, shape):
+    rng = np.random.default_rng(5)
+    b = mp.ProgramBuilder("swiglu")
+    x = b.input("x", shape, "float32")
+    gate, up = b.split(x, indices_or_sections=2, axis=-1)
+    prog = b.build([b.fast_swiglu(x), b.fast_swiglu(gate, up)])
+    exe = mp.compile(prog, native=native)
+    values = (rng.standard_normal(shape) * 6).astype(np.float32)
+    flat = values.reshape(-1)
+    flat[: min(3, flat.size)] = [np.inf, -np.inf, np.nan][: min(3, flat.size)]
+    halves, pair = exe(mx.array(values))
+    assert halves.shape == (*shape[:-1], shape[-1] // 2)
+    np.testing.assert_allclose(np.array(halves), np.array(pair), rtol=2e-6, atol=1e-6)
+    assert exe.stats.native_ops.get("fast_swiglu", 0) == (1 if native else 0)
+
+
+def test_swiglu_of_one_operand_needs_an_even_last_axis():
+    b = mp.ProgramBuilder("bad")
+    x = b.input("x", (2, 5), "float32")
+    with pytest.raises(mp.ValidationError, match="even length"):
+        b.fast_swiglu(x)
