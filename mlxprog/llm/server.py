@@ -516,12 +516,14 @@ class Scheduler:
 
     def _fail_running(self, e: Exception) -> None:
         """Fail every running row after ``e`` and start a new engine: the
-        batch's caches may be inconsistent."""
+        batch's caches may be inconsistent. The new engine is in place before
+        any client hears of the failure, so its next request finds it."""
         error = self._error(e)
-        for job in self._jobs.values():
-            job.deliver(error)
+        jobs = list(self._jobs.values())
         self._jobs.clear()
         self.engine = Engine(self.llm, self.engine.max_batch)
+        for job in jobs:
+            job.deliver(error)
 
     def _fail_all(self, error: APIError) -> None:
         with self._wake:
