@@ -21,8 +21,8 @@ Environment: ``MLXPROG_NATIVE=0`` (the executables' default: off; on
 otherwise), ``MLXPROG_NATIVE_THREADS`` (threads, the calling one included;
 default: the usable cores), ``MLXPROG_NATIVE_ISA`` (a kernel table the CPU
 runs: ``portable`` for no vector code, ``avx2`` for AVX2 without VNNI, ...;
-the extension's ``isas()`` lists them), ``MLXPROG_NATIVE_SPIN_US`` (how long idle workers spin before
-sleeping, default 50), and for the build ``MLXPROG_CACHE_DIR`` and
+the extension's ``isas()`` lists them), ``MLXPROG_NATIVE_SPIN_US`` (how long
+idle workers spin before sleeping, default 50), and for the build ``MLXPROG_CACHE_DIR`` and
 ``MLXPROG_NATIVE_REBUILD`` (see :mod:`.build`).
 """
 

@@ -51,9 +51,10 @@ class Stats:
     instructions that took one (once per trace when compiled, once per call
     when eager); ``numerics_fallbacks`` counts, by (op, reason), those that
     asked for numerics no kernel here honours (``quantized_matmul``'s
-    ``"int8"`` off the CPU, say) and computed exactly instead. ``segments[i].nodes`` (``segment_nodes`` in :meth:`as_dict`)
-    is the number of MLX nodes a call of segment i evaluates, counted when it
-    is traced. ``exe.stats`` is live; ``exe.stats.as_dict()`` snapshots it."""
+    ``"int8"`` off the CPU, say) and computed exactly instead.
+    ``segments[i].nodes`` (``segment_nodes`` in :meth:`as_dict`) is the
+    number of MLX nodes a call of segment i evaluates, counted when it is
+    traced. ``exe.stats`` is live; ``exe.stats.as_dict()`` snapshots it."""
 
     calls: int = 0
     traces: int = 0
