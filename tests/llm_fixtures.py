@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import pytest
 from tokenizers import pre_tokenizers
 
-from mlxprog.llm import Quantization, Tokenizer
+from mlxprog.llm import ModelError, Quantization, Tokenizer, default_model_path
 
 CHAT_PROMPT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
                "<|im_start|>assistant\n")
@@ -164,3 +165,10 @@ def write_gguf(path: Path, arch: str = "llama", tied: bool = True, sizes: dict |
     return weights
 
 
+def smollm_path() -> Path:
+    """The real SmolLM2-135M-Instruct model file; the test skips where it
+    cannot be had."""
+    try:
+        return default_model_path()
+    except ModelError as e:
+        pytest.skip(f"SmolLM2 model not available: {e}")

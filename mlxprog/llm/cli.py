@@ -235,16 +235,21 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is None and args.prompt != "-":
         return args.prompt
     where = "stdin" if args.prompt_file is None else f"prompt file {args.prompt_file!r}"
+    return read_text(args.prompt_file, "the prompt", where).rstrip("\r\n")
+
+
+def read_text(path: str | None, what: str, where: str) -> str:
+    """The UTF-8 text of file ``path``, or of stdin when ``path`` is None; a
+    :class:`~mlxprog.ProgramError` saying it cannot read ``what`` from
+    ``where`` when that fails."""
     try:
-        if args.prompt_file is None:
-            text = sys.stdin.read()
-        else:
-            with open(args.prompt_file, encoding="utf-8") as file:
-                text = file.read()
+        if path is None:
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as file:
+            return file.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ProgramError(f"cannot read the prompt from {where}: {reason}") from None
-    return text.rstrip("\r\n")
+        raise ProgramError(f"cannot read {what} from {where}: {reason}") from None
 
 
 def _generation_options(args: argparse.Namespace) -> GenerationOptions:
@@ -422,16 +427,9 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     from .perplexity import perplexity
 
     _single_process("perplexity")
-    where = "stdin" if args.file == "-" else f"file {args.file!r}"
-    try:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.file, encoding="utf-8") as file:
-                text = file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ProgramError(f"cannot read the text from {where}: {reason}") from None
+    stdin = args.file == "-"
+    text = read_text(None if stdin else args.file, "the text",
+                     "stdin" if stdin else f"file {args.file!r}")
     result = perplexity(args.model, text, numerics=args.numerics,
                         window=args.window, stride=args.stride, chunk=args.chunk)
     if args.json:

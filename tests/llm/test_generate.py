@@ -24,14 +24,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from llm_fixtures import CHAT_PROMPT, write_gguf, write_hf
+from llm_fixtures import CHAT_PROMPT, smollm_path, write_gguf, write_hf
 from llm_reference import KVCache, ReferenceModel, greedy_generate
 
 import mlxprog as mp
 from mlxprog.cli import main
 from mlxprog.llm import (
     LLM, GenerationOptions, ModelError, Quantization, Sampling, build_decode, build_decode_loop,
-    build_prefill, default_model_path, export, load, load_exported,
+    build_prefill, export, load, load_exported,
 )
 from mlxprog.llm.programs import (
     DecodeInputs, DecodeLoopInputs, LogitsOutputs, LoopOutputs, PrefillInputs, StepOutputs,
@@ -544,11 +544,7 @@ def test_cli_bad_sampling_option_is_an_error(model_paths, capsys, option, value,
 
 @pytest.fixture(scope="module")
 def smollm() -> LLM:
-    try:
-        path = default_model_path()
-    except ModelError as e:
-        pytest.skip(f"SmolLM2 model not available: {e}")
-    return load(path, max_length=MAX_LENGTH)
+    return load(smollm_path(), max_length=MAX_LENGTH)
 
 
 def test_smollm_greedy_answer(smollm):

@@ -15,7 +15,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from llm_fixtures import (
-    CHAT_PROMPT, GGUF_NAME_PAIRS, TINY, TINY_VOCAB, tiny_tokenizer_metadata, write_gguf, write_hf,
+    CHAT_PROMPT, GGUF_NAME_PAIRS, TINY, TINY_VOCAB, smollm_path, tiny_tokenizer_metadata,
+    write_gguf, write_hf,
 )
 from llm_reference import KVCache, ReferenceModel, greedy_generate
 
@@ -36,11 +37,7 @@ MULTIBYTE_TEXT = "Crème brûlée 🦙🇫🇷 naïve 日本語 ½ — ok"
 @pytest.fixture(scope="module")
 def smollm():
     """The real SmolLM2-135M-Instruct checkpoint."""
-    try:
-        path = default_model_path()
-    except ModelError as e:
-        pytest.skip(f"SmolLM2 model not available: {e}")
-    return load_checkpoint(path)
+    return load_checkpoint(smollm_path())
 
 
 def assert_same_weights(actual: dict, expected: dict) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from llm_fixtures import write_gguf, write_hf
+from llm_fixtures import smollm_path, write_gguf, write_hf
 from llm_reference import KVCache, ReferenceModel
 
 from mlxprog.cli import main
-from mlxprog.llm import LLM, ModelError, Quantization, default_model_path, load
+from mlxprog.llm import LLM, ModelError, Quantization, load
 from mlxprog.llm.perplexity import perplexity
 
 TEXT_FILE = Path(__file__).parent.parent / "data" / "declaration_constitution.txt"
@@ -128,11 +128,7 @@ MEASURED_EXACT = 15.55
 
 @pytest.fixture(scope="module")
 def smollm() -> LLM:
-    try:
-        path = default_model_path()
-    except ModelError as e:
-        pytest.skip(f"SmolLM2 model not available: {e}")
-    return load(path, max_length=256, numerics="exact")
+    return load(smollm_path(), max_length=256, numerics="exact")
 
 
 def test_smollm_int8_perplexity_is_within_one_percent_of_exact(smollm):
@@ -146,11 +142,7 @@ def test_smollm_int8_perplexity_is_within_one_percent_of_exact(smollm):
 
 
 def test_smollm_greedy_answer_in_int8_mode():
-    try:
-        path = default_model_path()
-    except ModelError as e:
-        pytest.skip(f"SmolLM2 model not available: {e}")
-    llm = load(path, max_length=256, numerics="int8")
+    llm = load(smollm_path(), max_length=256, numerics="int8")
     assert llm.numerics == "int8"
     out = llm.generate("What is the capital of France?", max_tokens=16)
     assert "Paris" in out.text, out.text

@@ -427,14 +427,11 @@ def test_missing_toolchain_warns_once_and_runs_mlx_ops(monkeypatch):
 
 
 def test_real_model_same_greedy_tokens_native_and_mlx_ops(ext):
-    from llm_fixtures import CHAT_PROMPT
+    from llm_fixtures import CHAT_PROMPT, smollm_path
 
-    from mlxprog.llm import LLM, ModelError, default_model_path, load_checkpoint
+    from mlxprog.llm import LLM, load_checkpoint
 
-    try:
-        checkpoint = load_checkpoint(default_model_path())
-    except ModelError as exc:
-        pytest.skip(f"SmolLM2 model not available: {exc}")
+    checkpoint = load_checkpoint(smollm_path())
     outputs = {}
     for flag in (True, False):
         llm = LLM(checkpoint, max_length=64, native=flag)

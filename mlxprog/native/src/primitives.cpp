@@ -372,6 +372,24 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& y,
 
 // -- RoPE ----------------------------------------------------------------------------
 
+// The RoPE kernel's dims / 2 inverse frequencies, already times `scale`:
+// scale / freqs[i] where `freqs` is given, else scale * base ** (-2i / dims).
+std::vector<float> rope_inv_freqs(int dims, float base, float scale,
+                                  const std::optional<mx::array>& freqs,
+                                  std::vector<uint8_t>& keep) {
+  const int half = dims / 2;
+  std::vector<float> inv_freqs(half);
+  if (freqs) {
+    const float* f = static_cast<const float*>(contiguous_data(*freqs, keep));
+    for (int i = 0; i < half; ++i) inv_freqs[i] = scale / f[i];
+  } else {
+    const float log_base = std::log(base);
+    for (int i = 0; i < half; ++i)
+      inv_freqs[i] = scale * std::exp(-static_cast<float>(i) * (log_base / half));
+  }
+  return inv_freqs;
+}
+
 class Rope : public CpuPrimitive {
  public:
   Rope(mx::Stream stream, int dims, bool traditional, float base, float scale, bool has_freqs)
@@ -399,16 +417,7 @@ class Rope : public CpuPrimitive {
       p.H = p.T * p.D ? static_cast<int64_t>(x.size()) / (p.B * p.T * p.D) : 0;
       p.dims = dims;
       p.traditional = traditional;
-      const int half = dims / 2;
-      std::vector<float> inv_freqs(half);
-      if (freqs) {
-        const float* f = static_cast<const float*>(contiguous_data(*freqs, keep_f));
-        for (int i = 0; i < half; ++i) inv_freqs[i] = scale / f[i];
-      } else {
-        const float log_base = std::log(base);
-        for (int i = 0; i < half; ++i)
-          inv_freqs[i] = scale * std::exp(-static_cast<float>(i) * (log_base / half));
-      }
+      const std::vector<float> inv_freqs = rope_inv_freqs(dims, base, scale, freqs, keep_f);
       p.inv_freqs = inv_freqs.data();
       const int64_t rows = p.B * p.H * p.T;
       const Kernels& kernels = *active_kernels;
@@ -597,16 +606,8 @@ class CacheAttentionBlock : public mx::Primitive {
                             row + (H + H_kv + h) * D, D * sizeof(float));
               }
             }
-          const int half = dims / 2;
-          std::vector<float> inv_freqs(half);
-          if (freqs) {
-            const float* f = static_cast<const float*>(contiguous_data(*freqs, keep_f));
-            for (int i = 0; i < half; ++i) inv_freqs[i] = rope_scale / f[i];
-          } else {
-            const float log_base = std::log(base);
-            for (int i = 0; i < half; ++i)
-              inv_freqs[i] = rope_scale * std::exp(-static_cast<float>(i) * (log_base / half));
-          }
+          const std::vector<float> inv_freqs =
+              rope_inv_freqs(dims, base, rope_scale, freqs, keep_f);
           const Kernels& kernels = *active_kernels;
           const int32_t* offsets = static_cast<const int32_t*>(contiguous_data(positions, keep_p));
           for (const std::pair<float*, int64_t>& heads : {std::pair<float*, int64_t>{q.data(), H},
