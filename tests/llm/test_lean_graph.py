@@ -49,16 +49,17 @@ def unfused(spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, fused={})
 
 
-def step_logits(spec: ModelSpec, checkpoint, world_size: int = 1,
-                rank: int = 0) -> tuple[np.ndarray, np.ndarray, mp.Executable]:
+def step_logits(spec: ModelSpec, checkpoint, world_size: int = 1, rank: int = 0,
+                native: bool | None = None) -> tuple[np.ndarray, np.ndarray, mp.Executable]:
     """The prefill's logits of PROMPT and the next decode step's, with
-    rank ``rank``'s programs; and the decode executable."""
+    rank ``rank``'s programs (``native`` as :func:`mlxprog.compile`); and the
+    decode executable."""
     c = checkpoint.config
     captures = spec.captures(checkpoint, world_size, rank)
     prefill = mp.compile(build_prefill(spec, MAX_LENGTH, None, world_size=world_size,
-                                       rank=rank), captures=captures)
+                                       rank=rank), captures=captures, native=native)
     decode = mp.compile(build_decode(spec, MAX_LENGTH, None, world_size=world_size,
-                                     rank=rank), captures=captures)
+                                     rank=rank), captures=captures, native=native)
     heads = spec.shard(world_size, rank).num_kv_heads
     caches = tuple(mx.zeros((1, heads, MAX_LENGTH, c.head_dim))
                    for _ in range(2 * c.num_layers))
@@ -128,8 +129,10 @@ def test_fused_rank_captures_fit_the_rank_programs(checkpoints, world_size):
 
 
 def test_the_decode_step_has_no_transposes(checkpoints):
+    """On the CPU's native kernels (MLX's ops compose the fused ops with
+    transposes)."""
     checkpoint = checkpoints["hf-q"]
-    *_, decode = step_logits(ModelSpec.of(checkpoint), checkpoint)
+    *_, decode = step_logits(ModelSpec.of(checkpoint), checkpoint, native=True)
     primitives = decode.stats.segments[0].primitives
     assert "Transpose" not in primitives
     assert decode.stats.as_dict()["segment_nodes"] == [decode.stats.segments[0].nodes]

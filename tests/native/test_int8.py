@@ -206,7 +206,8 @@ def test_program_int8_runs_the_kernel(ext, eager):
     rng = np.random.default_rng(12)
     w, scales, biases = quantized(rng, (48, 128), mx.float32, 64, 8)
     prog = qmm_program((2, 128), w, scales, biases, group_size=64, bits=8, numerics="int8")
-    exe = mp.compile(prog, captures={"w": w, "s": scales, "b": biases}, eager=eager)
+    exe = mp.compile(prog, captures={"w": w, "s": scales, "b": biases}, eager=eager,
+                     native=True)
     x = mx.array(rng.standard_normal((2, 128)).astype(np.float32))
     (got,) = exe(x)
     check_int8(got, x, w, scales, biases, 64, 8, mx.float32)

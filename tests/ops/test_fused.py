@@ -99,7 +99,7 @@ def test_block_equals_the_separate_ops(native, case):
 
 
 def test_block_is_one_node_on_the_cpu():
-    exe = mp.compile(block_program(1, 1, 9, 3, 64, 16))
+    exe = mp.compile(block_program(1, 1, 9, 3, 64, 16), native=True)
     exe(*arguments(np.random.default_rng(1), 1, 1, 9, 3, 64, 16, 3, [3]))
     [segment] = exe.stats.segments
     assert segment.primitives.get("MlxprogCacheAttentionBlock") == 1
