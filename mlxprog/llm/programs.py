@@ -662,21 +662,76 @@ class _Model:
                              self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True))
         return h, self.mlp(sb, i, x), k_cache, v_cache
 
+    def whole_layer(self, i: int) -> Quantization | None:
+        """The projections' one quantization where layer ``i`` can be one
+        ``transformer_layer`` op (fused q/k/v and gate/up halves, no
+        projection biases, one rank), else None."""
+        p = f"layers.{i}"
+        names = [f"{p}.self_attn.qkv_proj", f"{p}.self_attn.o_proj", f"{p}.mlp.gate_up_proj",
+                 f"{p}.mlp.down_proj"]
+        quant = {self.spec.quantization.get(name) for name in names}
+        if (self.shard.world_size > 1 or len(quant) != 1 or None in quant
+                or any(name not in self.spec.fused for name in names[::2])
+                or any(f"{name}.bias" in self.spec.weights for name in names)):
+            return None
+        gate_rows = self.spec.local_shape(f"{p}.mlp.gate_proj.weight", self.shard)[0]
+        if 2 * gate_rows != self.spec.local_shape(f"{p}.mlp.gate_up_proj.weight", self.shard)[0]:
+            return None
+        return quant.pop()
+
+    def transformer_layer(self, sb, i: int, quant: Quantization, h: Value, rope_offset,
+                          cache_offset, key_mask, k_cache: Value,
+                          v_cache: Value) -> tuple[Value, Value, Value]:
+        """Layer ``i`` as one ``transformer_layer`` op (see
+        :meth:`whole_layer`): the layer's hidden states and new caches."""
+        p, c = f"layers.{i}", self.c
+        projections = [self.weight(f"{p}.{name}.{part}")
+                       for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
+                                    "mlp.down_proj")
+                       for part in ("weight", "scales", "biases")]
+        freqs = ([sb.constant(list(c.rope_freqs), "float32")]
+                 if c.rope_freqs is not None else [])
+        return sb.transformer_layer(
+            h, self.weight(f"{p}.input_layernorm.weight"), *projections[:6],
+            self.weight(f"{p}.post_attention_layernorm.weight"), *projections[6:], k_cache,
+            v_cache, cache_offset, rope_offset, *freqs, key_mask, heads=self.shard.num_heads,
+            kv_heads=self.shard.num_kv_heads, rope_dims=c.head_dim,
+            traditional=c.rope_traditional, base=c.rope_theta, rope_scale=c.rope_scale,
+            freqs=bool(freqs), eps=c.norm_eps, group_size=quant.group_size, bits=quant.bits,
+            **({} if self.numerics == "exact" else {"numerics": self.numerics}))
+
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
               caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
         """Every layer on the embedded tokens ``h`` [B, T, hidden], then the
-        final norm: the normed hidden states and the new caches. Each
-        residual add is done with the norm after it (:meth:`add_norm`)."""
-        x = self.norm(sb, "layers.0.input_layernorm.weight", h)
+        final norm: the normed hidden states and the new caches. A layer is
+        one ``transformer_layer`` op where it can be (:meth:`whole_layer`);
+        between the others each residual add is done with the norm after it
+        (:meth:`add_norm`: a layer's MLP output is added there)."""
+        pending: Value | None = None  # the last layer's MLP output, not yet added to h
+
+        def normed(name: str) -> Value:
+            nonlocal h, pending
+            if pending is None:
+                return self.norm(sb, name, h)
+            h, x = self.add_norm(sb, name, h, pending)
+            pending = None
+            return x
+
         new_caches: list[Value] = []
         for i in range(self.c.num_layers):
-            h, y, k_cache, v_cache = self.layer(sb, i, h, x, T, rope_offset, cache_offset,
-                                                key_mask, caches[2 * i], caches[2 * i + 1])
+            k_cache, v_cache = caches[2 * i], caches[2 * i + 1]
+            quant = self.whole_layer(i)
+            if quant is not None:
+                if pending is not None:
+                    h, pending = sb.add(h, pending), None
+                h, k_cache, v_cache = self.transformer_layer(
+                    sb, i, quant, h, rope_offset, cache_offset, key_mask, k_cache, v_cache)
+            else:
+                x = normed(f"layers.{i}.input_layernorm.weight")
+                h, pending, k_cache, v_cache = self.layer(
+                    sb, i, h, x, T, rope_offset, cache_offset, key_mask, k_cache, v_cache)
             new_caches += [k_cache, v_cache]
-            norm = (f"layers.{i + 1}.input_layernorm.weight" if i + 1 < self.c.num_layers
-                    else "norm.weight")
-            h, x = self.add_norm(sb, norm, h, y)
-        return x, tuple(new_caches)
+        return normed("norm.weight"), tuple(new_caches)
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
                 caches: Sequence[Value], last_index: Value | None = None

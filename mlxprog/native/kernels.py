@@ -233,6 +233,61 @@ def cache_attention_block(qkv: mx.array, k_cache: mx.array, v_cache: mx.array,
         key_mask=key_mask)
 
 
+def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVal,
+                                       projections: dict[str, list[AVal]], k_cache: AVal,
+                                       v_cache: AVal, *, group_size: int, bits: int,
+                                       numerics: str) -> str:
+    """Why the native transformer layer cannot compute this case ("" when
+    it can): it needs float32 h ``[B, T, hidden]`` and caches, float norm
+    weights, and projections the native quantized matmul covers (4- or
+    8-bit codes in int8 numerics); the op checks how the shapes fit."""
+    if h[1] != mx.float32 or len(h[0]) != 3 or 0 in h[0]:
+        return f"the native layer needs a float32 h [B, T, hidden], found {h}"
+    if not covers_cache_attention_block(
+            AVal((h[0][0], h[0][1], 1), mx.float32), k_cache, v_cache):
+        return f"the native layer needs float32 caches [B, kv_heads, S, D], found {k_cache}"
+    if input_norm[1] not in FLOATS or post_norm[1] not in FLOATS:
+        return "the native layer needs float16, bfloat16 or float32 norm weights"
+    if numerics == "int8" and bits not in Q8_BITS:
+        return f"int8 numerics need 4- or 8-bit codes, found {bits}"
+    for name, (w, scales, biases) in projections.items():
+        features = (w[0][1] * 32 // bits) if len(w[0]) == 2 else 0
+        x = AVal((1, features), mx.float32)
+        if not covers_quantized_matmul(x, w, scales, biases, True, group_size, bits, "affine"):
+            return f"the native quantized matmul does not cover projection {name}"
+    return ""
+
+
+def transformer_layer(h: mx.array, input_norm: mx.array, post_norm: mx.array,
+                      projections: dict[str, list[mx.array]], k_cache: mx.array,
+                      v_cache: mx.array, *, start: mx.array, positions: mx.array, heads: int,
+                      kv_heads: int, dims: int, traditional: bool, base: float,
+                      rope_scale: float, scale: float, eps: float, group_size: int, bits: int,
+                      numerics: str, freqs: mx.array | None,
+                      key_mask: mx.array | None) -> list[mx.array] | None:
+    """The native ``transformer_layer`` (``start``: the clamped int32 cache
+    slot, ``positions``: int32 RoPE start positions; ``projections``: the
+    (w, scales, biases) of qkv, o, gate_up and down): (h, k_cache, v_cache),
+    or None where it does not apply."""
+    native = active()
+    if native is None or (freqs is not None and freqs.dtype != mx.float32):
+        return None
+    avals = {name: [AVal.of(a) for a in parts] for name, parts in projections.items()}
+    if transformer_layer_uncovered_reason(
+            AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals, AVal.of(k_cache),
+            AVal.of(v_cache), group_size=group_size, bits=bits, numerics=numerics):
+        return None
+    record("transformer_layer")
+    if key_mask is not None and key_mask.dtype != mx.bool_:
+        key_mask = key_mask.astype(mx.bool_)
+    return native.transformer_layer(
+        h, input_norm, projections["qkv"], projections["o"], post_norm, projections["gate_up"],
+        projections["down"], k_cache, v_cache, start, positions, heads=heads,
+        kv_heads=kv_heads, dims=dims, traditional=traditional, base=base,
+        rope_scale=rope_scale, scale=scale, eps=eps, group_size=group_size, bits=bits,
+        int8=numerics == "int8", freqs=freqs, key_mask=key_mask)
+
+
 def _int32_vector(a: mx.array) -> mx.array:
     """``a`` as a 1-D int32 array, adding graph nodes only where it is not one
     already (each node costs a few microseconds per evaluation on the CPU)."""

@@ -18,5 +18,6 @@ from . import (  # noqa: F401
     random,
     reduce,
     shape,
+    transformer,
     window,
 )

@@ -136,3 +136,49 @@ def test_the_decode_step_has_no_transposes(checkpoints):
     primitives = decode.stats.segments[0].primitives
     assert "Transpose" not in primitives
     assert decode.stats.as_dict()["segment_nodes"] == [decode.stats.segments[0].nodes]
+
+
+def _ops(program) -> list[str]:
+    return [inst.op for inst in program.instructions]
+
+
+def test_quantized_layers_are_one_op_each(checkpoints):
+    """Fused, quantized alike and without projection biases: each layer is
+    one ``transformer_layer`` (one node on the CPU); the step's logits match
+    the separate projections' (the test above), and the step is a few nodes
+    besides the layers."""
+    checkpoint = checkpoints["hf-q"]
+    spec = ModelSpec.of(checkpoint)
+    layers = TINY["num_layers"]
+    assert _ops(build_decode(spec, MAX_LENGTH, None)).count("transformer_layer") == layers
+    *_, decode = step_logits(spec, checkpoint, native=True)
+    segment = decode.stats.segments[0]
+    assert segment.primitives["MlxprogTransformerLayer"] == layers
+    assert segment.nodes <= layers + 30
+
+
+@pytest.mark.parametrize("kind, world_size", [("qwen2", 1), ("gguf", 1), ("hf-q", 2)])
+def test_other_layers_keep_the_separate_ops(checkpoints, kind, world_size):
+    """Projection biases (Qwen2), float weights and split ranks (whose
+    partial sums meet between the ops) keep the ops one by one."""
+    spec = ModelSpec.of(checkpoints[kind])
+    for rank in range(world_size):
+        ops = _ops(build_decode(spec, MAX_LENGTH, None, world_size=world_size, rank=rank))
+        assert "transformer_layer" not in ops and "kv_cache_attention_block" in ops
+
+
+@pytest.mark.parametrize("separate", [0, 1])
+def test_layers_of_both_kinds_mix(checkpoints, separate):
+    """A layer whose projections stay separate keeps the separate ops (its
+    MLP output is added before a whole layer, or by the final norm); the
+    rest are whole-layer ops, with the same logits as all separate."""
+    checkpoint = checkpoints["hf-q"]
+    spec = ModelSpec.of(checkpoint)
+    spec = dataclasses.replace(spec, fused={name: parts for name, parts in spec.fused.items()
+                                            if not name.startswith(f"layers.{separate}.")})
+    ops = _ops(build_decode(spec, MAX_LENGTH, None))
+    assert ops.count("transformer_layer") == TINY["num_layers"] - 1
+    got = step_logits(spec, checkpoint, native=True)
+    want = step_logits(unfused(spec), checkpoint, native=True)
+    for a, b in zip(got[:2], want[:2]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -37,12 +37,13 @@ def model_path(tmp_path_factory) -> Path:
 
 
 def quantized_matmuls(program) -> list[dict]:
-    """Every ``quantized_matmul`` instruction of ``program``, subprograms included."""
+    """Every instruction of ``program`` that multiplies quantized weights
+    (``quantized_matmul``, ``transformer_layer``), subprograms included."""
     found: list[dict] = []
 
     def walk(node) -> None:
         if isinstance(node, dict):
-            if node.get("op") == "quantized_matmul":
+            if node.get("op") in ("quantized_matmul", "transformer_layer"):
                 found.append(node)
             for value in node.values():
                 walk(value)

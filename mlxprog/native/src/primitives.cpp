@@ -114,6 +114,81 @@ class CpuPrimitive : public mx::UnaryPrimitive {
 
 // -- quantized matmul -----------------------------------------------------------
 
+// A quantized matmul's operands as the kernels read them: packed codes and
+// per-group scales and biases, row-contiguous.
+struct PackedMatrix {
+  const uint8_t* w;
+  const void* scales;
+  const void* biases;
+  DType scales_dtype, biases_dtype;
+  int bits, group_size;
+};
+
+PackedMatrix packed_matrix(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                           int bits, int group_size, std::vector<uint8_t>& keep_w,
+                           std::vector<uint8_t>& keep_s, std::vector<uint8_t>& keep_b) {
+  return {static_cast<const uint8_t*>(contiguous_data(w, keep_w)),
+          contiguous_data(scales, keep_s),
+          contiguous_data(biases, keep_b),
+          dtype_of(scales),
+          dtype_of(biases),
+          bits,
+          group_size};
+}
+
+// out (M x N float32) = x (M x K, `x_dtype`) @ dequantize(m).T (transpose)
+// or x @ dequantize(m); `int8`: the int8 numerics (transpose, 4 or 8 bits).
+// Runs on the calling thread and the pool.
+void run_qmm(const void* x, DType x_dtype, int64_t M, int64_t K, int64_t N,
+             const PackedMatrix& m, bool transpose, bool int8, float* out) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M * N; ++i) out[i] = 0.f;
+    return;
+  }
+  QmmProblem p{};
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.bits = m.bits;
+  p.group_size = m.group_size;
+  p.transpose = transpose;
+  p.w = m.w;
+  p.scales = m.scales;
+  p.biases = m.biases;
+  p.scales_dtype = m.scales_dtype;
+  p.biases_dtype = m.biases_dtype;
+  p.out = out;
+  const int64_t groups = (transpose ? K : N) / m.group_size;
+  std::vector<float> xp(M * K), xsum(transpose ? M * groups : 0);
+  std::vector<int8_t> xq(int8 ? M * K : 0);
+  std::vector<float> xd(int8 ? M * groups : 0), xqsum(int8 ? M * groups : 0);
+  const Kernels& kernels = *active_kernels;
+  p.x = xp.data();  // int8: xhat, for the kernels that multiply it in float
+  if (int8) {
+    kernels.prepare_qmm_q8(x, x_dtype, M, K, m.bits, m.group_size, xp.data(), xq.data(),
+                           xd.data(), xqsum.data());
+    p.xq = xq.data();
+    p.xd = xd.data();
+    p.xqsum = xqsum.data();
+    ThreadPool::instance().parallel_for(N, grain_for(N, 4, 4, 64),
+                                        [&](int64_t n0, int64_t n1) { kernels.qmm_q8(p, n0, n1); });
+    return;
+  }
+  kernels.prepare_qmm_x(x, x_dtype, M, K, m.bits, m.group_size, transpose, xp.data(),
+                        xsum.data());
+  p.xsum = xsum.data();
+  if (transpose) {
+    ThreadPool::instance().parallel_for(N, grain_for(N, 4, 4, 64),
+                                        [&](int64_t n0, int64_t n1) { kernels.qmm(p, n0, n1); });
+  } else {
+    ThreadPool::instance().parallel_for(
+        groups, grain_for(groups, 2, 1, 64), [&](int64_t g0, int64_t g1) {
+          kernels.qmm(p, g0 * m.group_size, g1 * m.group_size);
+        });
+  }
+}
+
 class QuantizedMatmul : public CpuPrimitive {
  public:
   // `int8`: the int8 numerics (kernels_isa.inc; 4- and 8-bit codes,
@@ -127,63 +202,16 @@ class QuantizedMatmul : public CpuPrimitive {
                   group_size = group_size_, bits = bits_, transpose = transpose_,
                   int8 = int8_](mx::array& out) mutable {
       std::vector<uint8_t> keep_x, keep_w, keep_s, keep_b;
-      QmmProblem p{};
-      p.K = x.shape(-1);
-      p.M = static_cast<int64_t>(x.size()) / (p.K ? p.K : 1);
-      p.N = out.shape(-1);
-      p.bits = bits;
-      p.group_size = group_size;
-      p.transpose = transpose;
-      p.w = static_cast<const uint8_t*>(contiguous_data(w, keep_w));
-      p.scales = contiguous_data(scales, keep_s);
-      p.biases = contiguous_data(biases, keep_b);
-      p.scales_dtype = dtype_of(scales);
-      p.biases_dtype = dtype_of(biases);
-      if (p.M == 0 || p.N == 0) return;
-      const int64_t groups = (transpose ? p.K : p.N) / group_size;
-      std::vector<float> xp(p.M * p.K), xsum(transpose ? p.M * groups : 0), staged;
-      std::vector<int8_t> xq(int8 ? p.M * p.K : 0);
-      std::vector<float> xd(int8 ? p.M * groups : 0), xqsum(int8 ? p.M * groups : 0);
-      const Kernels& kernels = *active_kernels;
-      if (int8) {
-        kernels.prepare_qmm_q8(contiguous_data(x, keep_x), dtype_of(x), p.M, p.K, bits,
-                               group_size, xp.data(), xq.data(), xd.data(), xqsum.data());
-        p.x = xp.data();  // xhat, for the kernels that multiply it in float
-        p.xq = xq.data();
-        p.xd = xd.data();
-        p.xqsum = xqsum.data();
-      } else {
-        kernels.prepare_qmm_x(contiguous_data(x, keep_x), dtype_of(x), p.M, p.K, bits,
-                              group_size, transpose, xp.data(), xsum.data());
-        p.x = xp.data();
-        p.xsum = xsum.data();
-      }
-      if (dtype_of(out) == DType::f32) {
-        p.out = out.data<float>();
-      } else {
-        staged.resize(p.M * p.N);
-        p.out = staged.data();
-      }
-      if (p.K == 0) {
-        for (int64_t i = 0; i < p.M * p.N; ++i) p.out[i] = 0.f;
-      } else if (int8) {
-        ThreadPool::instance().parallel_for(
-            p.N, grain_for(p.N, 4, 4, 64),
-            [&](int64_t n0, int64_t n1) { kernels.qmm_q8(p, n0, n1); });
-      } else if (transpose) {
-        ThreadPool::instance().parallel_for(
-            p.N, grain_for(p.N, 4, 4, 64),
-            [&](int64_t n0, int64_t n1) { kernels.qmm(p, n0, n1); });
-      } else {
-        ThreadPool::instance().parallel_for(
-            groups, grain_for(groups, 2, 1, 64), [&](int64_t g0, int64_t g1) {
-              kernels.qmm(p, g0 * group_size, g1 * group_size);
-            });
-      }
+      const int64_t K = x.shape(-1);
+      const int64_t M = static_cast<int64_t>(x.size()) / (K ? K : 1);
+      const int64_t N = out.shape(-1);
+      std::vector<float> staged(dtype_of(out) == DType::f32 ? 0 : M * N);
+      run_qmm(contiguous_data(x, keep_x), dtype_of(x), M, K, N,
+              packed_matrix(w, scales, biases, bits, group_size, keep_w, keep_s, keep_b),
+              transpose, int8, staged.empty() ? out.data<float>() : staged.data());
       write_output(staged, out);
     });
   }
-
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {out_shape(inputs[0], inputs[1], bits_, transpose_)};
@@ -542,7 +570,21 @@ bool donatable_input(const mx::array& in, size_t outputs) {
 // Give `out` the input cache's buffer when it may be donated, as MLX's own
 // slice_update does; else a buffer of its own, which the task fills with a
 // copy. Returns whether the buffer is shared.
-bool share_or_allocate(const mx::array& in, mx::array& out, size_t outputs) {
+//
+// MLX's CPU eval keeps every node's input and output buffers alive until
+// the node's task has run. A decode loop dispatches step n + 1 while step n
+// still runs, so when a node of step n + 1 is dispatched, the cache it takes
+// over is often still held by step n's pending tasks, and nothing else: the
+// array is the node's alone (its descriptor's references) and the buffer
+// its own. Then waiting for `stream` (once a step: by the next layer, step
+// n's tasks are done) lets the cache be updated in place instead of copied,
+// a copy of every layer's cache every step otherwise.
+bool share_or_allocate(const mx::array& in, mx::array& out, size_t outputs,
+                       const mx::Stream& stream) {
+  const auto& data = in.data_shared_ptr();
+  if (descriptor_references(in) == static_cast<long>(outputs) && data && data->is_owned() &&
+      in.flags().row_contiguous && data.use_count() > 1)
+    mx::synchronize(stream);
   if (donatable_input(in, outputs)) {
     out.copy_shared_buffer(in);
     return true;
@@ -551,118 +593,194 @@ bool share_or_allocate(const mx::array& in, mx::array& out, size_t outputs) {
   return false;
 }
 
+// A llama-style attention block's sizes and settings (see
+// run_attention_block).
+struct AttentionBlock {
+  int64_t B, T, H, H_kv, S, D;
+  int64_t start;                // the clamped cache slot of token 0
+  const int32_t* positions;     // RoPE position of token 0, one or per row
+  int64_t n_positions;
+  const float* inv_freqs;       // rope_inv_freqs
+  int dims;
+  bool traditional;
+  float scale;
+  const uint8_t* key_mask;      // B x S, or null
+};
+
+// From the fused projection qkv [B, T, (H + 2 H_kv) D]: q and k heads
+// rotated, k and v written into the caches [B, H_kv, S, D] (already holding
+// the old entries) at slot start, attention into out [B, T, H D].
+void run_attention_block(const AttentionBlock& c, const float* x, float* k_cache,
+                         float* v_cache, float* out) {
+  const int64_t B = c.B, T = c.T, H = c.H, H_kv = c.H_kv, S = c.S, D = c.D;
+  const int64_t F = (H + 2 * H_kv) * D;
+  // Heads out of the token-major projection: q [B, H, T, D] and the new keys
+  // [B, H_kv, T, D], rotated in place; values go straight into the cache.
+  std::vector<float> q(B * H * T * D), k(B * H_kv * T * D);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = x + (b * T + t) * F;
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(&q[((b * H + h) * T + t) * D], row + h * D, D * sizeof(float));
+      for (int64_t h = 0; h < H_kv; ++h) {
+        std::memcpy(&k[((b * H_kv + h) * T + t) * D], row + (H + h) * D, D * sizeof(float));
+        std::memcpy(v_cache + ((b * H_kv + h) * S + c.start + t) * D, row + (H + H_kv + h) * D,
+                    D * sizeof(float));
+      }
+    }
+  const Kernels& kernels = *active_kernels;
+  for (const std::pair<float*, int64_t>& heads :
+       {std::pair<float*, int64_t>{q.data(), H}, std::pair<float*, int64_t>{k.data(), H_kv}}) {
+    RopeProblem r{};
+    r.x = heads.first;
+    r.out = heads.first;  // the kernel reads a row before it writes it
+    r.dtype = DType::f32;
+    r.offsets = c.positions;
+    r.n_offsets = c.n_positions;
+    r.inv_freqs = c.inv_freqs;
+    r.B = B;
+    r.H = heads.second;
+    r.T = T;
+    r.D = D;
+    r.dims = c.dims;
+    r.traditional = c.traditional;
+    const int64_t rows = B * heads.second * T;
+    ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256),
+                                        [&](int64_t r0, int64_t r1) { kernels.rope(r, r0, r1); });
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H_kv; ++h)
+      std::memcpy(k_cache + ((b * H_kv + h) * S + c.start) * D, &k[(b * H_kv + h) * T * D],
+                  T * D * sizeof(float));
+  AttentionProblem a{};
+  a.q = q.data();
+  a.k = k_cache;
+  a.v = v_cache;
+  a.key_mask = c.key_mask;
+  // One token: [B, H, 1, D] is already [B, 1, H D]; else a scratch in head
+  // order, then tokens first.
+  std::vector<float> heads_first(T == 1 ? 0 : B * H * T * D);
+  a.out = T == 1 ? out : heads_first.data();
+  a.B = B;
+  a.H = H;
+  a.T = T;
+  a.D = D;
+  a.H_kv = H_kv;
+  a.S = S;
+  a.start = c.start;
+  a.scale = c.scale;
+  ThreadPool::instance().parallel_for(B * H * T, 1, [&](int64_t i0, int64_t i1) {
+    kernels.attention(a, i0, i1);
+  });
+  if (T != 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          std::memcpy(out + ((b * T + t) * H + h) * D, &heads_first[((b * H + h) * T + t) * D],
+                      D * sizeof(float));
+}
+
+// The attributes of an attention block (a transformer layer has them too).
+struct BlockSettings {
+  int heads, kv_heads, dims;
+  bool traditional;
+  float base, rope_scale, scale;
+  bool has_freqs, has_key_mask;
+
+  bool operator==(const BlockSettings& o) const {
+    return heads == o.heads && kv_heads == o.kv_heads && dims == o.dims &&
+           traditional == o.traditional && base == o.base && rope_scale == o.rope_scale &&
+           scale == o.scale && has_freqs == o.has_freqs && has_key_mask == o.has_key_mask;
+  }
+};
+
+// An attention block's operands after qkv: the caches, start (int32, one
+// element: the clamped cache slot of token 0), positions (int32, one or B:
+// the RoPE position of token 0), then freqs [dims / 2] and key_mask [B, S]
+// (bool) where the settings say; `first` is the index of k_cache.
+struct BlockOperands {
+  mx::array k_cache, v_cache, start, positions;
+  std::optional<mx::array> freqs, key_mask;
+
+  BlockOperands(const BlockSettings& s, const std::vector<mx::array>& inputs, size_t first)
+      : k_cache(inputs[first]), v_cache(inputs[first + 1]), start(inputs[first + 2]),
+        positions(inputs[first + 3]) {
+    size_t next = first + 4;
+    if (s.has_freqs) freqs = inputs[next++];
+    if (s.has_key_mask) key_mask = inputs[next++];
+  }
+};
+
+// Buffers that an AttentionBlock's pointers may point into.
+struct BlockScratch {
+  std::vector<uint8_t> start, positions, freqs, key_mask, k, v;
+  std::vector<float> inv_freqs;
+};
+
+// The outputs' caches, filled with the old ones where the buffers were not
+// donated (`k_shared`, `v_shared`), and the block's sizes and settings for
+// T tokens.
+AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, int64_t T,
+                             bool k_shared, bool v_shared, mx::array& k_out, mx::array& v_out,
+                             BlockScratch& scratch) {
+  if (!k_shared)
+    std::memcpy(k_out.data<void>(), contiguous_data(in.k_cache, scratch.k), k_out.nbytes());
+  if (!v_shared)
+    std::memcpy(v_out.data<void>(), contiguous_data(in.v_cache, scratch.v), v_out.nbytes());
+  scratch.inv_freqs = rope_inv_freqs(s.dims, s.base, s.rope_scale, in.freqs, scratch.freqs);
+  AttentionBlock block{};
+  block.B = in.k_cache.shape(0);
+  block.T = T;
+  block.H = s.heads;
+  block.H_kv = s.kv_heads;
+  block.S = in.k_cache.shape(2);
+  block.D = in.k_cache.shape(3);
+  block.start = *static_cast<const int32_t*>(contiguous_data(in.start, scratch.start));
+  block.positions = static_cast<const int32_t*>(contiguous_data(in.positions, scratch.positions));
+  block.n_positions = static_cast<int64_t>(in.positions.size());
+  block.inv_freqs = scratch.inv_freqs.data();
+  block.dims = s.dims;
+  block.traditional = s.traditional;
+  block.scale = s.scale;
+  block.key_mask = in.key_mask ? static_cast<const uint8_t*>(
+                                     contiguous_data(*in.key_mask, scratch.key_mask))
+                               : nullptr;
+  return block;
+}
+
+std::vector<mx::array> block_inputs(std::vector<mx::array> inputs, const mx::array& k_cache,
+                                    const mx::array& v_cache, const mx::array& start,
+                                    const mx::array& positions,
+                                    const std::optional<mx::array>& freqs,
+                                    const std::optional<mx::array>& key_mask) {
+  for (const mx::array& a : {k_cache, v_cache, start, positions}) inputs.push_back(a);
+  if (freqs) inputs.push_back(*freqs);
+  if (key_mask) inputs.push_back(*key_mask);
+  return inputs;
+}
+
 class CacheAttentionBlock : public mx::Primitive {
  public:
-  CacheAttentionBlock(mx::Stream stream, int heads, int kv_heads, int dims, bool traditional,
-                      float base, float rope_scale, float scale, bool has_freqs,
-                      bool has_key_mask)
-      : mx::Primitive(stream), heads_(heads), kv_heads_(kv_heads), dims_(dims),
-        traditional_(traditional), base_(base), rope_scale_(rope_scale), scale_(scale),
-        has_freqs_(has_freqs), has_key_mask_(has_key_mask) {}
+  CacheAttentionBlock(mx::Stream stream, const BlockSettings& settings)
+      : mx::Primitive(stream), settings_(settings) {}
 
-  // inputs: qkv [B, T, (H + 2 H_kv) D], k_cache and v_cache [B, H_kv, S, D]
-  // (all float32), start (int32, one element: the clamped cache slot of
-  // token 0), positions (int32, one or B: the RoPE position of token 0),
-  // then freqs [dims / 2] and key_mask [B, S] (bool) where present.
-  // outputs: attention [B, T, H D], the new k_cache and v_cache.
+  // inputs: qkv [B, T, (H + 2 H_kv) D], then the BlockOperands (all floats
+  // float32). outputs: attention [B, T, H D], the new k_cache and v_cache.
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const bool k_shared = share_or_allocate(inputs[1], outputs[1], outputs.size());
-    const bool v_shared = share_or_allocate(inputs[2], outputs[2], outputs.size());
+    const bool k_shared = share_or_allocate(inputs[1], outputs[1], outputs.size(), stream());
+    const bool v_shared = share_or_allocate(inputs[2], outputs[2], outputs.size(), stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-    std::optional<mx::array> freqs, key_mask;
-    size_t next = 5;
-    if (has_freqs_) freqs = inputs[next++];
-    if (has_key_mask_) key_mask = inputs[next++];
     mx::cpu::get_command_encoder(stream()).dispatch(
-        [qkv = inputs[0], k_in = inputs[1], v_in = inputs[2], start_in = inputs[3],
-         positions = inputs[4], freqs, key_mask, k_shared, v_shared,
+        [qkv = inputs[0], operands = BlockOperands(settings_, inputs, 1), k_shared, v_shared,
          out = mx::array::unsafe_weak_copy(outputs[0]),
          k_out = mx::array::unsafe_weak_copy(outputs[1]),
-         v_out = mx::array::unsafe_weak_copy(outputs[2]), H = int64_t{heads_},
-         H_kv = int64_t{kv_heads_}, dims = dims_, traditional = traditional_, base = base_,
-         rope_scale = rope_scale_, scale = scale_]() mutable {
-          std::vector<uint8_t> keep_x, keep_s, keep_p, keep_f, keep_m, keep_k, keep_v;
-          const int64_t B = k_in.shape(0), S = k_in.shape(2), D = k_in.shape(3);
-          const int64_t T = qkv.shape(1), F = qkv.shape(2);
-          float* k_cache = k_out.data<float>();
-          float* v_cache = v_out.data<float>();
-          if (!k_shared) std::memcpy(k_cache, contiguous_data(k_in, keep_k), k_out.nbytes());
-          if (!v_shared) std::memcpy(v_cache, contiguous_data(v_in, keep_v), v_out.nbytes());
-          const float* x = static_cast<const float*>(contiguous_data(qkv, keep_x));
-          const int64_t start = *static_cast<const int32_t*>(contiguous_data(start_in, keep_s));
-          // Heads out of the token-major projection: q [B, H, T, D] and the
-          // new keys [B, H_kv, T, D], rotated in place; values go straight
-          // into the cache.
-          std::vector<float> q(B * H * T * D), k(B * H_kv * T * D);
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t t = 0; t < T; ++t) {
-              const float* row = x + (b * T + t) * F;
-              for (int64_t h = 0; h < H; ++h)
-                std::memcpy(&q[((b * H + h) * T + t) * D], row + h * D, D * sizeof(float));
-              for (int64_t h = 0; h < H_kv; ++h) {
-                std::memcpy(&k[((b * H_kv + h) * T + t) * D], row + (H + h) * D,
-                            D * sizeof(float));
-                std::memcpy(v_cache + ((b * H_kv + h) * S + start + t) * D,
-                            row + (H + H_kv + h) * D, D * sizeof(float));
-              }
-            }
-          const std::vector<float> inv_freqs =
-              rope_inv_freqs(dims, base, rope_scale, freqs, keep_f);
-          const Kernels& kernels = *active_kernels;
-          const int32_t* offsets = static_cast<const int32_t*>(contiguous_data(positions, keep_p));
-          for (const std::pair<float*, int64_t>& heads : {std::pair<float*, int64_t>{q.data(), H},
-                                                          std::pair<float*, int64_t>{k.data(), H_kv}}) {
-            RopeProblem r{};
-            r.x = heads.first;
-            r.out = heads.first;  // the kernel reads a row before it writes it
-            r.dtype = DType::f32;
-            r.offsets = offsets;
-            r.n_offsets = static_cast<int64_t>(positions.size());
-            r.inv_freqs = inv_freqs.data();
-            r.B = B;
-            r.H = heads.second;
-            r.T = T;
-            r.D = D;
-            r.dims = dims;
-            r.traditional = traditional;
-            const int64_t rows = B * heads.second * T;
-            ThreadPool::instance().parallel_for(
-                rows, grain_for(rows, 2, 8, 256),
-                [&](int64_t r0, int64_t r1) { kernels.rope(r, r0, r1); });
-          }
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < H_kv; ++h)
-              std::memcpy(k_cache + ((b * H_kv + h) * S + start) * D, &k[(b * H_kv + h) * T * D],
-                          T * D * sizeof(float));
-          AttentionProblem a{};
-          a.q = q.data();
-          a.k = k_cache;
-          a.v = v_cache;
-          a.key_mask =
-              key_mask ? static_cast<const uint8_t*>(contiguous_data(*key_mask, keep_m)) : nullptr;
-          // One token: [B, H, 1, D] is already [B, 1, H D]; else a scratch
-          // in head order, then tokens first.
-          std::vector<float> heads_first(T == 1 ? 0 : B * H * T * D);
-          a.out = T == 1 ? out.data<float>() : heads_first.data();
-          a.B = B;
-          a.H = H;
-          a.T = T;
-          a.D = D;
-          a.H_kv = H_kv;
-          a.S = S;
-          a.start = start;
-          a.scale = scale;
-          ThreadPool::instance().parallel_for(B * H * T, 1, [&](int64_t i0, int64_t i1) {
-            kernels.attention(a, i0, i1);
-          });
-          if (T != 1) {
-            float* o = out.data<float>();
-            for (int64_t b = 0; b < B; ++b)
-              for (int64_t h = 0; h < H; ++h)
-                for (int64_t t = 0; t < T; ++t)
-                  std::memcpy(o + ((b * T + t) * H + h) * D,
-                              &heads_first[((b * H + h) * T + t) * D], D * sizeof(float));
-          }
+         v_out = mx::array::unsafe_weak_copy(outputs[2]), settings = settings_]() mutable {
+          BlockScratch scratch;
+          std::vector<uint8_t> keep_x;
+          const AttentionBlock block = prepare_block(settings, operands, qkv.shape(1), k_shared,
+                                                     v_shared, k_out, v_out, scratch);
+          run_attention_block(block, static_cast<const float*>(contiguous_data(qkv, keep_x)),
+                              k_out.data<float>(), v_out.data<float>(), out.data<float>());
         });
   }
 
@@ -673,24 +791,19 @@ class CacheAttentionBlock : public mx::Primitive {
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     const mx::Shape& x = inputs[0].shape();
-    return {{x[0], x[1], heads_ * inputs[1].shape(3)}, inputs[1].shape(), inputs[2].shape()};
+    return {{x[0], x[1], settings_.heads * inputs[1].shape(3)}, inputs[1].shape(),
+            inputs[2].shape()};
   }
 
   const char* name() const override { return "MlxprogCacheAttentionBlock"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CacheAttentionBlock*>(&other);
-    return o && o->heads_ == heads_ && o->kv_heads_ == kv_heads_ && o->dims_ == dims_ &&
-           o->traditional_ == traditional_ && o->base_ == base_ &&
-           o->rope_scale_ == rope_scale_ && o->scale_ == scale_ &&
-           o->has_freqs_ == has_freqs_ && o->has_key_mask_ == has_key_mask_;
+    return o && o->settings_ == settings_;
   }
 
  private:
-  int heads_, kv_heads_, dims_;
-  bool traditional_;
-  float base_, rope_scale_, scale_;
-  bool has_freqs_, has_key_mask_;
+  BlockSettings settings_;
 };
 
 std::vector<mx::array> cache_attention_block(const mx::array& qkv, const mx::array& k_cache,
@@ -700,16 +813,159 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv, const mx::arr
                                              float rope_scale, float scale,
                                              std::optional<mx::array> freqs,
                                              std::optional<mx::array> key_mask) {
-  std::vector<mx::array> inputs = {qkv, k_cache, v_cache, start, positions};
-  if (freqs) inputs.push_back(*freqs);
-  if (key_mask) inputs.push_back(*key_mask);
+  const BlockSettings settings{heads,      kv_heads, dims,  traditional,        base,
+                               rope_scale, scale,    freqs.has_value(), key_mask.has_value()};
   const mx::Shape out_shape = {qkv.shape(0), qkv.shape(1), heads * k_cache.shape(3)};
   return mx::array::make_arrays(
       {out_shape, k_cache.shape(), v_cache.shape()}, {mx::float32, mx::float32, mx::float32},
-      std::make_shared<CacheAttentionBlock>(mx::default_stream(mx::Device::cpu), heads, kv_heads,
-                                            dims, traditional, base, rope_scale, scale,
-                                            freqs.has_value(), key_mask.has_value()),
-      inputs);
+      std::make_shared<CacheAttentionBlock>(mx::default_stream(mx::Device::cpu), settings),
+      block_inputs({qkv}, k_cache, v_cache, start, positions, freqs, key_mask));
+}
+
+// -- a whole transformer layer -------------------------------------------------------------
+//
+// A llama-style layer (pre-norm attention block and SwiGLU MLP, each added to
+// the residual) as one node: the eight kernels of the separate ops run one
+// after another in one task, through scratch buffers. A decode step of a
+// small model is then a few dozen nodes, and the host's cost of building and
+// dispatching it (microseconds per node, on a core the kernels want) shrinks
+// by as much.
+
+// rows x D: out = rms_norm(x) * weight.
+void run_rms_norm(const float* x, const void* weight, DType weight_dtype, int64_t rows,
+                  int64_t D, float eps, float* out) {
+  RmsNormProblem p{};
+  p.D = D;
+  p.x = x;
+  p.weight = weight;
+  p.out = out;
+  p.dtype = DType::f32;
+  p.weight_dtype = weight_dtype;
+  p.eps = eps;
+  const Kernels& kernels = *active_kernels;
+  ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256),
+                                      [&](int64_t r0, int64_t r1) { kernels.rms_norm(p, r0, r1); });
+}
+
+class TransformerLayer : public mx::Primitive {
+ public:
+  TransformerLayer(mx::Stream stream, const BlockSettings& block, float eps, int group_size,
+                   int bits, bool int8)
+      : mx::Primitive(stream), block_(block), eps_(eps), group_size_(group_size), bits_(bits),
+        int8_(int8) {}
+
+  // inputs: h [B, T, hidden] (float32), the input norm's weight [hidden],
+  // the packed (w, scales, biases) of the qkv projection, then of the output
+  // projection, the post-attention norm's weight, the packed gate/up
+  // projection (gate, then up rows) and the down projection; then the
+  // BlockOperands. outputs: the layer's h [B, T, hidden], the new k_cache
+  // and v_cache.
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const bool k_shared = share_or_allocate(inputs[kBlock], outputs[1], outputs.size(), stream());
+    const bool v_shared = share_or_allocate(inputs[kBlock + 1], outputs[2], outputs.size(), stream());
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    mx::cpu::get_command_encoder(stream()).dispatch(
+        [inputs, operands = BlockOperands(block_, inputs, kBlock), k_shared, v_shared,
+         h_out = mx::array::unsafe_weak_copy(outputs[0]),
+         k_out = mx::array::unsafe_weak_copy(outputs[1]),
+         v_out = mx::array::unsafe_weak_copy(outputs[2]), block_settings = block_, eps = eps_,
+         group_size = group_size_, bits = bits_, int8 = int8_]() mutable {
+          BlockScratch scratch;
+          const mx::array& h_in = inputs[0];
+          const int64_t T = h_in.shape(1), hidden = h_in.shape(2);
+          const int64_t M = h_in.shape(0) * T;
+          const AttentionBlock block = prepare_block(block_settings, operands, T, k_shared,
+                                                     v_shared, k_out, v_out, scratch);
+          const int64_t F = (block.H + 2 * block.H_kv) * block.D, A = block.H * block.D;
+          const int64_t G = inputs[9].shape(0), I = G / 2;  // gate/up rows, MLP width
+          std::vector<std::vector<uint8_t>> keep(inputs.size());
+          auto data = [&](size_t i) { return contiguous_data(inputs[i], keep[i]); };
+          auto matrix = [&](size_t i) {
+            return PackedMatrix{static_cast<const uint8_t*>(data(i)), data(i + 1), data(i + 2),
+                                dtype_of(inputs[i + 1]), dtype_of(inputs[i + 2]), bits,
+                                group_size};
+          };
+          float* h = h_out.data<float>();
+          std::vector<float> x(M * hidden), qkv(M * F), attn(M * A), y(M * hidden), gate_up(M * G),
+              mlp(M * I);
+          run_rms_norm(static_cast<const float*>(data(0)), data(1), dtype_of(inputs[1]), M, hidden,
+                       eps, x.data());
+          run_qmm(x.data(), DType::f32, M, hidden, F, matrix(2), true, int8, qkv.data());
+          run_attention_block(block, qkv.data(), k_out.data<float>(), v_out.data<float>(),
+                              attn.data());
+          run_qmm(attn.data(), DType::f32, M, A, hidden, matrix(5), true, int8, y.data());
+          const float* h0 = static_cast<const float*>(data(0));
+          for (int64_t i = 0; i < M * hidden; ++i) h[i] = h0[i] + y[i];
+          run_rms_norm(h, data(8), dtype_of(inputs[8]), M, hidden, eps, x.data());
+          run_qmm(x.data(), DType::f32, M, hidden, G, matrix(9), true, int8, gate_up.data());
+          SwigluProblem swiglu{gate_up.data(), mlp.data(), I};
+          const Kernels& kernels = *active_kernels;
+          ThreadPool::instance().parallel_for(
+              M, grain_for(M, 2, 1, 256),
+              [&](int64_t r0, int64_t r1) { kernels.swiglu(swiglu, r0, r1); });
+          run_qmm(mlp.data(), DType::f32, M, I, hidden, matrix(12), true, int8, y.data());
+          for (int64_t i = 0; i < M * hidden; ++i) h[i] += y[i];
+        });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(
+        "MlxprogTransformerLayer (an mlxprog native kernel) runs on the CPU only");
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[kBlock].shape(), inputs[kBlock + 1].shape()};
+  }
+
+  const char* name() const override { return "MlxprogTransformerLayer"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const TransformerLayer*>(&other);
+    return o && o->block_ == block_ && o->eps_ == eps_ && o->group_size_ == group_size_ &&
+           o->bits_ == bits_ && o->int8_ == int8_;
+  }
+
+  static constexpr size_t kBlock = 15;  // the index of k_cache among the inputs
+
+ private:
+  BlockSettings block_;
+  float eps_;
+  int group_size_, bits_;
+  bool int8_;
+};
+
+std::vector<mx::array> transformer_layer(
+    const mx::array& h, const mx::array& input_norm, const std::vector<mx::array>& qkv,
+    const std::vector<mx::array>& o, const mx::array& post_norm,
+    const std::vector<mx::array>& gate_up, const std::vector<mx::array>& down,
+    const mx::array& k_cache, const mx::array& v_cache, const mx::array& start,
+    const mx::array& positions, int heads, int kv_heads, int dims, bool traditional, float base,
+    float rope_scale, float scale, float eps, int group_size, int bits, bool int8,
+    std::optional<mx::array> freqs, std::optional<mx::array> key_mask) {
+  for (const auto* m : {&qkv, &o, &gate_up, &down})
+    if (m->size() != 3 || (*m)[0].dtype() != mx::uint32 || (*m)[0].ndim() != 2)
+      throw std::invalid_argument(
+          "mlxprog native transformer_layer: each projection is (w uint32 [N, K], scales, "
+          "biases)");
+  if (h.ndim() != 3 || h.dtype() != mx::float32 || k_cache.dtype() != mx::float32 ||
+      v_cache.dtype() != mx::float32)
+    throw std::invalid_argument(
+        "mlxprog native transformer_layer: h [B, T, hidden] and the caches must be float32");
+  if (int8 && bits != 4 && bits != 8)
+    throw std::invalid_argument("mlxprog native transformer_layer: int8 numerics need 4 or 8 bits");
+  const BlockSettings settings{heads,      kv_heads, dims,  traditional,        base,
+                               rope_scale, scale,    freqs.has_value(), key_mask.has_value()};
+  std::vector<mx::array> inputs = {h, input_norm};
+  inputs.insert(inputs.end(), qkv.begin(), qkv.end());
+  inputs.insert(inputs.end(), o.begin(), o.end());
+  inputs.push_back(post_norm);
+  inputs.insert(inputs.end(), gate_up.begin(), gate_up.end());
+  inputs.insert(inputs.end(), down.begin(), down.end());
+  return mx::array::make_arrays(
+      {h.shape(), k_cache.shape(), v_cache.shape()}, {mx::float32, mx::float32, mx::float32},
+      std::make_shared<TransformerLayer>(mx::default_stream(mx::Device::cpu), settings, eps,
+                                         group_size, bits, int8),
+      block_inputs(std::move(inputs), k_cache, v_cache, start, positions, freqs, key_mask));
 }
 
 }  // namespace
@@ -748,6 +1004,17 @@ NB_MODULE(_mlxprog_native, m) {
         "rotated at positions[b] + t, k and v written into the caches [B, H_kv, S, D] at "
         "slot start, attention as cache_attention; returns (out [B, T, H D], k_cache, "
         "v_cache).");
+  m.def("transformer_layer", &mlxprog::transformer_layer, nb::arg("h"), nb::arg("input_norm"),
+        nb::arg("qkv"), nb::arg("o"), nb::arg("post_norm"), nb::arg("gate_up"), nb::arg("down"),
+        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("start"), nb::arg("positions"),
+        nb::kw_only(), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"),
+        nb::arg("traditional"), nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
+        nb::arg("eps"), nb::arg("group_size"), nb::arg("bits"), nb::arg("int8") = false,
+        nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
+        "A llama-style layer: x = rms_norm(h, input_norm); the attention block of "
+        "qmm(x, qkv) (as cache_attention_block); h += qmm(attention, o); x = rms_norm(h, "
+        "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "
+        "(w, scales, biases), transpose; returns (h, k_cache, v_cache).");
   m.def("isa", [] { return std::string(mlxprog::active_kernels->isa); },
         "The instruction set of the kernels in use.");
   m.def("set_isa", [](const std::string& name) {
