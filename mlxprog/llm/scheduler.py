@@ -26,6 +26,8 @@ from .generate import LLM, GenerationOptions, Prompt
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_PROMPT_CACHE_SIZE = 8
+#: The ``code`` of the error a job gets when the server stops before its end.
+SHUTTING_DOWN = "server_shutting_down"
 
 log = logging.getLogger("mlxprog.serve")
 
@@ -130,6 +132,7 @@ class Scheduler:
         self._jobs: dict[Request, Job] = {}   # the running rows' jobs
         self._wake = threading.Condition()
         self._stopping = False
+        self._closed = False
         self._parked = threading.Event()
         self._thread = threading.Thread(target=self._main, name="mlxprog-scheduler", daemon=True)
 
@@ -150,10 +153,21 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         """Queue ``job`` (any thread); a stopping scheduler refuses it (503)."""
         with self._wake:
-            if self._stopping:
-                raise APIError(503, "the server is shutting down")
+            if self._stopping or self._closed:
+                raise APIError(503, "the server is shutting down", code=SHUTTING_DOWN)
             self._waiting.append(job)
             self._wake.notify()
+
+    @property
+    def busy(self) -> bool:
+        """Whether any job waits or runs."""
+        return bool(self._waiting or self._jobs)
+
+    def close(self) -> None:
+        """Refuse new jobs from now on (503, as :meth:`submit` says), while
+        the ones submitted go on (any thread)."""
+        with self._wake:
+            self._closed = True
 
     def stop(self, timeout: float = 60.0) -> None:
         """Fail what waits or runs (503) and stop working; returns once the
@@ -177,7 +191,7 @@ class Scheduler:
                     self._step()
             except Exception as e:  # a bug of the scheduler itself: keep serving
                 self._fail_running(e)
-        self._fail_all(APIError(503, "the server is shutting down"))
+        self._fail_all(APIError(503, "the server is shutting down", code=SHUTTING_DOWN))
         # MLX keeps streams and a compile cache per thread; left to the
         # thread's exit, their destructor takes the GIL, which aborts the
         # process if the interpreter is finalizing by then ("terminate called
