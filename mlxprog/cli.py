@@ -5,8 +5,10 @@ Exit status: 0 on success; 1 when the program, its inputs or its files are
 invalid or running it fails (the message is one ``error: ...`` line on stderr);
 2 when the command line itself is malformed (an unknown option, an ``--input``
 without ``NAME=``, an input literal that is not JSON, a flag value out of its
-range); 130 (128 + SIGINT) when Ctrl-C stops a command (quietly: what
-it printed stays, and no traceback follows); 141 (128 + SIGPIPE, what a
+range; what argparse finds reads ``mlxprog COMMAND: error: ...``, then a line
+pointing to ``mlxprog COMMAND --help``, not the usage block); 130 (128 +
+SIGINT) when Ctrl-C stops a command (quietly: what it printed stays, and no
+traceback follows); 141 (128 + SIGPIPE, what a
 shell reports for a command the signal ends) when the reader of stdout goes
 away first (``mlxprog schema | head -1``): the output stops quietly.
 (``--help`` and ``--version`` are argparse's, which ignores a closed
@@ -24,7 +26,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -37,6 +39,7 @@ from .format.program import Instruction, Program
 from .format.schema import full_schema
 from .llm.cli import add_commands as add_llm_commands
 from .ops.registry import all_ops
+from .runtime.binding import weights_file_problem
 from .runtime.executable import compile as compile_program
 from .runtime.plan import describe as describe_plan
 from .validate import SymbolicProgram, validate
@@ -135,6 +138,14 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, formatter_class: type = HelpFormatter, **kwargs: Any):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """Exit with status 2 after one ``PROG: error: ...`` line and where
+        the usage is, instead of argparse's usage block: a long usage (the
+        LLM commands' is 8 lines) buries the one line that says what is
+        wrong."""
+        self.exit(2, f"{self.prog}: error: {message}\n"
+                     f"Run '{self.prog} --help' for usage.\n")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -211,6 +222,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     inputs = _parse_inputs(args.input)
     callbacks = _load_callbacks(args.callback)
     program = Program.load(args.program)
+    for path in args.weights:
+        problem = weights_file_problem(path)
+        if problem is not None:
+            raise ProgramError(f"--weights {path}: {problem}")
     eager = args.eager or args.check_numerics
     try:
         exe = compile_program(program, weights=args.weights or None, callbacks=callbacks,

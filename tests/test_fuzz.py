@@ -102,7 +102,7 @@ def _regression_cases() -> list:
     for path in sorted(CASES.glob("*.json")):
         for entry in json.loads(path.read_text()):
             key = f"{path.stem}/{entry['name']}"
-            marks = [pytest.mark.xfail(reason=KNOWN_FAILING[key], strict=False)] \
+            marks = [pytest.mark.xfail(reason=KNOWN_FAILING[key], strict=True)] \
                 if key in KNOWN_FAILING else []
             params.append(pytest.param(entry, id=key, marks=marks))
     return params

@@ -172,6 +172,12 @@ class PromptCachePool:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the entries hold, all together."""
+        with self._lock:
+            return sum(len(t) for t in self._entries)
+
     def lookup(self, ids: Sequence[int]) -> tuple[list[int], tuple[mx.array, ...]]:
         """The entry sharing the longest prefix with ``ids`` (marked recently
         used), or nothing."""

@@ -2,10 +2,17 @@
 
 Each turn renders the whole conversation with the chat template, but only the
 tokens after what the prompt cache already holds are prefilled: the time to
-the first token depends on the new message, not on the history. When the
-conversation outgrows the cache (``max_length``), the oldest exchanges are
-dropped (the system prompt stays) until the new message and room for a reply
-fit.
+the first token depends on the new message, not on the history. After a turn
+the cache holds its prompt and reply (an interrupted reply as far as it
+got) and the conversation records the reply's text as it was shown, so the
+next turn's prompt extends what is cached wherever the reply's text
+tokenizes back to its tokens (as a trained model's text does).
+
+Every reply has ``max_tokens`` (the option) reserved in the cache: before a
+reply starts, the oldest exchanges are dropped (the system prompt stays)
+until the prompt leaves room for ``max_tokens`` generated tokens within
+``max_length``, so a reply stops at the cache limit only when no older
+exchange is left to drop.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .config import ModelError
-from .engine import Piece, PromptTooLongError
+from .engine import Engine, Piece, PromptTooLongError, Request
 
 if TYPE_CHECKING:
     from .generate import LLM, GenerationOptions
@@ -23,9 +30,11 @@ class Chat:
     """A chat with ``llm``: :meth:`send` a user message, stream the reply.
 
     Options are :class:`~mlxprog.llm.GenerationOptions` (as ``options=`` and/or
-    keyword arguments; ``system_prompt`` starts the conversation). After each
-    :meth:`send`, :attr:`dropped` says how many of the oldest exchanges (a user
-    message and its reply) were dropped to make room."""
+    keyword arguments; ``system_prompt`` starts the conversation); each reply
+    gets ``max_tokens`` slots of the KV cache, so a long ``max_tokens`` leaves
+    less of the cache to the history. After each :meth:`send`,
+    :attr:`dropped` says how many of the oldest exchanges (a user message and
+    its reply) were dropped to make room."""
 
     def __init__(self, llm: LLM, *, options: GenerationOptions | None = None,
                  **overrides: Any):
@@ -54,15 +63,18 @@ class Chat:
 
     def send(self, text: str) -> Iterator[Piece]:
         """Add the user message ``text`` and return an iterator over the
-        reply's pieces (see :meth:`LLM.stream <mlxprog.llm.LLM.stream>`).
+        reply's pieces (see :meth:`LLM.stream <mlxprog.llm.LLM.stream>`;
+        ``llm.last_generation`` holds the reply once the iterator is
+        exhausted).
 
-        Before it returns, the oldest exchanges are dropped if the
-        conversation would not leave room for a reply (:attr:`dropped`); a
+        Before it returns, the oldest exchanges are dropped until the prompt
+        leaves room for ``max_tokens`` generated tokens (:attr:`dropped`); a
         message too long even alone raises :class:`~mlxprog.llm.ModelError` and
         is not added (:class:`~mlxprog.llm.engine.PromptTooLongError`). The
-        reply joins the conversation when the iterator ends,
-        or with the text so far when it is closed early (an interrupted
-        reply)."""
+        reply joins the conversation when the iterator ends, or with the text
+        so far when it is closed early or interrupted (Ctrl-C): the prompt
+        cache then keeps the tokens generated so far, which the next turn
+        reuses."""
         if not text:
             raise ModelError("the message is empty")
         ids, dropped = self._fit([*self.messages, {"role": "user", "content": text}])
@@ -72,26 +84,49 @@ class Chat:
 
     def _fit(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
         """The prompt ids of the conversation with ``messages``, after
-        dropping the oldest exchanges until it leaves room for a reply, and
-        how many were dropped."""
+        dropping the oldest exchanges until it leaves room for a reply of
+        ``max_tokens``, and how many were dropped."""
         llm = self.llm
-        # Room for a reply: max_tokens, but at most a quarter of the cache, so
-        # that a long max_tokens does not drop the whole history.
-        room = min(self.options.max_tokens, max(1, llm.max_length // 4))
         for dropped in range(0, len(messages) // 2 + 1):
             ids = llm.prompt_ids(self._system() + messages[2 * dropped:], chat=True)
-            if len(ids) + room <= llm.max_length:
+            # A prompt of n tokens leaves room for max_length - n + 1 generated
+            # tokens (the last one is never written to the cache).
+            if len(ids) + self.options.max_tokens <= llm.max_length + 1:
                 return ids, dropped
-        # Only the new message is left.
+        # Only the new message is left: its reply may stop at the cache limit.
         if len(ids) < llm.max_length:
             return ids, len(messages) // 2
         raise PromptTooLongError(len(ids), llm.max_length)
 
     def _reply(self, ids: list[int]) -> Iterator[Piece]:
+        """Generate the reply to the prompt ``ids`` (reusing and refilling
+        the prompt cache), record it, and keep an interrupted one cached."""
+        llm = self.llm
+        request = llm.request(ids, self.options, self.cache)
+        # The engine is driven here rather than through LLM.stream, which
+        # forgets its request when closed early: an interrupted reply's row
+        # must leave the batch to store its caches.
+        engine = Engine(llm)
+        llm.last_generation = None
         text = ""
         try:
-            for piece in self.llm.stream(ids, prompt_cache=self.cache, options=self.options):
-                text += piece.text
-                yield piece
+            piece = engine.add(request)
+            text += piece.text
+            yield piece
+            while engine.rows:
+                for _, piece in engine.step():
+                    text += piece.text
+                    yield piece
+            llm.last_generation = request.result()
         finally:
+            if not request.finished:
+                _keep_interrupted(engine, request)
             self.messages.append({"role": "assistant", "content": text})
+
+
+def _keep_interrupted(engine: Engine, request: Request) -> None:
+    """Cancel an interrupted reply's ``request``; its row leaves ``engine``
+    at once, storing the prompt and the tokens generated so far in its
+    prompt cache (nothing, if it had not joined the batch yet)."""
+    request.cancel()
+    engine.step()

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -77,8 +78,10 @@ def add_commands(commands: Any) -> None:
         "With --world-size N, each rank's tensor-parallel programs go to rank0/ ... "
         "rank<N-1>/.",
     )
-    export.add_argument("model", nargs="?", default=None,
-                        help="model file or directory (default: SmolLM2-135M-Instruct)")
+    given = export.add_mutually_exclusive_group()
+    given.add_argument("model_file", nargs="?", default=None, metavar="MODEL",
+                       help="the model; the same as -m PATH")
+    given.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
     export.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     export.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
                         help="KV-cache length")
@@ -96,21 +99,35 @@ def add_commands(commands: Any) -> None:
         description="Serve an LLM over an OpenAI-compatible HTTP API: /v1/chat/completions "
         "and /v1/completions (streaming or not), /v1/models, /health. Requests are decoded "
         "together in one batch; Ctrl-C stops the server. See docs/serving.md.")
-    serve.add_argument("-m", "--model", default=None, metavar="PATH",
-                       help="a .gguf file or Hugging Face directory "
-                       "(default: SmolLM2-135M-Instruct)")
+    serve.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=_number(int, lambda v: 0 <= v <= 65535, "in [0, 65535]"),
                        default=8080, help="port to listen on; 0 picks a free one")
-    serve.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
-                       help="KV-cache length of each request: prompt plus generated tokens")
+    serve.add_argument("--max-length", type=_at_least(2), default=None, metavar="N",
+                       help="KV-cache length of each request: prompt plus generated tokens, "
+                       f"{MAX_LENGTH_DEFAULT}")
     serve.add_argument("--max-batch", type=_number(int, lambda v: 1 <= v <= 64, "in [1, 64]"),
                        default=8, metavar="N",
                        help="requests decoded together; more wait in order")
     serve.add_argument("--prompt-cache-size", type=_at_least(0), default=8, metavar="N",
                        help="prompt prefixes kept for reuse; 0 turns the cache off")
+    serve.add_argument("--prefill-chunk", type=_at_least(1), default=128, metavar="N",
+                       help="prompt tokens prefilled at a time between decode steps, so a "
+                            "long prompt does not stall the other requests")
+    serve.add_argument("--max-queue", type=_at_least(0), default=64, metavar="N",
+                       help="requests that may wait for a row; more get a 503")
     serve.add_argument("--model-id", default=None, metavar="ID",
                        help="the model's name in the API (default: the model file's stem)")
+    serve.add_argument("--api-key", type=_text("the API key"), default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every request but /health "
+                       "(default: no key)")
+    serve.add_argument("--allowed-origins", type=_origins, default=[], metavar="ORIGINS",
+                       help="comma-separated origins (https://app.example.com, or *) whose web "
+                       "pages may call the server (CORS)")
+    serve.add_argument("--shutdown-grace", type=_number(float, lambda v: v >= 0, "at least 0"),
+                       default=5, metavar="SECONDS",
+                       help="how long running requests may take to finish once SIGINT or "
+                       "SIGTERM stops the server; then they end with an error")
     _numerics_option(serve)
     serve.set_defaults(handler=_cmd_serve)
 
@@ -121,9 +138,7 @@ def add_commands(commands: Any) -> None:
         "after the ones before it. Texts longer than --window tokens are scored in "
         "overlapping windows. See docs/llm.md.")
     score.add_argument("file", metavar="FILE", help="the text (UTF-8); - reads stdin")
-    score.add_argument("-m", "--model", default=None, metavar="PATH",
-                       help="a .gguf file or Hugging Face directory "
-                       "(default: SmolLM2-135M-Instruct)")
+    score.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
     _numerics_option(score)
     score.add_argument("--window", type=_at_least(2), default=None, metavar="N",
                        help="the most tokens of context (default: the whole text, up to the "
@@ -139,13 +154,30 @@ def add_commands(commands: Any) -> None:
     score.set_defaults(handler=_cmd_perplexity)
 
 
+MODEL_HELP = ("a .gguf file, a Hugging Face directory or a directory written by mlxprog "
+              "export-llm (default: SmolLM2-135M-Instruct)")
+"""The help of ``-m/--model``, which every LLM command takes."""
+
+MAX_LENGTH_DEFAULT = ("unless the model is a directory written by export-llm, whose programs "
+                      "have theirs (default: 2048)")
+"""The end of the ``--max-length`` help of the commands that load a model
+(the flag's default is None): an exported directory's programs are built
+for the length they were exported with."""
+
+
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", "--model", default=None,
-                        help="a .gguf file or Hugging Face directory "
-                        "(default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
-                        help="KV-cache length: prompt plus generated tokens")
+    parser.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
+    parser.add_argument("--max-length", type=_at_least(2), default=None, metavar="N",
+                        help=f"KV-cache length: prompt plus generated tokens, {MAX_LENGTH_DEFAULT}")
     _numerics_option(parser)
+
+
+def _model_path(model: str | None, flag: str = "-m") -> str | None:
+    """The model a command line names (None: the default model), checked to
+    exist so that a mistyped path is an error naming ``flag``."""
+    if model is not None and not os.path.exists(model):
+        raise ProgramError(f"{flag} {model}: no such file or directory")
+    return model
 
 
 def _numerics_option(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +258,31 @@ def _at_least(low: int) -> Callable[[str], int]:
     return _number(int, lambda v: v >= low, f"at least {low}")
 
 
+def _text(what: str) -> Callable[[str], str]:
+    """An argparse ``type=`` for a non-empty string (``what`` it is)."""
+
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"{what} must not be empty")
+        return text
+
+    return parse
+
+
+def _origins(text: str) -> list[str]:
+    """An argparse ``type=`` for ``--allowed-origins``: comma-separated
+    origins (``scheme://host[:port]``, as browsers send them: no path) or ``*``."""
+    origins = [o.strip() for o in text.split(",") if o.strip()]
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin):
+            raise argparse.ArgumentTypeError(
+                f"{origin!r} is not an origin such as https://example.com:8443 (a scheme and "
+                "a host, no path), or *")
+    if not origins:
+        raise argparse.ArgumentTypeError("no origin given")
+    return origins
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt a ``generate`` command line gives: ``--prompt TEXT``,
     ``--prompt -`` (stdin) or ``--prompt-file FILE``. What is read from stdin
@@ -275,7 +332,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if group.size() > 1 and args.prompt_cache:
         raise ProgramError(f"--prompt-cache: a model split over {group.size()} processes "
                            "keeps part of each KV cache per process; run without it")
-    llm = load(args.model, max_length=args.max_length, group=group, numerics=args.numerics)
+    llm = load(_model_path(args.model), max_length=args.max_length, group=group,
+               numerics=args.numerics)
     # Every rank generates the same tokens; only rank 0 shows them.
     shown = llm.rank == 0
     write = _write if shown else _discard
@@ -309,7 +367,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if cache is not None:
         cache.save(args.prompt_cache)
     if verbose:
-        print(_stats_line(llm, result.stats, _finish(result, args)), file=sys.stderr)
+        print(_stats_line(llm, result.stats, _finish(result, llm, args.max_tokens))
+              + _native_build_note(), file=sys.stderr)
     return 0
 
 
@@ -318,6 +377,16 @@ def _stats_line(llm: LLM, stats: GenerationStats, finish: str | None = None) -> 
     with, and why it stopped (when given)."""
     line = f"{stats.summary()} | numerics: {llm.numerics}"
     return line if finish is None else f"{line} | finish: {finish}"
+
+
+def _native_build_note() -> str:
+    """What the stats line adds when this process built the native kernels
+    first: the build ran before the timed generation, so it is not in the
+    stats, and the user saw the wait."""
+    from .. import native
+
+    seconds = native.build_seconds()
+    return "" if seconds is None else f" (native kernels built in {seconds:.0f} s, not timed)"
 
 
 def _too_long(what: str, exc: PromptTooLongError) -> str:
@@ -332,13 +401,14 @@ def _prompt_cache(llm: LLM, path: str) -> PromptCache:
     return llm.load_prompt_cache(path) if os.path.exists(path) else llm.prompt_cache()
 
 
-def _finish(result: Generation, args: argparse.Namespace) -> str:
-    """Why a generation stopped, in the flags' terms."""
+def _finish(result: Generation, llm: LLM, max_tokens: int) -> str:
+    """Why a generation stopped, in the flags' terms (``max_tokens`` is
+    ``--max-tokens``)."""
     if result.finish_reason == "length":
         if result.cache_full:
-            return (f"length (the KV cache of {args.max_length} tokens is full; "
+            return (f"length (the KV cache of {llm.max_length} tokens is full; "
                     "raise --max-length)")
-        return f"length (--max-tokens {args.max_tokens})"
+        return f"length (--max-tokens {max_tokens})"
     return {"eos": "eos (end of sequence)", "stop": "stop (a --stop text)"}.get(
         result.finish_reason, result.finish_reason)
 
@@ -359,7 +429,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
     _single_process("chat")
     options = _generation_options(args)
-    llm = load(args.model, max_length=args.max_length, numerics=args.numerics)
+    llm = load(_model_path(args.model), max_length=args.max_length, numerics=args.numerics)
     chat = Chat(llm, options=options)
     print("mlxprog chat: Ctrl-C stops a reply; an empty line, Ctrl-D or Ctrl-C at the "
           "prompt quits; /reset starts over.", file=sys.stderr)
@@ -384,7 +454,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             print(f"error: {_too_long('the message makes a prompt of', exc)}", file=sys.stderr)
             continue
         if chat.dropped:
-            print(f"[the conversation outgrew the KV cache of {args.max_length} tokens "
+            print(f"[the conversation outgrew the KV cache of {llm.max_length} tokens "
                   f"(--max-length): dropped the {chat.dropped} oldest exchange"
                   f"{'s' if chat.dropped > 1 else ''}]", file=sys.stderr)
         try:
@@ -397,7 +467,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         print()
         result = llm.last_generation
         if result.finish_reason == "length":
-            print(f"[the reply stopped at {_finish(result, args)}]", file=sys.stderr)
+            print(f"[the reply stopped at {_finish(result, llm, args.max_tokens)}]",
+                  file=sys.stderr)
         if args.verbose:
             print(_stats_line(llm, result.stats), file=sys.stderr)
 
@@ -406,7 +477,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from . import export, load
 
     sampling = _generation_options(args).sampling
-    llm = load(args.model, max_length=args.max_length, numerics=args.numerics)
+    # The model is the positional MODEL or -m (argparse allows one of them).
+    model = (_model_path(args.model_file, "model") if args.model is None
+             else _model_path(args.model))
+    llm = load(model, max_length=args.max_length, numerics=args.numerics)
     for path in export(llm, args.output, sampling, world_size=args.world_size):
         print(path)
     return 0
@@ -417,21 +491,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .server import serve
 
     _single_process("serve")
-    serve(args.model, host=args.host, port=args.port, max_length=args.max_length,
+    serve(_model_path(args.model), host=args.host, port=args.port, max_length=args.max_length,
           max_batch=args.max_batch, prompt_cache_size=args.prompt_cache_size,
-          model_id=args.model_id, numerics=args.numerics)
+          prefill_chunk=args.prefill_chunk, max_waiting=args.max_queue,
+          model_id=args.model_id, numerics=args.numerics, api_key=args.api_key,
+          allowed_origins=args.allowed_origins, shutdown_grace=args.shutdown_grace)
     return 0
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
+    from . import load
     from .perplexity import perplexity
 
     _single_process("perplexity")
+    model = _model_path(args.model)
     stdin = args.file == "-"
     text = read_text(None if stdin else args.file, "the text",
                      "stdin" if stdin else f"file {args.file!r}")
-    result = perplexity(args.model, text, numerics=args.numerics,
-                        window=args.window, stride=args.stride, chunk=args.chunk)
+    # Loaded by load, as generate's model is, so that -m takes an exported
+    # directory too (perplexity() itself loads model files only).
+    llm = load(model, numerics=args.numerics)
+    result = perplexity(llm, text, window=args.window, stride=args.stride, chunk=args.chunk)
     if args.json:
         fields = ("perplexity", "nll", "tokens", "numerics", "window", "stride", "chunk",
                   "seconds")

@@ -277,20 +277,50 @@ class Request:
         return Piece(text, token, logprob, self.stats(), self.finish_reason, top)
 
 
+@dataclass(eq=False)
+class Prefill:
+    """Prompts being prefilled together, a chunk at a time (see
+    :meth:`Engine.begin`). The ``rows`` (their requests, in the caches'
+    batch order) share ``start``, the prompt tokens their caches held before
+    (a prompt cache's prefix, one length for all), and ``done``, the
+    positions prefilled since; ``chunks`` are the chunks still to run, as
+    (tokens, length padded to a bucket: a few traces serve every prompt). The caches ``[rows, kv_heads, size, head_dim]`` have room for
+    every chunk."""
+
+    rows: list[Request]
+    start: int
+    chunks: list[tuple[int, int]]
+    caches: tuple[mx.array, ...]
+    done: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to prefill in the longest row."""
+        return max(len(r.ids) for r in self.rows) - self.start - self.done
+
+
 class Engine:
     """A batch of sequences decoded together with ``llm``'s programs.
 
-    :meth:`add` prefills a request (reusing its prompt cache) and returns its
-    first piece; unless that finished it, the request joins the batch.
-    :meth:`step` runs one decode step of every row and returns the pieces
-    read. At most ``max_batch`` rows run at once (the programs' batch dim
+    :meth:`begin` starts prefilling requests (reusing their prompt caches),
+    together where their cached prefixes have one length; :meth:`advance`
+    runs the next chunk of such a :class:`Prefill` (at most
+    ``prefill_chunk`` tokens a row; None: a prompt in one chunk) and returns
+    the first pieces of the rows it completes, which join the batch unless
+    that finished them. :meth:`add` does both for one request. :meth:`step`
+    runs one decode step of every row and returns the pieces read. At most
+    ``max_batch`` rows run or prefill at once (the programs' batch dim
     allows 64)."""
 
-    def __init__(self, llm: LLM, max_batch: int = 64):
+    def __init__(self, llm: LLM, max_batch: int = 64, prefill_chunk: int | None = None):
         if not 1 <= max_batch <= 64:
             raise ModelError(f"max_batch must be in [1, 64], got {max_batch}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ModelError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.llm = llm
         self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.prefilling: list[Prefill] = []
         self.rows: list[Request] = []
         self.caches: tuple[mx.array, ...] = ()
         self.offset = 0        # the slot every row writes its next token to
@@ -304,49 +334,128 @@ class Engine:
         return self.caches[0].shape[2] if self.caches else 0
 
     @property
+    def occupied(self) -> int:
+        """Rows in the batch and in prefills."""
+        return len(self.rows) + sum(len(p.rows) for p in self.prefilling)
+
+    @property
     def full(self) -> bool:
-        """Whether no more rows can join."""
-        return len(self.rows) >= self.max_batch
+        """Whether no more requests can begin."""
+        return self.occupied >= self.max_batch
 
     # -- joining ---------------------------------------------------------------
     def add(self, request: Request) -> Piece:
-        """Prefill ``request`` (after the prefix its prompt cache holds), pick
-        and read its first token, and, unless it has finished, add it to the
-        batch. The batch must not be :attr:`full`."""
-        if self.full:
+        """Prefill ``request`` whole (after the prefix its prompt cache
+        holds), pick and read its first token, and, unless it has finished,
+        add it to the batch. The engine must not be :attr:`full`."""
+        [prefill] = self.begin([request])
+        while True:
+            for _, piece in self.advance(prefill):
+                return piece
+
+    def begin(self, requests: Sequence[Request]) -> list[Prefill]:
+        """Start prefilling ``requests``: one :class:`Prefill` for those
+        whose prompt caches hold prefixes of one length (each prefill
+        leaves at least one token to run: its logits pick the first token).
+        They must fit: at most ``max_batch`` rows and prefills in all."""
+        if self.occupied + len(requests) > self.max_batch:
             raise ModelError(f"the batch is full ({self.max_batch} rows)")
-        llm, ids = self.llm, request.ids
-        prefix, cached = self._cached_prefix(request)
-        new = ids[prefix:]
-        # The new tokens are padded on the right to a bucket length, so that
-        # prompts of nearby lengths share one trace and its compiled kernels.
-        chunk = min(prefill_bucket(len(new)), llm.max_length - prefix)
-        size = min(_round_up(prefix + chunk, llm.cache_step), llm.max_length)
-        if prefix:
-            grow = [(0, 0), (0, 0), (0, size - prefix), (0, 0)]
-            caches = tuple(mx.pad(x[:, :, :prefix], grow) for x in cached)
-        else:
-            # The layout's KV heads: this rank's, when the model is split.
-            layout = llm.cache_layout
-            caches = tuple(mx.zeros((1, layout.num_kv_heads, size, layout.head_dim),
-                                    dtype=mx.float32)
-                           for _ in range(2 * layout.num_layers))
-        request.cached = prefix
+        groups: dict[int, list[tuple[Request, tuple[mx.array, ...]]]] = {}
+        for request in requests:
+            prefix, cached = self._cached_prefix(request)
+            request.cached = prefix
+            groups.setdefault(prefix, []).append((request, cached))
+        llm, layout = self.llm, self.llm.cache_layout
+        begun = []
+        for start, members in groups.items():
+            chunks = self._chunks(start, max(len(r.ids) for r, _ in members) - start)
+            size = min(_round_up(start + sum(padded for _, padded in chunks), llm.cache_step),
+                       llm.max_length)
+            caches = []
+            for request, cached in members:
+                if start:
+                    grow = [(0, 0), (0, 0), (0, size - start), (0, 0)]
+                    caches.append([mx.pad(x[:, :, :start], grow) for x in cached])
+                else:
+                    # The layout's KV heads: this rank's, when the model is split.
+                    caches.append([mx.zeros((1, layout.num_kv_heads, size, layout.head_dim),
+                                            dtype=mx.float32)
+                                   for _ in range(2 * layout.num_layers)])
+            stacked = tuple(parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+                            for parts in zip(*caches))
+            begun.append(Prefill([r for r, _ in members], start, chunks, stacked))
+        self.prefilling += begun
+        return begun
+
+    def _chunks(self, start: int, tokens: int) -> list[tuple[int, int]]:
+        """The chunks that prefill ``tokens`` tokens after ``start``, as
+        (tokens, padded length): at most ``prefill_chunk`` tokens each,
+        padded on the right to a bucket length (prompts of nearby lengths
+        share one trace and its compiled kernels), none past the cache's
+        ``max_length``."""
+        step = tokens if self.prefill_chunk is None else self.prefill_chunk
+        chunks, at = [], start
+        while at < start + tokens:
+            n = min(step, start + tokens - at)
+            chunk = min(prefill_bucket(n), self.llm.max_length - at)
+            chunks.append((n, chunk))
+            at += n
+        return chunks
+
+    def advance(self, prefill: Prefill) -> list[tuple[Request, Piece]]:
+        """Run the next chunk of ``prefill``; ``(request, first piece)`` of
+        the rows whose prompts it completes. Those leave the prefill and,
+        unless finished, join the batch; cancelled rows leave it unread. A
+        prefill with no rows left is done."""
+        self._drop_cancelled(prefill)
+        if not prefill.rows:
+            return []
+        llm, rows = self.llm, prefill.rows
+        at = prefill.start + prefill.done
+        step, length = prefill.chunks.pop(0)
+        tokens = [(r.ids[at:at + step] + [0] * length)[:length] for r in rows]
         out = LogitsOutputs.of(llm.executable("prefill", None)(**PrefillInputs(
-            tokens=mx.array([new + [0] * (chunk - len(new))], dtype=mx.int32),
-            last_index=mx.array([len(new) - 1], dtype=mx.int32),
-            rope_offset=mx.array([prefix], dtype=mx.int32),
-            cache_offset=mx.array(prefix, dtype=mx.int32),
-            key_mask=mx.ones((1, size), dtype=mx.bool_), key=self._step_key, caches=caches,
+            tokens=mx.array(tokens, dtype=mx.int32),
+            last_index=mx.array([min(max(len(r.ids) - 1 - at, 0), length - 1) for r in rows],
+                                dtype=mx.int32),
+            rope_offset=mx.array([at] * len(rows), dtype=mx.int32),
+            cache_offset=mx.array(at, dtype=mx.int32),
+            key_mask=mx.ones((len(rows), prefill.caches[0].shape[2]), dtype=mx.bool_),
+            key=self._step_key, caches=prefill.caches,
         ).by_name()))
-        picked = request.pick(llm, out.logits)
-        mx.async_eval(*picked, *out.caches)
-        piece = self._take(request, picked)
-        if request.finished:
-            self._store(request, out.caches, 0)
-        else:
-            self._join(request, tuple(x[:, :, :len(ids)] for x in out.caches))
-        return piece
+        prefill.caches, prefill.done = out.caches, prefill.done + step
+        complete = [i for i, r in enumerate(rows) if len(r.ids) <= at + step]
+        picked = {i: rows[i].pick(llm, out.logits if len(rows) == 1 else out.logits[i:i + 1])
+                  for i in complete}
+        mx.async_eval(*[a for p in picked.values() for a in p], *out.caches)
+        pieces = []
+        for i in complete:
+            request = rows[i]
+            pieces.append((request, self._take(request, picked[i])))
+            if request.finished:
+                self._store(request, out.caches, i)
+            else:
+                self._join(request, tuple(x[i:i + 1, :, :len(request.ids)] for x in out.caches))
+        self._keep(prefill, [i for i in range(len(rows)) if i not in picked])
+        return pieces
+
+    def _drop_cancelled(self, prefill: Prefill) -> None:
+        """Cut the cancelled rows out of ``prefill`` (finished "cancelled")."""
+        for request in prefill.rows:
+            if request.cancelled:
+                request.finish("cancelled")
+        self._keep(prefill, [i for i, r in enumerate(prefill.rows) if not r.finished])
+
+    def _keep(self, prefill: Prefill, keep: list[int]) -> None:
+        """Keep rows ``keep`` of ``prefill``; a prefill left empty is done."""
+        if len(keep) == len(prefill.rows):
+            return
+        prefill.rows = [prefill.rows[i] for i in keep]
+        if not keep:
+            self.prefilling.remove(prefill)
+            return
+        index = mx.array(keep, dtype=mx.int32)
+        prefill.caches = tuple(mx.take(x, index, axis=0) for x in prefill.caches)
 
     def _cached_prefix(self, request: Request) -> tuple[int, tuple[mx.array, ...]]:
         """How many prompt tokens the prompt cache holds (leaving at least one
@@ -452,14 +561,16 @@ class Engine:
         self._key_mask = None
 
     def _store(self, row: Request, caches: tuple[mx.array, ...], index: int) -> None:
-        """Give a finished row's tokens and caches to its prompt cache."""
+        """Give a finished row's tokens and caches to its prompt cache: the
+        prompt and the generated tokens both written and read (a row
+        cancelled while a token was read has it written, not read)."""
         if row.prompt_cache is None:
             return
-        n = row.length
+        kept = min(row.fed, len(row.read))
         start = row.pad
         row.prompt_cache.store(
-            row.ids + row.read[:row.fed],
-            [x[index:index + 1, :, start:start + n] for x in caches])
+            row.ids + row.read[:kept],
+            [x[index:index + 1, :, start:start + len(row.ids) + kept] for x in caches])
 
     def _trim(self) -> None:
         """Drop the leading slots that are padding in every row."""

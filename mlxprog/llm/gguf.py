@@ -32,6 +32,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..runtime.binding import weights_file_problem
 from .config import Checkpoint, ModelConfig, ModelError, check_weights, metadata_value
 from .tokenizer import Tokenizer
 
@@ -71,10 +72,13 @@ def load_gguf(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
+    problem = weights_file_problem(path)
+    if problem is not None:
+        raise ModelError(f"cannot read GGUF file {path}: {problem}")
     try:
         tensors, metadata = mx.load(str(path), return_metadata=True)
     except (RuntimeError, ValueError) as e:
-        raise ModelError(f"{path}: cannot read GGUF file: {e}") from e
+        raise ModelError(f"cannot read GGUF file {path}: {e}") from e
 
     rope_factors = tensors.pop("rope_freqs.weight", None)
     try:

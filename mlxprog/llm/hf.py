@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..runtime.binding import weights_file_problem
 from .config import Checkpoint, ModelConfig, ModelError, check_weights
 from .tokenizer import Tokenizer
 
@@ -43,10 +44,13 @@ def load_hf(directory: str | Path) -> Checkpoint:
     weights: dict[str, mx.array] = {}
     source_names: dict[str, str] = {}
     for file in files:
+        problem = weights_file_problem(file)
+        if problem is not None:
+            raise ModelError(f"cannot read safetensors file {file}: {problem}")
         try:
             tensors = mx.load(str(file))
         except (RuntimeError, ValueError) as e:
-            raise ModelError(f"{file}: cannot read safetensors file: {e}") from e
+            raise ModelError(f"cannot read safetensors file {file}: {e}") from e
         for source, value in tensors.items():
             if source.endswith("rotary_emb.inv_freq"):  # a buffer some checkpoints store
                 continue

@@ -56,10 +56,25 @@ def _pip_output() -> int:
         return subprocess.DEVNULL
 
 
+EXPORT_MANIFEST = "manifest.json"
+"""The file that marks a directory written by ``mlxprog export-llm``."""
+
+
+def is_exported(path: str | Path) -> bool:
+    """Whether ``path`` is a directory of programs written by ``mlxprog
+    export-llm`` (it holds their manifest), not a model."""
+    return (Path(path) / EXPORT_MANIFEST).is_file()
+
+
 def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
     """Load a model: a ``.gguf`` file, or a Hugging Face directory (``config.json``
-    plus ``*.safetensors``); None loads the default model."""
+    plus ``*.safetensors``); None loads the default model. A directory
+    written by ``mlxprog export-llm`` is a :class:`ModelError` pointing to
+    :func:`~mlxprog.llm.load`, which runs its programs."""
     path = default_model_path() if path is None else Path(path)
+    if is_exported(path):
+        raise ModelError(f"{path} holds programs written by mlxprog export-llm, not a model; "
+                         "mlxprog.llm.load runs them with the model their manifest names")
     if path.is_dir():
         return load_hf(path)
     if not path.exists():

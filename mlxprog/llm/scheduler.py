@@ -12,8 +12,10 @@ an OpenAI-style error, which a job's client receives instead of pieces.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -26,6 +28,20 @@ from .generate import LLM, GenerationOptions, Prompt
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_PROMPT_CACHE_SIZE = 8
+#: Prompt tokens a prefill runs at a time before the running rows get their
+#: next token (measured on SmolLM2, 2 cores: see docs/benchmarks.md).
+DEFAULT_PREFILL_CHUNK = 128
+#: Jobs that may wait for a row before the server answers 503.
+DEFAULT_MAX_WAITING = 64
+#: The ``Retry-After`` seconds of a 503 for a full queue.
+RETRY_AFTER = 1
+#: Prompt lengths the scheduler prefills before it serves (their prefill
+#: buckets 8 to 128 tokens, and a second cache width), greedy; the shortest
+#: also with OpenAI's default temperature and two of them together: the
+#: programs and kernels of the common shapes are then built (see
+#: :meth:`Scheduler.warm_up`).
+WARM_UP_PROMPTS = (5, 12, 28, 60, 120, 250)
+WARM_UP_TEMPERATURE = 1.0
 #: The ``code`` of the error a job gets when the server stops before its end.
 SHUTTING_DOWN = "server_shutting_down"
 
@@ -35,11 +51,14 @@ log = logging.getLogger("mlxprog.serve")
 class APIError(Exception):
     """A request answered with an OpenAI-style error body: ``status`` (4xx: the
     request's fault, 5xx: the server's), ``message``, the request field it is
-    about (``param``), the error ``type`` and ``code``."""
+    about (``param``), the error ``type`` and ``code``, and HTTP ``headers``
+    its response carries (``Retry-After``, say)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str | None = None):
+                 code: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
+        self.headers = dict(headers or {})
         self.status = status
         self.message = message
         self.param = param
@@ -106,62 +125,154 @@ class Job:
 
 class Scheduler:
     """The thread that runs the model: it owns ``llm``'s :class:`Engine` (at
-    most ``max_batch`` rows) and a :class:`~mlxprog.llm.PromptCachePool` of
-    ``prompt_cache_size`` prefixes, admits submitted jobs in arrival order
-    between decode steps, and blocks while there is nothing to do.
+    most ``max_batch`` rows, prefilling or decoding) and a
+    :class:`~mlxprog.llm.PromptCachePool` of ``prompt_cache_size``
+    prefixes, and blocks while there is nothing to do.
+
+    Each turn of its loop begins the jobs that wait, in arrival order, while
+    the batch has room (those that arrived together are prefilled together),
+    runs one chunk of ``prefill_chunk`` tokens of one prefill (the one with
+    the fewest tokens left, so a short prompt is not kept behind a long
+    one), then one decode step of the running rows. A long prompt thus
+    delays the others' tokens by one chunk at a time, never by its whole
+    prefill. At most ``max_waiting`` jobs wait beyond the rows free;
+    :meth:`submit` refuses more with a 503 and a ``Retry-After``.
 
     A request the model rejects (a :class:`~mlxprog.llm.ModelError`: a prompt
     too long for the cache, ...) fails alone with a 400. An unexpected error
-    in a step fails the running requests with a 500 and the engine starts
-    afresh; the thread goes on serving.
+    in a prefill fails its rows with a 500; in a step, every row, and the
+    engine starts afresh; the thread goes on serving.
 
     ``largest_batch`` is the most rows one step has decoded, ``steps`` the
     steps run, ``cancelled`` the requests that left cancelled (their clients
-    went away), ``failures`` the unexpected errors."""
+    went away), ``failures`` the unexpected errors; :meth:`stats` has the
+    rest."""
 
     def __init__(self, llm: LLM, max_batch: int = DEFAULT_MAX_BATCH,
-                 prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE):
+                 prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 max_waiting: int = DEFAULT_MAX_WAITING):
+        if max_waiting < 0:
+            raise ModelError(f"max_waiting must be at least 0, got {max_waiting}")
         self.llm = llm
-        self.engine = Engine(llm, max_batch)
+        self.engine = Engine(llm, max_batch, prefill_chunk)
         self.pool = PromptCachePool(llm.cache_layout, prompt_cache_size)
+        self.max_waiting = max_waiting
         self.largest_batch = 0
         self.steps = 0
         self.cancelled = 0
         self.failures = 0
+        self.requests = 0          # jobs answered (finished, failed or cancelled)
+        self.prompt_tokens = 0     # prefilled (not counting prompt-cache hits)
+        self.generated_tokens = 0
+        self._rate = _Rate()
         self._waiting: deque[Job] = deque()
-        self._jobs: dict[Request, Job] = {}   # the running rows' jobs
+        self._jobs: dict[Request, Job] = {}   # the prefilling and running rows' jobs
         self._wake = threading.Condition()
         self._stopping = False
         self._closed = False
         self._parked = threading.Event()
+        self._warm = True
+        #: Set once the thread serves (after its warm-up).
+        self.ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="mlxprog-scheduler", daemon=True)
 
     @property
     def running(self) -> int:
-        """Rows in the batch."""
+        """Rows decoding in the batch."""
         return len(self.engine.rows)
+
+    @property
+    def prefilling(self) -> int:
+        """Rows being prefilled."""
+        return sum(len(p.rows) for p in self.engine.prefilling)
 
     @property
     def waiting(self) -> int:
         """Jobs waiting for a row."""
         return len(self._waiting)
 
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
-
-    def submit(self, job: Job) -> None:
-        """Queue ``job`` (any thread); a stopping scheduler refuses it (503)."""
-        with self._wake:
-            if self._stopping or self._closed:
-                raise APIError(503, "the server is shutting down", code=SHUTTING_DOWN)
-            self._waiting.append(job)
-            self._wake.notify()
-
     @property
     def busy(self) -> bool:
         """Whether any job waits or runs."""
         return bool(self._waiting or self._jobs)
+
+    def stats(self) -> dict[str, float]:
+        """What the scheduler is doing and has done: rows ``prefilling``,
+        ``running`` (decoding) and ``waiting``; ``cached_tokens``, the
+        tokens the batch's rows hold in the KV cache plus those the prompt
+        cache keeps; totals of ``requests``, ``prompt_tokens`` (prefilled),
+        ``generated_tokens``, ``steps``, ``cancelled`` and ``failures``; and
+        ``generated_tokens_per_second`` over the last 10 seconds. Read from
+        any thread (a snapshot, not locked against the scheduler)."""
+        rows = list(self.engine.rows)
+        return {"prefilling": self.prefilling, "running": len(rows), "waiting": self.waiting,
+                "max_batch": self.engine.max_batch, "max_waiting": self.max_waiting,
+                "cached_tokens": sum(r.length for r in rows) + self.pool.tokens,
+                "requests": self.requests, "prompt_tokens": self.prompt_tokens,
+                "generated_tokens": self.generated_tokens, "steps": self.steps,
+                "cancelled": self.cancelled, "failures": self.failures,
+                "generated_tokens_per_second": self._rate.per_second()}
+
+    def start(self, warm_up: bool = True) -> None:
+        """Start the thread; with ``warm_up`` it first runs :meth:`warm_up`.
+        :attr:`ready` is set once it serves."""
+        self._warm = warm_up
+        self._thread.start()
+
+    def warm_up(self) -> float:
+        """Generate a few tokens of throw-away prompts (a chat message, and
+        the :data:`WARM_UP_PROMPTS` lengths that fit the cache), so the
+        programs of the common shapes are traced and their kernels compiled
+        before the first request (which otherwise waits seconds for them).
+        Runs on the scheduler's thread (MLX keeps a compile cache per
+        thread); returns the seconds it took."""
+        start = time.perf_counter()
+        engine = Engine(self.llm, self.engine.max_batch, self.engine.prefill_chunk)
+        vocab = self.llm.config.vocab_size
+
+        def run(requests: list[Request]) -> None:
+            if self._stopping:  # a server stopped while it warms up stops at once
+                return
+            requests = [r for r in requests if len(r.ids) + 4 <= self.llm.max_length]
+            for prefill in engine.begin(requests):
+                while prefill in engine.prefilling:
+                    engine.advance(prefill)
+            while engine.rows:
+                engine.step()
+
+        greedy = GenerationOptions(max_tokens=3, temperature=0.0, chat=False)
+        sampled = dataclasses.replace(greedy, temperature=WARM_UP_TEMPERATURE)
+        # The chat template, rendered once; sampling; two rows together.
+        try:
+            run([self.llm.request([{"role": "user", "content": "Hi."}],
+                                  dataclasses.replace(greedy, chat=True))])
+        except PromptTooLongError:  # a cache too small for the template
+            pass
+        # Token ids other than the specials, which could end a row early.
+        prompt = [[(7 + i + n) % vocab] * n for i, n in enumerate(WARM_UP_PROMPTS)
+                  if n < self.llm.max_length]
+        run([Request(self.llm, prompt[0], sampled)])
+        if self.engine.max_batch > 1:
+            run([Request(self.llm, p, greedy) for p in prompt[:2]])
+        for ids in prompt:
+            run([Request(self.llm, ids, greedy)])
+        mx.synchronize()
+        return time.perf_counter() - start
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` (any thread). A stopping scheduler refuses it, and so
+        does a full queue: a 503 (the latter with ``Retry-After``)."""
+        with self._wake:
+            if self._stopping or self._closed:
+                raise APIError(503, "the server is shutting down", code=SHUTTING_DOWN)
+            free = self.engine.max_batch - self.engine.occupied
+            if len(self._waiting) >= self.max_waiting + max(free, 0):
+                raise APIError(503, f"the server is busy: {len(self._waiting)} requests wait "
+                               f"for one of {self.engine.max_batch} rows; retry later",
+                               code="server_busy", headers={"Retry-After": str(RETRY_AFTER)})
+            self._waiting.append(job)
+            self._wake.notify()
 
     def close(self) -> None:
         """Refuse new jobs from now on (503, as :meth:`submit` says), while
@@ -179,16 +290,24 @@ class Scheduler:
             self._parked.wait(timeout)
 
     def _main(self) -> None:
+        if self._warm:
+            try:
+                seconds = self.warm_up()
+                log.info(f"mlxprog serve: programs and kernels built in {seconds:.1f} s; ready")
+            except Exception as e:  # serving still works, each shape built when first used
+                log.error("warming up failed", exc_info=e)
+        self.ready.set()
+        engine_busy = lambda: self.engine.rows or self.engine.prefilling  # noqa: E731
         while True:
             with self._wake:
-                while not (self._stopping or self._waiting or self.engine.rows):
+                while not (self._stopping or self._waiting or engine_busy()):
                     self._wake.wait()
                 if self._stopping:
                     break
             try:
-                self._admit_waiting()
-                if self.engine.rows:
-                    self._step()
+                self._begin_waiting()
+                prefill_seconds = self._prefill() if self.engine.prefilling else 0.0
+                self._decode(prefill_seconds)
             except Exception as e:  # a bug of the scheduler itself: keep serving
                 self._fail_running(e)
         self._fail_all(APIError(503, "the server is shutting down", code=SHUTTING_DOWN))
@@ -199,45 +318,94 @@ class Scheduler:
         mx.clear_streams()
         self._parked.set()
 
-    def _admit_waiting(self) -> None:
-        """Prefill waiting jobs, in order, while the batch has room."""
-        while not self.engine.full:
+    def _begin_waiting(self) -> None:
+        """Begin prefilling the waiting jobs, in order, while the batch has
+        room: together, in one :meth:`Engine.begin`."""
+        begun: list[tuple[Job, Request]] = []
+        while self.engine.occupied + len(begun) < self.engine.max_batch:
             with self._wake:
                 if not self._waiting:
-                    return
+                    break
                 job = self._waiting.popleft()
-            self._admit(job)
-
-    def _admit(self, job: Job) -> None:
-        if job.cancelled:
+            request = self._request(job)
+            if request is not None:
+                begun.append((job, request))
+        if not begun:
             return
+        try:
+            self.engine.begin([request for _, request in begun])
+        except Exception as e:
+            for job, request in begun:
+                request.cancel()
+                self._answered(job, self._error(e))
+            return
+        for job, request in begun:
+            self._jobs[request] = job
+
+    def _request(self, job: Job) -> Request | None:
+        """The engine's request for ``job``, or None (the job is cancelled,
+        or its prompt rejected: it has its error)."""
+        if job.cancelled:
+            self._answered(job, None)
+            return None
         try:
             request = self.llm.request(job.prompt, job.options, self.pool)
         except PromptTooLongError as e:
-            job.deliver(APIError(
+            self._answered(job, APIError(
                 400, f"the prompt has {e.prompt_tokens} tokens, but the KV cache holds "
                 f"{e.max_length} (the server's --max-length); shorten the prompt",
                 job.prompt_param, code="context_length_exceeded"))
-            return
+            return None
         except Exception as e:  # a ModelError is about the prompt: empty, bad ids, ...
-            job.deliver(APIError(400, str(e), job.prompt_param) if isinstance(e, ModelError)
-                        else self._error(e))
-            return
+            self._answered(job, APIError(400, str(e), job.prompt_param)
+                           if isinstance(e, ModelError) else self._error(e))
+            return None
         job.attach(request)
         if request.cancelled:
-            return
+            self._answered(job, None)
+            return None
+        return request
+
+    def _decode(self, prefill_seconds: float) -> None:
+        """Decode steps of the running rows: one, or, after a prefill chunk
+        that took ``prefill_seconds``, as many as fit in that time (so while
+        a long prompt is prefilled the running rows get half the time, not
+        one token a chunk), unless new jobs wait to begin."""
+        start = time.perf_counter()
+        while self.engine.rows:
+            self._step()
+            if (time.perf_counter() - start >= prefill_seconds
+                    or (self._waiting and not self.engine.full)):
+                return
+
+    def _prefill(self) -> float:
+        """One chunk of the prefill with the fewest tokens left; the seconds
+        it took."""
+        start = time.perf_counter()
+        prefill = min(self.engine.prefilling, key=lambda p: p.remaining)
+        rows = list(prefill.rows)
+        before = prefill.done
         try:
-            piece = self.engine.add(request)
+            pieces = self.engine.advance(prefill)
         except Exception as e:
-            # If the row joined the batch, it leaves at the next step; the
-            # rows already there are not affected.
-            request.cancel()
-            job.deliver(self._error(e))
-            return
-        if not request.finished:
-            self._jobs[request] = job
-            self.largest_batch = max(self.largest_batch, len(self.engine.rows))
-        job.deliver(piece)
+            # Only these rows' caches are in doubt: they fail, the batch goes on.
+            if prefill in self.engine.prefilling:
+                self.engine.prefilling.remove(prefill)
+            error = self._error(e)
+            for request in rows:
+                request.cancel()
+                job = self._jobs.pop(request, None)
+                if job is not None:
+                    self._answered(job, error)
+            return time.perf_counter() - start
+        at, step = prefill.start + before, prefill.done - before
+        self.prompt_tokens += sum(max(min(len(r.ids), at + step) - at, 0) for r in rows
+                                  if r.finish_reason != "cancelled")
+        self._deliver(pieces)
+        for request in rows:  # rows cancelled while prefilling
+            if request.finished and request in self._jobs:
+                self._leave(request)
+        return time.perf_counter() - start
 
     def _step(self) -> None:
         rows = len(self.engine.rows)
@@ -248,14 +416,37 @@ class Scheduler:
             return
         self.steps += 1
         self.largest_batch = max(self.largest_batch, rows)
+        self._deliver(pieces)
+        for request in [r for r in self._jobs if r.finished]:
+            self._leave(request)
+
+    def _deliver(self, pieces: list[tuple[Request, Piece]]) -> None:
+        """Hand each piece to its job; the jobs of finished rows are done."""
         for request, piece in pieces:
             job = self._jobs.get(request)
-            if job is not None:
-                job.deliver(piece)
-        for request in [r for r in self._jobs if r.finished]:
-            if request.finish_reason == "cancelled":
-                self.cancelled += 1
-            del self._jobs[request]
+            if job is None:
+                continue
+            self.generated_tokens += 1
+            self._rate.add(1)
+            job.deliver(piece)
+            if request.finished:
+                self._leave(request)
+        self.largest_batch = max(self.largest_batch, len(self.engine.rows))
+
+    def _leave(self, request: Request) -> None:
+        """A finished row's job is answered: it is no longer tracked."""
+        del self._jobs[request]
+        if request.finish_reason == "cancelled":
+            self.cancelled += 1
+        self.requests += 1
+
+    def _answered(self, job: Job, error: APIError | None) -> None:
+        """A job that ends without a row: with ``error`` (None: cancelled)."""
+        self.requests += 1
+        if error is None:
+            self.cancelled += 1
+        else:
+            job.deliver(error)
 
     def _error(self, e: Exception) -> APIError:
         """What a request that ``e`` ended gets: the ModelError's text (400),
@@ -267,21 +458,44 @@ class Scheduler:
         return APIError(500, f"the generation failed: {type(e).__name__}: {e}")
 
     def _fail_running(self, e: Exception) -> None:
-        """Fail every running row after ``e`` and start a new engine: the
-        batch's caches may be inconsistent. The new engine is in place before
-        any client hears of the failure, so its next request finds it."""
+        """Fail every prefilling and running row after ``e`` and start a new
+        engine: the batch's caches may be inconsistent. The new engine is in
+        place before any client hears of the failure, so its next request
+        finds it."""
         error = self._error(e)
         jobs = list(self._jobs.values())
         self._jobs.clear()
-        self.engine = Engine(self.llm, self.engine.max_batch)
+        engine = self.engine
+        self.engine = Engine(self.llm, engine.max_batch, engine.prefill_chunk)
         for job in jobs:
-            job.deliver(error)
+            self._answered(job, error)
 
     def _fail_all(self, error: APIError) -> None:
         with self._wake:
             waiting, self._waiting = list(self._waiting), deque()
         for job in [*waiting, *self._jobs.values()]:
-            job.deliver(error)
+            self._answered(job, error)
         for request in self._jobs:
             request.cancel()
         self._jobs.clear()
+
+
+class _Rate:
+    """Events per second over the last ``window`` seconds."""
+
+    def __init__(self, window: float = 10.0):
+        self.window = window
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, n: int) -> None:
+        """Count ``n`` events now."""
+        now = time.monotonic()
+        self._events.append((now, n))
+        while self._events and self._events[0][0] < now - self.window:
+            self._events.popleft()
+
+    def per_second(self) -> float:
+        """The rate over the window (events since ``window`` seconds ago)."""
+        now = time.monotonic()
+        events = [(t, n) for t, n in list(self._events) if t >= now - self.window]
+        return sum(n for _, n in events) / self.window

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
@@ -46,13 +47,16 @@ from . import build
 @dataclass(frozen=True)
 class Status:
     """Whether the native kernels can run here: ``available``, and either
-    ``reason`` (why not) or the kernels' ``isa`` and ``threads``."""
+    ``reason`` (why not) or the kernels' ``isa`` and ``threads``;
+    ``build_seconds`` is how long this process spent building them (None:
+    the cache had them, or they are unavailable)."""
 
     available: bool
     reason: str = ""
     isa: str = ""
     threads: int = 0
     path: str = ""
+    build_seconds: float | None = None
 
     def __str__(self) -> str:
         if not self.available:
@@ -70,8 +74,22 @@ def default_enabled() -> bool:
     return os.environ.get("MLXPROG_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+class _BuildProgress:
+    """The build's ``progress``: prints each message on stderr, and times the
+    build from its first message (none comes when the cache has the
+    extension)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def __call__(self, message: str) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+        print(message, file=sys.stderr, flush=True)
+
+    def seconds(self) -> float | None:
+        """Seconds since the build started (None: no build started)."""
+        return None if self.started is None else time.monotonic() - self.started
 
 
 def module() -> ModuleType | None:
@@ -90,8 +108,10 @@ def status() -> Status:
     with _lock:
         if _status is not None:
             return _status
+        progress = _BuildProgress()
         try:
-            path = build.ensure_built(progress=_progress)
+            path = build.ensure_built(progress=progress)
+            build_seconds = progress.seconds()
             loaded = build.load(path)
             _smoke_test(loaded)
         except Exception as exc:  # any failure means: run MLX's ops
@@ -102,8 +122,16 @@ def status() -> Status:
                 RuntimeWarning, filename="mlxprog", lineno=0, module="mlxprog.native")
             return _status
         _module = loaded
-        _status = Status(True, isa=loaded.isa(), threads=loaded.threads(), path=str(path))
+        _status = Status(True, isa=loaded.isa(), threads=loaded.threads(), path=str(path),
+                         build_seconds=build_seconds)
         return _status
+
+
+def build_seconds() -> float | None:
+    """How long this process spent building the native kernels (None: it
+    built none: the cache had them, the build failed, or nothing asked for
+    them yet). Asks for nothing itself, so it never starts a build."""
+    return None if _status is None else _status.build_seconds
 
 
 def _smoke_test(loaded: ModuleType) -> None:

@@ -9,6 +9,7 @@ output).
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -118,12 +119,65 @@ def joined_capture(name: str, available: Mapping[str, Any]) -> mx.array | None:
                            f"{exc}") from None
 
 
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file."""
+
+NPY_MAGIC = b"\x93NUMPY"
+"""The first six bytes of every ``.npy`` file."""
+
+WEIGHTS_SUFFIXES = (".safetensors", ".npz", ".gguf")
+"""The weights files ``mx.load`` reads arrays by name from."""
+
+
+def weights_file_problem(path: str | Path) -> str | None:
+    """What keeps ``mx.load`` from reading the weights file at ``path``, in a
+    few words to follow its name (``"no such file"``, ``"not a GGUF file
+    (...)"``), or None when it exists and starts as its suffix's format does
+    (it may still be damaged further in). It is looked at before MLX reads
+    it because MLX's messages name neither the file nor the problem
+    (``[load_gguf] gguf_init failed`` for a text file). ``.npy`` is checked
+    too: ``mx.load`` reads it, as one array."""
+    path = Path(path)
+    if not path.exists():
+        return "no such file"
+    if path.is_dir():
+        return "a directory, not a file"
+    suffix = path.suffix.lower()
+    if suffix not in (*WEIGHTS_SUFFIXES, ".npy"):
+        return (f"an unknown weights format {suffix or '(no suffix)'!r} (expected "
+                f"{', '.join(WEIGHTS_SUFFIXES)})")
+    try:
+        with open(path, "rb") as file:
+            head = file.read(9)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not head:
+        return "an empty file"
+    if suffix == ".gguf" and head[:4] != GGUF_MAGIC:
+        return f"not a GGUF file (it starts with {head[:4]!r}, not {GGUF_MAGIC!r})"
+    if suffix == ".npz" and not zipfile.is_zipfile(path):
+        return "not an .npz (zip) file"
+    if suffix == ".npy" and head[:6] != NPY_MAGIC:
+        return f"not an .npy file (it starts with {head[:6]!r}, not {NPY_MAGIC!r})"
+    # safetensors: the header's length as 8 little-endian bytes, then the JSON header.
+    header_end = 8 + int.from_bytes(head[:8], "little")
+    if suffix == ".safetensors" and (head[8:9] != b"{" or header_end > path.stat().st_size):
+        return "not a safetensors file (it does not start with the length of a JSON header)"
+    return None
+
+
 def load_weights(paths: str | Path | Sequence[str | Path]) -> dict[str, mx.array]:
-    """Read arrays by name from ``.safetensors``, ``.npz`` or ``.gguf`` files."""
+    """Read arrays by name from ``.safetensors``, ``.npz`` or ``.gguf`` files;
+    a file that is missing or not of its suffix's format is a
+    :class:`BindingError` naming it and saying so (see
+    :func:`weights_file_problem`)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     weights: dict[str, mx.array] = {}
     for path in paths:
+        problem = weights_file_problem(path)
+        if problem is not None:
+            raise BindingError(f"cannot read weights file {str(path)!r}: {problem}")
         try:
             loaded = mx.load(str(path))
         except Exception as exc:  # MLX raises bare RuntimeError/ValueError for bad files

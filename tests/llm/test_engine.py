@@ -18,7 +18,7 @@ from llm_reference import KVCache, ReferenceModel
 from mlxprog.llm import (
     LLM, Chat, Engine, GenerationOptions, ModelError, PromptCache, PromptCachePool, load,
 )
-from mlxprog.llm.cache import CacheLayout
+from mlxprog.llm.cache import CacheLayout, common_prefix
 from mlxprog.llm.engine import PromptTooLongError, prefill_bucket
 
 MAX_LENGTH = 64
@@ -75,6 +75,74 @@ def test_rows_joining_a_running_batch_get_what_they_would_alone(llm, sampling):
             expected.tokens, expected.text, expected.finish_reason)
         np.testing.assert_allclose(result.logprobs, expected.logprobs, atol=1e-4)
     assert not engine.rows and engine.width == 0
+
+
+def finish_prefills(engine: Engine, order=min) -> list:
+    """Advance ``engine``'s prefills (``order`` picks the next by tokens
+    left) until none is left; the (request, piece) pairs, in order."""
+    pieces = []
+    while engine.prefilling:
+        pieces += engine.advance(order(engine.prefilling, key=lambda p: p.remaining))
+    return pieces
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_prefills_in_chunks_begun_together_give_what_each_would_alone(llm, chunk):
+    """Prompts begun together (one prefill of several rows, of different
+    lengths) and run in chunks of ``chunk`` tokens: each row's tokens and
+    log-probabilities are those of its whole-prompt generation alone."""
+    prompts = [PROMPT, "he", "the the the quick brown fox jumps over the lazy dog again"]
+    options = [GenerationOptions(max_tokens=8, chat=False, seed=i, logprobs=True,
+                                 temperature=0.9) for i in range(3)]
+    alone = [llm.generate(p, options=o) for p, o in zip(prompts, options)]
+    engine = Engine(llm, prefill_chunk=chunk)
+    requests = [llm.request(p, o) for p, o in zip(prompts, options)]
+    [prefill] = engine.begin(requests)
+    lengths = sorted(len(r.ids) for r in requests)
+    assert [p.chunks for p in engine.prefilling] == [engine._chunks(0, lengths[-1])]
+    first = finish_prefills(engine)
+    # The shortest prompt completes first, and each leaves once prefilled.
+    assert [len(r.ids) for r, _ in first] == lengths and not engine.prefilling
+    drain(engine, [], {})
+    for request, expected in zip(requests, alone):
+        result = request.result()
+        assert (result.tokens, result.text) == (expected.tokens, expected.text)
+        np.testing.assert_allclose(result.logprobs, expected.logprobs, atol=1e-4)
+
+
+def test_chunks_are_buckets_within_the_cache(llm):
+    engine = Engine(llm, prefill_chunk=20)
+    # 20-token chunks, each padded to its bucket; none past MAX_LENGTH.
+    assert engine._chunks(0, 45) == [(20, 32), (20, 32), (5, 8)]
+    assert engine._chunks(50, 13) == [(13, 14)]  # 16 would pass the 64 slots
+    assert Engine(llm)._chunks(3, 45) == [(45, 61)]  # no chunk size: one chunk
+    with pytest.raises(ModelError, match="prefill_chunk must be at least 1, got 0"):
+        Engine(llm, prefill_chunk=0)
+
+
+def test_a_prefill_resumes_a_prompt_cache_in_chunks(llm):
+    options = GenerationOptions(max_tokens=6, chat=False)
+    cache = llm.cache_prompt(PROMPT, options=options)
+    longer = PROMPT + " jumps over the lazy dog"
+    expected = llm.generate(longer, options=options)
+    engine = Engine(llm, prefill_chunk=2)
+    request = llm.request(longer, options, cache)
+    [prefill] = engine.begin([request])
+    assert prefill.start == request.cached == len(ids_of(llm, PROMPT))
+    finish_prefills(engine)
+    drain(engine, [], {})
+    assert request.result().tokens == expected.tokens
+
+
+def test_a_row_cancelled_while_prefilling_leaves_unread(llm):
+    options = GenerationOptions(max_tokens=6, chat=False)
+    engine = Engine(llm, prefill_chunk=2)
+    stays, goes = (llm.request(p, options) for p in (PROMPT, PROMPT + " again and again"))
+    engine.begin([stays, goes])
+    goes.cancel()
+    pieces = finish_prefills(engine)
+    assert [r for r, _ in pieces] == [stays] and goes.finish_reason == "cancelled"
+    assert goes.read == [] and engine.rows == [stays]
 
 
 def test_a_cancelled_row_leaves_and_the_others_go_on(llm):
@@ -152,8 +220,9 @@ def test_a_prompt_cache_prefills_only_the_new_tokens(llm):
     assert again.stats.cached_tokens == 3
     assert again.tokens == llm.generate(other, max_tokens=4, chat=False).tokens
     # A prompt the cache holds whole still prefills its last token.
-    whole = llm.generate(cache.tokens, max_tokens=3, chat=False, prompt_cache=cache)
-    assert whole.stats.cached_tokens == len(cache.tokens) - 1 or whole.stats.cached_tokens > 0
+    held = list(cache.tokens)
+    whole = llm.generate(held, max_tokens=3, chat=False, prompt_cache=cache)
+    assert whole.stats.cached_tokens == len(held) - 1
 
 
 def test_cache_prompt_then_generate_from_it(llm):
@@ -246,15 +315,16 @@ def test_repetition_penalty_follows_the_rule(llm):
     out = llm.generate(ids, max_tokens=8, chat=False, repetition_penalty=penalty,
                        repetition_context_size=context, logprobs=True)
     tokens = list(ids)
-    for expected in out.tokens:
+    for expected, logprob in zip(out.tokens, out.logprobs):
         logits = np.array(reference_logits(llm, tokens))
         for seen in set(tokens[-context:]):
             logits[seen] = logits[seen] / penalty if logits[seen] > 0 else logits[seen] * penalty
         assert expected == int(np.argmax(logits))
+        # The log-probabilities are those of the penalized distribution.
+        shifted = logits - logits.max()
+        assert logprob == pytest.approx(shifted[expected] - np.log(np.exp(shifted).sum()),
+                                        abs=1e-3)
         tokens.append(expected)
-    # The log-probabilities are those of the penalized distribution.
-    plain = llm.generate(ids, max_tokens=8, chat=False, logprobs=True)
-    assert out.tokens != plain.tokens or out.logprobs != plain.logprobs
     with pytest.raises(ModelError, match="repetition_penalty must be > 0, got 0"):
         llm.generate(ids, repetition_penalty=0)
     with pytest.raises(ModelError, match="no repetition_penalty"):
@@ -311,10 +381,14 @@ def test_chat_turns_reuse_the_cache_and_match_a_fresh_generation(model_path):
     chat = Chat(llm, max_tokens=6, system_prompt="the")
     first = list(chat.send("he"))
     assert first[0].stats.cached_tokens == 0
+    held = list(chat.cache.tokens)
     second = list(chat.send("fox"))
     assert chat.dropped == 0
-    # The first turn's prompt at least (the random model's replies are bytes
-    # that do not survive being rendered as text and tokenized again).
+    # What the cache shares with the new prompt: the first turn's prompt and
+    # as much of the reply as survives being rendered as text and tokenized
+    # again (the random model's replies are bytes that may not).
+    ids = llm.prompt_ids(chat.conversation()[:-1], chat=True)
+    assert second[-1].stats.cached_tokens == min(common_prefix(held, ids), len(ids) - 1)
     assert second[-1].stats.cached_tokens >= first[-1].stats.prompt_tokens
     # The reply equals a generation of the whole conversation from scratch.
     conversation = chat.conversation()[:-1]
@@ -326,10 +400,21 @@ def test_chat_turns_reuse_the_cache_and_match_a_fresh_generation(model_path):
 
 def test_chat_drops_the_oldest_turns_when_the_cache_is_outgrown(llm):
     chat = Chat(llm, max_tokens=30, system_prompt="be brief")
+    system = [{"role": "system", "content": "be brief"}]
+    dropped = []
     for turn in range(6):
-        pieces = list(chat.send(f"the quick brown fox {turn}"))
+        text = f"the quick brown fox {turn}"
+        offered = [*chat.messages, {"role": "user", "content": text}]
+        pieces = list(chat.send(text))
         assert pieces[-1].finish_reason is not None
-    assert chat.dropped >= 1 or len(chat.messages) < 12
+        # The fewest oldest exchanges dropped that leave the reply its 30
+        # tokens; all of them if none does (the reply may then stop early).
+        fits = [d for d in range(len(offered) // 2 + 1)
+                if len(llm.prompt_ids(system + offered[2 * d:], chat=True)) + 30
+                <= MAX_LENGTH + 1]
+        assert chat.dropped == (fits[0] if fits else len(offered) // 2)
+        dropped.append(chat.dropped)
+    assert sum(dropped) >= 1
     assert chat.conversation()[0] == {"role": "system", "content": "be brief"}
     assert chat.messages[-2] == {"role": "user", "content": "the quick brown fox 5"}
     assert pieces[-1].stats.prompt_tokens < MAX_LENGTH

@@ -535,7 +535,8 @@ def test_cli_export_llm_writes_the_programs(model_paths, tmp_path, capsys):
 def test_cli_bad_sampling_option_is_an_error(model_paths, capsys, option, value, message):
     assert main(["generate", "--model", str(model_paths["gguf"]), "--prompt", PROMPT,
                  option, value]) == 2
-    assert capsys.readouterr().err.endswith(f"mlxprog generate: error: {message}\n")
+    assert capsys.readouterr().err.endswith(f"mlxprog generate: error: {message}\n"
+                                            "Run 'mlxprog generate --help' for usage.\n")
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """``mlxprog generate`` and ``mlxprog chat`` as a user drives them: JSON and
 quiet output, the finish reason, prompt caches in files, chats that keep
 their cache and outgrow it, Ctrl-C (simulated, and a real SIGINT to a real
-process)."""
+process); directories written by ``mlxprog export-llm`` as the model of
+every command; model paths that are not models; the native build kept out
+of the stats."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import mlx.core as mx
 import pytest
 from llm_fixtures import write_gguf
 
 import mlxprog.llm.cli as llm_cli
+from mlxprog import Program, native
 from mlxprog.cli import main
 from mlxprog.llm import load
 
@@ -150,3 +155,124 @@ def test_a_real_sigint_at_the_chat_prompt_exits_quietly(model):
             process.kill()
     assert process.returncode == 130
     assert "Traceback" not in err
+
+
+# -- exported directories as models --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory) -> str:
+    """The tiny model's programs, written by ``mlxprog export-llm -m``."""
+    out = tmp_path_factory.mktemp("exported")
+    assert main(["export-llm", "-m", model, "-o", str(out), "--max-length", "64"]) == 0
+    return str(out)
+
+
+def test_export_llm_takes_the_model_as_m_or_as_the_argument(model, exported, tmp_path, capsys):
+    assert main(["export-llm", model, "-o", str(tmp_path), "--max-length", "64"]) == 0
+    assert (tmp_path / "decode.json").read_text() == (Path(exported) / "decode.json").read_text()
+    capsys.readouterr()
+    assert main(["export-llm", model, "-m", model, "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "mlxprog export-llm: error: argument -m/--model: not allowed with argument MODEL\n"
+        "Run 'mlxprog export-llm --help' for usage.\n")
+
+
+def test_generate_runs_an_exported_directory(model, exported, capsys):
+    assert main(generate(model, "--max-tokens", "6", "--json", "--no-verbose")) == 0
+    from_model = json.loads(capsys.readouterr().out)
+    # Without --max-length: the directory's own (64), not the default 2048.
+    assert main(["generate", "-m", exported, "-p", PROMPT, "--no-chat", "--max-tokens", "6",
+                 "--json", "--no-verbose"]) == 0
+    from_programs = json.loads(capsys.readouterr().out)
+    assert from_programs["tokens"] == from_model["tokens"]
+    assert from_programs["numerics"] == from_model["numerics"]
+
+
+def test_an_exported_directory_refuses_another_length_or_numerics(exported, capsys):
+    numerics = json.loads((Path(exported) / "manifest.json").read_text())["numerics"]
+    other = "exact" if numerics == "int8" else "int8"
+    for flags, given in ((["--max-length", "128"], "max_length 64, not 128"),
+                         (["--numerics", other], f"numerics {numerics!r}, not {other!r}")):
+        assert main(["generate", "-m", exported, "-p", PROMPT, *flags]) == 1
+        assert capsys.readouterr().err == (
+            f"error: {exported}: the programs were exported with {given}; export them "
+            "again for another\n")
+
+
+def test_chat_and_perplexity_run_an_exported_directory(model, exported, tmp_path, capsys,
+                                                       monkeypatch):
+    assert chat(exported, monkeypatch, ["he", EOFError()]) == 0
+    assert "[the reply stopped at length (--max-tokens 12)]" in capsys.readouterr().err
+    text = tmp_path / "text.txt"
+    text.write_text(PROMPT * 3)
+    scores = []
+    for given in (model, exported):
+        assert main(["perplexity", "-m", given, str(text), "--json"]) == 0
+        scores.append(json.loads(capsys.readouterr().out))
+    assert scores[1]["perplexity"] == pytest.approx(scores[0]["perplexity"], rel=1e-5)
+
+
+def test_serve_runs_an_exported_directory(exported, capsys, monkeypatch):
+    served = []
+
+    class Server:  # records what it would serve
+        def __init__(self, llm, **options):
+            served.append(llm)
+
+        def run(self, host, port):
+            pass
+
+    monkeypatch.setattr("mlxprog.llm.server.Server", Server)
+    assert main(["serve", "-m", exported]) == 0
+    (llm,) = served
+    assert llm.max_length == 64
+    assert llm.program("decode") == Program.load(Path(exported) / "decode.json")
+
+
+# -- model paths that are not models ---------------------------------------------
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "-p", "hi", "-m"], ["chat", "-m"], ["serve", "-m"],
+    ["perplexity", "-", "-m"], ["export-llm", "-o", "out", "-m"], ["export-llm", "-o", "out"],
+])
+def test_a_missing_model_path_is_an_error_naming_it(tmp_path, capsys, command):
+    missing = tmp_path / "nope.gguf"
+    assert main([*command, str(missing)]) == 1
+    flag = command[-1] if command[-1] == "-m" else "model"
+    assert capsys.readouterr().err == f"error: {flag} {missing}: no such file or directory\n"
+
+
+def test_a_text_file_named_gguf_is_no_gguf_file(tmp_path, capsys):
+    path = tmp_path / "x.gguf"
+    path.write_text("hello\n")
+    assert main(["generate", "-m", str(path), "-p", "hi"]) == 1
+    assert capsys.readouterr().err == (
+        f"error: cannot read GGUF file {path}: not a GGUF file (it starts with b'hell', "
+        "not b'GGUF')\n")
+
+
+# -- the native build is not timed ---------------------------------------------------
+
+
+def test_load_builds_the_native_kernels_before_anything_is_timed(model, monkeypatch):
+    asked = []
+    monkeypatch.setattr(native, "status", lambda: asked.append("status"))
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    load(model, max_length=64, native=True)
+    assert asked == ["status"]  # before any generation starts its clock
+    load(model, max_length=64, native=False)
+    assert asked == ["status"]
+
+
+@pytest.mark.parametrize("seconds, note", [
+    (42.4, " (native kernels built in 42 s, not timed)"), (None, ""),
+])
+def test_the_stats_line_says_when_this_run_built_the_native_kernels(model, capsys,
+                                                                    monkeypatch, seconds,
+                                                                    note):
+    monkeypatch.setattr(native, "build_seconds", lambda: seconds)
+    assert main(generate(model, "--max-tokens", "2")) == 0
+    stats = capsys.readouterr().err.splitlines()[-1]
+    assert stats.endswith(f"| finish: length (--max-tokens 2){note}"), stats

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import queue
 import re
 import signal
@@ -33,6 +34,7 @@ import pytest
 from llm_fixtures import write_gguf
 
 from mlxprog.llm import LLM, ModelError, load
+from mlxprog.llm.cache import common_prefix
 from mlxprog.cli import main as cli_main
 from mlxprog.llm.server import Server
 
@@ -125,8 +127,12 @@ def assert_error(status: int, headers, body: bytes, expected: int, message: str,
 def test_health_and_models(server, client):
     status, headers, body = request(server, "GET", "/health")
     assert status == 200 and headers["Content-Type"] == "application/json"
-    assert json.loads(body) == {"status": "ok", "model": MODEL_ID, "running": 0, "waiting": 0,
-                                "max_batch": MAX_BATCH}
+    health = json.loads(body)
+    assert {k: health[k] for k in ("status", "model", "prefilling", "running", "waiting",
+                                   "max_batch", "max_waiting", "failures")} == {
+        "status": "ok", "model": MODEL_ID, "prefilling": 0, "running": 0, "waiting": 0,
+        "max_batch": MAX_BATCH, "max_waiting": 64, "failures": 0}
+    assert set(health) == {"status", "model", *server.scheduler.stats()}
     status, _, body = request(server, "GET", "/v1/models")
     models = json.loads(body)
     assert status == 200 and models["object"] == "list"
@@ -181,9 +187,15 @@ def test_unknown_fields_are_ignored(server):
 
 
 # -- chat completions ------------------------------------------------------------
-def test_chat_matches_generate_with_usage(client, reference):
+def test_chat_matches_generate_with_usage(server, client, reference):
     messages = chat("What is the capital of France?")
     expected = reference.generate(messages, max_tokens=12)
+    ids = reference.prompt_ids(messages)
+    # The earlier tests' answers are in the prompt cache (they share the chat
+    # template's start); the engine reuses the longest prefix, leaving at
+    # least one token to prefill.
+    cached, _ = server.scheduler.pool.lookup(ids)
+    expected_cached = min(common_prefix(cached, ids), len(ids) - 1)
     reply = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12,
                                            temperature=0)
     assert reply.object == "chat.completion" and reply.model == MODEL_ID
@@ -197,7 +209,11 @@ def test_chat_matches_generate_with_usage(client, reference):
     assert usage.prompt_tokens == len(reference.prompt_ids(messages))
     assert usage.completion_tokens == expected.stats.generated_tokens
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.prompt_tokens_details.cached_tokens >= 0
+    assert usage.prompt_tokens_details.cached_tokens == expected_cached
+    again = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12,
+                                           temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == len(ids) - 1  # all it may reuse
+    assert again.choices[0].message.content == expected.text
 
 
 def test_any_model_name_is_accepted(client):
@@ -216,7 +232,8 @@ def test_chat_stream(client, reference):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected.text
     *body, finish, usage = chunks
-    assert finish.choices[0].finish_reason is not None
+    assert finish.choices[0].finish_reason == {"eos": "stop",
+                                               "length": "length"}[expected.finish_reason]
     assert all(c.choices[0].finish_reason is None for c in body)
     assert usage.choices == [] and usage.usage.completion_tokens == expected.stats.generated_tokens
     assert usage.usage.prompt_tokens == len(reference.prompt_ids(messages))
@@ -414,7 +431,22 @@ def test_a_request_closed_before_its_answer_frees_its_row(server, slow_steps):
      "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs needs logprobs set to true", "top_logprobs"),
     ({"stream": "yes"}, "stream must be a valid boolean", "stream"),
-    ({"stop": 5}, "stop must be a valid list", "stop"),
+    ({"stop": 5}, "stop must be a string or a list of strings, got 5", "stop"),
+    ({"stop": ["a", 5]}, "stop must be a string or a list of strings, got [\"a\", 5]", "stop"),
+    ({"temperature": 2.5}, "temperature must be at most 2, got 2.5", "temperature"),
+    ({"top_p": 1.5}, "top_p must be at most 1, got 1.5", "top_p"),
+    ({"presence_penalty": 3}, "presence_penalty must be at most 2, got 3", "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty must be at least -2, got -2.5",
+     "frequency_penalty"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty is not supported", "frequency_penalty"),
+    ({"n": 0}, "n must be 1 (one choice per request), got 0", "n"),
+    ({"n": 1.5}, "n must be a valid integer", "n"),
+    ({"seed": 1.5}, "seed must be a valid integer", "seed"),
+    ({"seed": "7"}, "seed must be a valid integer", "seed"),
+    ({"seed": 2**63}, "seed must be at most 9223372036854775807", "seed"),
+    ({"max_tokens": 1e9}, "max_tokens must be a valid integer", "max_tokens"),
+    ({"top_logprobs": -1, "logprobs": True}, "top_logprobs must be at least 0", "top_logprobs"),
+    ({"logprobs": 1}, "logprobs must be a valid boolean", "logprobs"),
     ({"messages": []}, "messages must not be empty", "messages"),
     ({"messages": None}, "messages must be a valid list", "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]},
@@ -452,6 +484,12 @@ def test_bad_chat_requests(server, client, fields, message, param):
     ({"prompt": [1, "a"]}, "prompt must be a string or a list of token ids", "prompt"),
     ({"prompt": [10**6]}, "prompt token 0 is 1000000, outside the vocabulary", "prompt"),
     ({"prompt": "x", "logprobs": 21}, "logprobs must be at most 20", "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs must be at least 0", "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs must be a valid integer", "logprobs"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens must be at least 1, got 0", "max_tokens"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature must be at least 0", "temperature"),
+    ({"prompt": "x", "stop": {"a": 1}}, "stop must be a string or a list of strings",
+     "stop"),
     ({"prompt": "x", "echo": True}, "echo is not supported", "echo"),
     ({"prompt": "x", "best_of": 3}, "best_of must be 1, got 3", "best_of"),
     ({"prompt": "x", "suffix": "end"}, "suffix is not supported", "suffix"),
@@ -479,9 +517,10 @@ def test_a_prompt_longer_than_the_cache_is_a_400_and_the_server_goes_on(server, 
     assert json.loads(request(server, "GET", "/health")[2])["status"] == "ok"
 
 
-def test_a_long_answer_ends_when_the_cache_is_full(client, reference):
+@pytest.mark.parametrize("max_tokens", [100, 10**12])  # more than any cache: no error
+def test_a_long_answer_ends_when_the_cache_is_full(client, reference, max_tokens):
     prompt = [5] * (MAX_LENGTH - 4)
-    reply = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=100,
+    reply = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=max_tokens,
                                       temperature=0)
     expected = reference.generate(prompt, max_tokens=100)
     assert expected.cache_full
@@ -493,14 +532,14 @@ def test_a_long_answer_ends_when_the_cache_is_full(client, reference):
 def test_a_model_error_fails_only_its_request(server, client, reference, slow_steps,
                                               monkeypatch):
     engine = server.scheduler.engine
-    add = engine.add
+    begin = engine.begin
 
-    def add_failing_on_marker(request):
-        if reference.tokenizer.encode("MARKER")[0] in request.ids:
+    def begin_failing_on_marker(requests):
+        if any(reference.tokenizer.encode("MARKER")[0] in r.ids for r in requests):
             raise ModelError("injected model error")
-        return add(request)
+        return begin(requests)
 
-    monkeypatch.setattr(engine, "add", add_failing_on_marker)
+    monkeypatch.setattr(engine, "begin", begin_failing_on_marker)
     messages = chat("A long answer, please.")
     expected = reference.generate(messages, max_tokens=60).text
     stream = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=60,
@@ -514,6 +553,12 @@ def test_a_model_error_fails_only_its_request(server, client, reference, slow_st
 
 def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, reference,
                                                            monkeypatch):
+    # The failure is injected in the decode step, so each request must reach
+    # one: greedy, and not ended by its first token. (Sampled, as this test
+    # once was, the first token was the end of sequence about one time in 30:
+    # the request finished in its prefill, no step ran, and it succeeded.)
+    assert reference.generate(chat("hi"), max_tokens=8).finish_reason == "length"
+    assert reference.generate("hi", chat=False, max_tokens=8).finish_reason == "length"
     scheduler = server.scheduler
     broken = scheduler.engine
     failures = scheduler.failures
@@ -526,25 +571,31 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, refer
 
     break_engine()
     with pytest.raises(openai.InternalServerError) as raised:
-        client.chat.completions.create(model=MODEL_ID, messages=chat("hi"), max_tokens=8)
+        client.chat.completions.create(model=MODEL_ID, messages=chat("hi"), max_tokens=8,
+                                       temperature=0)
     assert raised.value.status_code == 500
     assert raised.value.body == {
         "message": "the generation failed: RuntimeError: injected engine failure",
         "type": "server_error", "param": None, "code": None}
     assert scheduler.engine is not broken and scheduler.failures == failures + 1
 
-    # Once a stream has started, the failure arrives as an error event.
+    # Once a stream has started, it ends as streams do (a last chunk with a
+    # finish reason), then the failure arrives as an error event.
     break_engine()
     stream = client.chat.completions.create(model=MODEL_ID, messages=chat("hi"), max_tokens=8,
-                                            stream=True)
+                                            temperature=0, stream=True)
+    received = []
     with pytest.raises(openai.APIError, match="injected engine failure"):
-        list(stream)
+        received += stream
+    assert received[-1].choices[0].finish_reason == "length"
     break_engine()
     status, _, body = request(server, "POST", "/v1/completions", {
-        "prompt": "hi", "max_tokens": 8, "stream": True})
+        "prompt": "hi", "max_tokens": 8, "temperature": 0, "stream": True})
     events = body.split(b"\n\n")
     assert status == 200 and events[-2:] == [b"data: [DONE]", b""]
     assert json.loads(events[-3].removeprefix(b"data: "))["error"]["type"] == "server_error"
+    assert json.loads(events[-4].removeprefix(b"data: "))["choices"][0]["finish_reason"] == \
+        "length"
 
     monkeypatch.undo()
     reply = client.chat.completions.create(model=MODEL_ID, messages=chat("hi"), max_tokens=8,
@@ -600,6 +651,37 @@ def test_command_line_flags(model_path, capsys):
         assert main(["-m", str(model_path), "--port", str(port)]) == 1
     assert capsys.readouterr().err == (f"error: cannot listen on 127.0.0.1:{port}: "
                                        "Address already in use\n")
+    # serve() leaves its logger as it found it (else later tests' logs go to
+    # this test's stderr, closed by now).
+    logger = logging.getLogger("mlxprog.serve")
+    assert logger.handlers == [] and logger.propagate
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--shutdown-grace", "-1"], "argument --shutdown-grace: must be at least 0, got -1"),
+    (["--shutdown-grace", "soon"], "argument --shutdown-grace: expected a number, got 'soon'"),
+    (["--api-key", ""], "argument --api-key: the API key must not be empty"),
+    (["--allowed-origins", "https://app.example/"], "argument --allowed-origins: "
+     "'https://app.example/' is not an origin such as https://example.com:8443"),
+    (["--allowed-origins", " , "], "argument --allowed-origins: no origin given"),
+])
+def test_bad_sharing_and_shutdown_flags_are_usage_errors(capsys, flags, message):
+    assert main(flags) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sharing_and_shutdown_flags_reach_the_server(capsys, monkeypatch):
+    given = []
+    monkeypatch.setattr("mlxprog.llm.server.serve", lambda model, **settings: given.append(
+        settings))
+    assert main(["--api-key", "sk-1", "--allowed-origins",
+                 "https://a.example, http://localhost:3000", "--shutdown-grace", "0.5"]) == 0
+    assert main([]) == 0
+    (first, default) = given
+    assert (first["api_key"], first["allowed_origins"], first["shutdown_grace"]) == (
+        "sk-1", ["https://a.example", "http://localhost:3000"], 0.5)
+    assert (default["api_key"], default["allowed_origins"], default["shutdown_grace"]) == (
+        None, [], 5)
 
 
 def test_the_entry_point_serves_and_stops_on_ctrl_c(model_path):
@@ -613,8 +695,11 @@ def test_the_entry_point_serves_and_stops_on_ctrl_c(model_path):
     try:
         first = lines.get(timeout=120)
         found = re.fullmatch(r"mlxprog serve: tiny at (http://127\.0\.0\.1:\d+)/v1 \(max batch "
-                             r"8, KV cache 128 tokens, prompt cache 8\); Ctrl-C stops\n", first)
+                             r"8, KV cache 128 tokens, prompt cache 8\); building the "
+                             r"programs, /health says when ready; Ctrl-C stops\n", first)
         assert found, first
+        assert re.fullmatch(r"mlxprog serve: programs and kernels built in \d+\.\d s; ready\n",
+                            lines.get(timeout=120))
         url = urlsplit(found.group(1))
         conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
         conn.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 3}),

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from llm_fixtures import TINY, TINY_UNEVEN, write_gguf, write_hf
+from llm_fixtures import TINY, TINY_UNEVEN, smollm_path, write_gguf, write_hf
 from llm_reference import KVCache, ReferenceModel
 
 from mlxprog.cli import main
 from mlxprog.llm import (
     Checkpoint, ModelError, ModelSpec, Quantization, build_decode, build_decode_loop,
-    build_prefill, default_model_path, load, load_checkpoint, load_exported,
+    build_prefill, load, load_checkpoint, load_exported,
 )
 
 MAX_LENGTH = 64
@@ -345,10 +345,7 @@ def test_three_ranks_generate_as_one_process(model_paths):
 def test_smollm2_on_two_ranks_generates_as_one_process():
     """SmolLM2's 3 KV heads (9 query heads) split 2 and 1, which mlx-lm's even
     split cannot do: 8 greedy tokens."""
-    try:
-        path = default_model_path(install=False)
-    except ModelError as exc:
-        pytest.skip(f"SmolLM2 is not installed: {exc}")
+    path = smollm_path()
     runs = {"greedy": dict(max_tokens=8, chat=False, logprobs=True)}
     results = _run_ranks(2, [path], runs)
     expected = _expected(path, runs)
