@@ -202,8 +202,10 @@ class Scheduler:
         ``running`` (decoding) and ``waiting``; ``cached_tokens``, the
         tokens the batch's rows hold in the KV cache plus those the prompt
         cache keeps; totals of ``requests``, ``prompt_tokens`` (prefilled),
-        ``generated_tokens``, ``steps``, ``cancelled`` and ``failures``; and
-        ``generated_tokens_per_second`` over the last 10 seconds. Read from
+        ``generated_tokens``, ``steps``, ``cancelled`` and ``failures``;
+        ``generated_tokens_per_second`` over the last 10 seconds; and MLX's
+        ``active_memory_bytes`` (arrays alive) and ``cache_memory_bytes``
+        (freed buffers it keeps for reuse). Read from
         any thread (a snapshot, not locked against the scheduler)."""
         rows = list(self.engine.rows)
         return {"prefilling": self.prefilling, "running": len(rows), "waiting": self.waiting,
@@ -212,7 +214,9 @@ class Scheduler:
                 "requests": self.requests, "prompt_tokens": self.prompt_tokens,
                 "generated_tokens": self.generated_tokens, "steps": self.steps,
                 "cancelled": self.cancelled, "failures": self.failures,
-                "generated_tokens_per_second": self._rate.per_second()}
+                "generated_tokens_per_second": self._rate.per_second(),
+                "active_memory_bytes": mx.get_active_memory(),
+                "cache_memory_bytes": mx.get_cache_memory()}
 
     def start(self, warm_up: bool = True) -> None:
         """Start the thread; with ``warm_up`` it first runs :meth:`warm_up`.

@@ -1187,6 +1187,10 @@ _METRICS = {
     "failures": ("mlxprog_failures_total", "counter", "Unexpected errors."),
     "generated_tokens_per_second": ("mlxprog_generated_tokens_per_second", "gauge",
                                     "Tokens generated per second over the last 10 s."),
+    "active_memory_bytes": ("mlxprog_mlx_active_memory_bytes", "gauge",
+                            "Bytes of MLX arrays alive."),
+    "cache_memory_bytes": ("mlxprog_mlx_cache_memory_bytes", "gauge",
+                           "Bytes of freed buffers MLX keeps for reuse."),
 }
 
 
@@ -1196,7 +1200,9 @@ def prometheus_text(stats: dict[str, float], ready: bool) -> str:
     lines = ["# HELP mlxprog_ready Whether the server serves (1) or builds its programs (0).",
              "# TYPE mlxprog_ready gauge", f"mlxprog_ready {int(ready)}"]
     for key, (name, kind, text) in _METRICS.items():
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {stats[key]:g}"]
+        value = stats[key]  # counts exact (a float's 6 digits would round them)
+        shown = str(value) if isinstance(value, int) else f"{value:.6g}"
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {shown}"]
     return "\n".join(lines) + "\n"
 
 
