@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .config import ModelError
-from .engine import Engine, Piece, PromptTooLongError, Request
+from .engine import Piece, PromptTooLongError
 
 if TYPE_CHECKING:
     from .generate import LLM, GenerationOptions
@@ -100,33 +100,12 @@ class Chat:
 
     def _reply(self, ids: list[int]) -> Iterator[Piece]:
         """Generate the reply to the prompt ``ids`` (reusing and refilling
-        the prompt cache), record it, and keep an interrupted one cached."""
-        llm = self.llm
-        request = llm.request(ids, self.options, self.cache)
-        # The engine is driven here rather than through LLM.stream, which
-        # forgets its request when closed early: an interrupted reply's row
-        # must leave the batch to store its caches.
-        engine = Engine(llm)
-        llm.last_generation = None
+        the prompt cache) and record it; an interrupted reply stays cached
+        (see :func:`~mlxprog.llm.engine.run`)."""
         text = ""
         try:
-            piece = engine.add(request)
-            text += piece.text
-            yield piece
-            while engine.rows:
-                for _, piece in engine.step():
-                    text += piece.text
-                    yield piece
-            llm.last_generation = request.result()
+            for piece in self.llm.stream(ids, prompt_cache=self.cache, options=self.options):
+                text += piece.text
+                yield piece
         finally:
-            if not request.finished:
-                _keep_interrupted(engine, request)
             self.messages.append({"role": "assistant", "content": text})
-
-
-def _keep_interrupted(engine: Engine, request: Request) -> None:
-    """Cancel an interrupted reply's ``request``; its row leaves ``engine``
-    at once, storing the prompt and the tokens generated so far in its
-    prompt cache (nothing, if it had not joined the batch yet)."""
-    request.cancel()
-    engine.step()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
 import mlx.core as mx
 
@@ -568,9 +568,13 @@ class Engine:
             return
         kept = min(row.fed, len(row.read))
         start = row.pad
+        # Copies: a slice shares its array's buffer, so a stored slice of the
+        # batch's caches would keep all of them alive (every row, every slot)
+        # as long as the prompt cache keeps the entry.
         row.prompt_cache.store(
             row.ids + row.read[:kept],
-            [x[index:index + 1, :, start:start + len(row.ids) + kept] for x in caches])
+            [mx.contiguous(x[index:index + 1, :, start:start + len(row.ids) + kept])
+             for x in caches])
 
     def _trim(self) -> None:
         """Drop the leading slots that are padding in every row."""
@@ -620,13 +624,22 @@ def prefill_bucket(n: int) -> int:
     return _round_up(n, 32 if n <= 512 else 256)
 
 
-def run(llm: LLM, requests: Iterable[Request]) -> Iterable[tuple[Request, Piece]]:
+def run(llm: LLM, requests: Iterable[Request]) -> Iterator[tuple[Request, Piece]]:
     """Generate ``requests`` together (joining as rows free up); yield
-    ``(request, piece)`` as tokens are read."""
+    ``(request, piece)`` as tokens are read. Closed early, or left by an
+    exception (a Ctrl-C), it cancels the rows still running: they leave the
+    batch, storing what they generated in their prompt caches (a chat's
+    interrupted reply is then cached for the next turn)."""
     engine = Engine(llm)
     waiting = list(requests)
-    while waiting or engine.rows:
-        while waiting and not engine.full:
-            request = waiting.pop(0)
-            yield request, engine.add(request)
-        yield from engine.step()
+    try:
+        while waiting or engine.rows:
+            while waiting and not engine.full:
+                request = waiting.pop(0)
+                yield request, engine.add(request)
+            yield from engine.step()
+    finally:
+        if engine.rows:
+            for row in engine.rows:
+                row.cancel()
+            engine.step()

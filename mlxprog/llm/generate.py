@@ -383,8 +383,9 @@ class LLM:
         id, log-probability and the running stats; the last one has the
         ``finish_reason``. Options and ``prompt_cache`` as in
         :meth:`generate`; ``self.last_generation`` holds the full result once
-        the iterator is exhausted. Closing the iterator early stops the
-        generation."""
+        the iterator is exhausted. Closing the iterator early (or a Ctrl-C
+        inside it) stops the generation; the prompt cache keeps what it
+        generated."""
         options = GenerationOptions.given(options, overrides)
         request = self.request(prompt, options, prompt_cache)
         self.last_generation = None
