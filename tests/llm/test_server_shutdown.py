@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from llm_fixtures import write_gguf
+from llm_fixtures import TINY, write_gguf
 
 from mlxprog.llm import LLM, load
 from mlxprog.llm.server import Server
@@ -59,6 +59,25 @@ def reference(model_path) -> LLM:
     return llm
 
 
+#: A model some 40x slower than the tiny one (6 wider layers), for the
+#: server started as a command: its answer to SLOW_PROMPT must still be
+#: running when the test's signals arrive (the tiny model's 1,200 tokens
+#: take well under a second, less than a signal's round trip may on a busy
+#: machine); its greedy answer runs past SLOW_LONG tokens.
+SLOW_SIZES = dict(TINY, num_layers=6, hidden_size=256, intermediate_size=768, head_dim=64)
+SLOW_PROMPT = "aaaa"
+SLOW_LONG = 600
+
+
+@pytest.fixture(scope="module")
+def slow_reference(tmp_path_factory) -> LLM:
+    path = tmp_path_factory.mktemp("shutdown") / "slow.gguf"
+    write_gguf(path, tied=False, sizes=SLOW_SIZES)
+    llm = load(path, max_length=MAX_LENGTH)
+    assert llm.generate(SLOW_PROMPT, chat=False, max_tokens=SLOW_LONG).finish_reason == "length"
+    return llm
+
+
 def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -82,11 +101,12 @@ def events_of(raw: bytes) -> list[Any]:
     return [e[6:].decode() if e == b"data: [DONE]" else json.loads(e[6:]) for e in events[:-1]]
 
 
-def assert_cut_short(reference: LLM, events: list[Any]) -> int:
-    """``events`` are a stream of PROMPT's completion (with the usage) cut
-    short as the server stops: text chunks, a last chunk (finish reason
-    "length"), the usage, the 503 error, then [DONE]. Returns the tokens the
-    usage counts."""
+def assert_cut_short(reference: LLM, events: list[Any], prompt: str = PROMPT,
+                     long: int = LONG) -> int:
+    """``events`` are a stream of ``prompt``'s completion of at most ``long``
+    tokens (with the usage) cut short as the server stops: text chunks, a
+    last chunk (finish reason "length"), the usage, the 503 error, then
+    [DONE]. Returns the tokens the usage counts."""
     *text_chunks, last, usage, error, done = events
     assert done == "[DONE]"
     assert error == {"error": {"message": "the server is shutting down", "type": "server_error",
@@ -96,10 +116,10 @@ def assert_cut_short(reference: LLM, events: list[Any]) -> int:
     assert all(c["choices"][0]["finish_reason"] is None for c in text_chunks)
     text = "".join(c["choices"][0]["text"] for c in text_chunks)
     generated = usage["usage"]["completion_tokens"]
-    assert 1 <= generated < LONG
-    assert usage["usage"]["prompt_tokens"] == len(reference.prompt_ids(PROMPT, chat=False))
+    assert 1 <= generated < long
+    assert usage["usage"]["prompt_tokens"] == len(reference.prompt_ids(prompt, chat=False))
     # What was sent is what those tokens say (a character still incomplete is held back).
-    assert reference.generate(PROMPT, chat=False, max_tokens=generated).text.startswith(text)
+    assert reference.generate(prompt, chat=False, max_tokens=generated).text.startswith(text)
     return generated
 
 
@@ -108,10 +128,12 @@ def assert_cut_short(reference: LLM, events: list[Any]) -> int:
     (signal.SIGTERM, 0, 1),   # no grace: the stream is cut at once
     (signal.SIGINT, 600, 2),  # Ctrl-C twice: the second cuts the grace short
 ])
-def test_a_signal_stops_the_command_and_ends_the_running_stream(model_path, reference,
-                                                                signal_number, grace, signals):
+def test_a_signal_stops_the_command_and_ends_the_running_stream(slow_reference, signal_number,
+                                                                grace, signals):
+    reference = slow_reference
     process = subprocess.Popen(
-        [sys.executable, "-m", "mlxprog", "serve", "-m", str(model_path), "--port", "0",
+        [sys.executable, "-m", "mlxprog", "serve", "-m", str(reference.checkpoint.path),
+         "--model-id", MODEL_ID, "--port", "0",
          "--max-length", str(MAX_LENGTH), "--shutdown-grace", str(grace)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     lines: queue.Queue[str] = queue.Queue()
@@ -122,7 +144,7 @@ def test_a_signal_stops_the_command_and_ends_the_running_stream(model_path, refe
                          lines.get(timeout=120))
         assert found
         assert lines.get(timeout=120).endswith("; ready\n")
-        response = post(found.group(1), {"prompt": PROMPT, "max_tokens": LONG,
+        response = post(found.group(1), {"prompt": SLOW_PROMPT, "max_tokens": SLOW_LONG,
                                          "temperature": 0, "stream": True,
                                          "stream_options": {"include_usage": True}})
         assert response.status == 200
@@ -141,8 +163,8 @@ def test_a_signal_stops_the_command_and_ends_the_running_stream(model_path, refe
             process.kill()
             process.wait()
     reader.join(timeout=10)
-    generated = assert_cut_short(reference, events_of(raw))
-    prompt_tokens = len(reference.prompt_ids(PROMPT, chat=False))
+    generated = assert_cut_short(reference, events_of(raw), SLOW_PROMPT, SLOW_LONG)
+    prompt_tokens = len(reference.prompt_ids(SLOW_PROMPT, chat=False))
     rest = list(lines.queue)
     assert rest == [f"POST /v1/completions 200 {rest[0].split()[3]} s: {prompt_tokens} prompt "
                     f"tokens (0 cached), {generated} generated; the server is shutting down\n"]
