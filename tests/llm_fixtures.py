@@ -165,6 +165,14 @@ def write_gguf(path: Path, arch: str = "llama", tied: bool = True, sizes: dict |
     return weights
 
 
+def tiny_gguf(tmp_path_factory, folder: str) -> Path:
+    """A tiny random-weight GGUF file (untied head, TINY shapes) in a new
+    temporary folder named after ``folder``."""
+    path = tmp_path_factory.mktemp(folder) / "tiny.gguf"
+    write_gguf(path, tied=False)
+    return path
+
+
 def smollm_path() -> Path:
     """The real SmolLM2-135M-Instruct model file, which the README's test
     command installs: a test never installs it (a missing model fails)."""

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from llm_fixtures import write_gguf
+from llm_fixtures import tiny_gguf
 
 from mlxprog.llm import load
 from mlxprog.llm.server import Server, prometheus_text
@@ -24,9 +24,7 @@ MAX_LENGTH = 256
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("scheduler") / "tiny.gguf"
-    write_gguf(path, tied=False)
-    return path
+    return tiny_gguf(tmp_path_factory, "scheduler")
 
 
 @pytest.fixture

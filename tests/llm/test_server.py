@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from llm_fixtures import write_gguf
+from llm_fixtures import tiny_gguf
 
 from mlxprog.llm import LLM, ModelError, load
 from mlxprog.llm.cache import common_prefix
@@ -46,9 +46,7 @@ MODEL_ID = "tiny"
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
-    write_gguf(path, tied=False)
-    return path
+    return tiny_gguf(tmp_path_factory, "serve")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from llm_fixtures import write_gguf
+from llm_fixtures import tiny_gguf
 
 from mlxprog.llm import LLM, load
 from mlxprog.llm.server import MAX_BODY_BYTES, ServeError, Server
@@ -44,9 +44,7 @@ LONG = 900
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("guards") / "tiny.gguf"
-    write_gguf(path, tied=False)
-    return path
+    return tiny_gguf(tmp_path_factory, "guards")
 
 
 @pytest.fixture(scope="module")

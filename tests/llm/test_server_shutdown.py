@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from llm_fixtures import TINY, write_gguf
+from llm_fixtures import TINY, tiny_gguf, write_gguf
 
 from mlxprog.llm import LLM, load
 from mlxprog.llm.server import Server
@@ -47,9 +47,7 @@ MODEL_ID = "tiny"
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("shutdown") / "tiny.gguf"
-    write_gguf(path, tied=False)
-    return path
+    return tiny_gguf(tmp_path_factory, "shutdown")
 
 
 @pytest.fixture(scope="module")
