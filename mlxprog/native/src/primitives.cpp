@@ -334,6 +334,22 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps) {
                    {x, weight});
 }
 
+// rows x D: out = rms_norm(x) * weight.
+void run_rms_norm(const float* x, const void* weight, DType weight_dtype, int64_t rows,
+                  int64_t D, float eps, float* out) {
+  RmsNormProblem p{};
+  p.D = D;
+  p.x = x;
+  p.weight = weight;
+  p.out = out;
+  p.dtype = DType::f32;
+  p.weight_dtype = weight_dtype;
+  p.eps = eps;
+  const Kernels& kernels = *active_kernels;
+  ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256),
+                                      [&](int64_t r0, int64_t r1) { kernels.rms_norm(p, r0, r1); });
+}
+
 // -- residual add and RMS norm ------------------------------------------------------------
 
 // (x + y, rms_norm(x + y) * weight) as one node: in a decode step every
@@ -353,22 +369,10 @@ class AddRmsNorm : public mx::Primitive {
           const float* a = static_cast<const float*>(contiguous_data(x, keep_x));
           const float* b = static_cast<const float*>(contiguous_data(y, keep_y));
           float* s = sum.data<float>();
-          const int64_t n = static_cast<int64_t>(x.size());
+          const int64_t n = static_cast<int64_t>(x.size()), D = x.shape(-1);
           for (int64_t i = 0; i < n; ++i) s[i] = a[i] + b[i];
-          RmsNormProblem p{};
-          p.D = x.shape(-1);
-          p.x = s;
-          p.weight = contiguous_data(weight, keep_w);
-          p.out = normed.data<void>();
-          p.dtype = DType::f32;
-          p.weight_dtype = DType::f32;
-          p.eps = eps;
-          const int64_t rows = p.D ? n / p.D : 0;
-          const Kernels& kernels = *active_kernels;
-          ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256), [&](int64_t r0,
-                                                                                  int64_t r1) {
-            kernels.rms_norm(p, r0, r1);
-          });
+          run_rms_norm(s, contiguous_data(weight, keep_w), DType::f32, D ? n / D : 0, D, eps,
+                       normed.data<float>());
         });
   }
 
@@ -830,22 +834,6 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv, const mx::arr
 // small model is then a few dozen nodes, and the host's cost of building and
 // dispatching it (microseconds per node, on a core the kernels want) shrinks
 // by as much.
-
-// rows x D: out = rms_norm(x) * weight.
-void run_rms_norm(const float* x, const void* weight, DType weight_dtype, int64_t rows,
-                  int64_t D, float eps, float* out) {
-  RmsNormProblem p{};
-  p.D = D;
-  p.x = x;
-  p.weight = weight;
-  p.out = out;
-  p.dtype = DType::f32;
-  p.weight_dtype = weight_dtype;
-  p.eps = eps;
-  const Kernels& kernels = *active_kernels;
-  ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256),
-                                      [&](int64_t r0, int64_t r1) { kernels.rms_norm(p, r0, r1); });
-}
 
 class TransformerLayer : public mx::Primitive {
  public:
