@@ -115,12 +115,17 @@ def write_hf(directory: Path, model_type: str = "llama", tied: bool = True,
                         {n: stored[n] for n in names[:half]})
     mx.save_safetensors(str(directory / "model-00002-of-00002.safetensors"),
                         {n: stored[n] for n in names[half:]})
+    write_tiny_tokenizer(directory)
+    return weights
+
+
+def write_tiny_tokenizer(directory: Path) -> None:
+    """The tiny byte-level BPE tokenizer as Hugging Face files in ``directory``."""
     Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata()).backend.save(
         str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
         "chat_template": TINY_TEMPLATE}))
-    return weights
 
 
 GGUF_NAME_PAIRS = [

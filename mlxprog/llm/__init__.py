@@ -1,5 +1,5 @@
-"""LLM support: llama-family model loading (GGUF, Hugging Face), tokenizers,
-model programs and generation."""
+"""LLM support: model families (:mod:`.models`), loading (GGUF, Hugging Face),
+tokenizers, model programs and generation."""
 
 from .cache import CacheLayout, PromptCache, PromptCachePool
 from .chat import Chat
@@ -7,11 +7,12 @@ from .config import Checkpoint, ModelConfig, ModelError, Quantization
 from .engine import Engine, Generation, GenerationStats, Piece, Request
 from .generate import LLM, GenerationOptions, export, load, load_exported
 from .programs import (
-    ModelSpec, Picking, Sampling, build_decode, build_decode_loop, build_pick, build_prefill,
+    Picking, Sampling, build_decode, build_decode_loop, build_pick, build_prefill,
 )
 from .gguf import load_gguf
 from .hf import load_hf
 from .model_files import default_model_path, load_checkpoint
+from .spec import ModelSpec
 from .tokenizer import StreamingDecoder, Tokenizer
 
 __all__ = [

@@ -1,31 +1,19 @@
-"""Model configuration, checkpoint structure and weight checks for the llama family.
+"""Model configuration, checkpoint structure and quantization, shared by
+every model family.
 
 Both loaders (:mod:`mlxprog.llm.gguf`, :mod:`mlxprog.llm.hf`) produce a
-:class:`Checkpoint`: a :class:`ModelConfig`, a flat dict of weights under one
-naming scheme, and the quantization of every quantized linear layer.
+:class:`Checkpoint`: a :class:`ModelConfig` (a family's subclass where it
+has settings of its own), a flat dict of weights under the family's logical
+names (see :mod:`mlxprog.llm.models.base`), and the quantization of every
+quantized layer.
 
-Weight names (Hugging Face names without the ``model.`` prefix)::
-
-    embed_tokens.weight                        (vocab, hidden)
-    layers.{i}.input_layernorm.weight          (hidden,)
-    layers.{i}.self_attn.q_proj.weight         (heads * head_dim, hidden)   [.bias]
-    layers.{i}.self_attn.k_proj.weight         (kv_heads * head_dim, hidden) [.bias]
-    layers.{i}.self_attn.v_proj.weight         (kv_heads * head_dim, hidden) [.bias]
-    layers.{i}.self_attn.o_proj.weight         (hidden, heads * head_dim)
-    layers.{i}.post_attention_layernorm.weight (hidden,)
-    layers.{i}.mlp.gate_proj.weight            (intermediate, hidden)
-    layers.{i}.mlp.up_proj.weight              (intermediate, hidden)
-    layers.{i}.mlp.down_proj.weight            (hidden, intermediate)
-    norm.weight                                (hidden,)
-    lm_head.weight                             (vocab, hidden), absent when tied
-
-Shapes are the logical ``(out, in)`` shapes. A quantized layer (embedding or
-projection) keeps MLX's quantized form: ``.weight`` is the packed ``uint32``
-array of shape ``(out, in * bits / 32)``, with ``.scales`` and ``.biases`` of
-shape ``(out, in / group_size)``; ``Checkpoint.quantization`` maps the layer
-name (the weight name without ``.weight``) to its bits and group size. The
-``.bias`` entries (attention biases, Qwen2) exist only when
-``ModelConfig.attention_bias`` is set.
+Weight names are Hugging Face's without the ``model.`` prefix
+(``layers.0.self_attn.q_proj.weight``); shapes are the logical ``(out, in)``
+ones. A quantized layer (embedding or projection) keeps MLX's quantized
+form: ``.weight`` is the packed ``uint32`` array of shape ``(out, in * bits /
+32)``, with ``.scales`` and ``.biases`` of shape ``(out, in / group_size)``;
+``Checkpoint.quantization`` maps the layer name (the weight name without
+``.weight``) to its bits and group size.
 """
 
 from __future__ import annotations
@@ -85,7 +73,10 @@ def resolve_numerics(numerics: str | None, native: bool | None = None) -> str:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyperparameters of a llama-family decoder (Llama, SmolLM2, Mistral, Qwen2).
+    """Hyperparameters of a decoder: the fields every family has. ``family``
+    names the model family (:mod:`mlxprog.llm.models`) whose weight table and
+    forward pass the config is for; a family with settings of its own
+    (soft-capping, sliding windows, ...) adds them in a subclass.
 
     The RoPE fields map onto :func:`mlx.core.fast.rope` (see :meth:`rope_kwargs`):
     ``rope_traditional`` is True for GGUF files (llama.cpp's converter permutes
@@ -113,6 +104,7 @@ class ModelConfig:
     attention_bias: bool = False
     rope_scale: float = 1.0
     rope_freqs: tuple[float, ...] | None = None
+    family: str = "llama"
 
     def __post_init__(self) -> None:
         sizes = {
@@ -170,42 +162,6 @@ class Checkpoint:
     source_names: dict[str, str] = field(default_factory=dict)
 
 
-def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Logical ``(out, in)`` shape of every matrix weight, by layer name (no ``.weight``)."""
-    c = config
-    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = {"embed_tokens": (c.vocab_size, c.hidden_size)}
-    if not c.tie_embeddings:
-        shapes["lm_head"] = (c.vocab_size, c.hidden_size)
-    for i in range(c.num_layers):
-        p = f"layers.{i}"
-        shapes.update({
-            f"{p}.self_attn.q_proj": (q_out, c.hidden_size),
-            f"{p}.self_attn.k_proj": (kv_out, c.hidden_size),
-            f"{p}.self_attn.v_proj": (kv_out, c.hidden_size),
-            f"{p}.self_attn.o_proj": (c.hidden_size, q_out),
-            f"{p}.mlp.gate_proj": (c.intermediate_size, c.hidden_size),
-            f"{p}.mlp.up_proj": (c.intermediate_size, c.hidden_size),
-            f"{p}.mlp.down_proj": (c.hidden_size, c.intermediate_size),
-        })
-    return shapes
-
-
-def vector_shapes(config: ModelConfig) -> dict[str, tuple[int]]:
-    """Shape of every vector weight (norms, attention biases), by full weight name."""
-    c = config
-    shapes = {"norm.weight": (c.hidden_size,)}
-    for i in range(c.num_layers):
-        p = f"layers.{i}"
-        shapes[f"{p}.input_layernorm.weight"] = (c.hidden_size,)
-        shapes[f"{p}.post_attention_layernorm.weight"] = (c.hidden_size,)
-        if c.attention_bias:
-            shapes[f"{p}.self_attn.q_proj.bias"] = (c.num_heads * c.head_dim,)
-            shapes[f"{p}.self_attn.k_proj.bias"] = (c.num_kv_heads * c.head_dim,)
-            shapes[f"{p}.self_attn.v_proj.bias"] = (c.num_kv_heads * c.head_dim,)
-    return shapes
-
-
 def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx.array,
                        shape: tuple[int, int]) -> Quantization:
     """Bits and group size of quantized layer ``name`` whose logical shape is
@@ -226,43 +182,6 @@ def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx
     return Quantization(bits=bits, group_size=group_size)
 
 
-def check_weights(config: ModelConfig, weights: dict[str, mx.array],
-                  where: str) -> dict[str, Quantization]:
-    """Check that ``weights`` holds exactly the tensors ``config`` needs, with the
-    right shapes; return the quantization of every quantized layer.
-
-    ``where`` names the file in error messages.
-    """
-    expected = {f"{n}.weight" for n in linear_shapes(config)} | set(vector_shapes(config))
-    quantized = {n for n in linear_shapes(config) if f"{n}.scales" in weights}
-    expected |= {f"{n}.{part}" for n in quantized for part in ("scales", "biases")}
-    missing, extra = sorted(expected - weights.keys()), sorted(weights.keys() - expected)
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing {_some(missing)}")
-        if extra:
-            parts.append(f"unexpected {_some(extra)}")
-        raise ModelError(f"{where}: weights do not match the {config.architecture} config: "
-                         + "; ".join(parts))
-
-    quantization = {}
-    for name, shape in linear_shapes(config).items():
-        weight = weights[f"{name}.weight"]
-        if name in quantized:
-            quantization[name] = infer_quantization(
-                f"{where}: {name}", weight, weights[f"{name}.scales"],
-                weights[f"{name}.biases"], shape)
-        elif tuple(weight.shape) != shape:
-            raise ModelError(f"{where}: {name}.weight has shape {tuple(weight.shape)}, "
-                             f"expected {shape}")
-    for name, shape in vector_shapes(config).items():
-        if tuple(weights[name].shape) != shape:
-            raise ModelError(f"{where}: {name} has shape {tuple(weights[name].shape)}, "
-                             f"expected {shape}")
-    return quantization
-
-
 def metadata_value(value: Any) -> Any:
     """A GGUF metadata value as plain Python: ``mx.load`` returns numbers as 0-d
     arrays and numeric lists as 1-d arrays; strings and string lists pass through."""
@@ -270,7 +189,3 @@ def metadata_value(value: Any) -> Any:
         return value.item() if value.ndim == 0 else value.tolist()
     return value
 
-
-def _some(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

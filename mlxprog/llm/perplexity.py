@@ -36,7 +36,9 @@ from ..runtime.executable import Executable
 from .config import Checkpoint, ModelError, is_int, resolve_numerics
 from .generate import LLM
 from .model_files import load_checkpoint
-from .programs import CACHE_DTYPE, ModelSpec, _Model, cache_names
+from .models import family_of
+from .programs import CACHE_DTYPE, cache_names
+from .spec import ModelSpec
 
 DEFAULT_CHUNK = 256
 
@@ -75,7 +77,7 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     c = spec.config
     b = ProgramBuilder("score")
     b.dim("B", min=1, max=1)
-    model = _Model(b, spec, spec.shard(), numerics)
+    model = family_of(c).decoder(b, spec, spec.shard(), numerics)
     tokens = b.input("tokens", ["B", chunk], "int32")
     targets = b.input("targets", ["B", chunk], "int32")
     rope_offset = b.input("rope_offset", ["B"], "int32")
@@ -85,7 +87,7 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
               for name in cache_names(c.num_layers)]
     h, new_caches = model.trunk(b, model.embed(b, tokens), chunk, rope_offset, cache_offset,
                                 key_mask, caches)
-    logits = model.linear(b, "embed_tokens" if c.tie_embeddings else "lm_head", h)
+    logits = model.logits(b, h)
     logprobs = logits - b.logsumexp(logits, axes=[-1], keepdims=True)
     picked = b.take_along_axis(logprobs, b.reshape(targets, shape=["B", chunk, 1]), axis=-1)
     return b.build([b.reshape(picked, shape=["B", chunk]), *new_caches], check=False)

@@ -1,0 +1,63 @@
+"""Model families, one module each: :mod:`.llama` (Llama, Mistral, Qwen2),
+:mod:`.qwen3`, :mod:`.gemma2`, :mod:`.gemma3_text`, :mod:`.phi3`. Each
+defines a :class:`~.base.Family`; this package finds the family of a
+``config.json`` ``model_type``, a GGUF architecture or a loaded config.
+Adding a family is one new module listed in ``_MODULES`` (see
+docs/contributing.md)."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..config import ModelConfig, ModelError
+from .base import Family
+
+_MODULES = ("llama", "qwen3", "gemma2", "gemma3_text", "phi3")
+
+FAMILIES: dict[str, Family] = {}
+for _module in _MODULES:
+    _family = importlib.import_module(f"{__name__}.{_module}").FAMILY
+    FAMILIES[_family.name] = _family
+
+
+def _supported(attribute: str) -> list[str]:
+    return sorted(t for f in FAMILIES.values() for t in getattr(f, attribute))
+
+
+def supported_model_types() -> list[str]:
+    """Every ``model_type`` some family reads."""
+    return _supported("hf_model_types")
+
+
+def supported_gguf_architectures() -> list[str]:
+    """Every GGUF architecture some family reads."""
+    return _supported("gguf_architectures")
+
+
+def family_for_model_type(model_type: object) -> Family:
+    """The family of a ``config.json`` ``model_type``; an unknown one is a
+    :class:`ModelError` listing the supported ones."""
+    for family in FAMILIES.values():
+        if model_type in family.hf_model_types:
+            return family
+    raise ModelError(f"config.json: model_type {model_type!r} is not supported (supported: "
+                     f"{', '.join(supported_model_types())})")
+
+
+def family_for_gguf(architecture: object) -> Family:
+    """The family of a GGUF ``general.architecture``; an unknown one is a
+    :class:`ModelError` listing the supported ones."""
+    for family in FAMILIES.values():
+        if architecture in family.gguf_architectures:
+            return family
+    raise ModelError(f"GGUF architecture {architecture!r} is not supported (supported: "
+                     f"{', '.join(supported_gguf_architectures())})")
+
+
+def family_of(config: ModelConfig) -> Family:
+    """The family a loaded config belongs to."""
+    try:
+        return FAMILIES[config.family]
+    except KeyError:
+        raise ModelError(f"model config: family {config.family!r} is not one of "
+                         f"{', '.join(sorted(FAMILIES))}") from None

@@ -1,0 +1,622 @@
+"""What every model family module is made of: its weight table, the readers of
+its config sources, and the decoder base its forward pass is written on.
+
+A family module (``llama.py``, ``gemma2.py``, ...) defines one
+:class:`Family`: the Hugging Face ``model_type`` values and GGUF
+architectures it reads, a config parser for each source, one table of its
+weights (:class:`Weight`: logical name, shape rule, names in both file
+formats, tensor-parallel split, load-time transforms) and a
+:class:`Decoder` subclass that emits its forward pass with the program
+builder. Everything else (both loaders, the weight checks, the sharding,
+the program declarations) is generic over those.
+
+Logical weight names are Hugging Face's without the ``model.`` prefix
+(``layers.3.self_attn.q_proj.weight``); a *matrix* entry (a projection or
+embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
+``.weight``/``.scales``/``.biases``) and, where the family has them,
+``.bias``; a *vector* entry (a norm) names one ``.weight``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
+
+import mlx.core as mx
+
+from ..config import Checkpoint, ModelConfig, ModelError, Quantization, infer_quantization
+from ..config import is_int, metadata_value
+
+if TYPE_CHECKING:
+    from ...builder import ProgramBuilder, Value
+    from ..spec import ModelSpec, Shard
+    from ..tokenizer import Tokenizer
+
+
+# -- tensor-parallel splits ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Split:
+    """How a weight is cut across tensor-parallel ranks: by output rows
+    (``axis`` 0) or input columns (``axis`` 1), following one block of a
+    :class:`~mlxprog.llm.spec.Shard` (``"heads"``, ``"kv_heads"`` or
+    ``"intermediate"``). A row split's bias is cut with it; a column split's
+    bias is of its outputs, held whole by every rank and added once after the
+    ranks' sum."""
+
+    axis: Literal[0, 1]
+    block: Literal["heads", "kv_heads", "intermediate"]
+
+
+ROWS_BY_HEADS = Split(0, "heads")
+ROWS_BY_KV_HEADS = Split(0, "kv_heads")
+ROWS_BY_INTERMEDIATE = Split(0, "intermediate")
+COLUMNS_BY_HEADS = Split(1, "heads")
+COLUMNS_BY_INTERMEDIATE = Split(1, "intermediate")
+
+
+# -- the weight table ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Transform:
+    """A load-time change to a stored tensor (``name`` says what it does and
+    marks the capture name, so a program never binds the untransformed file
+    tensor by mistake)."""
+
+    name: str
+    apply: Callable[[mx.array], mx.array]
+
+
+#: Gemma's norms scale by ``1 + w``: folded at load, in the stored dtype as
+#: Gemma's own code adds it.
+PLUS_ONE = Transform("1+w", lambda w: 1.0 + w)
+
+Rows = Callable[[ModelConfig], tuple[int, int]]
+
+
+def _always(config: ModelConfig) -> bool:
+    return True
+
+
+def _never(config: ModelConfig) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One entry of a family's weight table.
+
+    ``name`` is the logical layer (matrix) or weight stem (vector), with
+    ``{i}`` for the layer index in per-layer entries; ``shape`` gives its
+    logical shape (``(out, in)`` for a matrix) from the config. ``hf`` and
+    ``gguf`` are the stems of the stored tensors in each format (None: the
+    format has no such tensor and the family reads none from it); ``hf_rows``
+    / ``gguf_rows``, when given, say which rows of that stored tensor are this
+    weight's (a fused ``qkv_proj`` stored as one tensor, split at load).
+    ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
+    is the tensor-parallel cut (None: replicated). ``present`` says whether
+    the config has this weight at all (``lm_head`` of untied models);
+    ``bias`` whether a matrix has a ``.bias``."""
+
+    name: str
+    shape: Callable[[ModelConfig], tuple[int, ...]]
+    hf: str | None
+    gguf: str | None
+    matrix: bool = True
+    split: Split | None = None
+    bias: Callable[[ModelConfig], bool] = _never
+    present: Callable[[ModelConfig], bool] = _always
+    hf_rows: Rows | None = None
+    gguf_rows: Rows | None = None
+    hf_transform: Transform | None = None
+    gguf_transform: Transform | None = None
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether the table entry stands for one weight per layer."""
+        return "{i}" in self.name
+
+
+Source = Literal["hf", "gguf"]
+_MATRIX_PARTS = ("weight", "scales", "biases", "bias")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A table entry for one layer index (or a global one): its logical stem
+    and stored stem in the source being read."""
+
+    weight: Weight
+    name: str
+    stored: str | None
+
+
+def expand(table: Sequence[Weight], config: ModelConfig, source: Source | None = None
+           ) -> list[Entry]:
+    """The table's entries present in ``config``, per-layer ones once per
+    layer; ``stored`` is the stem in ``source``'s files (None without one)."""
+    out = []
+    for w in table:
+        if not w.present(config):
+            continue
+        indices = range(config.num_layers) if w.per_layer else [None]
+        stem = None if source is None else getattr(w, source)
+        for i in indices:
+            out.append(Entry(w, w.name.format(i=i),
+                             None if stem is None else stem.format(i=i)))
+    return out
+
+
+def shapes(table: Sequence[Weight], config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The logical shape of every array of a dense (unquantized) checkpoint,
+    by full weight name (``layers.0.self_attn.q_proj.weight``, ``...bias``)."""
+    out = {}
+    for e in expand(table, config):
+        shape = tuple(e.weight.shape(config))
+        out[f"{e.name}.weight"] = shape
+        if e.weight.matrix and e.weight.bias(config):
+            out[f"{e.name}.bias"] = (shape[0],)
+    return out
+
+
+def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
+    """The tensor-parallel split of every split layer, by logical layer name."""
+    return {e.name: e.weight.split for e in expand(table, config) if e.weight.split}
+
+
+def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[str, mx.array],
+                 source: Source, where: str, ignored: Sequence[re.Pattern] = ()
+                 ) -> tuple[dict[str, mx.array], dict[str, str], dict[str, Quantization]]:
+    """The logical weights of ``config`` read from a file's ``tensors`` (named
+    as in ``source``): (weights, the stored name each came from, the
+    quantization of every quantized layer). Rows are cut and transforms
+    applied as the table says; every array's shape is checked against the
+    table. Stored tensors no entry reads are an error, except those matching
+    ``ignored`` and those of entries the config leaves out (a tied model's
+    stored ``lm_head``). ``where`` names the file in errors."""
+    weights: dict[str, mx.array] = {}
+    names: dict[str, str] = {}
+    quantization: dict[str, Quantization] = {}
+    missing: list[str] = []
+    read: set[str] = set()
+    for e in expand(table, config, source):
+        if e.stored is None:
+            raise ModelError(f"{where}: the {config.architecture} family reads no "
+                             f"{e.name} from {source.upper()} files")
+        rows_of = getattr(e.weight, f"{source}_rows")
+        rows = None if rows_of is None else rows_of(config)
+        transform = getattr(e.weight, f"{source}_transform")
+        shape = tuple(e.weight.shape(config))
+        parts = _MATRIX_PARTS if e.weight.matrix else ("weight",)
+        found = {}
+        for part in parts:
+            key = f"{e.stored}.{part}"
+            if key in tensors:
+                read.add(key)
+                value = tensors[key]
+                label = key
+                if rows is not None:
+                    value = value[rows[0]:rows[1]]
+                    label = f"{key}[{rows[0]}:{rows[1]}]"
+                if transform is not None:
+                    value, label = transform.apply(value), f"{label}:{transform.name}"
+                found[part] = (value, label)
+        has_bias = e.weight.matrix and e.weight.bias(config)
+        required = ["weight"] + (["bias"] if has_bias else [])
+        if "scales" in found or "biases" in found:
+            required += ["scales", "biases"]
+        for part in required:
+            if part not in found:
+                missing.append(f"{e.stored}.{part}" + ("" if rows is None else
+                                                      f" (rows {rows[0]}:{rows[1]})"))
+        if "bias" in found and not has_bias:
+            raise ModelError(f"{where}: {e.stored}.bias is there but the config gives "
+                             f"{e.name} no bias")
+        if any(part not in found for part in required):
+            continue
+        for part, (value, label) in found.items():
+            weights[f"{e.name}.{part}"], names[f"{e.name}.{part}"] = value, label
+        _check_shapes(e.name, found, shape, quantization, where)
+    if missing:
+        raise ModelError(f"{where}: missing weight(s) {_some(missing)} that the "
+                         f"{config.architecture} config needs")
+    absent = {f"{e.stored}." for e in _absent_entries(table, config, source)}
+    extra = sorted(n for n in tensors if n not in read
+                   and not any(p.search(n) for p in ignored)
+                   and not any(n.startswith(stem) for stem in absent))
+    if extra:
+        raise ModelError(f"{where}: unexpected weight(s) {_some(extra)} (not part of the "
+                         f"{config.architecture} model this config describes)")
+    return weights, names, quantization
+
+
+def _absent_entries(table: Sequence[Weight], config: ModelConfig, source: Source) -> list[Entry]:
+    """The entries the config leaves out, with their stored stems."""
+    out = []
+    for w in table:
+        stem = getattr(w, source)
+        if w.present(config) or stem is None:
+            continue
+        indices = range(config.num_layers) if w.per_layer else [None]
+        out += [Entry(w, w.name.format(i=i), stem.format(i=i)) for i in indices]
+    return out
+
+
+def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tuple[int, ...],
+                  quantization: dict[str, Quantization], where: str) -> None:
+    """The arrays of one entry fit its logical ``shape``; records the
+    quantization of a quantized layer."""
+    weight, label = found["weight"]
+    if "scales" in found:
+        if len(shape) != 2:
+            raise ModelError(f"{where}: {label} is quantized, but {name} is not a matrix")
+        quantization[name] = infer_quantization(
+            f"{where}: {name}", weight, found["scales"][0], found["biases"][0], shape)
+    elif tuple(weight.shape) != shape:
+        raise ModelError(f"{where}: {label} has shape {tuple(weight.shape)}, expected {shape} "
+                         f"for {name}")
+    if "bias" in found and tuple(found["bias"][0].shape) != shape[:1]:
+        raise ModelError(f"{where}: {found['bias'][1]} has shape "
+                         f"{tuple(found['bias'][0].shape)}, expected {shape[:1]}")
+
+
+def _some(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# -- config sources -----------------------------------------------------------
+
+_REQUIRED = object()
+
+
+@dataclass
+class HFConfig:
+    """A parsed ``config.json`` as a family reads it: :meth:`get` names a
+    missing field, :meth:`choice` / :meth:`reject` name a value the family
+    does not support. ``tokenizer`` supplies BOS/EOS ids the config leaves
+    out."""
+
+    raw: Mapping[str, Any]
+    tokenizer: Tokenizer | None = None
+
+    @property
+    def model_type(self) -> str:
+        """The ``model_type`` field."""
+        return self.raw.get("model_type")
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        """Field ``key`` (a null counts as absent); without ``default`` a
+        missing field is a :class:`ModelError`."""
+        if self.raw.get(key) is None:
+            if default is _REQUIRED:
+                raise ModelError(f"config.json lacks {key!r}")
+            return default
+        return self.raw[key]
+
+    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+        """Integer field ``key``."""
+        value = self.get(key, default)
+        if not is_int(value):
+            raise ModelError(f"config.json: {key} must be an integer, got {value!r}")
+        return value
+
+    def number(self, key: str, default: Any = _REQUIRED) -> float:
+        """Numeric field ``key`` as a float."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelError(f"config.json: {key} must be a number, got {value!r}")
+        return float(value)
+
+    def choice(self, key: str, allowed: Sequence[Any], default: Any) -> Any:
+        """Field ``key``, which must be one of ``allowed``."""
+        value = self.get(key, default)
+        if value not in allowed:
+            raise ModelError(f"config.json: {key} {value!r} is not supported by the "
+                             f"{self.model_type} family (supported: "
+                             f"{', '.join(map(repr, allowed))})")
+        return value
+
+    def reject(self, key: str, why: str) -> None:
+        """A field that must be absent, false or null: its presence changes
+        the model in a way the family does not implement (``why``)."""
+        if self.raw.get(key):
+            raise ModelError(f"config.json: {key} = {self.raw[key]!r} is not supported "
+                             f"by the {self.model_type} family ({why})")
+
+    def common(self) -> dict[str, Any]:
+        """The :class:`ModelConfig` fields every decoder family reads alike
+        from ``config.json``."""
+        if "quantization_config" in self.raw:
+            method = self.raw["quantization_config"].get("quant_method", "?")
+            raise ModelError(f"config.json: quantized checkpoints ({method}) are not "
+                             "supported; MLX-quantized ones (scales and biases) are")
+        hidden, heads = self.integer("hidden_size"), self.integer("num_attention_heads")
+        if heads <= 0:
+            raise ModelError(f"config.json: num_attention_heads must be positive, got {heads}")
+        kv_heads = self.integer("num_key_value_heads", heads)
+        if kv_heads <= 0 or heads % kv_heads:
+            raise ModelError(f"config.json: num_attention_heads {heads} is not a multiple of "
+                             f"num_key_value_heads {kv_heads}")
+        eos = self.get("eos_token_id", None)
+        if eos is None:
+            eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else ()
+        else:
+            eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
+        return dict(
+            architecture=self.model_type,
+            num_layers=self.integer("num_hidden_layers"),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=self.integer("head_dim", hidden // heads),
+            intermediate_size=self.integer("intermediate_size"),
+            vocab_size=self.integer("vocab_size"),
+            norm_eps=self.number("rms_norm_eps"),
+            rope_theta=self.number("rope_theta", 10000.0),
+            rope_traditional=False,  # Hugging Face's half-split layout
+            tie_embeddings=bool(self.get("tie_word_embeddings", False)),
+            context_length=self.integer("max_position_embeddings"),
+            bos_token_id=self.get("bos_token_id",
+                                  self.tokenizer.bos_token_id if self.tokenizer else None),
+            eos_token_ids=eos_ids,
+        )
+
+
+@dataclass
+class GGUFMetadata:
+    """A GGUF file's metadata as a family reads it: keys under the
+    architecture's prefix (:meth:`get`), the tensor names (to tell tied
+    embeddings and biases), tensors that hold settings rather than weights
+    (``rope_freqs``, ``rope_factors_long``, ...) and the tokenizer."""
+
+    metadata: Mapping[str, Any]
+    tensor_names: set[str]
+    tokenizer: Tokenizer
+    setting_tensors: dict[str, mx.array] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        """``general.architecture``."""
+        return metadata_value(self.metadata.get("general.architecture"))
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        """``<arch>.<key>`` as plain Python; without ``default`` a missing key
+        is a :class:`ModelError`."""
+        value = metadata_value(self.metadata.get(f"{self.architecture}.{key}"))
+        if value is None:
+            if default is _REQUIRED:
+                raise ModelError(f"GGUF metadata lacks {self.architecture}.{key}")
+            return default
+        return value
+
+    def common(self) -> dict[str, Any]:
+        """The :class:`ModelConfig` fields every decoder family reads alike
+        from GGUF metadata (RoPE layout left to the family)."""
+        hidden, heads = int(self.get("embedding_length")), int(self.get("attention.head_count"))
+        kv_heads = self.get("attention.head_count_kv", heads)
+        if isinstance(kv_heads, list):
+            raise ModelError(f"GGUF metadata: per-layer {self.architecture}.attention."
+                             "head_count_kv is not supported")
+        head_dim = int(self.get("attention.key_length", hidden // heads))
+        if int(self.get("attention.value_length", head_dim)) != head_dim:
+            raise ModelError(f"GGUF metadata: {self.architecture}.attention.value_length "
+                             "differs from key_length: not supported")
+        return dict(
+            architecture=self.architecture,
+            num_layers=int(self.get("block_count")),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(kv_heads),
+            head_dim=head_dim,
+            intermediate_size=int(self.get("feed_forward_length")),
+            vocab_size=int(self.get("vocab_size", self.tokenizer.vocab_size)),
+            norm_eps=float(self.get("attention.layer_norm_rms_epsilon")),
+            rope_theta=float(self.get("rope.freq_base", 10000.0)),
+            tie_embeddings="output.weight" not in self.tensor_names,
+            context_length=int(self.get("context_length")),
+            bos_token_id=self.tokenizer.bos_token_id,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+        )
+
+    def linear_rope_scale(self) -> float:
+        """The position scale of GGUF's linear RoPE scaling (1 without it);
+        other scaling types are a :class:`ModelError`."""
+        linear_factor = self.get("rope.scale_linear", None)  # older key for linear scaling
+        scaling = self.get("rope.scaling.type", "none" if linear_factor is None else "linear")
+        factor = float(self.get("rope.scaling.factor", linear_factor or 1.0))
+        if scaling not in ("none", "linear"):
+            raise ModelError(f"GGUF metadata: {self.architecture}.rope.scaling.type "
+                             f"{scaling!r} is not supported (none, linear)")
+        return 1.0 / factor if scaling == "linear" else 1.0
+
+
+# -- the family -----------------------------------------------------------------
+
+class Family:
+    """A model family: the config sources it reads, its weight table and its
+    decoder. Subclasses set the class attributes and implement the config
+    parsers; one instance is registered in :mod:`mlxprog.llm.models`."""
+
+    #: The family's name (docs, errors).
+    name: ClassVar[str]
+    #: The ``model_type`` values of ``config.json`` it reads.
+    hf_model_types: ClassVar[tuple[str, ...]]
+    #: The ``general.architecture`` values of GGUF files it reads.
+    gguf_architectures: ClassVar[tuple[str, ...]] = ()
+    #: Stored Hugging Face tensors that are not weights (buffers some
+    #: checkpoints save).
+    hf_ignored: ClassVar[tuple[re.Pattern, ...]] = (re.compile(r"rotary_emb\.inv_freq$"),)
+    #: GGUF tensors that hold settings, popped before the weights are read.
+    gguf_setting_tensors: ClassVar[tuple[str, ...]] = ()
+    #: Its decoder: emits the forward pass.
+    decoder: ClassVar[type[Decoder]]
+
+    def config_from_hf(self, hf: HFConfig) -> ModelConfig:
+        """The config of a ``config.json`` of this family."""
+        raise NotImplementedError
+
+    def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
+        """The config of a GGUF file of this family."""
+        raise ModelError(f"the {self.name} family does not read GGUF files")
+
+    def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
+        """The family's weight table for ``config``."""
+        raise NotImplementedError
+
+
+# -- the decoder ------------------------------------------------------------------
+
+class Decoder:
+    """Emits a family's forward pass into a builder: the pieces every family
+    shares (captures, projections with their quantization and
+    tensor-parallel sums, embeddings, norms, RoPE, attention over the cache)
+    and :meth:`forward`. A family's subclass writes :meth:`trunk` (its
+    layers, ending with the final norm) and may change :meth:`embed` and
+    :meth:`logits`."""
+
+    def __init__(self, root: ProgramBuilder, spec: ModelSpec, shard: Shard,
+                 numerics: str = "exact"):
+        self.root = root
+        self.spec = spec
+        self.shard = shard
+        self.numerics = numerics
+        self.c = spec.config
+        self._captures: dict[str, Value] = {}
+
+    def weight(self, name: str) -> Value:
+        """The capture of logical weight ``name`` (declared on first use)."""
+        if name not in self._captures:
+            dtype = self.spec.weights[name][1]
+            self._captures[name] = self.root.capture(
+                self.spec.source_names[name], self.spec.local_shape(name, self.shard), dtype)
+        return self._captures[name]
+
+    def has(self, name: str) -> bool:
+        """Whether the model has logical weight ``name``."""
+        return name in self.spec.weights
+
+    def linear(self, sb, name: str, x: Value, reduce: bool = False) -> Value:
+        """``x`` through projection ``name``. With ``reduce`` (projections
+        split by input columns), the ranks' partial products are summed
+        before the bias is added, so the bias counts once."""
+        quant = self.spec.quantization.get(name)
+        if quant is not None:
+            # "exact" is the op's default: such programs stay as they were.
+            numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
+            y = sb.quantized_matmul(x, self.weight(f"{name}.weight"),
+                                    self.weight(f"{name}.scales"),
+                                    self.weight(f"{name}.biases"), transpose=True,
+                                    group_size=quant.group_size, bits=quant.bits, **numerics)
+        else:
+            w = self.weight(f"{name}.weight")
+            y = sb.matmul(x, sb.transpose(sb.astype(w, dtype="float32")))
+        if reduce and self.shard.world_size > 1:
+            y = sb.all_sum(y)
+        if self.has(f"{name}.bias"):
+            y = y + sb.astype(self.weight(f"{name}.bias"), dtype="float32")
+        return y
+
+    def embed(self, sb, tokens: Value) -> Value:
+        """The float32 embeddings of ``tokens``."""
+        quant = self.spec.quantization.get("embed_tokens")
+        if quant is None:
+            rows = sb.take(self.weight("embed_tokens.weight"), tokens, axis=0)
+        else:
+            parts = [sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
+                     for p in ("weight", "scales", "biases")]
+            rows = sb.dequantize(*parts, group_size=quant.group_size, bits=quant.bits)
+        return sb.astype(rows, dtype="float32")
+
+    def norm(self, sb, name: str, x: Value) -> Value:
+        """RMS norm of ``x`` over its last axis by weight ``name``."""
+        weight = sb.astype(self.weight(name), dtype="float32")
+        return sb.fast_rms_norm(x, weight, eps=self.c.norm_eps)
+
+    def heads(self, sb, x: Value, n: int, T: int | str) -> Value:
+        """[B, T, n*D] -> [B, n, T, D]; one token needs no transpose (the
+        layouts hold the same order), which saves a graph node."""
+        if T == 1:
+            return sb.reshape(x, shape=["B", n, 1, self.c.head_dim])
+        x = sb.reshape(x, shape=["B", T, n, self.c.head_dim])
+        return sb.transpose(x, axes=[0, 2, 1, 3])
+
+    def merge_heads(self, sb, x: Value, n: int, T: int | str) -> Value:
+        """[B, n, T, D] -> [B, T, n*D], the inverse of :meth:`heads`."""
+        if T == 1:
+            return sb.reshape(x, shape=["B", 1, n * self.c.head_dim])
+        return sb.reshape(sb.transpose(x, axes=[0, 2, 1, 3]), shape=["B", T, n * self.c.head_dim])
+
+    def rope(self, sb, x: Value, rope_offset: Value, *, base: float | None = None,
+             dims: int | None = None, freqs: Sequence[float] | None = None,
+             rotated_scale: float = 1.0, scale: float | None = None) -> Value:
+        """``x`` [B, heads, T, D] rotated from each row's ``rope_offset``:
+        the first ``dims`` features (default the head dim), by ``base``
+        (default the config's theta) or the per-pair periods ``freqs``
+        (default the config's), the rotated features scaled by
+        ``rotated_scale`` first; positions times ``scale`` (default the
+        config's position scale); the config's layout."""
+        c = self.c
+        dims = dims or c.head_dim
+        freqs = c.rope_freqs if freqs is None and base is None else freqs
+        scale = c.rope_scale if scale is None else scale
+        extra = {} if rotated_scale == 1.0 else {"rotated_scale": rotated_scale}
+        if freqs is not None:
+            return sb.fast_rope_with_freqs(x, sb.constant(list(freqs), "float32"), rope_offset,
+                                           dims=dims, traditional=c.rope_traditional,
+                                           scale=scale, **extra)
+        return sb.fast_rope(x, rope_offset, dims=dims, traditional=c.rope_traditional,
+                            base=c.rope_theta if base is None else base, scale=scale, **extra)
+
+    def attend(self, sb, q: Value, k: Value, v: Value, T, cache_offset, key_mask,
+               k_cache: Value, v_cache: Value, **settings: Any) -> tuple[Value, Value, Value]:
+        """q, k, v [B, heads, T, D] (q and k rotated) written into the caches
+        at ``cache_offset`` and attended (``kv_cache_sdpa_update``; settings:
+        its ``scale``, ``softcap``, ``window``): [B, T, heads * D] and the new
+        caches."""
+        settings = {k: v for k, v in settings.items() if v is not None}
+        attn, k_cache, v_cache = sb.kv_cache_sdpa_update(
+            q, k, v, k_cache, v_cache, cache_offset, key_mask, layout="BHTD", **settings)
+        return self.merge_heads(sb, attn, self.shard.num_heads, T), k_cache, v_cache
+
+    def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
+              caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
+        """Every layer on the embedded tokens ``h`` [B, T, hidden], then the
+        final norm: the normed hidden states and the new caches."""
+        raise NotImplementedError
+
+    def logits(self, sb, h: Value) -> Value:
+        """The logits of the final hidden states ``h`` [B, hidden]."""
+        head = "embed_tokens" if self.c.tie_embeddings else "lm_head"
+        return self.linear(sb, head, h)
+
+    def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
+                caches: Sequence[Value], last_index: Value | None = None
+                ) -> tuple[Value, tuple[Value, ...]]:
+        """Logits [B, V] after token ``last_index`` (per row) of the T tokens
+        (None: the one token), and the new caches."""
+        h, new_caches = self.trunk(sb, self.embed(sb, tokens), T, rope_offset, cache_offset,
+                                   key_mask, caches)
+        if last_index is not None:
+            h = sb.take_along_axis(h, sb.reshape(last_index, shape=["B", 1, 1]), axis=1)
+        h = sb.reshape(h, shape=["B", self.c.hidden_size])
+        return self.logits(sb, h), new_caches
+
+    def pick(self, sb, logits: Value, key: Value, sampling) -> tuple[Value, Value]:
+        """The next tokens from ``logits`` by ``sampling``, and the next key."""
+        if sampling.temperature == 0:
+            return sb.sample_greedy(logits), key
+        return sb.sample(logits, key, temperature=sampling.temperature, top_k=sampling.top_k,
+                         top_p=sampling.top_p, min_p=sampling.min_p)
+
+
+def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mapping[str, mx.array],
+                            source: Source, where: str, path, tokenizer: Tokenizer) -> Checkpoint:
+    """A :class:`Checkpoint` of ``family`` from a file's ``tensors``."""
+    ignored = family.hf_ignored if source == "hf" else ()
+    weights, names, quantization = read_weights(family.weights(config), config, tensors,
+                                                source, where, ignored)
+    return Checkpoint(path=path, config=config, weights=weights, quantization=quantization,
+                      tokenizer=tokenizer, source_names=names)

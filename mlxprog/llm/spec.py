@@ -1,0 +1,253 @@
+"""What the program builders know about a model, and how it is split.
+
+:class:`ModelSpec` is a loaded checkpoint's shape: its config, each
+weight's shape, dtype and file name, the quantization of each quantized
+layer, the tensor-parallel split of each layer (the family's weight table)
+and the projections fused into one matmul. :class:`Shard` is one rank's
+part of a model split over ``world_size`` ranks (mlx-lm's scheme): each
+rank holds a contiguous block of the KV heads with the query heads of their
+groups, and a block of the MLP's intermediate dim; layers split by rows
+follow one block, layers split by columns are summed across the ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ..arrays import name_of
+from .config import Checkpoint, ModelConfig, ModelError, Quantization, is_int
+from .models import family_of
+from .models.base import Split, splits
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the program builders need to know about a model: its config, the
+    quantization of each quantized layer, each weight's shape/dtype, and the
+    file's name for each weight."""
+
+    config: ModelConfig
+    quantization: dict[str, Quantization]
+    weights: dict[str, tuple[tuple[int, ...], str]]
+    source_names: dict[str, str]
+    #: The tensor-parallel split of every split layer (the family's table).
+    splits: dict[str, Split] = field(default_factory=dict)
+    #: Fused projections: a layer name (``layers.0.self_attn.qkv_proj``) to
+    #: the layers whose output rows it stacks, in order (see :func:`_fuse`).
+    fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> ModelSpec:
+        """The spec of a loaded checkpoint, with its q/k/v and gate/up
+        projections fused where they are packed alike."""
+        config = checkpoint.config
+        spec = cls(
+            config=config,
+            quantization=dict(checkpoint.quantization),
+            weights={n: (tuple(w.shape), name_of(w.dtype))
+                     for n, w in checkpoint.weights.items()},
+            source_names={n: checkpoint.source_names.get(n, n) for n in checkpoint.weights},
+            splits=splits(family_of(config).weights(config), config),
+        )
+        for i in range(spec.config.num_layers):
+            for fused, parts in _FUSIONS:
+                _fuse(spec, f"layers.{i}.{fused}", [f"layers.{i}.{p}" for p in parts])
+        return spec
+
+    def shard(self, world_size: int = 1, rank: int = 0) -> Shard:
+        """Rank ``rank``'s part of the model split over ``world_size`` ranks
+        (see :class:`Shard`); a split the model's heads or quantization groups
+        do not allow is a :class:`ModelError` naming ``world_size``."""
+        return _shard(self.config, self.quantization, self.splits, world_size, rank)
+
+    def local_shape(self, name: str, shard: Shard) -> tuple[int, ...]:
+        """The shape of weight ``name`` on the rank of ``shard`` (of a fused
+        layer: its parts' rows stacked)."""
+        layer, part = name.rsplit(".", 1)
+        if layer in self.fused:
+            shapes = [self.local_shape(f"{p}.{part}", shard) for p in self.fused[layer]]
+            return (sum(s[0] for s in shapes), *shapes[0][1:])
+        shape = list(self.weights[name][0])
+        cut = self._slice(name, shard)
+        if cut is not None:
+            axis, start, end = cut
+            shape[axis] = end - start
+        return tuple(shape)
+
+    def captures(self, checkpoint: Checkpoint, world_size: int = 1,
+                 rank: int = 0) -> dict[str, mx.array]:
+        """The checkpoint's weights under the programs' capture names, sliced
+        to rank ``rank``'s part when ``world_size > 1``: rows of the
+        q/k/v/gate/up projections (quantized weights with their scales and
+        biases), whole quantization groups of the o/down projections' columns.
+        A fused layer's arrays are its parts' (rank's) rows stacked, under the
+        joined names that :func:`mlxprog.compile` also resolves from the
+        model file itself (``blk.0.attn_q.weight+blk.0.attn_k.weight+...``)."""
+        shard = self.shard(world_size, rank)
+        out = {}
+        for name, w in checkpoint.weights.items():
+            cut = self._slice(name, shard)
+            if cut is not None:
+                axis, start, end = cut
+                # A copy: a column slice is a strided view, and a copy gives the
+                # kernels the dense row-major layout a weight read from a file has.
+                w = mx.contiguous(w[start:end] if axis == 0 else w[:, start:end])
+            out[self.source_names[name]] = w
+        for layer, parts in self.fused.items():
+            for part in _PARTS:
+                if f"{parts[0]}.{part}" in self.weights:
+                    out[self.source_names[f"{layer}.{part}"]] = mx.concatenate(
+                        [out[self.source_names[f"{p}.{part}"]] for p in parts], axis=0)
+        # Computed here: a lazy array belongs to this thread's stream, and
+        # the executables may be compiled in another (the server's).
+        mx.eval(list(out.values()))
+        return out
+
+    def _slice(self, name: str, shard: Shard) -> tuple[int, int, int] | None:
+        """``(axis, start, end)`` of weight ``name``'s stored array that the
+        rank of ``shard`` holds, or None: the whole array (replicated, or one
+        rank)."""
+        if shard.world_size == 1:
+            return None
+        layer, part = name.rsplit(".", 1)
+        split = self.splits.get(layer)
+        if split is None or (split.axis == 1 and part == "bias"):
+            # A column split's bias is of its outputs: every rank holds it all
+            # and adds it once, after the sum (see Decoder.linear).
+            return None
+        start, end = shard.features(split.block, self.config.head_dim)
+        if split.axis == 0:
+            return 0, start, end
+        quant = self.quantization.get(layer)
+        if quant is not None:
+            # Packed weights hold bits/32 words per column, scales and biases
+            # one column per group; the split keeps whole groups (see _shard).
+            if part == "weight":
+                start, end = start * quant.bits // 32, end * quant.bits // 32
+            else:
+                start, end = start // quant.group_size, end // quant.group_size
+        return 1, start, end
+
+
+# The projections fused into one matmul (they read the same input), by the
+# name of the fused layer under ``layers.<i>.``.
+_FUSIONS = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj",
+                                    "self_attn.v_proj")),
+            ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))
+_PARTS = ("weight", "scales", "biases", "bias")  # a layer's arrays
+
+
+def _fuse(spec: ModelSpec, layer: str, parts: list[str]) -> None:
+    """Declare ``layer`` in ``spec`` as the projections ``parts`` stacked by
+    output rows, when they are all there and packed alike (the same
+    quantization, or none; the same dtypes and input width; biases on all or
+    none): one matmul then computes all their outputs, each row exactly as
+    its own projection would. Its arrays are named by joining the parts'
+    file names with ``+``."""
+    arrays = [[spec.weights.get(f"{p}.{part}") for part in _PARTS] for p in parts]
+    if any(a[0] is None for a in arrays):
+        return
+    if len({spec.quantization.get(p) for p in parts}) != 1:
+        return
+    weights = {}
+    for i, part in enumerate(_PARTS):
+        found = [a[i] for a in arrays]
+        if found.count(None) == len(found):
+            continue
+        if None in found or len({(f[0][1:], f[1]) for f in found}) != 1:
+            return
+        weights[f"{layer}.{part}"] = ((sum(f[0][0] for f in found), *found[0][0][1:]),
+                                      found[0][1])
+    spec.weights.update(weights)
+    spec.source_names.update({name: "+".join(spec.source_names[f"{p}.{name.rsplit('.', 1)[1]}"]
+                                             for p in parts) for name in weights})
+    if parts[0] in spec.quantization:
+        spec.quantization[layer] = spec.quantization[parts[0]]
+    spec.fused[layer] = tuple(parts)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's part of a model split over ``world_size`` ranks (tensor
+    parallelism): the half-open ranges of the KV heads, the query heads (those
+    of its KV heads' groups) and the MLP intermediate dim it holds."""
+
+    world_size: int
+    rank: int
+    kv_heads: tuple[int, int]
+    heads: tuple[int, int]
+    intermediate: tuple[int, int]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """The KV heads the rank holds (its caches' head count)."""
+        return self.kv_heads[1] - self.kv_heads[0]
+
+    @property
+    def num_heads(self) -> int:
+        """The query heads the rank holds."""
+        return self.heads[1] - self.heads[0]
+
+    def features(self, block: str, head_dim: int) -> tuple[int, int]:
+        """The range of features ``block`` (``"heads"``, ``"kv_heads"`` or
+        ``"intermediate"``) covers: heads count ``head_dim`` features each."""
+        start, end = getattr(self, block)
+        return (start, end) if block == "intermediate" else (start * head_dim, end * head_dim)
+
+
+def _blocks(units: int, world_size: int) -> list[tuple[int, int]]:
+    """``units`` split into ``world_size`` contiguous blocks, the first ones
+    one larger when they do not divide evenly (3 over 2: 2 and 1)."""
+    base, extra = divmod(units, world_size)
+    bounds = [0]
+    for r in range(world_size):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return list(zip(bounds, bounds[1:]))
+
+
+def _shard(config: ModelConfig, quantization: dict[str, Quantization],
+           layer_splits: dict[str, Split], world_size: int, rank: int) -> Shard:
+    """Rank ``rank``'s :class:`Shard`: KV heads in contiguous blocks (with
+    their query heads), the intermediate dim in blocks of whole quantization
+    groups of the down projection's columns; every rank's split is checked,
+    so all ranks agree on whether the model can be split."""
+    if not is_int(world_size) or world_size < 1:
+        raise ModelError(f"world_size must be a positive integer, got {world_size!r}")
+    if not is_int(rank) or not 0 <= rank < world_size:
+        raise ModelError(f"rank {rank!r} is not in [0, world_size {world_size})")
+    c = config
+    if world_size > c.num_kv_heads:
+        raise ModelError(f"world_size {world_size}: the model has {c.num_kv_heads} KV heads "
+                         f"and tensor parallelism gives each rank at least one; use a "
+                         f"world_size of at most {c.num_kv_heads}")
+    group = c.num_heads // c.num_kv_heads
+    kv = _blocks(c.num_kv_heads, world_size)
+    heads = [(start * group, end * group) for start, end in kv]
+
+    def group_size(block: str) -> int:
+        # One split serves every layer: blocks of whole groups of the
+        # quantization of every layer whose input columns follow the block.
+        return math.lcm(*(q.group_size for n, q in quantization.items()
+                          if layer_splits.get(n) == Split(1, block)))
+
+    o_group = group_size("heads")
+    for start, _ in heads:
+        if start * c.head_dim % o_group:
+            raise ModelError(
+                f"world_size {world_size}: a rank's query heads would start at column "
+                f"{start * c.head_dim} of o_proj, inside a quantization group of "
+                f"{o_group} columns; choose a world_size whose head blocks fall on group "
+                "boundaries")
+    down_group = group_size("intermediate")
+    units = c.intermediate_size // down_group
+    if units < world_size:
+        raise ModelError(
+            f"world_size {world_size}: the MLP's intermediate size {c.intermediate_size} is "
+            f"{units} quantization groups of {down_group} (down_proj's columns), fewer than "
+            f"the ranks; use a world_size of at most {units}")
+    intermediate = [(start * down_group, end * down_group)
+                    for start, end in _blocks(units, world_size)]
+    return Shard(world_size, rank, kv[rank], heads[rank], intermediate[rank])

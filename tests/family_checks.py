@@ -1,0 +1,161 @@
+"""Checks every model family's tests run against mlx-lm.
+
+A family's test writes a tiny random checkpoint with mlx-lm
+(:func:`write_checkpoint`: mlx-lm's own ``Model`` built from the
+``config.json`` it writes, its parameters saved under their Hugging Face
+names), then loads it twice, independently: mlxprog from the directory, and
+mlx-lm through its own loader (:func:`mlx_lm_model`, which reads the
+checkpoint's ``config.json`` itself). The checks compare logits, greedy
+tokens, batches and prompt caches.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from llm_fixtures import TINY_VOCAB, write_tiny_tokenizer
+from mlx.utils import tree_flatten, tree_map_with_path
+
+import mlxprog as mp
+from mlxprog.llm import LLM, load
+from mlxprog.llm.programs import (DecodeInputs, LogitsOutputs, PrefillInputs,
+                                  build_decode, build_prefill)
+
+MAX_LENGTH = 96
+#: Every family's tiny sizes: 2 query heads per KV head, a vocabulary the
+#: tiny tokenizer fills.
+TINY_CONFIG = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=128,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   rms_norm_eps=1e-6, vocab_size=TINY_VOCAB, max_position_embeddings=512,
+                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+#: A prompt of 40 tokens, longer than the families' tiny sliding windows.
+PROMPT_IDS = [(7 * i + 3) % (TINY_VOCAB - 3) + 3 for i in range(40)]
+
+
+def write_checkpoint(directory: Path, config: dict, seed: int = 0) -> Path:
+    """A tiny random-weight checkpoint of ``config`` (a ``config.json``)
+    made by mlx-lm: its model class for the ``model_type``, every parameter
+    random (norm weights too, so a norm's ``1 + w`` matters), saved as
+    ``model.safetensors`` with ``config.json`` and the tiny tokenizer."""
+    from mlx_lm.utils import _get_classes
+
+    directory.mkdir(parents=True, exist_ok=True)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    key = mx.random.key(seed)
+
+    def randomize(path: str, p: mx.array) -> mx.array:
+        nonlocal key
+        key, sub = mx.random.split(key)
+        if p.ndim == 1:
+            return 0.5 + mx.random.uniform(shape=p.shape, key=sub)
+        return 0.2 * mx.random.normal(p.shape, key=sub)
+
+    model.update(tree_map_with_path(randomize, model.parameters()))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(directory / "model.safetensors"), weights)
+    (directory / "config.json").write_text(json.dumps(config))
+    write_tiny_tokenizer(directory)
+    return directory
+
+
+def mlx_lm_model(directory: Path):
+    """mlx-lm's model of the checkpoint, through mlx-lm's own loading."""
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(Path(directory))
+    return model
+
+
+def mlx_lm_logits(model, tokens: list[int]) -> np.ndarray:
+    """mlx-lm's logits after every token of ``tokens`` ([T, V])."""
+    return np.array(model(mx.array([tokens]))[0].astype(mx.float32))
+
+
+def mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens by mlx-lm with its own caches."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    out = []
+    for _ in range(n):
+        token = int(mx.argmax(logits).item())
+        out.append(token)
+        logits = model(mx.array([[token]]), cache=cache)[0, -1]
+    return out
+
+
+def load_tiny(directory: Path, **options) -> LLM:
+    """mlxprog's LLM of the checkpoint (caches of :data:`MAX_LENGTH`)."""
+    return load(directory, max_length=MAX_LENGTH, **options)
+
+
+def program_logits(llm: LLM, prompt: list[int], continuation: list[int] = ()) -> np.ndarray:
+    """mlxprog's logits after ``prompt`` (prefill program) and after each
+    ``continuation`` token (a decode step each), [1 + len(continuation), V]."""
+    c = llm.config
+    captures = llm.spec.captures(llm.checkpoint)
+    prefill = mp.compile(build_prefill(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
+    decode = mp.compile(build_decode(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
+    key_mask = mx.ones((1, MAX_LENGTH), dtype=mx.bool_)
+    key = mx.random.key(0)
+    caches = tuple(mx.zeros((1, c.num_kv_heads, MAX_LENGTH, c.head_dim), dtype=mx.float32)
+                   for _ in range(2 * c.num_layers))
+    out = LogitsOutputs.of(prefill(**PrefillInputs(
+        tokens=mx.array([prompt], dtype=mx.int32),
+        last_index=mx.array([len(prompt) - 1], dtype=mx.int32),
+        rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
+        key_mask=key_mask, key=key, caches=caches).by_name()))
+    steps = [out.logits[0]]
+    for position, token in enumerate(continuation, start=len(prompt)):
+        out = LogitsOutputs.of(decode(**DecodeInputs(
+            tokens=mx.array([token], dtype=mx.int32),
+            rope_offset=mx.array([position], dtype=mx.int32),
+            cache_offset=mx.array(position, dtype=mx.int32), key_mask=key_mask, key=key,
+            caches=out.caches).by_name()))
+        steps.append(out.logits[0])
+    return np.array(mx.stack(steps))
+
+
+def check_logits_match_mlx_lm(directory: Path, prompt: list[int] = PROMPT_IDS,
+                              decode_steps: int = 6, tolerance: float = 1e-4) -> None:
+    """The prefill's logits after ``prompt`` and ``decode_steps`` decode
+    steps' (fed mlx-lm's greedy tokens) match mlx-lm's within float32
+    tolerance."""
+    model = mlx_lm_model(directory)
+    continuation = mlx_lm_greedy(model, prompt, decode_steps)
+    expected = mlx_lm_logits(model, prompt + continuation)[len(prompt) - 1:]
+    assert np.abs(expected).max() > 1  # not trivially small
+    ours = program_logits(load_tiny(directory), prompt, continuation)
+    np.testing.assert_allclose(ours, expected, rtol=tolerance, atol=tolerance)
+
+
+def check_greedy_matches_mlx_lm(directory: Path, prompt: list[int] = PROMPT_IDS,
+                                n: int = 16) -> None:
+    """``n`` greedy tokens equal mlx-lm's, up to an end-of-sequence token."""
+    expected = mlx_lm_greedy(mlx_lm_model(directory), prompt, n)
+    llm = load_tiny(directory)
+    eos = set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids)
+    stop = next((i for i, t in enumerate(expected) if t in eos), None)
+    out = llm.generate(prompt, max_tokens=n, chat=False)
+    if stop is None:
+        assert (out.tokens, out.finish_reason) == (expected, "length")
+    else:
+        assert (out.tokens, out.finish_reason) == (expected[:stop], "eos")
+
+
+def check_batch_and_prompt_cache(directory: Path) -> None:
+    """Batched rows (prompts of different lengths, left-padded) and a
+    generation that reuses a prompt cache give single generation's tokens."""
+    llm = load_tiny(directory)
+    prompts = [PROMPT_IDS, PROMPT_IDS[:9], PROMPT_IDS[5:30]]
+    singles = [llm.generate(p, max_tokens=10, chat=False).tokens for p in prompts]
+    batch = llm.generate_batch(prompts, max_tokens=10, chat=False)
+    assert [row.tokens for row in batch] == singles
+    cache = llm.cache_prompt(PROMPT_IDS[:20])
+    reused = llm.generate(PROMPT_IDS, prompt_cache=cache, max_tokens=10, chat=False)
+    assert reused.tokens == singles[0]
