@@ -26,6 +26,7 @@ from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubPro
 from .format.schema import full_schema
 from .limits import Limits
 from .ops.attrs import Attrs, Axes, Axis, CheckError, DType, Float, InsertAxis, NoAttrs
+from .ops.context import ExecutionContext
 from .ops.host import HostOp
 from .ops.registry import (
     OpSpec,
@@ -51,11 +52,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attrs", "AVal", "Axes", "Axis", "BindingError", "CallbackError", "CheckError", "Constant",
-    "DimSpec", "DType", "EvaluationError", "Executable", "Float", "FormatError", "HostOp",
-    "InsertAxis", "Instruction", "Limits", "LoopLimitError", "NoAttrs", "NumericError",
-    "OpSpec", "Program", "ProgramBuilder", "ProgramError", "Ref", "StaticExecutable", "Stats",
-    "SubProgram", "SymbolicExecutable", "SymbolicProgram", "TensorSpec", "TraceError",
-    "UnboundError", "ValidatedProgram", "ValidationError", "Value", "all_ops", "compile",
-    "full_schema", "load_weights", "lookup", "register_family", "register_host_op",
-    "register_op", "run", "unregister_op", "validate",
+    "DimSpec", "DType", "EvaluationError", "Executable", "ExecutionContext", "Float",
+    "FormatError", "HostOp", "InsertAxis", "Instruction", "Limits", "LoopLimitError", "NoAttrs",
+    "NumericError", "OpSpec", "Program", "ProgramBuilder", "ProgramError", "Ref",
+    "StaticExecutable", "Stats", "SubProgram", "SymbolicExecutable", "SymbolicProgram",
+    "TensorSpec", "TraceError", "UnboundError", "ValidatedProgram", "ValidationError", "Value",
+    "all_ops", "compile", "full_schema", "load_weights", "lookup", "register_family",
+    "register_host_op", "register_op", "run", "unregister_op", "validate",
 ]

@@ -22,7 +22,7 @@ from .errors import ValidationError
 from .format.paths import StepPath, render
 from .format.program import Constant, DimSpec, Instruction, Program, Ref, SubProgram, TensorSpec
 from .limits import Limits
-from .ops import distributed
+from .ops.context import ExecutionContext
 from .ops.registry import lookup, suggest
 from .symbolic.expr import evaluate, is_dim_name, parse_dim
 from .symbolic.specialize import builder_sample, specialize_instruction
@@ -112,13 +112,12 @@ class _Scope:
         values = self._operands(operands, where)
         inst = Instruction(op=name, operands=[v.ref for v in values], attrs=attrs,
                            subprograms=subprograms or {})
-        with distributed.declaring(self.root._world_size):
-            _, _, out_avals, results, _ = infer(
-                # Only structured ops read the base (to validate their subprograms).
-                self.root.base() if spec.subprograms else None, spec,
-                self.root.at_sample(inst, where), [v.aval for v in values],
-                [v.placeholder for v in values], path, self.root.limits,
-            )
+        _, _, out_avals, results, _ = infer(
+            # Only structured ops read the base (to validate their subprograms).
+            self.root.base() if spec.subprograms else None, spec,
+            self.root.at_sample(inst, where), [v.aval for v in values],
+            [v.placeholder for v in values], path, self.root.limits, self.root._context,
+        )
         self.instructions.append(inst)
         outs = tuple(
             Value(self, Ref.of("result", self.n_results + k), aval, ph)
@@ -256,9 +255,10 @@ class ProgramBuilder(_Scope):
             raise ValidationError(f"world_size must be an integer >= 1, got {world_size!r}",
                                   "world_size")
         self.name = name
-        # Private: b.world_size() is the op of that name.
-        self._world_size = world_size
         self.limits = limits or Limits()
+        # What the ops' rules are given: the declared world size. Private:
+        # b.world_size() is the op of that name.
+        self._context = ExecutionContext(world_size=world_size)
         self.dims: dict[str, DimSpec] = {}
         self._sample: dict[str, int] = {}
         self.inputs: list[TensorSpec] = []
@@ -277,7 +277,8 @@ class ProgramBuilder(_Scope):
                 by_kind[value.ref.kind].append(value)
             self._base = Base([v.aval for v in by_kind["input"]],
                               [v.aval for v in by_kind["capture"]],
-                              [v.placeholder for v in by_kind["const"]], self.limits)
+                              [v.placeholder for v in by_kind["const"]], self.limits,
+                              self._context)
         return self._base
 
     def _declare(self, kind: str, table: list, spec, aval: AVal, placeholder: mx.array) -> Value:
@@ -362,7 +363,7 @@ class ProgramBuilder(_Scope):
         body = self._subprogram(outputs)
         program = Program(
             name=self.name,
-            world_size=self._world_size,
+            world_size=self._context.world_size,
             dims=self.dims,
             inputs=self.inputs,
             captures=self.captures,

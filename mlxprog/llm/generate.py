@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
@@ -127,20 +126,13 @@ class GenerationOptions:
         return dataclasses.replace(options, **overrides) if overrides else options
 
 
-# The handler of the in-program generation running in this context (thread,
-# or generation started from another's on_text): compiled decode loops are
-# shared, so their ``emit`` callback cannot hold a generation of its own.
-_EMIT_HANDLER: ContextVar[Callable[[mx.array], mx.array]] = ContextVar("mlxprog_llm_emit")
-
-
-def _emit(tokens: mx.array) -> mx.array:
-    """The decode loop's ``emit`` callback: hands the picked tokens to the
-    in-program generation running in the caller's context; returns its stop."""
-    handler = _EMIT_HANDLER.get(None)
-    if handler is None:
-        raise ModelError("the decode loop's emit callback has no generation to stream to; "
-                         "run the loop with LLM.generate_in_program")
-    return handler(tokens)
+def _no_generation(tokens: mx.array) -> mx.array:
+    """The decode loop's ``emit`` callback when the loop is called as it was
+    compiled: compiled decode loops are shared, so each in-program
+    generation passes its own callback for its call (see
+    :meth:`LLM.generate_in_program`), and there is none to stream to here."""
+    raise ModelError("the decode loop's emit callback has no generation to stream to; "
+                     "run the loop with LLM.generate_in_program")
 
 
 # The decode step is traced per batch size and cache length (64 x 16 with
@@ -268,14 +260,15 @@ class LLM:
 
     def executable(self, kind: str, sampling: Sampling | None = None) -> Executable:
         """The compiled :meth:`program` of ``kind`` for ``sampling`` (cached).
-        The decode loop's ``emit`` callback forwards to the in-program
-        generation running in the caller's context (see
-        :meth:`generate_in_program`)."""
+        The decode loop is shared by the in-program generations, each of
+        which calls it with an ``emit`` callback of its own (see
+        :meth:`generate_in_program`); called as compiled, its ``emit``
+        raises :class:`~mlxprog.llm.ModelError`."""
         key = (kind, _sampling_of(kind, sampling))
         if key not in self._executables:
             self._executables[key] = self.compile(
                 self.program(*key),
-                callbacks={"emit": _emit} if kind == "decode_loop" else None,
+                callbacks={"emit": _no_generation} if kind == "decode_loop" else None,
                 max_traces=MAX_TRACES,
             )
         return self._executables[key]
@@ -416,9 +409,11 @@ class LLM:
         ``on_text`` gets the text as it is generated. The loop does not report
         log-probabilities nor apply a repetition penalty.
 
-        The executable's ``emit`` callback finds this generation through a
-        context variable set for the duration of the loop, so generations in
-        other threads, or started from ``on_text``, each get their own tokens."""
+        The loop's executable is shared; this generation calls it with an
+        ``emit`` callback of its own (:meth:`Executable.with_callbacks
+        <mlxprog.runtime.executable.Executable.with_callbacks>`), so
+        generations in other threads, or started from ``on_text``, each get
+        their own tokens."""
         options = GenerationOptions.given(options, overrides)
         if options.repetition_penalty is not None or options.picking.logprobs:
             raise ModelError("the in-program decode loop has no repetition_penalty, logprobs "
@@ -444,11 +439,7 @@ class LLM:
                 cache_offset=mx.array(n, dtype=mx.int32),
                 key_mask=mx.ones((1, size), dtype=mx.bool_), key=request.key,
                 caches=caches, max_new=mx.array(max_new, dtype=mx.int32))
-            handler_set = _EMIT_HANDLER.set(emit)
-            try:
-                mx.eval(loop(**inputs.by_name()))
-            finally:
-                _EMIT_HANDLER.reset(handler_set)
+            mx.eval(loop.with_callbacks({"emit": emit})(**inputs.by_name()))
         return request.result()
 
 

@@ -10,7 +10,8 @@ quantized matmul also has int8 numerics (the op's ``numerics`` attribute).
 
 Ops use a kernel only when all of these hold, and MLX's own op otherwise:
 the executable runs with native kernels on (``mlxprog.compile(native=...)``,
-default from ``MLXPROG_NATIVE``, on unless ``0``), the default device is the
+default from ``MLXPROG_NATIVE``, on unless ``0``; the op is given it as the
+:class:`Setting` of its execution context), the default device is the
 CPU, the extension is built and loaded, and the kernel covers the operands
 (dtype, layout, sizes; see :mod:`mlxprog.native.kernels`). A program file
 never chooses whether a kernel runs, only (``numerics``) which result it
@@ -33,11 +34,8 @@ import sys
 import threading
 import time
 import warnings
-from contextlib import contextmanager
-from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Iterator
 
 import mlx.core as mx
 
@@ -156,53 +154,28 @@ def _smoke_test(loaded: ModuleType) -> None:
 # -- which calls use the kernels -----------------------------------------------------
 
 
-@dataclass
-class Scope:
-    """The native-kernel setting of the executable now running, its counts
-    of the instructions that took a native kernel, by op, and of those whose
-    numerics choice no kernel could honour, by (op, reason)."""
+@dataclass(frozen=True, eq=False)
+class Setting:
+    """Whether an executable's ops may use the native kernels (``enabled``),
+    and the executable's counters they add to: ``counts``, by op, the
+    instructions that took a native kernel; ``numerics_fallbacks``, by (op,
+    reason), those whose numerics choice no kernel could honour. Ops are
+    given it in their :class:`~mlxprog.ops.context.ExecutionContext`."""
 
     enabled: bool
-    counts: dict[str, int]
+    counts: dict[str, int] = field(default_factory=dict)
     numerics_fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-_scope: ContextVar[Scope | None] = ContextVar("mlxprog_native_scope", default=None)
+def active(setting: Setting) -> ModuleType | None:
+    """The extension when ops running under ``setting`` may use it: native
+    kernels enabled, the CPU device, the extension loaded."""
+    return None if inactive_reason(setting) else module()
 
 
-def enter(current: Scope) -> Token:
-    """Make ``current`` the scope of the ops run from now on, until
-    :func:`leave` with the returned token (executables do this around each
-    call; ops traced or run inside read it)."""
-    return _scope.set(current)
-
-
-def leave(token: Token) -> None:
-    """Restore the scope that was current before :func:`enter`."""
-    _scope.reset(token)
-
-
-@contextmanager
-def scope(enabled: bool, counts: dict[str, int] | None = None) -> Iterator[Scope]:
-    """Run the enclosed ops with native kernels on or off."""
-    current = Scope(enabled, counts if counts is not None else {})
-    token = enter(current)
-    try:
-        yield current
-    finally:
-        leave(token)
-
-
-def active() -> ModuleType | None:
-    """The extension when ops running now may use it: inside a scope that
-    enables native kernels, on the CPU device, with the extension loaded."""
-    return None if inactive_reason() else module()
-
-
-def inactive_reason() -> str:
-    """Why ops running now may not use the extension ("" when they may)."""
-    current = _scope.get()
-    if current is None or not current.enabled:
+def inactive_reason(setting: Setting) -> str:
+    """Why ops running under ``setting`` may not use the extension ("" when they may)."""
+    if not setting.enabled:
         return "native kernels are off for this executable (native=False or MLXPROG_NATIVE=0)"
     if mx.default_device() != mx.cpu:
         return f"the default device is {mx.default_device()}; native kernels run on the CPU only"
@@ -211,17 +184,13 @@ def inactive_reason() -> str:
     return ""
 
 
-def record(op: str) -> None:
+def record(setting: Setting, op: str) -> None:
     """Count one instruction of ``op`` that took a native kernel."""
-    current = _scope.get()
-    if current is not None:
-        current.counts[op] = current.counts.get(op, 0) + 1
+    setting.counts[op] = setting.counts.get(op, 0) + 1
 
 
-def record_numerics_fallback(op: str, reason: str) -> None:
+def record_numerics_fallback(setting: Setting, op: str, reason: str) -> None:
     """Count one instruction of ``op`` that asked for numerics no kernel
     here honours and ran the exact path instead, and why."""
-    current = _scope.get()
-    if current is not None:
-        key = (op, reason)
-        current.numerics_fallbacks[key] = current.numerics_fallbacks.get(key, 0) + 1
+    key = (op, reason)
+    setting.numerics_fallbacks[key] = setting.numerics_fallbacks.get(key, 0) + 1

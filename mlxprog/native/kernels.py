@@ -3,7 +3,9 @@ kernel covers the operands and returns the kernel's (lazy) result, or None,
 in which case the op runs MLX's own function (which also raises MLX's own
 error for operands it rejects). Each ``covers_*`` takes avals (shape and
 dtype) only, so the ops' ``native_coverage`` rules ask the same question of
-a program for ``mlxprog inspect``.
+a program for ``mlxprog inspect``. Each kernel function takes the
+executable's :class:`~mlxprog.native.Setting` first (the op's
+``context.native``): whether kernels may run, and the counters they add to.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..arrays import AVal
-from . import active, inactive_reason, record
+from . import Setting, active, inactive_reason, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
@@ -60,33 +62,33 @@ def int8_uncovered_reason(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
     return ""
 
 
-def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
-                     *, transpose: bool, group_size: int, bits: int,
+def quantized_matmul(setting: Setting, x: mx.array, w: mx.array, scales: mx.array,
+                     biases: mx.array | None, *, transpose: bool, group_size: int, bits: int,
                      mode: str) -> mx.array | None:
     """The native ``mx.quantized_matmul``, or None where it does not apply."""
-    native = active()
+    native = active(setting)
     if native is None or not covers_quantized_matmul(
             AVal.of(x), AVal.of(w), AVal.of(scales), None if biases is None else AVal.of(biases),
             transpose, group_size, bits, mode):
         return None
-    record("quantized_matmul")
+    record(setting, "quantized_matmul")
     return native.quantized_matmul(x, w, scales, biases, transpose=transpose,
                                    group_size=group_size, bits=bits)
 
 
-def quantized_matmul_int8(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
-                          *, transpose: bool, group_size: int, bits: int,
-                          mode: str) -> tuple[mx.array | None, str]:
+def quantized_matmul_int8(setting: Setting, x: mx.array, w: mx.array, scales: mx.array,
+                          biases: mx.array | None, *, transpose: bool, group_size: int,
+                          bits: int, mode: str) -> tuple[mx.array | None, str]:
     """The quantized matmul in int8 numerics (x quantized to int8 per group,
     integer dot products) and "", or None and why it cannot run here."""
-    reason = inactive_reason() or int8_uncovered_reason(
+    reason = inactive_reason(setting) or int8_uncovered_reason(
         AVal.of(x), AVal.of(w), AVal.of(scales), None if biases is None else AVal.of(biases),
         transpose, group_size, bits, mode)
     if reason:
         return None, reason
-    record("quantized_matmul")
-    return active().quantized_matmul(x, w, scales, biases, transpose=transpose,
-                                     group_size=group_size, bits=bits, int8=True), ""
+    record(setting, "quantized_matmul")
+    return active(setting).quantized_matmul(x, w, scales, biases, transpose=transpose,
+                                            group_size=group_size, bits=bits, int8=True), ""
 
 
 def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
@@ -97,13 +99,13 @@ def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
             and x_shape[-1] > 0 and weight[1] == x_dtype and tuple(weight[0]) == (x_shape[-1],))
 
 
-def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array | None:
+def rms_norm(setting: Setting, x: mx.array, weight: mx.array | None, eps: float) -> mx.array | None:
     """The native ``mx.fast.rms_norm``, or None where it does not apply."""
-    native = active()
+    native = active(setting)
     if native is None or not covers_rms_norm(AVal.of(x),
                                              None if weight is None else AVal.of(weight)):
         return None
-    record("fast_rms_norm")
+    record(setting, "fast_rms_norm")
     return native.rms_norm(x, weight, eps=eps)
 
 
@@ -114,13 +116,13 @@ def covers_swiglu_halves(x: AVal) -> bool:
     return dtype == mx.float32 and len(shape) >= 1 and shape[-1] > 0 and shape[-1] % 2 == 0
 
 
-def swiglu_halves(x: mx.array) -> mx.array | None:
+def swiglu_halves(setting: Setting, x: mx.array) -> mx.array | None:
     """The native ``silu(x[..., :I]) * x[..., I:]``, or None where it does not
     apply."""
-    native = active()
+    native = active(setting)
     if native is None or not covers_swiglu_halves(AVal.of(x)):
         return None
-    record("fast_swiglu")
+    record(setting, "fast_swiglu")
     return native.swiglu_halves(x)
 
 
@@ -131,14 +133,14 @@ def covers_add_rms_norm(x: AVal, y: AVal, weight: AVal) -> bool:
             and covers_rms_norm(x, weight))
 
 
-def add_rms_norm(x: mx.array, y: mx.array, weight: mx.array,
+def add_rms_norm(setting: Setting, x: mx.array, y: mx.array, weight: mx.array,
                  eps: float) -> list[mx.array] | None:
     """The native ``(x + y, mx.fast.rms_norm(x + y, weight))``, or None where
     it does not apply."""
-    native = active()
+    native = active(setting)
     if native is None or not covers_add_rms_norm(AVal.of(x), AVal.of(y), AVal.of(weight)):
         return None
-    record("fast_add_rms_norm")
+    record(setting, "fast_add_rms_norm")
     return native.add_rms_norm(x, y, weight, eps=eps)
 
 
@@ -154,19 +156,20 @@ def covers_rope(x: AVal, offset_size: int, dims: int, freqs: AVal | None) -> boo
     return freqs is None or (freqs[1] == mx.float32 and tuple(freqs[0]) == (dims // 2,))
 
 
-def rope(x: mx.array, offset: mx.array | int, *, dims: int, traditional: bool, base: float,
-         scale: float, freqs: mx.array | None = None, op: str) -> mx.array | None:
+def rope(setting: Setting, x: mx.array, offset: mx.array | int, *, dims: int,
+         traditional: bool, base: float, scale: float, freqs: mx.array | None = None,
+         op: str) -> mx.array | None:
     """The native ``mx.fast.rope`` (offset an int or an integer array of one
     element or one per example), or None where it does not apply. ``op`` is
     the calling op, counted when the kernel runs."""
-    native = active()
+    native = active(setting)
     offset_size = 1 if isinstance(offset, int) else offset.size
     if native is None or not covers_rope(AVal.of(x), offset_size, dims,
                                          None if freqs is None else AVal.of(freqs)):
         return None
     offsets = (mx.array([offset], dtype=mx.int32) if isinstance(offset, int)
                else _int32_vector(offset))
-    record(op)
+    record(setting, op)
     return native.rope(x, offsets, dims=dims, traditional=traditional, base=base, scale=scale,
                        freqs=freqs)
 
@@ -184,20 +187,26 @@ def covers_cache_attention(q: AVal, k_cache: AVal, v_cache: AVal) -> bool:
             and 0 not in q_shape and c_shape[2] > 0)
 
 
-def cache_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, start: mx.array,
-                    key_mask: mx.array | None, scale: float) -> mx.array | None:
+def cache_attention(setting: Setting, q: mx.array, k_cache: mx.array, v_cache: mx.array,
+                    start: mx.array, key_mask: mx.array | None, scale: float,
+                    window: int | None = None,
+                    softcap: float | None = None) -> mx.array | None:
     """Attention of queries ``[B, H, T, D]`` over caches ``[B, H_kv, S, D]``:
-    query t sees key j when ``j <= start + t`` and ``key_mask[b, j]``, and a
-    query that sees no key gets zeros. None where the kernel does not apply."""
-    native = active()
+    query t sees key j when ``j <= start + t``, with a ``window`` also
+    ``j > start + t - window``, and ``key_mask[b, j]``; a query that sees no
+    key gets zeros. Scores ``s = q . k * scale`` are capped at
+    ``softcap * tanh(s / softcap)`` when ``softcap`` is given. None where the
+    kernel does not apply."""
+    native = active(setting)
     if native is None or not covers_cache_attention(AVal.of(q), AVal.of(k_cache),
                                                     AVal.of(v_cache)):
         return None
-    record("kv_cache_sdpa_update")
+    record(setting, "kv_cache_sdpa_update")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
+    # The kernel reads 0 as no window (every key up to the query's) and no cap.
     return native.cache_attention(q, k_cache, v_cache, _int32_vector(start), key_mask,
-                                  scale=scale)
+                                  scale=scale, window=window or 0, softcap=softcap or 0.0)
 
 
 def covers_cache_attention_block(qkv: AVal, k_cache: AVal, v_cache: AVal) -> bool:
@@ -210,7 +219,7 @@ def covers_cache_attention_block(qkv: AVal, k_cache: AVal, v_cache: AVal) -> boo
             and 0 not in c_shape and x_shape[0] == c_shape[0])
 
 
-def cache_attention_block(qkv: mx.array, k_cache: mx.array, v_cache: mx.array,
+def cache_attention_block(setting: Setting, qkv: mx.array, k_cache: mx.array, v_cache: mx.array,
                           start: mx.array, positions: mx.array, *, heads: int, kv_heads: int,
                           dims: int, traditional: bool, base: float, rope_scale: float,
                           scale: float, freqs: mx.array | None,
@@ -218,13 +227,13 @@ def cache_attention_block(qkv: mx.array, k_cache: mx.array, v_cache: mx.array,
     """The native ``kv_cache_attention_block`` (``start``: the clamped int32
     cache slot, ``positions``: int32 RoPE start positions, one or per row):
     (output, k_cache, v_cache), or None where it does not apply."""
-    native = active()
+    native = active(setting)
     if native is None or not covers_cache_attention_block(AVal.of(qkv), AVal.of(k_cache),
                                                           AVal.of(v_cache)):
         return None
     if freqs is not None and freqs.dtype != mx.float32:
         return None
-    record("kv_cache_attention_block")
+    record(setting, "kv_cache_attention_block")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
     return native.cache_attention_block(
@@ -258,7 +267,7 @@ def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVa
     return ""
 
 
-def transformer_layer(h: mx.array, input_norm: mx.array, post_norm: mx.array,
+def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_norm: mx.array,
                       projections: dict[str, list[mx.array]], k_cache: mx.array,
                       v_cache: mx.array, *, start: mx.array, positions: mx.array, heads: int,
                       kv_heads: int, dims: int, traditional: bool, base: float,
@@ -269,7 +278,7 @@ def transformer_layer(h: mx.array, input_norm: mx.array, post_norm: mx.array,
     slot, ``positions``: int32 RoPE start positions; ``projections``: the
     (w, scales, biases) of qkv, o, gate_up and down): (h, k_cache, v_cache),
     or None where it does not apply."""
-    native = active()
+    native = active(setting)
     if native is None or (freqs is not None and freqs.dtype != mx.float32):
         return None
     avals = {name: [AVal.of(a) for a in parts] for name, parts in projections.items()}
@@ -277,7 +286,7 @@ def transformer_layer(h: mx.array, input_norm: mx.array, post_norm: mx.array,
             AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals, AVal.of(k_cache),
             AVal.of(v_cache), group_size=group_size, bits=bits, numerics=numerics):
         return None
-    record("transformer_layer")
+    record(setting, "transformer_layer")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
     return native.transformer_layer(

@@ -1,9 +1,12 @@
 """Ops: the registry (:mod:`.registry`), attribute types (:mod:`.attrs`), the
 host-op interface (:mod:`.host`) and the built-in op families, one module
-each (control flow in :mod:`.control`). Importing this package registers
-every built-in op."""
+each (control flow in :mod:`.control`; the offset and position operands the
+attention and RoPE families share in :mod:`.positions`). Importing this
+package registers every built-in op."""
 
 from . import (  # noqa: F401
+    activations,
+    attention,
     contract,
     control,
     conv,
@@ -13,10 +16,12 @@ from . import (  # noqa: F401
     fft,
     index,
     linalg,
-    nn,
+    norms,
     quant,
     random,
     reduce,
+    rope,
+    sampling,
     shape,
     transformer,
     window,

@@ -1,20 +1,13 @@
 """Distributed ops: collectives over the process group of a program that
 declares ``world_size`` (see ``docs/distributed.md``).
 
-The ops need the group only while they run: the executable makes its group
-current (:func:`entered`) around each call, and validation and the builder
-make the program's declared world size current (:func:`declaring`) while
-they check instructions. Both are context variables set for the duration of
-a call, never process-wide state.
+Every op here is registered with ``context=True``: its rules get the
+program's declared world size, and its implementation the executable's
+group, from the :class:`~mlxprog.ops.context.ExecutionContext` passed to
+them (validation's, then the executable's, fixed in each trace).
 """
 
 from __future__ import annotations
-
-import os
-from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, Iterator
 
 import mlx.core as mx
 from pydantic import Field
@@ -22,91 +15,40 @@ from pydantic import Field
 from ..arrays import AVal, to_mlx
 from ..errors import ProgramError
 from .attrs import Attrs, Axis, CheckError, DType, NoAttrs, Size
+from .context import ExecutionContext, GroupInfo
 from .registry import register_family, register_op
 
 
-@dataclass(frozen=True)
-class GroupInfo:
-    """The process group an executable runs on: the ``mx.distributed.Group``,
-    this process's rank, the group's size, and whether the backend is MLX's
-    ring (whose ``send``/``recv`` reach only the neighbouring ranks and which
-    has no ``sum_scatter``)."""
-
-    group: Any
-    rank: int
-    size: int
-    ring: bool
-
-    @classmethod
-    def of(cls, group: Any) -> GroupInfo:
-        """The info of an ``mx.distributed.Group``. The ring backend is
-        recognised by the hostfile that ``mlx.launch --backend ring`` hands
-        its ranks (the other launchers set variables of their own)."""
-        env = os.environ
-        ring = bool(env.get("MLX_HOSTFILE")) and not env.get("MLX_IBV_DEVICES") \
-            and not env.get("NCCL_HOST_IP")
-        return cls(group, group.rank(), group.size(), ring)
-
-
-_group: ContextVar[GroupInfo | None] = ContextVar("mlxprog_group", default=None)
-_declared: ContextVar[int | None] = ContextVar("mlxprog_declared_world_size", default=None)
-
-
-@contextmanager
-def _setting(variable: ContextVar, value: Any) -> Iterator[None]:
-    """``variable`` set to ``value`` for the duration of the block."""
-    token = variable.set(value)
-    try:
-        yield
-    finally:
-        variable.reset(token)
-
-
-def entered(info: GroupInfo | None) -> AbstractContextManager[None]:
-    """Make ``info`` the group the distributed ops run on, for the duration
-    of the block (an executable's call)."""
-    return _setting(_group, info)
-
-
-def declaring(world_size: int | None) -> AbstractContextManager[None]:
-    """Make ``world_size`` the declared world size the distributed ops are
-    checked against, for the duration of the block (validating or building
-    a program)."""
-    return _setting(_declared, world_size)
-
-
-def current() -> GroupInfo:
-    """The group of the executable now running."""
-    info = _group.get()
-    if info is None:
+def _group(context: ExecutionContext) -> GroupInfo:
+    """The group of the executable running the op."""
+    if context.group is None:
         # Reached only by calling an op's implementation outside an executable.
         raise ProgramError("a distributed op ran outside an executable with a process group "
                            "(compile the program with mlxprog.compile)")
-    return info
+    return context.group
 
 
-def _world_size() -> int:
+def _world_size(context: ExecutionContext) -> int:
     """The declared world size of the program being checked."""
-    size = _declared.get()
-    if size is None:
+    if context.world_size is None:
         raise ValueError("a distributed op needs the program's process group: declare "
                          "world_size in the program (ProgramBuilder(name, world_size=N))")
-    return size
+    return context.world_size
 
 
-def _check_declared(avals: list[AVal], attrs: Attrs) -> None:
+def _check_declared(avals: list[AVal], attrs: Attrs, context: ExecutionContext) -> None:
     """The program declares its world size."""
-    _world_size()
+    _world_size(context)
 
 
-def _same(avals: list[AVal], attrs: Attrs) -> list[AVal]:
+def _same(avals: list[AVal], attrs: Attrs, context: ExecutionContext) -> list[AVal]:
     return [avals[0]]
 
 
 # -- reductions --------------------------------------------------------------
 
-def _reduce(function, operands, attrs):
-    info = current()
+def _reduce(function, operands, attrs, context):
+    info = _group(context)
     if info.size == 1:
         return operands[0]  # one rank: the reduction of one array is itself
     return function(operands[0], group=info.group)
@@ -123,6 +65,7 @@ register_family(
                     "The elementwise minimum of the operand over every rank of the group."),
     },
     _reduce, attrs=NoAttrs, check=_check_declared, shape_rule=_same, distributed="collective",
+    context=True,
 )
 
 
@@ -133,19 +76,20 @@ class GatherAttrs(Attrs):
     """The axis the ranks' arrays are concatenated along (rank 0's first)."""
 
 
-def _gather_shape(avals: list[AVal], attrs: GatherAttrs) -> list[AVal]:
+def _gather_shape(avals: list[AVal], attrs: GatherAttrs,
+                  context: ExecutionContext) -> list[AVal]:
     shape = list(avals[0].shape)
-    shape[attrs.axis] *= _world_size()
+    shape[attrs.axis] *= _world_size(context)
     return [AVal(tuple(shape), avals[0].dtype)]
 
 
 @register_op("all_gather", attrs=GatherAttrs, check=_check_declared, shape_rule=_gather_shape,
-             distributed="collective")
-def all_gather(operands, attrs):
+             distributed="collective", context=True)
+def all_gather(operands, attrs, context):
     """Every rank's operand concatenated along ``axis`` in rank order: the
     result's ``axis`` is ``world_size`` times longer. Every rank passes the
     same shape; the operand has at least one axis."""
-    x, info = operands[0], current()
+    x, info = operands[0], _group(context)
     if info.size == 1:
         return x
     # MLX gathers along axis 0.
@@ -158,28 +102,29 @@ class ScatterAttrs(Attrs):
     """The axis the sum is split along; its length divides by the world size."""
 
 
-def _check_scatter(avals: list[AVal], attrs: ScatterAttrs) -> None:
+def _check_scatter(avals: list[AVal], attrs: ScatterAttrs, context: ExecutionContext) -> None:
     """The scattered axis divides by the world size."""
-    size, length = _world_size(), avals[0].shape[attrs.axis]
+    size, length = _world_size(context), avals[0].shape[attrs.axis]
     if length % size:
         raise CheckError(f"axis {attrs.axis} has length {length}, which does not divide by "
                          f"the world size {size}", attribute="axis")
 
 
-def _scatter_shape(avals: list[AVal], attrs: ScatterAttrs) -> list[AVal]:
+def _scatter_shape(avals: list[AVal], attrs: ScatterAttrs,
+                   context: ExecutionContext) -> list[AVal]:
     shape = list(avals[0].shape)
-    shape[attrs.axis] //= _world_size()
+    shape[attrs.axis] //= _world_size(context)
     return [AVal(tuple(shape), avals[0].dtype)]
 
 
 @register_op("sum_scatter", attrs=ScatterAttrs, check=_check_scatter,
-             shape_rule=_scatter_shape, distributed="collective")
-def sum_scatter(operands, attrs):
+             shape_rule=_scatter_shape, distributed="collective", context=True)
+def sum_scatter(operands, attrs, context):
     """This rank's slice of the elementwise sum over every rank: the sum is
     split along ``axis`` into ``world_size`` equal parts and rank ``r`` gets
     part ``r``. On the CPU (whose ring backend has no ``sum_scatter``) it is
     computed as ``all_sum`` and a slice."""
-    x, info = operands[0], current()
+    x, info = operands[0], _group(context)
     if info.size == 1:
         return x
     if mx.default_device() == mx.cpu:
@@ -195,9 +140,9 @@ def sum_scatter(operands, attrs):
 
 # -- point to point ------------------------------------------------------------
 
-def _check_peer(rank: int, what: str) -> None:
+def _check_peer(rank: int, what: str, context: ExecutionContext) -> None:
     """``rank`` (attribute ``what``) is a rank of a group of at least 2."""
-    size = _world_size()
+    size = _world_size(context)
     if size < 2:
         raise ValueError(f"needs world_size of at least 2; the program declares {size}")
     if rank >= size:
@@ -220,15 +165,16 @@ class SendAttrs(Attrs):
     """The rank the operand is sent to."""
 
 
-@register_op("send", attrs=SendAttrs, check=lambda avals, attrs: _check_peer(attrs.dst, "dst"),
-             shape_rule=_same, distributed="point_to_point", keep=True,
+@register_op("send", attrs=SendAttrs,
+             check=lambda avals, attrs, context: _check_peer(attrs.dst, "dst", context),
+             shape_rule=_same, distributed="point_to_point", keep=True, context=True,
              group_check=lambda attrs, info: _group_check_peer(attrs.dst, "dst", info))
-def send(operands, attrs):
+def send(operands, attrs, context):
     """Send the operand to rank ``dst``, which runs a matching ``recv``; the
     result is the sent array. The send happens even when nothing reads the
     result (the runtime ties it to its block's outputs). On the ring backend
     ``dst`` is a neighbouring rank."""
-    info = current()
+    info = _group(context)
     return mx.distributed.send(operands[0], attrs.dst, group=info.group)
 
 
@@ -241,37 +187,37 @@ class RecvAttrs(Attrs):
     """The rank it is received from."""
 
 
-def _recv_shape(avals: list[AVal], attrs: RecvAttrs) -> list[AVal]:
+def _recv_shape(avals: list[AVal], attrs: RecvAttrs, context: ExecutionContext) -> list[AVal]:
     return [AVal(tuple(attrs.shape), to_mlx(attrs.dtype))]
 
 
 @register_op("recv", attrs=RecvAttrs, operands=0, shape_rule=_recv_shape,
-             check=lambda avals, attrs: _check_peer(attrs.src, "src"),
-             distributed="point_to_point",
+             check=lambda avals, attrs, context: _check_peer(attrs.src, "src", context),
+             distributed="point_to_point", context=True,
              group_check=lambda attrs, info: _group_check_peer(attrs.src, "src", info))
-def recv(operands, attrs):
+def recv(operands, attrs, context):
     """An array of ``shape`` and ``dtype`` received from rank ``src``, which
     runs a matching ``send`` of that shape and dtype. On the ring backend
     ``src`` is a neighbouring rank."""
-    info = current()
+    info = _group(context)
     return mx.distributed.recv(attrs.shape, to_mlx(attrs.dtype), attrs.src, group=info.group)
 
 
 # -- the group -------------------------------------------------------------------
 
-def _scalar(avals: list[AVal], attrs: Attrs) -> list[AVal]:
+def _scalar(avals: list[AVal], attrs: Attrs, context: ExecutionContext) -> list[AVal]:
     return [AVal((), mx.int32)]
 
 
 @register_op("rank", operands=0, check=_check_declared, shape_rule=_scalar,
-             distributed="group")
-def rank(operands, attrs):
+             distributed="group", context=True)
+def rank(operands, attrs, context):
     """This process's rank in the group (an int32 scalar, 0 to ``world_size - 1``)."""
-    return mx.array(current().rank, dtype=mx.int32)
+    return mx.array(_group(context).rank, dtype=mx.int32)
 
 
 @register_op("world_size", operands=0, check=_check_declared, shape_rule=_scalar,
-             distributed="group")
-def world_size(operands, attrs):
+             distributed="group", context=True)
+def world_size(operands, attrs, context):
     """The number of ranks in the group (an int32 scalar)."""
-    return mx.array(current().size, dtype=mx.int32)
+    return mx.array(_group(context).size, dtype=mx.int32)

@@ -13,7 +13,10 @@ the pipeline, each typed here.
 - run: :meth:`HostOp.prepare` is called once per step when a block's plan is
   turned into a runner, with a :class:`HostEnv`; it builds what the op needs
   (runners of its subprograms, a fused loop iteration) and returns the
-  :data:`HostCall` that runs the step.
+  :data:`HostCall` that runs the step. Each call of it is given the
+  :class:`~mlxprog.ops.context.ExecutionContext` of that call of the
+  Executable, which it hands to the subprograms it runs; a
+  ``runtime_call`` finds its callback there.
 
 The runtime never looks at an op's name or its subprograms' names: everything
 specific to an op lives in its module under :mod:`mlxprog.ops.control`.
@@ -26,9 +29,11 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import mlx.core as mx
 
 from ..arrays import AVal
+from .context import ExecutionContext
 
-HostCall = Callable[[list[mx.array], Sequence[mx.array]], list[mx.array]]
-"""``call(operands, program_inputs) -> results``: one run of a host step."""
+HostCall = Callable[[list[mx.array], Sequence[mx.array], ExecutionContext], list[mx.array]]
+"""``call(operands, program_inputs, context) -> results``: one run of a host
+step, in the context of this call of the Executable."""
 
 
 class ValidatedBlock(Protocol):
@@ -48,8 +53,10 @@ class Subprograms(Protocol):
 class BlockRun(Protocol):
     """A runner of one subprogram, built by :meth:`HostEnv.runner`."""
 
-    def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array]) -> list[mx.array]:
-        """Run the subprogram: program inputs and carry in, its outputs out."""
+    def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array],
+            context: ExecutionContext) -> list[mx.array]:
+        """Run the subprogram: program inputs and carry in, its outputs out
+        (``context``: the one the host step was called with)."""
 
     def function(self) -> Callable[[Sequence[mx.array], Sequence[mx.array]], list[mx.array]] | None:
         """The subprogram as one traceable function ``(inputs, carry) -> outputs``

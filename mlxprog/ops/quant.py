@@ -233,8 +233,8 @@ def _native_quantized_matmul(avals, attrs) -> bool:
 
 
 @register_op("quantized_matmul", attrs=QuantizedMatmulAttrs, operands=(3, 4),
-             check=_check_quantized, native_coverage=_native_quantized_matmul)
-def quantized_matmul(operands, attrs):
+             check=_check_quantized, native_coverage=_native_quantized_matmul, context=True)
+def quantized_matmul(operands, attrs, context):
     """``x @ dequantize(w).T`` (or ``x @ dequantize(w)`` without ``transpose``),
     computed on the packed weight. Operands: ``x``, ``w``, ``scales``, and
     ``biases`` in ``"affine"`` mode; none of them float64. The result dtype is
@@ -262,11 +262,13 @@ def quantized_matmul(operands, attrs):
     group_size, bits = attrs.resolved()
     kwargs = dict(transpose=attrs.transpose, mode=attrs.mode, group_size=group_size, bits=bits)
     if attrs.numerics == "int8":
-        result, reason = native.quantized_matmul_int8(x, w, scales, biases, **kwargs)
+        result, reason = native.quantized_matmul_int8(context.native, x, w, scales, biases,
+                                                      **kwargs)
         if result is not None:
             return result
-        record_numerics_fallback("quantized_matmul", f"int8 computed exactly: {reason}")
-    result = native.quantized_matmul(x, w, scales, biases, **kwargs)
+        record_numerics_fallback(context.native, "quantized_matmul",
+                                 f"int8 computed exactly: {reason}")
+    result = native.quantized_matmul(context.native, x, w, scales, biases, **kwargs)
     if result is not None:
         return result
     return mx.quantized_matmul(x, w, scales, biases, transpose=attrs.transpose,

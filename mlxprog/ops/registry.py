@@ -15,23 +15,28 @@ import mlx.core as mx
 
 from ..arrays import AVal
 from .attrs import Attrs, AxisOf, NoAttrs, axis_fields
+from .context import ExecutionContext
 from .host import HostOp
 
-Impl = Callable[[list[mx.array], Any], Any]
+Impl = Callable[..., Any]
 """An op implementation: ``impl(operands, attrs)`` returns an array, or a tuple of
-arrays for multi-output ops."""
+arrays for multi-output ops; an op registered with ``context=True`` is
+called ``impl(operands, attrs, context)`` (an
+:class:`~mlxprog.ops.context.ExecutionContext`)."""
 
-ShapeRule = Callable[[list[AVal], Any], list[AVal]]
-"""``rule(operand_avals, attrs)`` returns the result avals."""
+ShapeRule = Callable[..., list[AVal]]
+"""``rule(operand_avals, attrs)`` (a distributed op's: ``rule(operand_avals,
+attrs, context)``) returns the result avals."""
 
-CheckRule = Callable[[list[AVal], Any], None]
-"""``check(operand_avals, attrs)`` raises ValueError (or
+CheckRule = Callable[..., None]
+"""``check(operand_avals, attrs)`` (a distributed op's: ``check(operand_avals,
+attrs, context)``) raises ValueError (or
 :class:`~mlxprog.ops.attrs.CheckError`) when the operands do not fit the op
 and its attributes."""
 
 GroupCheck = Callable[[Any, Any], None]
 """``check(attrs, group)`` raises ValueError when an instruction cannot run on
-this rank of ``group`` (a :class:`~mlxprog.ops.distributed.GroupInfo`):
+this rank of ``group`` (a :class:`~mlxprog.ops.context.GroupInfo`):
 checked at compile, once the group is known."""
 
 DISTRIBUTED_KINDS = ("group", "collective", "point_to_point")
@@ -79,6 +84,17 @@ class OpSpec:
     compile-time rule against this rank of the group. ``keep`` marks an op
     whose result must be computed even when nothing reads it (``send``): the
     runner ties it to its block's outputs.
+
+    ``context`` marks an op whose implementation takes the
+    :class:`~mlxprog.ops.context.ExecutionContext` as a third argument (the
+    process group, the native-kernel setting): the interpreter passes the
+    executable's, fixed in each trace, and validation (running the
+    implementation on placeholders) the program's, which holds only its
+    declared world size. A distributed op takes it (its implementation needs
+    the group), and so do its ``check`` and ``shape_rule``, which check
+    against the declared world size. Call them through :meth:`apply`,
+    :meth:`check_operands` and :meth:`result_avals`, which pass the context
+    only where it is taken.
     """
 
     name: str
@@ -98,6 +114,30 @@ class OpSpec:
     distributed: str | None = None
     group_check: GroupCheck | None = None
     keep: bool = False
+    context: bool = False
+
+    def apply(self, operands: list[mx.array], attrs: Any, context: ExecutionContext) -> Any:
+        """The implementation's results on ``operands`` (an array, or a
+        tuple of arrays for a multi-output op)."""
+        if self.context:
+            return self.impl(operands, attrs, context)
+        return self.impl(operands, attrs)
+
+    def check_operands(self, avals: list[AVal], attrs: Any, context: ExecutionContext) -> None:
+        """Run the ``check`` rule, if any (it raises when the operands do not fit)."""
+        if self.check is None:
+            return
+        if self.distributed is not None:
+            self.check(avals, attrs, context)
+        else:
+            self.check(avals, attrs)
+
+    def result_avals(self, avals: list[AVal], attrs: Any,
+                     context: ExecutionContext) -> list[AVal]:
+        """The ``shape_rule``'s result avals (the op must have one)."""
+        if self.distributed is not None:
+            return list(self.shape_rule(avals, attrs, context))
+        return list(self.shape_rule(avals, attrs))
 
     def operand_range(self) -> tuple[int, int | None]:
         """(min, max) operand count; max is None when unbounded."""
@@ -144,6 +184,7 @@ def register_op(
     distributed: str | None = None,
     group_check: GroupCheck | None = None,
     keep: bool = False,
+    context: bool = False,
     replace: bool = False,
 ) -> Callable[[Impl], Impl]:
     """Decorator adding an op to the registry.
@@ -158,8 +199,10 @@ def register_op(
     returns one array (or a tuple for multi-output ops); its docstring is the
     op's entry in the op reference (``doc`` overrides it). ``check`` is the
     op's operand rule (see :class:`OpSpec`, also for ``distributed``,
-    ``group_check`` and ``keep``). Registering a name that exists is an error
-    unless ``replace=True``.
+    ``group_check``, ``keep`` and ``context``: with ``context=True`` the
+    function gets the :class:`~mlxprog.ops.context.ExecutionContext` as a
+    third argument, as do a distributed op's ``check`` and ``shape_rule``).
+    Registering a name that exists is an error unless ``replace=True``.
     """
     _check_new(name, attrs, replace)
     if distributed is not None and distributed not in DISTRIBUTED_KINDS:
@@ -168,6 +211,9 @@ def register_op(
     if distributed is not None and shapeless:
         # MLX cannot infer a collective's output shape in a shapeless trace.
         raise RegistryError(f"op {name!r}: a distributed op cannot be shapeless")
+    if distributed is not None and not context:
+        raise RegistryError(f"op {name!r}: a distributed op takes the execution context "
+                            "(its process group): register it with context=True")
 
     def decorate(fn: Impl) -> Impl:
         _add(OpSpec(
@@ -176,7 +222,7 @@ def register_op(
             doc=inspect.cleandoc(doc if doc is not None else fn.__doc__ or ""),
             shape_rule=shape_rule, check=check, shapeless=shapeless,
             native_coverage=native_coverage, distributed=distributed,
-            group_check=group_check, keep=keep,
+            group_check=group_check, keep=keep, context=context,
         ))
         return fn
 
@@ -201,15 +247,21 @@ def register_host_op(name: str, host: HostOp, *, attrs: type[Attrs] = NoAttrs,
 
 
 def register_family(members: Mapping[str, tuple[Callable, str]],
-                    apply: Callable[[Callable, list[mx.array], Any], Any], **options: Any) -> None:
+                    apply: Callable[..., Any], **options: Any) -> None:
     """Register ops that differ only in the ``mx`` function they call:
     ``members`` maps each op name to ``(function, doc)``, and each op's
-    implementation is ``apply(function, operands, attrs)``. ``options`` are
-    :func:`register_op`'s; the family is ``apply``'s module."""
+    implementation is ``apply(function, operands, attrs)`` (with
+    ``context=True``: ``apply(function, operands, attrs, context)``).
+    ``options`` are :func:`register_op`'s; the family is ``apply``'s module."""
     options.setdefault("family", apply.__module__.rsplit(".", 1)[-1])
+    takes_context = options.get("context", False)
     for name, (function, doc) in members.items():
-        def impl(operands, attrs, function=function):
-            return apply(function, operands, attrs)
+        if takes_context:
+            def impl(operands, attrs, context, function=function):
+                return apply(function, operands, attrs, context)
+        else:
+            def impl(operands, attrs, function=function):
+                return apply(function, operands, attrs)
 
         # The op belongs to the module that declared the family (the docs
         # tell built-in ops from user ones by it).

@@ -19,19 +19,16 @@ import mlx.core as mx
 
 from ..arrays import AVal, is_floating, name_of
 from ..native import kernels as native
-from .index import clamp_integer
-from .nn import (
+from .activations import fast_swiglu
+from .attention import (
     KVCacheAttentionBlockAttrs,
-    NonNegativeFloat,
-    NormAttrs,
     _check_kv_cache_attention_block,
     _check_operand_count,
-    _int32_positions,
-    fast_add_rms_norm,
-    fast_rms_norm,
-    fast_swiglu,
     kv_cache_attention_block,
 )
+from .index import clamp_integer
+from .norms import NonNegativeFloat, NormAttrs, fast_add_rms_norm, fast_rms_norm
+from .positions import _int32_positions
 from .quant import Numerics, QuantizedMatmulAttrs, quantized_matmul
 from .registry import register_op
 
@@ -146,8 +143,9 @@ def _native_transformer_layer(avals, attrs: TransformerLayerAttrs) -> bool:
 
 
 @register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(19, 21), outputs=3,
-             check=_check_transformer_layer, native_coverage=_native_transformer_layer)
-def transformer_layer(operands, attrs):
+             check=_check_transformer_layer, native_coverage=_native_transformer_layer,
+             context=True)
+def transformer_layer(operands, attrs, context):
     """A llama-style decoder layer on the hidden states ``h`` ``[B, T,
     hidden]``. Results: the layer's output hidden states ``[B, T, hidden]``,
     the new k_cache and v_cache. It computes, with ``qmm`` being
@@ -179,7 +177,7 @@ def transformer_layer(operands, attrs):
     projections = _projections(named)
     positions = named["positions"]
     result = native.transformer_layer(
-        h, named["input_norm"], named["post_norm"], projections, k_cache, v_cache,
+        context.native, h, named["input_norm"], named["post_norm"], projections, k_cache, v_cache,
         start=clamp_integer(named["offset"], 0, S - T, mx.int32),
         positions=_int32_positions(positions if positions.ndim == 1 else positions.reshape(-1)),
         heads=attrs.heads,
@@ -193,10 +191,11 @@ def transformer_layer(operands, attrs):
     norm, matmul = NormAttrs(eps=attrs.eps), attrs.matmul_attrs()
 
     def qmm(x, name):
-        return quantized_matmul([x, *projections[name]], matmul)
+        return quantized_matmul([x, *projections[name]], matmul, context)
 
-    x = fast_rms_norm([h, named["input_norm"].astype(h.dtype)], norm)
+    x = fast_rms_norm([h, named["input_norm"].astype(h.dtype)], norm, context)
     block = [qmm(x, "qkv")] + operands[len(_BEFORE_CACHES):]
-    attn, k_cache, v_cache = kv_cache_attention_block(block, attrs.block_attrs())
-    h, x = fast_add_rms_norm([h, qmm(attn, "o"), named["post_norm"].astype(h.dtype)], norm)
-    return h + qmm(fast_swiglu([qmm(x, "gate_up")], None), "down"), k_cache, v_cache
+    attn, k_cache, v_cache = kv_cache_attention_block(block, attrs.block_attrs(), context)
+    h, x = fast_add_rms_norm([h, qmm(attn, "o"), named["post_norm"].astype(h.dtype)], norm,
+                             context)
+    return h + qmm(fast_swiglu([qmm(x, "gate_up")], None, context), "down"), k_cache, v_cache

@@ -19,7 +19,7 @@ import numpy as np
 from ..arrays import name_of
 from ..errors import ProgramError
 from ..format.program import Program
-from ..ops.distributed import GroupInfo
+from ..ops.context import GroupInfo
 from ..validate.steps import Block
 
 _DIGEST_WORDS = 8  # a sha256 digest as uint32 words

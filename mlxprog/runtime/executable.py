@@ -2,10 +2,13 @@
 function. :func:`compile` builds one; a static program gets a
 :class:`StaticExecutable` (one runner), a program with symbolic dims a
 :class:`SymbolicExecutable` (a runner per binding of its dims, cached).
+Each holds the :class:`~mlxprog.ops.context.ExecutionContext` its ops are
+given (its group, native-kernel setting and callbacks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -16,7 +19,7 @@ from ..arrays import AVal, to_mlx
 from ..errors import BindingError, ProgramError
 from ..format.program import Program
 from ..limits import Limits
-from ..ops import distributed as distributed_ops
+from ..ops.context import ExecutionContext, GroupInfo
 from ..symbolic import binding as dim_binding
 from ..symbolic.cache import SpecializationCache
 from ..validate import SymbolicProgram, ValidatedProgram, validate
@@ -39,14 +42,17 @@ class Executable:
 
     def __init__(self, validated: ValidatedProgram | SymbolicProgram,
                  capture_values: Sequence[mx.array], options: Options,
-                 group: distributed_ops.GroupInfo | None = None):
+                 group: GroupInfo | None = None):
         self.validated = validated
-        self._group = group
         self.program = validated.program
         self.options = options
         self.stats = Stats(eager=options.eager, native=options.native)
-        self._native = native_kernels.Scope(options.native, self.stats.native_ops,
-                                            self.stats.numerics_fallbacks)
+        #: What its ops are given; the native kernels count into the stats.
+        self.context = ExecutionContext(
+            world_size=self.program.world_size, group=group,
+            native=native_kernels.Setting(options.native, self.stats.native_ops,
+                                          self.stats.numerics_fallbacks),
+            callbacks=options.callbacks)
         self._captures = list(capture_values)
         self._input_names = [s.name for s in self.program.inputs if s.value_of is None]
 
@@ -58,27 +64,42 @@ class Executable:
     @property
     def group(self) -> mx.distributed.Group | None:
         """The process group the program runs on (None: it declares no world_size)."""
-        return None if self._group is None else self._group.group
+        info = self.context.group
+        return None if info is None else info.group
 
     @property
     def rank(self) -> int:
         """This process's rank in the group (0 without one)."""
-        return 0 if self._group is None else self._group.rank
+        info = self.context.group
+        return 0 if info is None else info.rank
 
     @property
     def world_size(self) -> int:
         """The number of ranks in the group (1 without one)."""
-        return 1 if self._group is None else self._group.size
+        info = self.context.group
+        return 1 if info is None else info.size
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[mx.array]:
-        token = native_kernels.enter(self._native)
-        try:
-            with distributed_ops.entered(self._group):
-                return self._call(self._arguments(args, kwargs))
-        finally:
-            native_kernels.leave(token)
+        return self._call(self._arguments(args, kwargs), self.context)
 
-    def _call(self, args: Sequence[Any]) -> list[mx.array]:
+    def with_callbacks(self, callbacks: Mapping[str, Callable]) -> Callable[..., list[mx.array]]:
+        """A function that calls this executable (with its inputs, as the
+        executable takes them) whose ``runtime_call`` steps call
+        ``callbacks`` by name instead of the ones given to ``compile``
+        (those not named here stay). It shares everything else: compiled
+        segments, caches and stats. A program compiled once can so stream
+        each caller's results to a callback of its own (the LLM's decode
+        loop does: one per generation)."""
+        for name, callback in callbacks.items():
+            if not callable(callback):
+                raise BindingError(f"callback {name!r} must be callable, got "
+                                   f"{type(callback).__name__}")
+        context = dataclasses.replace(self.context,
+                                      callbacks={**self.context.callbacks, **callbacks})
+        return lambda *args, **kwargs: self._call(self._arguments(args, kwargs), context)
+
+    def _call(self, args: Sequence[Any], context: ExecutionContext) -> list[mx.array]:
+        """Run the program on the call's inputs (in program order) in ``context``."""
         raise NotImplementedError
 
     def _arguments(self, args: tuple, kwargs: dict) -> tuple:
@@ -111,10 +132,10 @@ class StaticExecutable(Executable):
     """An Executable of a program without symbolic dims: one runner."""
 
     def __init__(self, validated: ValidatedProgram, capture_values: Sequence[mx.array],
-                 options: Options, group: distributed_ops.GroupInfo | None = None):
+                 options: Options, group: GroupInfo | None = None):
         super().__init__(validated, capture_values, options, group)
         self._input_avals = validated.input_avals
-        self._body = self._runner(validated, RunContext(options, self.stats))
+        self._body = self._runner(validated, RunContext(options, self.stats, self.context))
         self.stats.segments.extend(s.stats for s in self._body.segments)
         self.stats.instructions = validated.block.instruction_count()
 
@@ -123,11 +144,11 @@ class StaticExecutable(Executable):
         """Shapes and dtypes of the outputs."""
         return self.validated.out_avals
 
-    def _call(self, args: Sequence[Any]) -> list[mx.array]:
+    def _call(self, args: Sequence[Any], context: ExecutionContext) -> list[mx.array]:
         values = [bind_input(name, value, aval.dtype, aval.shape)
                   for name, aval, value in zip(self._input_names, self._input_avals, args)]
         self.stats.calls += 1
-        return self._body.run(values)
+        return self._body.run(values, (), context)
 
 
 class SymbolicExecutable(Executable):
@@ -140,7 +161,7 @@ class SymbolicExecutable(Executable):
     def __init__(self, validated: SymbolicProgram, capture_values: Sequence[mx.array],
                  options: Options, max_traces: int = DEFAULT_MAX_TRACES,
                  buckets: Mapping[str, str | Sequence[int]] | None = None,
-                 group: distributed_ops.GroupInfo | None = None):
+                 group: GroupInfo | None = None):
         super().__init__(validated, capture_values, options, group)
         specs = self.program.inputs
         self._buckets = dim_binding.check_buckets(buckets or {}, validated.dims)
@@ -160,7 +181,7 @@ class SymbolicExecutable(Executable):
         raise ProgramError("a symbolic program's output shapes depend on its dims; "
                            "see exe.validated.describe_outputs()")
 
-    def _call(self, args: Sequence[Any]) -> list[mx.array]:
+    def _call(self, args: Sequence[Any], context: ExecutionContext) -> list[mx.array]:
         names = self._input_names
         values = [bind_input(name, value, dtype, None)
                   for name, dtype, value in zip(names, self._input_dtypes, args)]
@@ -187,7 +208,7 @@ class SymbolicExecutable(Executable):
         inputs = [next(given) if dim is None else mx.array(bindings[dim[0]], dtype=dim[1])
                   for dim in self._value_of]
         self.stats.calls += 1
-        outputs = runner.run(inputs)
+        outputs = runner.run(inputs, (), context)
         if padded:
             outputs = [dim_binding.unpad(o, shape, bindings)
                        for o, shape in zip(outputs, self.validated.out_shapes)]
@@ -201,7 +222,8 @@ class SymbolicExecutable(Executable):
             # the ops (softmax of nothing traces as the identity), so bindings
             # with a 0 or 1 get traces of their own.
             shared = None if {0, 1} & set(bindings.values()) else self._shared
-            context = RunContext(self.options, self.stats, self.validated.dim_dependent, shared)
+            context = RunContext(self.options, self.stats, self.context,
+                                 self.validated.dim_dependent, shared)
             return self._runner(self.validated.specialize(bindings), context)
 
         misses = self._cache.misses
@@ -232,10 +254,12 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
 
     ``captures`` maps capture names to arrays; ``weights`` names files read with
     ``mx.load`` (both may be given; ``captures`` wins). ``callbacks`` maps the
-    names used by ``runtime_call`` to Python callables. ``eager=True`` runs the
-    interpreter without ``mx.compile``, evaluating each instruction and freeing
-    values after their last use; ``check_numerics=True`` (eager only) raises on
-    the first NaN/Inf. ``max_iterations`` is the default loop limit.
+    names used by ``runtime_call`` to Python callables
+    (:meth:`Executable.with_callbacks` replaces them for some calls).
+    ``eager=True`` runs the interpreter without ``mx.compile``, evaluating
+    each instruction and freeing values after their last use;
+    ``check_numerics=True`` (eager only) raises on the first NaN/Inf.
+    ``max_iterations`` is the default loop limit.
 
     For programs with symbolic dims: ``max_traces`` bounds the number of
     bindings kept compiled (least recently used ones are evicted);

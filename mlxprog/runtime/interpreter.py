@@ -2,7 +2,9 @@
 
 A step reads its operands from environment slots and writes its results to the
 slots after them (see :mod:`mlxprog.validate.steps` for the layout). The same loop is
-traced by ``mx.compile`` (compiled mode) and run directly (eager mode).
+traced by ``mx.compile`` (compiled mode) and run directly (eager mode); the
+ops that take an :class:`~mlxprog.ops.context.ExecutionContext` get the one
+it is given.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import mlx.core as mx
 
 from ..arrays import is_floating
 from ..errors import EvaluationError, NumericError
+from ..ops.context import ExecutionContext
 from ..validate.steps import Step
 
 
-def run_steps(steps: Sequence[Step], env: list) -> None:
-    """Apply each step to ``env`` in order, writing results into their slots.
+def run_steps(steps: Sequence[Step], env: list, context: ExecutionContext) -> None:
+    """Apply each step to ``env`` in order, writing results into their slots
+    (the ops registered with ``context=True`` get ``context``).
 
     Steps that talk to other ranks are chained (each one's operands depend on
     the previous one's result): MLX evaluates a graph in an order of its own,
@@ -29,7 +33,7 @@ def run_steps(steps: Sequence[Step], env: list) -> None:
         talks = step.spec.distributed in _TALKS
         if talks and previous is not None and operands:
             operands = mx.depends(operands, [previous])
-        result = step.spec.impl(operands, step.attrs)
+        result = step.spec.apply(operands, step.attrs, context)
         if talks:
             previous = result[0] if step.unpack else result
         if step.unpack:
@@ -41,10 +45,11 @@ def run_steps(steps: Sequence[Step], env: list) -> None:
 _TALKS = ("collective", "point_to_point")
 
 
-def run_step_eager(step: Step, env: list, release: Sequence[int], check_numerics: bool) -> None:
+def run_step_eager(step: Step, env: list, release: Sequence[int], check_numerics: bool,
+                   context: ExecutionContext) -> None:
     """Run one step, evaluate its results, optionally check them for NaN/Inf,
     then drop the values whose last use was this step."""
-    run_steps((step,), env)
+    run_steps((step,), env, context)
     results = env[step.out : step.out + step.n_out]
     try:
         mx.eval(results)

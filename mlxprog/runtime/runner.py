@@ -7,6 +7,12 @@ input, filled per call, then the captures and constants), shared by the
 runners of subprograms. Host steps are prepared once, when the runner is
 built, by their op (see :mod:`mlxprog.ops.host`): the runner knows no op by
 name.
+
+Compiled segments trace their steps with the executable's
+:class:`~mlxprog.ops.context.ExecutionContext` (``RunContext.execution``),
+fixed when they are built; :meth:`BlockRunner.run` is given the context of
+each call, which the host steps (a ``runtime_call``'s callbacks) and eager
+steps use.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from ..format.paths import StepPath
+from ..ops.context import ExecutionContext
 from ..ops.host import HostCall
 from ..validate.steps import Block, Step
 from .interpreter import run_step_eager, run_steps
@@ -28,12 +35,14 @@ from .segment import Segment
 
 @dataclass
 class RunContext:
-    """What every runner of an Executable shares: its options and stats, and
-    for a symbolic program the paths of dim-dependent steps and the shapeless
+    """What every runner of an Executable shares: its options and stats, the
+    execution context its compiled segments trace their ops with, and for a
+    symbolic program the paths of dim-dependent steps and the shapeless
     segments every binding reuses (keyed by their first and last step paths)."""
 
     options: Options
     stats: Stats
+    execution: ExecutionContext
     dim_dependent: frozenset[StepPath] | None = None
     shared: dict[tuple, Segment] | None = None
 
@@ -92,12 +101,15 @@ class BlockRunner:
         fixed, n_slots = self.fixed, self.block.n_slots
         padding = [None] * (n_slots - len(fixed))
         steps, reads, writes = unit.steps, unit.reads, unit.writes
+        # Ops read the context only while the segment is traced (a replay
+        # runs the traced graph), so it is the executable's, fixed.
+        execution = self.context.execution
 
         def interpret(*values):
             env = [*fixed, *padding]
             for slot, value in zip(reads, values):
                 env[slot] = value
-            run_steps(steps, env)
+            run_steps(steps, env, execution)
             return [env[s] for s in writes]
 
         return Segment(interpret, unit.label, len(steps), fixed, self.options.fallback,
@@ -145,13 +157,15 @@ class BlockRunner:
         results = [sources[k][i] for k, i in outputs]
         return _tie(results, [sources[k][i] for k, i in kept]) if kept else results
 
-    def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array] = ()) -> list[mx.array]:
-        """Run the block on the program inputs and (for subprograms) the carry."""
+    def run(self, inputs: Sequence[mx.array], carry: Sequence[mx.array],
+            context: ExecutionContext) -> list[mx.array]:
+        """Run the block on the program inputs and (for subprograms) the
+        carry, in the context of this call (see the module docstring)."""
         if self._direct is not None:
             return self._run_direct(self._direct[0], inputs, carry)
         env = [*inputs, *self.fixed[self.n_inputs:], *carry, *self._results]
         if self.options.eager:
-            self._run_eager(env)
+            self._run_eager(env, context)
         else:
             for unit in self.units:
                 if type(unit) is Segment:
@@ -162,24 +176,25 @@ class BlockRunner:
                     for slot, value in zip(unit.writes, out):
                         env[slot] = value
                 else:
-                    self._run_host(unit, env)
+                    self._run_host(unit, env, context)
             if self.plan.kept:
                 return _tie([env[s] for s in self.block.outputs],
                             [env[s] for s in self.plan.kept])
         return [env[s] for s in self.block.outputs]
 
-    def _run_eager(self, env: list) -> None:
+    def _run_eager(self, env: list, context: ExecutionContext) -> None:
         check = self.options.check_numerics
         for step, release in zip(self.block.steps, self.plan.release):
             if step.spec.host is not None:
-                self._run_host(step, env)
+                self._run_host(step, env, context)
                 for slot in release:
                     env[slot] = None
             else:
-                run_step_eager(step, env, release, check)
+                run_step_eager(step, env, release, check, context)
 
-    def _run_host(self, step: Step, env: list) -> None:
-        results = self.host_calls[step]([env[i] for i in step.args], env[: self.n_inputs])
+    def _run_host(self, step: Step, env: list, context: ExecutionContext) -> None:
+        results = self.host_calls[step]([env[i] for i in step.args], env[: self.n_inputs],
+                                        context)
         env[step.out : step.out + step.n_out] = results
 
 

@@ -22,18 +22,22 @@ from ..format.paths import StepPath, render, within
 from ..format.program import Instruction, Ref, ResultRef
 from ..limits import Limits
 from ..ops.attrs import Attrs, CheckError, resolve_axes
+from ..ops.context import ExecutionContext
 from ..ops.registry import OpSpec, lookup, suggest
 from .steps import Block, Step, make_step
 
 
 class Base:
     """The values every block of a program sees (inputs, captures, constants),
-    the limits the program is validated under, and what it has used of them
-    so far (instructions, result elements)."""
+    the limits the program is validated under, the context its ops' rules
+    are given (the declared world size), and what it has used of them so
+    far (instructions, result elements)."""
 
     def __init__(self, inputs: Sequence[AVal], captures: Sequence[AVal],
-                 constants: Sequence[mx.array], limits: Limits | None = None):
+                 constants: Sequence[mx.array], limits: Limits | None = None,
+                 context: ExecutionContext | None = None):
         self.limits = limits or Limits()
+        self.context = context or ExecutionContext()
         self.instructions = 0
         self.elements = 0
         self.n_inputs = len(inputs)
@@ -194,7 +198,8 @@ class _Scope:
         inferred = self.inferred.get(key)
         if inferred is None:
             inferred = infer(base, spec, inst, [avals[s] for s in args],
-                             [self.placeholders[s] for s in args], path, base.limits)
+                             [self.placeholders[s] for s in args], path, base.limits,
+                             base.context)
             if key is not None:
                 self.inferred[key] = inferred
         attrs, blocks, out_avals, placeholders, elements = inferred
@@ -229,12 +234,15 @@ def check_arity(spec: OpSpec, n: int, where: str) -> None:
 
 
 def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
-          placeholders: list[mx.array], path: StepPath, limits: Limits):
+          placeholders: list[mx.array], path: StepPath, limits: Limits,
+          context: ExecutionContext):
     """Validate an instruction's attrs, operands and subprograms and infer its
     results: the attrs model, axis resolution, the op's ``check`` rule, then
     the shape rule, the host op's ``infer`` or the implementation on
     placeholders (lazy: nothing is allocated), each result held to
-    ``limits``. ``base`` is needed only by host ops with subprograms.
+    ``limits``. ``base`` is needed only by host ops with subprograms;
+    ``context`` is what the ops that take one are given (the program's
+    declared world size).
 
     Returns ``(attrs, blocks, result avals, result placeholders, elements)``.
     """
@@ -256,15 +264,14 @@ def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
     try:
         if spec.axis_fields:
             attrs = resolve_axes(attrs, spec.axis_fields, avals)
-        if spec.check is not None:
-            spec.check(avals, attrs)
+        spec.check_operands(avals, attrs, context)
         if spec.host is not None:
             subprograms = Subprograms(base, inst, path)
             out_avals = list(spec.host.infer(subprograms, avals, attrs))
             blocks = subprograms.blocks
             results = [placeholder(a) for a in out_avals]
         elif spec.shape_rule is not None:
-            out_avals = list(spec.shape_rule(avals, attrs))
+            out_avals = spec.result_avals(avals, attrs, context)
             results = [placeholder(a) for a in out_avals]
         else:
             results = None
@@ -281,7 +288,7 @@ def infer(base: Base | None, spec: OpSpec, inst: Instruction, avals: list[AVal],
                               inst.op) from None
     if results is None:
         try:
-            results = _as_results(spec.impl(placeholders, attrs), spec, n_out)
+            results = _as_results(spec.apply(placeholders, attrs, context), spec, n_out)
         except (ValueError, TypeError, RuntimeError, IndexError, KeyError, OverflowError) as exc:
             raise ValidationError(f"{_clean(exc)} (operands: {_shapes(avals)})", render(path),
                                   inst.op) from None

@@ -10,7 +10,7 @@ from ..arrays import AVal, exact_array, to_mlx
 from ..errors import ValidationError
 from ..format.program import NONFINITE, Constant, Program
 from ..limits import Limits
-from ..ops import distributed
+from ..ops.context import ExecutionContext
 from .block import Base, validate_block
 from .steps import ValidatedProgram
 
@@ -24,9 +24,9 @@ def validate_static(program: Program, limits: Limits | None = None) -> Validated
     inputs = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.inputs)
     captures = tuple(AVal(tuple(s.shape), to_mlx(s.dtype)) for s in program.captures)
     constants = tuple(_make_constant(i, c) for i, c in enumerate(program.constants))
-    base = Base(inputs, captures, constants, limits)
-    with distributed.declaring(program.world_size):
-        block = validate_block(base, program.instructions, program.outputs, [], path=())
+    context = ExecutionContext(world_size=program.world_size)
+    base = Base(inputs, captures, constants, limits, context)
+    block = validate_block(base, program.instructions, program.outputs, [], path=())
     return ValidatedProgram(program, inputs, captures, constants, block)
 
 

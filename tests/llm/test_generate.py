@@ -378,6 +378,19 @@ def test_in_program_generations_in_two_threads_get_their_own_tokens(gguf):
     assert [results.get(i) for i in range(2)] == expected
 
 
+def test_the_shared_decode_loop_called_as_compiled_has_no_generation(gguf):
+    # Each in-program generation calls the loop with its own emit callback.
+    loop = gguf.executable("decode_loop")
+    c, width = gguf.config, 8
+    inputs = DecodeLoopInputs(
+        tokens=mx.array([5], dtype=mx.int32), rope_offset=mx.array([width], dtype=mx.int32),
+        cache_offset=mx.array(width, dtype=mx.int32), key_mask=mx.ones((1, width + 3), mx.bool_),
+        key=mx.random.key(0), caches=empty_caches(c, 1, width + 3),
+        max_new=mx.array(3, dtype=mx.int32))
+    with pytest.raises(mp.CallbackError, match="emit callback has no generation to stream to"):
+        loop(**inputs.by_name())
+
+
 # ---------------------------------------------------------------------------
 # Sampling and stop conditions
 

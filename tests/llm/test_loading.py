@@ -310,6 +310,17 @@ def test_hf_rope_scaling(tmp_path):
         load_hf(tmp_path / "yarn")
 
 
+def test_transformers_5_rope_parameters(tmp_path):
+    write_hf(tmp_path / "old", rope_theta=5000.0,
+             rope_scaling={"rope_type": "linear", "factor": 2.0})
+    write_hf(tmp_path / "new", rope_theta=None, rope_parameters={
+        "rope_type": "linear", "rope_theta": 5000.0, "factor": 2.0})
+    assert load_hf(tmp_path / "new").config == load_hf(tmp_path / "old").config
+    write_hf(tmp_path / "layered", rope_parameters={"full_attention": {"rope_theta": 1e6}})
+    with pytest.raises(ModelError, match="rope_parameters .* is not supported by the llama"):
+        load_hf(tmp_path / "layered")
+
+
 def test_llama_table_names_gguf_tensors():
     config = ModelConfig(architecture="llama", **TINY, norm_eps=1e-5, rope_theta=1e4,
                          rope_traditional=True, tie_embeddings=False, context_length=64,

@@ -17,7 +17,8 @@ import pytest
 from llm_fixtures import tiny_gguf
 
 from mlxprog.llm import load
-from mlxprog.llm.server import Server, prometheus_text
+from mlxprog.llm.server import Server
+from mlxprog.llm.server.metrics import prometheus_text
 
 MAX_LENGTH = 256
 

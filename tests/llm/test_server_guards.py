@@ -29,7 +29,8 @@ import pytest
 from llm_fixtures import tiny_gguf
 
 from mlxprog.llm import LLM, load
-from mlxprog.llm.server import MAX_BODY_BYTES, ServeError, Server
+from mlxprog.llm.server import ServeError, Server
+from mlxprog.llm.server.routes import MAX_BODY_BYTES
 
 MAX_LENGTH = 1024
 MODEL_ID = "tiny"

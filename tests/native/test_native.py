@@ -492,12 +492,12 @@ def test_no_native_kernels_off_the_cpu(ext, monkeypatch):
     w, scales, biases = mx.quantize(mx.ones((64, 128)), group_size=32, bits=4)
     x = mx.ones((1, 128))
     call = dict(transpose=True, group_size=32, bits=4, mode="affine")
-    with native.scope(True):
-        assert kernels.quantized_matmul(x, w, scales, biases, **call) is not None
-        monkeypatch.setattr(native.mx, "default_device", lambda: mx.Device(mx.gpu))
-        assert kernels.quantized_matmul(x, w, scales, biases, **call) is None
-    with native.scope(False):
-        assert kernels.quantized_matmul(x, w, scales, biases, **call) is None
+    on = native.Setting(True)
+    assert kernels.quantized_matmul(on, x, w, scales, biases, **call) is not None
+    assert on.counts == {"quantized_matmul": 1}
+    monkeypatch.setattr(native.mx, "default_device", lambda: mx.Device(mx.gpu))
+    assert kernels.quantized_matmul(on, x, w, scales, biases, **call) is None
+    assert kernels.quantized_matmul(native.Setting(False), x, w, scales, biases, **call) is None
 
 
 def test_cache_attention_peaked_and_long(ext, isa):

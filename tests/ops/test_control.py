@@ -329,3 +329,37 @@ def test_while_program_round_trips_through_json():
     again = mp.Program.loads(prog.to_json())
     assert again == prog
     assert mp.compile(again)(27)[0].item() == collatz_steps(27)
+
+
+def test_with_callbacks_replaces_them_for_its_calls_only():
+    events = []
+    exe = mp.compile(logging_program(), callbacks={
+        "observe": lambda v: events.append("compiled"), "scale": lambda v: v})
+    x = np.zeros(3, np.float32)
+    exe(x)
+    mine = exe.with_callbacks({"observe": lambda v: events.append("mine")})
+    out = mine(x=x)[0]  # inputs as the executable takes them; "scale" stays
+    np.testing.assert_allclose(np.array(out), [2.0, 2.0, 2.0])
+    exe(x)
+    assert events == ["compiled", "mine", "compiled"]
+    # One executable: the calls share its segments (no new traces) and stats.
+    assert exe.stats.traces == 2 and exe.stats.calls == 3
+    with pytest.raises(mp.BindingError, match="callback 'observe' must be callable, got int"):
+        exe.with_callbacks({"observe": 3})
+
+
+def test_with_callbacks_nests():
+    # A callback may call the executable again with callbacks of its own.
+    events = []
+    exe = mp.compile(logging_program(), callbacks={"observe": lambda v: None,
+                                                   "scale": lambda v: v})
+    x = np.zeros(3, np.float32)
+    inner = exe.with_callbacks({"observe": lambda v: events.append("inner")})
+
+    def outer(v):
+        events.append("outer")
+        inner(x)
+        events.append("outer again")
+
+    exe.with_callbacks({"observe": outer})(x)
+    assert events == ["outer", "inner", "outer again"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.ops.distributed import GroupInfo
+from mlxprog.ops.context import GroupInfo
 from mlxprog.ops.registry import RegistryError
 
 

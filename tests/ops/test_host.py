@@ -32,9 +32,9 @@ class Repeat(mp.HostOp):
         body = env.runner(step.blocks["body"])
         times = step.attrs.times
 
-        def run(operands, inputs):
+        def run(operands, inputs, context):
             for _ in range(times):
-                operands = body.run(inputs, operands)
+                operands = body.run(inputs, operands, context)
             return operands
 
         return run

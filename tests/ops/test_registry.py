@@ -284,3 +284,61 @@ def test_one_family_factory_registers_ops_with_their_docs():
     finally:
         mp.unregister_op("test_neg")
         mp.unregister_op("test_abs")
+
+
+def test_an_op_registered_with_context_gets_the_executables():
+    seen = []
+
+    @mp.register_op("test_context", context=True)
+    def with_context(operands, attrs, context):
+        """``x``, recording the context it is given."""
+        seen.append(context)
+        return operands[0] + 0
+
+    try:
+        prog = program([{"op": "test_context", "operands": [{"input": 0}]}], [{"result": 0}])
+        mp.validate(prog)
+        (validation,) = seen  # validation runs it on placeholders
+        assert isinstance(validation, mp.ExecutionContext) and not validation.native.enabled
+        for native in (False, True):
+            validated = mp.validate(prog)
+            seen.clear()
+            exe = mp.compile(validated, native=native)
+            for _ in range(3):
+                assert_close(exe(X)[0], X)
+            # Traced once; replays run the traced graph, not the function.
+            assert seen == [exe.context] and exe.context.native.enabled is native
+            assert exe.context.group is None and exe.context.world_size is None
+            seen.clear()
+        eager = mp.compile(validated, eager=True)
+        seen.clear()
+        eager(X)
+        eager(X)
+        assert seen == [eager.context] * 2
+    finally:
+        mp.unregister_op("test_context")
+
+
+def test_a_family_registered_with_context_gets_it():
+    seen = []
+
+    def apply(function, operands, attrs, context):
+        seen.append(context)
+        return function(operands[0])
+
+    mp.register_family({"test_ctx_neg": (mx.negative, "Negation.")}, apply, context=True)
+    try:
+        assert mp.lookup("test_ctx_neg").context
+        prog = program([{"op": "test_ctx_neg", "operands": [{"input": 0}]}], [{"result": 0}])
+        exe = mp.compile(prog)
+        assert_close(exe(X)[0], -X)
+        assert seen[-1] is exe.context
+    finally:
+        mp.unregister_op("test_ctx_neg")
+
+
+def test_a_distributed_op_must_take_the_context():
+    with pytest.raises(RegistryError, match="register it with context=True"):
+        mp.register_op("test_no_context_collective",
+                       distributed="collective")(lambda operands, attrs: operands[0])
+    assert mp.lookup("test_no_context_collective") is None

@@ -326,9 +326,30 @@ class HFConfig:
             raise ModelError(f"config.json: {key} = {self.raw[key]!r} is not supported "
                              f"by the {self.model_type} family ({why})")
 
+    def rope_scaling(self) -> Mapping[str, Any] | None:
+        """The RoPE scaling entry: ``rope_scaling``, or transformers 5's
+        ``rope_parameters`` (one entry for every layer) when its type is not
+        ``default``; None without scaling."""
+        parameters = self._rope_parameters()
+        if parameters is None:
+            return self.get("rope_scaling", None)
+        kind = parameters.get("rope_type", "default")
+        return None if kind == "default" else parameters
+
+    def _rope_parameters(self) -> Mapping[str, Any] | None:
+        parameters = self.get("rope_parameters", None)
+        if parameters is None:
+            return None
+        if not isinstance(parameters, Mapping) or "rope_theta" not in parameters:
+            raise ModelError(f"config.json: rope_parameters {parameters!r} is not supported "
+                             f"by the {self.model_type} family (one entry with rope_theta "
+                             "for every layer)")
+        return parameters
+
     def common(self) -> dict[str, Any]:
         """The :class:`ModelConfig` fields every decoder family reads alike
-        from ``config.json``."""
+        from ``config.json`` (the RoPE base from ``rope_theta``, or from
+        transformers 5's ``rope_parameters``)."""
         if "quantization_config" in self.raw:
             method = self.raw["quantization_config"].get("quant_method", "?")
             raise ModelError(f"config.json: quantized checkpoints ({method}) are not "
@@ -355,7 +376,8 @@ class HFConfig:
             intermediate_size=self.integer("intermediate_size"),
             vocab_size=self.integer("vocab_size"),
             norm_eps=self.number("rms_norm_eps"),
-            rope_theta=self.number("rope_theta", 10000.0),
+            rope_theta=(self.number("rope_theta", 10000.0) if self._rope_parameters() is None
+                        else float(self._rope_parameters()["rope_theta"])),
             rope_traditional=False,  # Hugging Face's half-split layout
             tie_embeddings=bool(self.get("tie_word_embeddings", False)),
             context_length=self.integer("max_position_embeddings"),

@@ -97,12 +97,12 @@ def decoder_weights(*, qkv_bias=_attention_bias, **changes: Weight) -> tuple[Wei
 def rope_scaling_from_hf(hf: HFConfig, theta: float, head_dim: int,
                          allowed: Sequence[str] = ("default", "linear", "llama3")
                          ) -> tuple[float, tuple[float, ...] | None]:
-    """(position scale, per-pair periods) of ``config.json``'s
-    ``rope_scaling``: none or ``default``; ``linear`` (positions times
-    ``1 / factor``); ``llama3`` (long wavelengths stretched by ``factor``,
+    """(position scale, per-pair periods) of ``config.json``'s RoPE
+    scaling (:meth:`~.base.HFConfig.rope_scaling`): none or ``default``;
+    ``linear`` (positions times ``1 / factor``); ``llama3`` (long wavelengths stretched by ``factor``,
     short ones kept, a smooth blend between). A type not in ``allowed`` is a
     :class:`ModelError` naming it."""
-    scaling = hf.get("rope_scaling", None)
+    scaling = hf.rope_scaling()
     if not scaling:
         return 1.0, None
     kind = scaling.get("rope_type", scaling.get("type"))

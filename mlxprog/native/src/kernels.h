@@ -64,8 +64,10 @@ struct RopeProblem {
 
 // Attention of T new queries over a KV cache in [B, H_kv, S, D] layout,
 // queries [B, H, T, D] (H a multiple of H_kv: grouped-query heads). Query t
-// of batch b sees key j when j <= start + t and key_mask[b, j] (when given);
-// a query that sees no key gets zeros. float32 throughout.
+// of batch b sees key j when j <= start + t, j > start + t - window (when
+// window > 0) and key_mask[b, j] (when given); a query that sees no key gets
+// zeros. Scores are q . k * scale, capped at softcap * tanh(score / softcap)
+// when softcap > 0. float32 throughout.
 struct AttentionProblem {
   const float* q;
   const float* k;
@@ -75,6 +77,8 @@ struct AttentionProblem {
   int64_t B, H, H_kv, T, S, D;
   int64_t start;            // the clamped cache offset of query 0
   float scale;
+  int64_t window;           // sliding window in keys; 0: every key up to the query's
+  float softcap;            // 0: scores uncapped
 };
 
 // SwiGLU over the two halves of each row of x (rows x 2I, float32): out[r,

@@ -487,8 +487,10 @@ mx::array rope(const mx::array& x, const mx::array& offsets, int dims, bool trad
 
 class CacheAttention : public CpuPrimitive {
  public:
-  CacheAttention(mx::Stream stream, float scale, bool has_key_mask)
-      : CpuPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask) {}
+  CacheAttention(mx::Stream stream, float scale, bool has_key_mask, int64_t window,
+                 float softcap)
+      : CpuPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask), window_(window),
+        softcap_(softcap) {}
 
   // inputs: q [B, H, T, D], k and v [B, H_kv, S, D] (float32), start (int32,
   // one element), and key_mask [B, S] (bool) when has_key_mask.
@@ -496,7 +498,8 @@ class CacheAttention : public CpuPrimitive {
     std::optional<mx::array> key_mask;
     if (has_key_mask_) key_mask = inputs[4];
     enqueue(out, [q = inputs[0], k = inputs[1], v = inputs[2], start = inputs[3], key_mask,
-                  scale = scale_](mx::array& out) mutable {
+                  scale = scale_, window = window_,
+                  softcap = softcap_](mx::array& out) mutable {
       std::vector<uint8_t> keep_q, keep_k, keep_v, keep_s, keep_m;
       AttentionProblem p{};
       p.q = static_cast<const float*>(contiguous_data(q, keep_q));
@@ -513,6 +516,8 @@ class CacheAttention : public CpuPrimitive {
       p.S = k.shape(2);
       p.start = *static_cast<const int32_t*>(contiguous_data(start, keep_s));
       p.scale = scale;
+      p.window = window;
+      p.softcap = softcap;
       const Kernels& kernels = *active_kernels;
       // Work items: (batch, head, query position) triples.
       ThreadPool::instance().parallel_for(p.B * p.H * p.T, 1, [&](int64_t i0, int64_t i1) {
@@ -525,22 +530,27 @@ class CacheAttention : public CpuPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CacheAttention*>(&other);
-    return o && o->scale_ == scale_ && o->has_key_mask_ == has_key_mask_;
+    return o && o->scale_ == scale_ && o->has_key_mask_ == has_key_mask_ &&
+           o->window_ == window_ && o->softcap_ == softcap_;
   }
 
  private:
   float scale_;
   bool has_key_mask_;
+  int64_t window_;
+  float softcap_;
 };
 
 mx::array cache_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                           const mx::array& start, std::optional<mx::array> key_mask,
-                          float scale) {
+                          float scale, int64_t window, float softcap) {
+  if (window < 0 || !(softcap >= 0.f))
+    throw std::invalid_argument("cache_attention: window and softcap must be >= 0 (0: none)");
   std::vector<mx::array> inputs = {q, k, v, start};
   if (key_mask) inputs.push_back(*key_mask);
   return mx::array(q.shape(), mx::float32,
                    std::make_shared<CacheAttention>(mx::default_stream(mx::Device::cpu), scale,
-                                                    key_mask.has_value()),
+                                                    key_mask.has_value(), window, softcap),
                    inputs);
 }
 
@@ -980,9 +990,11 @@ NB_MODULE(_mlxprog_native, m) {
         "Rotary embedding of x [B, ..., T, D] at positions offsets[b] + t.");
   m.def("cache_attention", &mlxprog::cache_attention, nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("start"), nb::arg("key_mask").none() = nb::none(), nb::kw_only(),
-        nb::arg("scale"),
+        nb::arg("scale"), nb::arg("window") = 0, nb::arg("softcap") = 0.f,
         "Attention of q [B, H, T, D] over caches [B, H_kv, S, D]: query t sees key j "
-        "when j <= start + t and key_mask[b, j]; a query that sees no key gets zeros.");
+        "when j <= start + t, j > start + t - window (window > 0) and key_mask[b, j]; "
+        "scores capped at softcap * tanh(s / softcap) when softcap > 0; a query that sees "
+        "no key gets zeros.");
   m.def("cache_attention_block", &mlxprog::cache_attention_block, nb::arg("qkv"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("start"), nb::arg("positions"),
         nb::kw_only(), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"),

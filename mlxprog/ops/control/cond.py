@@ -7,6 +7,7 @@ from typing import Sequence
 import mlx.core as mx
 
 from ..attrs import CheckError
+from ..context import ExecutionContext
 from ..host import BlockRun, HostEnv, HostOp, Subprograms
 from ..registry import register_host_op
 from .checks import check_same
@@ -41,9 +42,10 @@ class _Branch:
     def __init__(self, then: BlockRun, other: BlockRun):
         self.then, self.other = then, other
 
-    def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array]) -> list[mx.array]:
+    def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array],
+                 context: ExecutionContext) -> list[mx.array]:
         branch = self.then if operands[0].item() else self.other
-        return branch.run(inputs, operands[1:])
+        return branch.run(inputs, operands[1:], context)
 
 
 register_host_op("cond", Cond(), operands=(1, None), outputs=None,

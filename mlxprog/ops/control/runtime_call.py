@@ -11,6 +11,7 @@ from ...arrays import AVal, to_mlx
 from ...errors import CallbackError, UnboundError
 from ...runtime.binding import Mismatch, to_array
 from ..attrs import Attrs, DType, Size
+from ..context import ExecutionContext
 from ..host import HostEnv, HostOp, HostOptions
 from ..registry import register_host_op
 
@@ -35,7 +36,8 @@ class RuntimeCall(HostOp):
     ``callbacks`` mapping given to ``mlxprog.compile`` (a program can never name
     importable code). It receives the operand arrays and must return arrays of the
     declared ``outputs`` shapes and dtypes (checked). It fires on every call of the
-    Executable, in program order, even when nobody uses its results."""
+    Executable, in program order, even when nobody uses its results; a call
+    made through ``exe.with_callbacks(...)`` calls the functions given there."""
 
     def infer(self, subprograms, avals, attrs: RuntimeCallAttrs) -> list[AVal]:
         """The declared outputs."""
@@ -52,21 +54,25 @@ class RuntimeCall(HostOp):
             )
 
     def prepare(self, step, env: HostEnv) -> _Call:
-        """The callback, with where to blame its failures."""
+        """The callback's name, with where to blame its failures."""
         name = step.attrs.callback
-        return _Call(env.options.callbacks[name], step.attrs.output_avals,
-                     f"{step.location} (runtime_call {name!r})", env.stats)
+        return _Call(name, step.attrs.output_avals, f"{step.location} (runtime_call {name!r})",
+                     env.stats)
 
 
 class _Call:
-    """One ``runtime_call`` step, ready to run."""
+    """One ``runtime_call`` step, ready to run: its callback is looked up in
+    the context of each call (the same executable may stream each caller's
+    results to a callback of its own)."""
 
-    def __init__(self, callback, declared: list[AVal], where: str, stats):
-        self.callback, self.declared, self.where, self.stats = callback, declared, where, stats
+    def __init__(self, name: str, declared: list[AVal], where: str, stats):
+        self.name, self.declared, self.where, self.stats = name, declared, where, stats
 
-    def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array]) -> list[mx.array]:
+    def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array],
+                 context: ExecutionContext) -> list[mx.array]:
+        callback = context.callbacks[self.name]  # compile checked that it was given
         try:
-            returned = self.callback(*operands)
+            returned = callback(*operands)
         except Exception as exc:
             raise CallbackError(f"{self.where}: callback raised {type(exc).__name__}: "
                                 f"{exc}") from exc

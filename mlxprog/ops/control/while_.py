@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from ...errors import LoopLimitError
 from ..attrs import Attrs, PositiveInt
+from ..context import ExecutionContext
 from ..host import BlockRun, HostEnv, HostOp, Subprograms
 from ..registry import register_host_op
 from .checks import check_predicate, check_same
@@ -69,9 +70,10 @@ class _Loop:
         self.limit = limit
         self.stats = stats
 
-    def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array]) -> list[mx.array]:
+    def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array],
+                 context: ExecutionContext) -> list[mx.array]:
         carry = operands
-        pred = self.cond.run(inputs, carry)[0]
+        pred = self.cond.run(inputs, carry, context)[0]
         iterations = 0
         while pred.item():
             if iterations == self.limit:
@@ -80,8 +82,8 @@ class _Loop:
             if self.fused is not None:
                 *carry, pred = self.fused([*inputs, *carry])
             else:
-                carry = self.body.run(inputs, carry)
-                pred = self.cond.run(inputs, carry)[0]
+                carry = self.body.run(inputs, carry, context)
+                pred = self.cond.run(inputs, carry, context)[0]
             # Evaluating carry and predicate together keeps the graph one
             # iteration deep and costs a single synchronisation per iteration.
             mx.eval(pred, *carry)

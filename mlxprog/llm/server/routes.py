@@ -1,0 +1,312 @@
+"""The server's endpoints: a handler validates a request, submits a
+:class:`~mlxprog.llm.scheduler.Job` to the scheduler and awaits the job's
+pieces, answering as OpenAI does (one JSON object, or server-sent chunks);
+errors of every kind are answered in OpenAI's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive
+
+from ..engine import Piece
+from ..generate import LLM, GenerationOptions, Prompt
+from ..scheduler import APIError, Job, Scheduler
+from .metrics import prometheus_text
+from .rendering import Output, TokenText, usage
+from .responses import EventStream, error_response, event, json_response
+from .schemas import ChatCompletionBody, CompletionBody, GenerationBody, invalid, shown
+
+#: OpenAI's default ``max_tokens`` for (legacy) completions; chat completions
+#: default to what the KV cache has room for.
+DEFAULT_COMPLETION_TOKENS = 16
+#: The largest request body, in bytes (a prompt that fills a 128K-token cache
+#: takes well under it); more is a 413.
+MAX_BODY_BYTES = 16 * 2**20
+
+ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
+             "GET /health", "GET /metrics")
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has disconnected (the body is read by then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class Endpoints:
+    """The endpoints serving ``llm`` through ``scheduler`` under the name
+    ``model_id``: :meth:`routes` and :meth:`exception_handlers` make the
+    Starlette app. A request's body must arrive within ``request_timeout``
+    seconds."""
+
+    def __init__(self, llm: LLM, scheduler: Scheduler, model_id: str, request_timeout: float):
+        self.llm = llm
+        self.scheduler = scheduler
+        self.model_id = model_id
+        self.request_timeout = request_timeout
+        self.created = int(time.time())
+        self.token_text = TokenText(llm.tokenizer)
+
+    def routes(self) -> list[Route]:
+        """The app's routes (:data:`ENDPOINTS`, and ``GET /v1/models/{model}``)."""
+        return [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self._model, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
+        ]
+
+    def exception_handlers(self) -> dict[Any, Any]:
+        """The app's exception handlers: every error answered in OpenAI's shape."""
+        return {APIError: self._api_error, HTTPException: self._http_error,
+                ClientGone: self._client_gone, Exception: self._server_error}
+
+    # -- endpoints -------------------------------------------------------------
+    async def _chat(self, request: HTTPRequest) -> Response:
+        body = await self._body(request, ChatCompletionBody)
+        max_tokens = body.max_completion_tokens or body.max_tokens or self.llm.max_length
+        options = body.options(max_tokens, bool(body.logprobs), body.top_logprobs or 0,
+                               chat=True)
+        return await self._answer(request, body, body.prompt(), options, chat=True)
+
+    async def _completions(self, request: HTTPRequest) -> Response:
+        body = await self._body(request, CompletionBody)
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
+        options = body.options(max_tokens, body.logprobs is not None, body.logprobs or 0,
+                               chat=False)
+        return await self._answer(request, body, body.prompt, options, chat=False)
+
+    async def _answer(self, request: HTTPRequest, body: GenerationBody, prompt: Prompt,
+                      options: GenerationOptions, chat: bool) -> Response:
+        """Generate, and answer as a chat or a text completion: one JSON
+        object, or (``stream``) server-sent chunks."""
+        job, first = await self._submit(request, prompt, options,
+                                        "messages" if chat else "prompt")
+        output = Output(self.token_text, options.logprobs)
+        kind = "chat.completion" if chat else "text_completion"
+        reply_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+
+        def choice(content: dict[str, Any], tokens: list | None,
+                   finish_reason: str | None = None) -> dict[str, Any]:
+            """One choice; ``tokens`` None: no log-probabilities."""
+            logprobs = None
+            if tokens is not None:
+                logprobs = (output.chat_logprobs if chat else output.completion_logprobs)(tokens)
+            return {"index": 0, **content, "logprobs": logprobs, "finish_reason": finish_reason}
+
+        if not body.stream:
+            try:
+                await self._or_disconnect(request, job, self._collect(job, first, output))
+            finally:
+                request.scope["mlxprog.usage"] = output.usage
+            text = output.text
+            content = ({"message": {"role": "assistant", "content": text}} if chat
+                       else {"text": text})
+            return json_response({
+                "id": reply_id, "object": kind, "created": created, "model": self.model_id,
+                "choices": [choice(content, output.tokens, output.finish_reason)],
+                "usage": output.usage})
+
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+
+        def chunk(choices: list[dict[str, Any]], usage_data: Any = None) -> bytes:
+            data = {"id": reply_id, "object": f"{kind}.chunk" if chat else kind,
+                    "created": created, "model": self.model_id, "choices": choices}
+            if include_usage:  # null on every chunk but the last, as OpenAI's
+                data["usage"] = usage_data
+            return event(data)
+
+        async def events() -> AsyncIterator[bytes]:
+            if chat:
+                yield chunk([choice({"delta": {"role": "assistant", "content": ""}}, None)])
+            error = None
+            try:
+                async for piece in self._pieces(job, first):
+                    tokens = output.add(piece)
+                    if piece.text or tokens:
+                        content = ({"delta": {"content": piece.text}} if chat
+                                   else {"text": piece.text})
+                        yield chunk([choice(content, tokens)])
+            except APIError as e:
+                # The stream has begun (status 200): it still ends as every
+                # stream does, so that any client sees its end, then says why.
+                error = e
+                output.cut_short()
+                request.scope["mlxprog.ended"] = e.message
+            end = {"delta": {}} if chat else {"text": ""}
+            yield chunk([choice(end, None, output.finish_reason)])
+            if include_usage:
+                yield chunk([], output.usage)
+            if error is not None:
+                yield event(error.body())
+
+        return EventStream(events(), job, output)
+
+    async def _models(self, request: HTTPRequest) -> Response:
+        return json_response({"object": "list", "data": [self._model_card()]})
+
+    async def _model(self, request: HTTPRequest) -> Response:
+        name = request.path_params["model"]
+        if name != self.model_id:
+            raise APIError(404, f"the model {name!r} does not exist; this server has "
+                           f"{self.model_id!r}", "model", code="model_not_found")
+        return json_response(self._model_card())
+
+    async def _health(self, request: HTTPRequest) -> Response:
+        """``status`` "ok" (200) once the server serves, "loading" (503)
+        while it builds its programs; the model, and the scheduler's
+        :meth:`~mlxprog.llm.scheduler.Scheduler.stats`."""
+        ready = self.scheduler.ready.is_set()
+        return json_response({"status": "ok" if ready else "loading", "model": self.model_id,
+                              **self.scheduler.stats()}, 200 if ready else 503)
+
+    async def _metrics(self, request: HTTPRequest) -> Response:
+        """The scheduler's stats in Prometheus' text format."""
+        return Response(prometheus_text(self.scheduler.stats(), self.scheduler.ready.is_set()),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _model_card(self) -> dict[str, Any]:
+        # OpenAI's fields, then the quantized matmuls' numerics (clients
+        # ignore fields they do not know).
+        return {"id": self.model_id, "object": "model", "created": self.created,
+                "owned_by": "mlxprog", "numerics": self.llm.numerics}
+
+    # -- helpers ---------------------------------------------------------------
+    async def _body(self, request: HTTPRequest, model: type[T]) -> T:
+        """The request's JSON body, validated."""
+        raw = await self._read_body(request)
+        if not raw.strip():
+            raise APIError(400, "the request body is empty; send a JSON object")
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, f"the request body must be a JSON object, got {shown(data)}")
+        try:
+            body = model.model_validate(data)
+        except ValidationError as e:
+            raise invalid(e) from None
+        body.check_supported()
+        return body
+
+    async def _read_body(self, request: HTTPRequest) -> bytes:
+        """The request's body, if it arrives within the request timeout (else
+        a 408) and holds at most :data:`MAX_BODY_BYTES` (else a 413). Both
+        close the connection: the rest of the body would arrive for nothing."""
+        too_large = APIError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
+                             code="request_too_large", headers={"Connection": "close"})
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise too_large
+        parts: list[bytes] = []
+        size = 0
+
+        async def read() -> None:
+            nonlocal size
+            async for part in request.stream():
+                size += len(part)
+                if size > MAX_BODY_BYTES:
+                    raise too_large
+                parts.append(part)
+
+        try:
+            await asyncio.wait_for(read(), self.request_timeout)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within "
+                           f"{self.request_timeout:g} s (the server's request timeout)",
+                           code="request_timeout", headers={"Connection": "close"}) from None
+        except ClientDisconnect:
+            request.scope["mlxprog.ended"] = "the client disconnected"
+            raise ClientGone from None
+        return b"".join(parts)
+
+    async def _submit(self, request: HTTPRequest, prompt: Prompt, options: GenerationOptions,
+                      prompt_param: str) -> tuple[Job, Piece]:
+        """Submit a job; its first piece, once prefilled (an error raises, so
+        it gets its status code before any response starts)."""
+        job = Job(prompt, options, prompt_param, asyncio.get_running_loop())
+        self.scheduler.submit(job)
+        try:
+            return job, await self._or_disconnect(request, job, job.next())
+        except ClientGone:
+            admitted = job.request  # set once the scheduler has tokenized the prompt
+            if admitted is not None:
+                request.scope["mlxprog.usage"] = usage(len(admitted.ids), admitted.cached, 0)
+            raise
+
+    async def _or_disconnect(self, request: HTTPRequest, job: Job, work: Awaitable[T]) -> T:
+        """Await ``work``, unless the client disconnects first: then the job is
+        cancelled (freeing its row) and :class:`ClientGone` raises."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is stopping
+            task.cancel()
+            job.cancel()
+            raise
+        finally:
+            watch.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        job.cancel()
+        request.scope["mlxprog.ended"] = "the client disconnected"
+        raise ClientGone
+
+    @staticmethod
+    async def _pieces(job: Job, first: Piece) -> AsyncIterator[Piece]:
+        piece = first
+        yield piece
+        while piece.finish_reason is None:
+            piece = await job.next()
+            yield piece
+
+    async def _collect(self, job: Job, first: Piece, output: Output) -> None:
+        async for piece in self._pieces(job, first):
+            output.add(piece)
+
+    # -- errors ----------------------------------------------------------------
+    async def _api_error(self, request: HTTPRequest, exc: Exception) -> Response:
+        return error_response(exc)
+
+    async def _http_error(self, request: HTTPRequest, exc: Exception) -> Response:
+        """Starlette's own errors (unknown routes, wrong methods) in OpenAI's shape."""
+        method, path = request.method, request.url.path
+        if exc.status_code == 404:
+            message = f"there is no {method} {path}; this server has {', '.join(ENDPOINTS)}"
+            return error_response(APIError(404, message, code="not_found"))
+        if exc.status_code == 405:
+            allowed = exc.headers.get("Allow", "") if exc.headers else ""
+            return error_response(APIError(
+                405, f"{method} is not allowed on {path} (allowed: {allowed})",
+                code="method_not_allowed"), exc.headers)
+        return error_response(APIError(exc.status_code, exc.detail), exc.headers)
+
+    async def _client_gone(self, request: HTTPRequest, exc: Exception) -> Response:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+    async def _server_error(self, request: HTTPRequest, exc: Exception) -> Response:
+        # A bug: Starlette hands the exception on to uvicorn, which logs its traceback.
+        return error_response(APIError(500, f"the server failed: {type(exc).__name__}: {exc}"))

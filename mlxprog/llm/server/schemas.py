@@ -1,0 +1,230 @@
+"""The request bodies of the generation endpoints (pydantic models, strict
+as OpenAI's API), what they ask for as
+:class:`~mlxprog.llm.GenerationOptions`, and pydantic's first complaint
+worded as OpenAI's 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..config import ModelError
+from ..generate import MAX_TOP_LOGPROBS, GenerationOptions
+from ..scheduler import APIError
+
+#: OpenAI's default temperature; 0 is greedy.
+DEFAULT_TEMPERATURE = 1.0
+
+
+def shown(value: Any) -> str:
+    """A value a client sent, as JSON cut to 60 characters (for messages)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _param(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a field path: ``messages[0].content``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "greater than"),
+           "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
+
+
+def invalid(error: ValidationError) -> APIError:
+    """The first problem pydantic found, as a 400 naming the field."""
+    first = error.errors(include_url=False)[0]
+    param, kind, ctx = _param(first["loc"]), first["type"], first.get("ctx") or {}
+    if kind == "missing":
+        message = f"{param} is required"
+    elif kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        bound = ctx[key]  # a float field's bound is a float: 2.0 is shown as 2
+        bound_text = f"{bound:g}" if isinstance(bound, float) else bound
+        message = f"{param} must be {words} {bound_text}, got {shown(first['input'])}"
+    elif kind == "too_short":
+        message = f"{param} must not be empty"
+    elif kind == "literal_error":
+        message = f"{param} must be {ctx['expected']}, got {shown(first['input'])}"
+    elif kind == "value_error":
+        message = f"{param} {ctx['error']}"
+    else:  # "Input should be a valid integer" -> "max_tokens must be a valid integer"
+        text = re.sub(r" or instance of \w+", "", first["msg"])
+        message = re.sub(r"^Input should", f"{param} must", text)
+        if message == text:
+            message = f"{param}: {text}"
+    return APIError(400, message, param=param or None)
+
+
+# Strict types: a JSON string is no number and 1 is no boolean, as in OpenAI's
+# API; fields this server does not know are ignored, as OpenAI ignores them.
+_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class ChatMessage(BaseModel):
+    """One message of a chat: ``role`` and text ``content`` (a string, or
+    OpenAI's list of ``{"type": "text", "text": ...}`` parts, joined by line
+    breaks). ``developer`` is OpenAI's newer name for ``system``."""
+
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            texts = []
+            for i, part in enumerate(value):
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise ValueError(f"part {i} is not a text part ({{\"type\": \"text\", "
+                                     "\"text\": ...}); this server takes text only")
+                texts.append(part["text"])
+            return "\n".join(texts)
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string or a list of text parts, got {shown(value)}")
+        return value
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` sends a last chunk with the usage."""
+
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class GenerationBody(BaseModel):
+    """The fields chat and text completions share."""
+
+    model_config = _STRICT
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)  # OpenAI's: a 64-bit integer
+    stop: list[str] = []
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Any] | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return value
+        raise ValueError(f"must be a string or a list of strings, got {shown(value)}")
+
+    def check_supported(self) -> None:
+        """Reject what OpenAI accepts but this server cannot honour (rather than
+        silently ignore)."""
+        if self.n not in (None, 1):
+            raise APIError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise APIError(400, f"{name} is not supported (use repetition_penalty)", name)
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", "logit_bias")
+
+    def options(self, max_tokens: int, logprobs: bool, top_logprobs: int,
+                chat: bool) -> GenerationOptions:
+        """The generation options the body asks for. Without a ``seed`` each
+        request draws one, so that sampling differs between requests."""
+        seed = secrets.randbits(64) if self.seed is None else self.seed % 2**64
+        try:
+            return GenerationOptions(
+                max_tokens=max_tokens, logprobs=logprobs, top_logprobs=top_logprobs,
+                chat=chat, seed=seed,
+                temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k,
+                min_p=self.min_p or 0.0, repetition_penalty=self.repetition_penalty,
+                stop=self.stop)
+        except ModelError as e:  # the options' own rules, past the checks above
+            name = str(e).split()[0]
+            raise APIError(400, str(e), name if name in type(self).model_fields else None) from None
+
+
+class ChatCompletionBody(GenerationBody):
+    """A ``POST /v1/chat/completions`` body."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        """As for every generation, and: no tools, text responses only,
+        ``top_logprobs`` only with ``logprobs``."""
+        super().check_supported()
+        if self.tools:
+            raise APIError(400, "tools are not supported", "tools")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise APIError(400, "response_format: only {\"type\": \"text\"} is supported",
+                           "response_format")
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+
+    def prompt(self) -> list[dict[str, str]]:
+        """The messages, as the chat template takes them."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
+                for m in self.messages]
+
+
+class CompletionBody(GenerationBody):
+    """A ``POST /v1/completions`` body: ``prompt`` is text or token ids (one
+    prompt: a list holding one is unwrapped); ``logprobs`` is the number of
+    alternatives to report per token."""
+
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
+            if len(value) > 1:
+                raise ValueError(f"must be one prompt (this server answers one per request), "
+                                 f"got {len(value)}")
+            value = value[0]
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(type(v) is int for v in value):
+            if not value:
+                raise ValueError("must not be empty")
+            return value
+        raise ValueError(f"must be a string or a list of token ids, got {shown(value)}")
+
+    def check_supported(self) -> None:
+        """As for every generation, and: no ``echo``, ``suffix`` or ``best_of``."""
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "echo is not supported", "echo")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise APIError(400, f"best_of must be 1, got {self.best_of}", "best_of")
