@@ -29,9 +29,10 @@ from .config import AUTO_NUMERICS, NUMERICS, Checkpoint, ModelError, is_int, res
 from .engine import Engine, Generation, Piece, Request, run
 from .model_files import is_exported, load_checkpoint
 from .programs import (
-    DecodeLoopInputs, ModelSpec, Picking, PrefillInputs, Sampling, build_decode,
-    build_decode_loop, build_pick, build_prefill,
+    DecodeLoopInputs, Picking, PrefillInputs, Sampling, build_decode, build_decode_loop,
+    build_pick, build_prefill,
 )
+from .spec import ModelSpec
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_CACHE_STEP = 128

@@ -1,9 +1,11 @@
 """Tokenizers for llama-family models, built with the ``tokenizers`` library.
 
-:meth:`Tokenizer.from_gguf_metadata` rebuilds a byte-level BPE tokenizer from a
-GGUF file's ``tokenizer.ggml.*`` metadata the way llama.cpp tokenizes (the
-pre-tokenizer is chosen by ``tokenizer.ggml.pre``); :meth:`Tokenizer.from_hf`
-reads a Hugging Face ``tokenizer.json``. Chat templates are rendered with a
+:meth:`Tokenizer.from_gguf_metadata` rebuilds the tokenizer a GGUF file's
+``tokenizer.ggml.*`` metadata describes, tokenizing as llama.cpp does: byte-level
+BPE (``tokenizer.ggml.model`` "gpt2"; the pre-tokenizer is chosen by
+``tokenizer.ggml.pre``) or a SentencePiece vocabulary ("llama": Gemma, Llama 2;
+see :func:`_sentencepiece_backend`); :meth:`Tokenizer.from_hf` reads a Hugging
+Face ``tokenizer.json``. Chat templates are rendered with a
 sandboxed jinja2 environment, and :class:`StreamingDecoder` turns a stream of
 token ids into text pieces that never split a UTF-8 character.
 """
@@ -18,13 +20,15 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
 from .config import ModelError, metadata_value
 
 # GGUF token types (llama.cpp's llama_token_type).
-_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+#: SentencePiece's whitespace symbol (U+2581).
+_SPM_SPACE = "\u2581"
 
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -58,6 +62,91 @@ _PRE_TOKENIZERS = {
 }
 
 
+def _byte_level_backend(metadata: Mapping[str, Any], tokens: list[str],
+                        token_types: list[int]) -> Backend:
+    """``tokenizer.ggml.model`` "gpt2": byte-level BPE with the merges of
+    ``tokenizer.ggml.merges`` and llama.cpp's pre-tokenizer for
+    ``tokenizer.ggml.pre``."""
+    pre = metadata_value(metadata.get("tokenizer.ggml.pre"))
+    if pre not in _PRE_TOKENIZERS:
+        raise ModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: "
+                         + ", ".join(sorted(_PRE_TOKENIZERS)))
+    make_pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
+    try:
+        merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
+    except KeyError as e:
+        raise ModelError(f"GGUF tokenizer metadata lacks {e.args[0]}") from None
+    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                 ignore_merges=ignore_merges))
+    backend.pre_tokenizer = make_pre_tokenizer()
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_merges(tokens: list[str], scores: list[float],
+                          token_types: list[int]) -> list[tuple[str, str]]:
+    """BPE merges that reproduce llama.cpp's SentencePiece tokenizer: it
+    repeatedly merges the adjacent pair whose concatenation is the
+    best-scored vocabulary token (leftmost on ties). Every split of a token
+    into two vocabulary pieces is a merge, ranked by the token's score;
+    ties as Hugging Face's converter orders them (``generate_merges``:
+    longer left, then longer right piece, then token and piece ids).
+    Control, unknown, byte and user-defined tokens are not merge results
+    (they are matched whole, or stand for bytes)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    mergeable = (_NORMAL, _UNUSED)
+    candidates = []
+    for i, token in enumerate(tokens):
+        if len(token) < 2 or token_types[i] not in mergeable or vocab[token] != i:
+            continue
+        local = [(vocab[token[:k]], vocab[token[k:]], token[:k], token[k:])
+                 for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
+        if len(local) > 1:
+            local.sort()
+        candidates += [(scores[i], left, right) for _, _, left, right in local]
+    candidates.sort(key=lambda m: (-m[0], -len(m[1]), -len(m[2])))
+    return [(left, right) for _, left, right in candidates]
+
+
+def _sentencepiece_backend(metadata: Mapping[str, Any], tokens: list[str],
+                           token_types: list[int]) -> Backend:
+    """``tokenizer.ggml.model`` "llama": a SentencePiece vocabulary (tokens
+    with ``\u2581`` for spaces, ``tokenizer.ggml.scores``, byte-fallback
+    tokens ``<0xNN>``) tokenized as llama.cpp's SPM tokenizer and Hugging
+    Face's ``GemmaTokenizerFast`` / ``LlamaTokenizerFast`` do: spaces become
+    ``\u2581`` (after a ``\u2581`` prefix when
+    ``tokenizer.ggml.add_space_prefix``, llama.cpp's default; Gemma's files
+    turn it off), no pre-tokenization, a score-ranked BPE
+    (:func:`_sentencepiece_merges`) and characters outside the vocabulary as
+    their UTF-8 byte tokens. Decoding turns ``\u2581`` back into spaces (less
+    the prefix space) and byte tokens into bytes."""
+    scores = metadata_value(metadata.get("tokenizer.ggml.scores"))
+    scores = [0.0] * len(tokens) if scores is None else [float(x) for x in scores]
+    if len(scores) != len(tokens):
+        raise ModelError(f"GGUF tokenizer metadata: {len(scores)} scores for "
+                         f"{len(tokens)} tokens")
+    unk_id = metadata_value(metadata.get("tokenizer.ggml.unknown_token_id"))
+    if unk_id is None:
+        unk_id = next((i for i, t in enumerate(token_types) if t == _UNKNOWN), None)
+    unk = tokens[int(unk_id)] if unk_id is not None and 0 <= int(unk_id) < len(tokens) else None
+    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                                 merges=_sentencepiece_merges(tokens, scores, token_types),
+                                 unk_token=unk, fuse_unk=True, byte_fallback=True))
+    space_prefix = metadata_value(metadata.get("tokenizer.ggml.add_space_prefix"))
+    space_prefix = True if space_prefix is None else bool(space_prefix)
+    replace = normalizers.Replace(" ", _SPM_SPACE)
+    backend.normalizer = (normalizers.Sequence([normalizers.Prepend(_SPM_SPACE), replace])
+                          if space_prefix else replace)
+    steps = [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if space_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+_GGUF_MODELS = {"gpt2": _byte_level_backend, "llama": _sentencepiece_backend}
+
+
 class Tokenizer:
     """Text <-> token ids, chat templates and streaming detokenization.
 
@@ -76,28 +165,23 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         """Build the tokenizer described by a GGUF file's metadata (as returned by
-        ``mx.load(path, return_metadata=True)``)."""
+        ``mx.load(path, return_metadata=True)``): ``tokenizer.ggml.model``
+        "gpt2" (byte-level BPE) or "llama" (SentencePiece)."""
         model = metadata_value(metadata.get("tokenizer.ggml.model"))
-        if model != "gpt2":
-            raise ModelError(f"GGUF tokenizer model {model!r} is not supported "
-                             "(only byte-level BPE, 'gpt2')")
-        pre = metadata_value(metadata.get("tokenizer.ggml.pre"))
-        if pre not in _PRE_TOKENIZERS:
-            raise ModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: "
-                             + ", ".join(sorted(_PRE_TOKENIZERS)))
-        make_pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
+        if model not in _GGUF_MODELS:
+            raise ModelError(f"GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not "
+                             "supported; supported: 'gpt2' (byte-level BPE), 'llama' "
+                             "(SentencePiece)")
         try:
             tokens = list(metadata["tokenizer.ggml.tokens"])
-            merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
         except KeyError as e:
             raise ModelError(f"GGUF tokenizer metadata lacks {e.args[0]}") from None
         token_types = metadata_value(metadata.get("tokenizer.ggml.token_type"))
-        token_types = [1] * len(tokens) if token_types is None else token_types
-
-        backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                     ignore_merges=ignore_merges))
-        backend.pre_tokenizer = make_pre_tokenizer()
-        backend.decoder = decoders.ByteLevel()
+        token_types = [_NORMAL] * len(tokens) if token_types is None else token_types
+        if len(token_types) != len(tokens):
+            raise ModelError(f"GGUF tokenizer metadata: {len(token_types)} token types for "
+                             f"{len(tokens)} tokens")
+        backend = _GGUF_MODELS[model](metadata, tokens, token_types)
         backend.add_special_tokens([
             AddedToken(tokens[i], special=True, normalized=False)
             for i, t in enumerate(token_types) if t in (_UNKNOWN, _CONTROL)])
@@ -108,12 +192,14 @@ class Tokenizer:
             value = metadata_value(metadata.get(f"tokenizer.ggml.{key}"))
             return None if value is None else int(value)
 
-        def flag(key: str) -> bool:
-            return bool(metadata_value(metadata.get(f"tokenizer.ggml.{key}")))
+        def flag(key: str, default: bool) -> bool:
+            value = metadata_value(metadata.get(f"tokenizer.ggml.{key}"))
+            return default if value is None else bool(value)
 
         bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
-        prefix = [bos] if bos is not None and flag("add_bos_token") else []
-        suffix = [eos] if eos is not None and flag("add_eos_token") else []
+        # llama.cpp's defaults: SentencePiece vocabularies add BOS, BPE ones not.
+        prefix = [bos] if bos is not None and flag("add_bos_token", model == "llama") else []
+        suffix = [eos] if eos is not None and flag("add_eos_token", False) else []
         if prefix or suffix:
             backend.post_processor = processors.TemplateProcessing(
                 single=" ".join([tokens[i] for i in prefix] + ["$A"] + [tokens[i] for i in suffix]),

@@ -194,8 +194,9 @@ def test_gguf_tokenizer_errors():
     with pytest.raises(ModelError, match="pre-tokenizer 'mystery' is not supported"):
         Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata("mystery"))
     meta = tiny_tokenizer_metadata()
-    meta["tokenizer.ggml.model"] = "llama"
-    with pytest.raises(ModelError, match="tokenizer model 'llama' is not supported"):
+    meta["tokenizer.ggml.model"] = "bert"  # "llama" (SentencePiece): test_tokenizer_spm.py
+    with pytest.raises(ModelError, match=r"tokenizer model 'bert' \(tokenizer\.ggml\.model\) "
+                                         "is not supported"):
         Tokenizer.from_gguf_metadata(meta)
     meta = tiny_tokenizer_metadata()
     del meta["tokenizer.ggml.merges"]

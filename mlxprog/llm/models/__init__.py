@@ -2,20 +2,26 @@
 :mod:`.qwen3`, :mod:`.gemma2`, :mod:`.gemma3_text`, :mod:`.phi3`. Each
 defines a :class:`~.base.Family`; this package finds the family of a
 ``config.json`` ``model_type``, a GGUF architecture or a loaded config.
-Adding a family is one new module listed in ``_MODULES`` (see
+Every module here but :mod:`.base` is a family (it defines ``FAMILY``),
+found when the package is imported: adding a family is one new module (see
 docs/contributing.md)."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from ..config import ModelConfig, ModelError
 from .base import Family
 
-_MODULES = ("llama", "qwen3", "gemma2", "gemma3_text", "phi3")
+
+def _family_modules() -> list[str]:
+    """Every module of this package but :mod:`.base`: each defines a family."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base")
+
 
 FAMILIES: dict[str, Family] = {}
-for _module in _MODULES:
+for _module in _family_modules():
     _family = importlib.import_module(f"{__name__}.{_module}").FAMILY
     FAMILIES[_family.name] = _family
 

@@ -1,12 +1,17 @@
 """The llama family (Llama, Mistral, Qwen2) against mlx-lm, from tiny
-checkpoints mlx-lm writes and loads itself."""
+checkpoints mlx-lm writes and loads itself; and the GGUF files llama.cpp's
+converter would make of them against the checkpoints."""
 
 from __future__ import annotations
 
+import json
+
+import mlx.core as mx
+import numpy as np
 import pytest
-from family_checks import (TINY_CONFIG, check_batch_and_prompt_cache,
-                           check_greedy_matches_mlx_lm, check_logits_match_mlx_lm,
-                           write_checkpoint)
+from family_checks import (PROMPT_IDS, TINY_CONFIG, check_batch_and_prompt_cache,
+                           check_greedy_matches_mlx_lm, check_logits_match_mlx_lm, load_tiny,
+                           program_logits, write_checkpoint)
 
 pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
 
@@ -36,3 +41,30 @@ def test_greedy_tokens_match_mlx_lm(checkpoint):
 
 def test_batch_and_prompt_cache_match_single_generation(checkpoint):
     check_batch_and_prompt_cache(checkpoint)
+
+
+def test_gguf_logits_match_the_hf_checkpoint(checkpoint, tmp_path):
+    """The float32 GGUF llama.cpp's converter would write of the checkpoint
+    (:func:`gguf_writer.write_gguf_from_hf`: the gguf package's own tensor
+    names and metadata keys) gives the checkpoint's logits, prefill and
+    decode steps. Llama's (and Mistral's) Q/K rows are permuted into the
+    interleaved RoPE layout, which the loader must undo by rotating
+    traditionally; Qwen2's keep the half-split layout."""
+    pytest.importorskip("gguf", reason="gguf (llama.cpp's package, test-only) is not installed")
+    from gguf_writer import write_gguf_from_hf
+
+    path = write_gguf_from_hf(checkpoint, tmp_path / "model.gguf")
+    model_type = json.loads((checkpoint / "config.json").read_text())["model_type"]
+    interleaved = model_type in ("llama", "mistral")
+    tensors = mx.load(str(path))
+    hf = mx.load(str(checkpoint / "model.safetensors"))
+    q_same = np.array_equal(np.array(tensors["blk.0.attn_q.weight"]),
+                            np.array(hf["model.layers.0.self_attn.q_proj.weight"]))
+    assert q_same != interleaved  # the converter permuted the rows, or kept them
+    llm = load_tiny(path)
+    assert llm.config.rope_traditional == interleaved
+    continuation = [5, 77, 200, 9, 31, 150]
+    expected = program_logits(load_tiny(checkpoint), PROMPT_IDS, continuation)
+    ours = program_logits(llm, PROMPT_IDS, continuation)
+    assert np.abs(expected).max() > 1  # not trivially small
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,103 @@
+"""The qwen3 family: Qwen3 (the dense models).
+
+Qwen2's decoder without the q/k/v biases, plus an RMS norm over each query
+and key head (``self_attn.q_norm`` / ``k_norm``, weight ``[head_dim]``)
+between the projection and RoPE. ``head_dim`` is explicit and need not be
+``hidden_size / num_attention_heads`` (Qwen3-0.6B: 128 against 1024 / 16).
+llama.cpp's converter keeps the Hugging Face half-split RoPE layout for
+Qwen3's Q/K rows (NEOX, as for Qwen2), so GGUF files are not
+``traditional``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..config import ModelConfig, ModelError
+from .base import Family, GGUFMetadata, HFConfig, Weight
+from .llama import LlamaDecoder, decoder_weights, reject_sliding_window, rope_scaling_from_hf
+
+if TYPE_CHECKING:
+    from ...builder import Value
+
+
+def _head_norm(kind: str) -> Weight:
+    """The per-head RMS norm of the ``kind`` ("q" or "k") heads: one
+    ``[head_dim]`` weight every head (and every rank) shares."""
+    return Weight(f"layers.{{i}}.self_attn.{kind}_norm", lambda c: (c.head_dim,),
+                  hf=f"model.layers.{{i}}.self_attn.{kind}_norm",
+                  gguf=f"blk.{{i}}.attn_{kind}_norm", matrix=False)
+
+
+_WEIGHTS = decoder_weights() + (_head_norm("q"), _head_norm("k"))
+
+
+class Qwen3Family(Family):
+    """Qwen3 (see the module docstring)."""
+
+    name = "qwen3"
+    hf_model_types = ("qwen3",)
+    gguf_architectures = ("qwen3",)
+
+    def config_from_hf(self, hf: HFConfig) -> ModelConfig:
+        """Qwen3 ``config.json``: SiLU only, no projection biases, no sliding
+        window shorter than the context; RoPE scaling none or linear."""
+        hf.choice("hidden_act", ("silu",), "silu")
+        # Hugging Face's Qwen3 puts this bias on q, k, v and o; no released
+        # Qwen3 has one.
+        hf.reject("attention_bias", "projection biases")
+        fields = hf.common()
+        # Unlike Mistral's, Qwen3's window is off unless use_sliding_window
+        # turns it on (its configs often name a window they do not use).
+        if hf.get("use_sliding_window", False):
+            reject_sliding_window(hf, fields["context_length"])
+        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                            allowed=("default", "linear"))
+        return ModelConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs)
+
+    def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
+        """Qwen3 GGUF metadata: full-width RoPE in the half-split layout,
+        linear scaling at most."""
+        fields = gguf.common()
+        head_dim = fields["head_dim"]
+        dims = int(gguf.get("rope.dimension_count", head_dim))
+        if dims != head_dim:
+            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
+                             f"dimension_count {dims} of head_dim {head_dim}) is not supported "
+                             "by the qwen3 family")
+        return ModelConfig(**fields, family=self.name, rope_traditional=False,
+                           rope_scale=gguf.linear_rope_scale())
+
+    def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
+        """The llama layout without biases, plus the per-head q/k norms."""
+        return _WEIGHTS
+
+
+class Qwen3Decoder(LlamaDecoder):
+    """The llama forward pass with q and k normed per head before RoPE."""
+
+    # The fused attention block and whole-layer op rotate the projection's
+    # output directly: they have no place for the per-head norms.
+    fused_attention = False
+
+    def qkv(self, sb, i: int, x: Value, T, rope_offset) -> tuple[Value, Value, Value]:
+        """Layer ``i``'s queries, keys and values of the normed ``x``
+        (``[B, heads, T, D]``): q and k normed over each head, then
+        rotated. With the fused projection, one matmul split three ways."""
+        p = f"layers.{i}.self_attn"
+        heads, kv_heads = self.shard.num_heads, self.shard.num_kv_heads
+        if f"{p}.qkv_proj" in self.spec.fused:
+            y = self.heads(sb, self.linear(sb, f"{p}.qkv_proj", x), heads + 2 * kv_heads, T)
+            q, k, v = sb.split(y, indices_or_sections=[heads, heads + kv_heads], axis=1)
+        else:
+            q = self.heads(sb, self.linear(sb, f"{p}.q_proj", x), heads, T)
+            k = self.heads(sb, self.linear(sb, f"{p}.k_proj", x), kv_heads, T)
+            v = self.heads(sb, self.linear(sb, f"{p}.v_proj", x), kv_heads, T)
+        rope = self.rope_settings(i)
+        q = self.rope(sb, self.norm(sb, f"{p}.q_norm.weight", q), rope_offset, **rope)
+        k = self.rope(sb, self.norm(sb, f"{p}.k_norm.weight", k), rope_offset, **rope)
+        return q, k, v
+
+
+Qwen3Family.decoder = Qwen3Decoder
+FAMILY = Qwen3Family()
