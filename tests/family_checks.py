@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 import mlxprog as mp
 from mlxprog.llm import LLM, load
+from mlxprog.llm.generate import program_numerics
 from mlxprog.llm.programs import (DecodeInputs, LogitsOutputs, PrefillInputs,
                                   build_decode, build_prefill)
 
@@ -94,16 +95,26 @@ def load_tiny(directory: Path, **options) -> LLM:
     return load(directory, max_length=MAX_LENGTH, **options)
 
 
-def program_logits(llm: LLM, prompt: list[int], continuation: list[int] = ()) -> np.ndarray:
-    """mlxprog's logits after ``prompt`` (prefill program) and after each
-    ``continuation`` token (a decode step each), [1 + len(continuation), V]."""
+_PROGRAMS: dict[tuple[LLM, int], tuple] = {}
+
+
+def program_logits(llm: LLM, prompt: list[int], continuation: list[int] = (),
+                   max_length: int = MAX_LENGTH) -> np.ndarray:
+    """mlxprog's logits after ``prompt`` (the prefill program) and after
+    each ``continuation`` token (a decode step each), [1 + len(continuation),
+    V], from the step programs built with ``sampling=None`` and the numerics
+    ``llm.generate`` runs them with, on caches of ``max_length`` slots."""
     c = llm.config
-    captures = llm.spec.captures(llm.checkpoint)
-    prefill = mp.compile(build_prefill(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
-    decode = mp.compile(build_decode(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
-    key_mask = mx.ones((1, MAX_LENGTH), dtype=mx.bool_)
+    if (llm, max_length) not in _PROGRAMS:
+        captures = llm.spec.captures(llm.checkpoint)
+        _PROGRAMS[llm, max_length] = tuple(
+            mp.compile(build(llm.spec, max_length, sampling=None,
+                             numerics=program_numerics(kind, llm.numerics)), captures=captures)
+            for kind, build in (("prefill", build_prefill), ("decode", build_decode)))
+    prefill, decode = _PROGRAMS[llm, max_length]
+    key_mask = mx.ones((1, max_length), dtype=mx.bool_)
     key = mx.random.key(0)
-    caches = tuple(mx.zeros((1, c.num_kv_heads, MAX_LENGTH, c.head_dim), dtype=mx.float32)
+    caches = tuple(mx.zeros((1, c.num_kv_heads, max_length, c.head_dim), dtype=mx.float32)
                    for _ in range(2 * c.num_layers))
     out = LogitsOutputs.of(prefill(**PrefillInputs(
         tokens=mx.array([prompt], dtype=mx.int32),
@@ -159,3 +170,19 @@ def check_batch_and_prompt_cache(directory: Path) -> None:
     cache = llm.cache_prompt(PROMPT_IDS[:20])
     reused = llm.generate(PROMPT_IDS, prompt_cache=cache, max_tokens=10, chat=False)
     assert reused.tokens == singles[0]
+
+
+class MlxLmParity:
+    """The checks above as tests: a family's test module defines a
+    ``checkpoint`` fixture (the tiny checkpoint directories, one per
+    config) and ``class TestMlxLmParity(MlxLmParity)``, which collects these
+    for every checkpoint."""
+
+    def test_logits_match_mlx_lm(self, checkpoint):
+        check_logits_match_mlx_lm(checkpoint)
+
+    def test_greedy_tokens_match_mlx_lm(self, checkpoint):
+        check_greedy_matches_mlx_lm(checkpoint)
+
+    def test_batch_and_prompt_cache_match_single_generation(self, checkpoint):
+        check_batch_and_prompt_cache(checkpoint)

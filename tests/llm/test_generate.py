@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+import family_checks
 from llm_fixtures import CHAT_PROMPT, smollm_path, write_gguf, write_hf
 from llm_reference import KVCache, ReferenceModel, greedy_generate
 
@@ -78,23 +79,7 @@ def weight_files(path: Path) -> Path | list[Path]:
 def program_logits(llm: LLM, prompt: list[int], continuation: list[int]) -> np.ndarray:
     """Logits after ``prompt`` (prefill program) and after each ``continuation``
     token (one decode step each), from the programs built with ``sampling=None``."""
-    c = llm.config
-    captures = llm.spec.captures(llm.checkpoint)
-    prefill = mp.compile(build_prefill(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
-    decode = mp.compile(build_decode(llm.spec, MAX_LENGTH, sampling=None), captures=captures)
-    key_mask = mx.ones((1, MAX_LENGTH), dtype=mx.bool_)
-    key = mx.random.key(0)
-    out = LogitsOutputs.of(prefill(**prompt_inputs(
-        prompt, key_mask, empty_caches(c, 1, MAX_LENGTH)).by_name()))
-    steps = [out.logits[0]]
-    for position, token in enumerate(continuation, start=len(prompt)):
-        out = LogitsOutputs.of(decode(**DecodeInputs(
-            tokens=mx.array([token], dtype=mx.int32),
-            rope_offset=mx.array([position], dtype=mx.int32),
-            cache_offset=mx.array(position, dtype=mx.int32), key_mask=key_mask, key=key,
-            caches=out.caches).by_name()))
-        steps.append(out.logits[0])
-    return np.array(mx.stack(steps))
+    return family_checks.program_logits(llm, prompt, continuation, max_length=MAX_LENGTH)
 
 
 def prompt_inputs(prompt: list[int], key_mask: mx.array,

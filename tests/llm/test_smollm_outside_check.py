@@ -46,19 +46,15 @@ import re
 import sys
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for --regenerate
 
+from family_checks import program_logits  # noqa: E402
 from llm_fixtures import smollm_path  # noqa: E402
 
-import mlxprog as mp  # noqa: E402
 from mlxprog.llm import LLM, load  # noqa: E402
-from mlxprog.llm.generate import program_numerics  # noqa: E402
-from mlxprog.llm.programs import (DecodeInputs, LogitsOutputs, PrefillInputs,  # noqa: E402
-                                  build_decode, build_prefill)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "smollm2_llama_cpp_greedy.json"
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
@@ -73,39 +69,10 @@ NEAR_TIE = 0.5
 ROBUST_GAP = 0.1
 
 
-_PROGRAMS: dict[LLM, tuple] = {}
-
-
 def teacher_forced_logits(llm: LLM, prompt: list[int], continuation: list[int]) -> np.ndarray:
-    """mlxprog's logits after ``prompt`` (the prefill program) and after each
-    token of ``continuation`` (decode steps), with the programs' numerics as
-    ``llm.generate`` runs them: [1 + len(continuation), V]."""
-    c = llm.config
-    if llm not in _PROGRAMS:
-        captures = llm.spec.captures(llm.checkpoint)
-        _PROGRAMS[llm] = tuple(
-            mp.compile(build(llm.spec, MAX_LENGTH, sampling=None,
-                             numerics=program_numerics(kind, llm.numerics)), captures=captures)
-            for kind, build in (("prefill", build_prefill), ("decode", build_decode)))
-    prefill, decode = _PROGRAMS[llm]
-    key_mask = mx.ones((1, MAX_LENGTH), dtype=mx.bool_)
-    key = mx.random.key(0)
-    caches = tuple(mx.zeros((1, c.num_kv_heads, MAX_LENGTH, c.head_dim), dtype=mx.float32)
-                   for _ in range(2 * c.num_layers))
-    out = LogitsOutputs.of(prefill(**PrefillInputs(
-        tokens=mx.array([prompt], dtype=mx.int32),
-        last_index=mx.array([len(prompt) - 1], dtype=mx.int32),
-        rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
-        key_mask=key_mask, key=key, caches=caches).by_name()))
-    steps = [out.logits[0]]
-    for position, token in enumerate(continuation, start=len(prompt)):
-        out = LogitsOutputs.of(decode(**DecodeInputs(
-            tokens=mx.array([token], dtype=mx.int32),
-            rope_offset=mx.array([position], dtype=mx.int32),
-            cache_offset=mx.array(position, dtype=mx.int32), key_mask=key_mask, key=key,
-            caches=out.caches).by_name()))
-        steps.append(out.logits[0])
-    return np.array(mx.stack(steps))
+    """mlxprog's logits after ``prompt`` and after each token of
+    ``continuation``, with the numerics ``llm.generate`` runs."""
+    return program_logits(llm, prompt, continuation, max_length=MAX_LENGTH)
 
 
 def robust_agreement(ours: list[int], theirs: list[int], logits: np.ndarray) -> int:

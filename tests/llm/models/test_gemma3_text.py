@@ -13,9 +13,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
-from family_checks import (TINY_CONFIG, check_batch_and_prompt_cache,
-                           check_greedy_matches_mlx_lm, check_logits_match_mlx_lm,
-                           write_checkpoint)
+from family_checks import MlxLmParity, TINY_CONFIG, write_checkpoint
 
 from mlxprog.llm import ModelError
 from mlxprog.llm.hf import config_from_hf
@@ -52,16 +50,9 @@ def checkpoint(request, tmp_path_factory):
     return write(tmp_path_factory.mktemp(request.param), CONFIGS[request.param])
 
 
-def test_logits_match_mlx_lm(checkpoint):
-    check_logits_match_mlx_lm(checkpoint)
-
-
-def test_greedy_tokens_match_mlx_lm(checkpoint):
-    check_greedy_matches_mlx_lm(checkpoint)
-
-
-def test_batch_and_prompt_cache_match_single_generation(checkpoint):
-    check_batch_and_prompt_cache(checkpoint)
+class TestMlxLmParity(MlxLmParity):
+    """Logits, greedy tokens, batches and prompt caches against mlx-lm, for
+    every config."""
 
 
 def test_config_reads_gemma3_settings():

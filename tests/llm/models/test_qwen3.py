@@ -10,8 +10,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from family_checks import (MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, check_batch_and_prompt_cache,
-                           check_greedy_matches_mlx_lm, check_logits_match_mlx_lm, load_tiny,
+from family_checks import (MlxLmParity, MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, load_tiny,
                            program_logits, write_checkpoint)
 
 from mlxprog.llm import ModelError, load
@@ -33,16 +32,9 @@ def checkpoint(request, tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp(request.param), CONFIGS[request.param])
 
 
-def test_logits_match_mlx_lm(checkpoint):
-    check_logits_match_mlx_lm(checkpoint)
-
-
-def test_greedy_tokens_match_mlx_lm(checkpoint):
-    check_greedy_matches_mlx_lm(checkpoint)
-
-
-def test_batch_and_prompt_cache_match_single_generation(checkpoint):
-    check_batch_and_prompt_cache(checkpoint)
+class TestMlxLmParity(MlxLmParity):
+    """Logits, greedy tokens, batches and prompt caches against mlx-lm, for
+    every config."""
 
 
 def test_gguf_gives_the_checkpoints_logits(checkpoint, tmp_path):
