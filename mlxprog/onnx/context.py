@@ -1,0 +1,190 @@
+"""What a converter sees of the node it converts: :class:`Context`.
+
+A converter reads the node's attributes (:meth:`Context.attr`) and inputs,
+either as builder values (:meth:`Context.input`) or, where they are known
+at import, as NumPy arrays (:meth:`Context.constant`: initializers,
+``Constant`` nodes and everything folded from them, shape computations
+included), and emits instructions on :attr:`Context.b`. Errors go through
+:meth:`Context.fail`, which names the node.
+
+Shapes known at import may hold symbolic dims: :meth:`Context.shape` gives
+an int per static dim and the dim's name (a ``dim_param`` of the graph's
+inputs, or an expression of them) per symbolic one, and the shape
+computations of such dims (``Shape``, ``Gather``, ``Concat`` ...) fold to
+NumPy *object* arrays holding those names, which ``reshape``/``broadcast_to``
+attributes take as they are. :meth:`Context.static` insists on integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..arrays import name_of
+from ..errors import ProgramError
+
+if TYPE_CHECKING:
+    from ..builder import Value
+    from .importer import Scope
+
+
+class OnnxImportError(ProgramError):
+    """An ONNX model cannot be imported: an unsupported op or attribute, an
+    input the importer needs at import time that is not constant, or a
+    malformed graph. The message names the node (index, name, op type, and
+    the subgraph it is in)."""
+
+
+@dataclass(frozen=True)
+class ChannelsLast:
+    """A converter's result held channels-last (``[N, *spatial, C]``, the
+    layout of MLX's convolutions and pools) for a logically channels-first
+    (``[N, C, *spatial]``, ONNX's) tensor: the next convolution reads it as
+    it is, so a chain of convolutions needs no transpose pair between each
+    two; any other reader gets it transposed back once."""
+
+    value: Value
+
+
+_REQUIRED = object()
+
+
+class Context:
+    """One node being converted, in its graph's :class:`~.importer.Scope`."""
+
+    def __init__(self, scope: Scope, node: onnx.NodeProto, index: int):
+        self.scope = scope
+        self.node = node
+        self.index = index
+        #: The builder scope the node's instructions go into.
+        self.b = scope.b
+        #: The model's opset of the default ONNX domain.
+        self.opset = scope.opset
+
+    # -- where, and failing ----------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        """The node as errors name it: ``node 12 'conv1' (Conv)``, with its
+        subgraph path (``graph / node 3 'loop' (Loop) body / ...``)."""
+        name = f" {self.node.name!r}" if self.node.name else ""
+        return f"{self.scope.path}node {self.index}{name} ({self.node.op_type})"
+
+    def fail(self, message: str) -> OnnxImportError:
+        """An :class:`OnnxImportError` naming the node; ``raise ctx.fail(...)``."""
+        return OnnxImportError(f"{self.where}: {message}")
+
+    # -- attributes ----------------------------------------------------------------
+
+    def attr(self, name: str, default: Any = _REQUIRED) -> Any:
+        """Attribute ``name`` as Python: ints, floats, strings (decoded),
+        lists, tensors as NumPy arrays, graphs as ``GraphProto``; without
+        ``default`` a missing attribute is an error naming it."""
+        for a in self.node.attribute:
+            if a.name == name:
+                value = helper.get_attribute_value(a)
+                if isinstance(value, bytes):
+                    return value.decode("utf-8")
+                if isinstance(value, onnx.TensorProto):
+                    return onnx.numpy_helper.to_array(value)
+                if isinstance(value, list) and value and isinstance(value[0], bytes):
+                    return [v.decode("utf-8") for v in value]
+                return value
+        if default is _REQUIRED:
+            raise self.fail(f"attribute {name!r} is required")
+        return default
+
+    def choice(self, name: str, allowed: tuple, default: Any = _REQUIRED) -> Any:
+        """Attribute ``name``, which must be one of ``allowed``."""
+        value = self.attr(name, default)
+        if value not in allowed:
+            raise self.fail(f"attribute {name}={value!r} is not supported "
+                            f"(supported: {', '.join(map(repr, allowed))})")
+        return value
+
+    # -- inputs ----------------------------------------------------------------------
+
+    @property
+    def num_inputs(self) -> int:
+        """How many inputs the node lists (trailing optional ones it leaves
+        out are not counted; one it skips in the middle is ``""``)."""
+        return len(self.node.input)
+
+    def has_input(self, i: int) -> bool:
+        """Whether optional input ``i`` is given."""
+        return i < len(self.node.input) and self.node.input[i] != ""
+
+    def _name(self, i: int) -> str:
+        if not self.has_input(i):
+            raise self.fail(f"input {i} is required")
+        return self.node.input[i]
+
+    def input(self, i: int) -> Value:
+        """Input ``i`` as a builder value, in ONNX's layout (a constant is
+        declared on first use; a channels-last value is transposed back)."""
+        return self.scope.value(self._name(i), self)
+
+    def input_channels_last(self, i: int) -> Value:
+        """Input ``i`` (``[N, C, *spatial]``) as ``[N, *spatial, C]``: a
+        converter result held that way is read as it is."""
+        return self.scope.channels_last(self._name(i), self)
+
+    def constant(self, i: int) -> np.ndarray | None:
+        """Input ``i``'s value where it is known at import (an initializer, a
+        ``Constant``, a value folded from those), else None; an object array
+        where it holds symbolic dims."""
+        return self.scope.constant(self._name(i)) if self.has_input(i) else None
+
+    def require_constant(self, i: int, what: str) -> np.ndarray:
+        """Input ``i``'s value known at import (``what`` names it in the
+        error when it is not: its value decides the program's shapes)."""
+        value = self.constant(i)
+        if value is None:
+            raise self.fail(f"input {i} ({what}, {self.node.input[i]!r}) must be known at "
+                            "import: it decides the program's shapes, and here it is "
+                            "computed at run time")
+        return value
+
+    def static(self, i: int, what: str) -> list[int]:
+        """Input ``i`` as a list of integers known at import (no symbolic dims)."""
+        value = self.require_constant(i, what)
+        if value.dtype == object:
+            raise self.fail(f"input {i} ({what}) holds symbolic dims {value.tolist()}; "
+                            "only integers known at import are supported here")
+        return [int(v) for v in np.asarray(value).reshape(-1)]
+
+    def shape(self, i: int) -> tuple[int | str, ...]:
+        """Input ``i``'s shape: ints, and dim names/expressions for symbolic dims."""
+        return self.scope.shape(self._name(i))
+
+    def dtype(self, i: int) -> np.dtype:
+        """Input ``i``'s element type as a NumPy dtype."""
+        return self.scope.dtype(self._name(i))
+
+    def scalar(self, value: float | int | bool, like: Value) -> Value:
+        """A scalar constant of ``like``'s dtype (so arithmetic with it does
+        not promote)."""
+        return self.b.constant(value, name_of(like.dtype))
+
+    # -- outputs and subgraphs ---------------------------------------------------
+
+    @property
+    def num_outputs(self) -> int:
+        """How many outputs the node lists."""
+        return len(self.node.output)
+
+    def wants_output(self, i: int) -> bool:
+        """Whether output ``i`` is named (an optional output left ``""`` is not)."""
+        return i < len(self.node.output) and self.node.output[i] != ""
+
+    def subgraph(self, name: str) -> Callable[..., list[Value]]:
+        """The graph attribute ``name`` as a function for a builder control
+        op's body: called with the body's scope and its arguments (Values,
+        in the graph's input order), it converts the graph there (reading
+        the enclosing graphs' values by name) and returns its outputs."""
+        return self.scope.subgraph(self.attr(name), f"{self.where} {name}", self)
