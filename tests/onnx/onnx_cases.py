@@ -1,0 +1,69 @@
+"""Single-node and small-graph ONNX cases checked against ONNX's own
+reference evaluator, for the converter tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import mlxprog as mp
+from mlxprog.onnx import import_model
+
+OPSET = 21
+
+
+def value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
+    """A graph input/output typed like ``array``."""
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),
+                                         list(array.shape))
+
+
+def node_model(op_type: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = ("y",),
+               initializers: Mapping[str, np.ndarray] | None = None, opset: int = OPSET,
+               **attrs) -> onnx.ModelProto:
+    """A model of one ``op_type`` node: ``inputs`` are graph inputs (their
+    arrays give the types), ``initializers`` are node inputs held as
+    initializers (after the graph inputs, in order); outputs untyped."""
+    initializers = dict(initializers or {})
+    node = helper.make_node(op_type, [*inputs, *initializers], list(outputs), **attrs)
+    graph = helper.make_graph(
+        [node], "case", [value_info(n, a) for n, a in inputs.items()],
+        [helper.make_value_info(n, onnx.TypeProto()) for n in outputs],
+        [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_mlxprog(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """The model imported, compiled and run on ``inputs``."""
+    program, weights = import_model(model)
+    exe = mp.compile(program, captures={k: mx.array(v) for k, v in weights.items()})
+    out = exe(**{k: mx.array(v) for k, v in inputs.items()})
+    return [np.array(o) for o in out]
+
+
+def check_model(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray],
+                rtol: float = 1e-5, atol: float = 1e-6) -> list[np.ndarray]:
+    """The model's outputs by mlxprog equal the reference evaluator's (values,
+    shapes and dtypes); returns mlxprog's."""
+    expected = ReferenceEvaluator(model).run(None, dict(inputs))
+    ours = run_mlxprog(model, inputs)
+    assert len(ours) == len(expected)
+    for got, want in zip(ours, expected):
+        want = np.asarray(want)
+        assert got.shape == want.shape, (got.shape, want.shape)
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return ours
+
+
+def check_node(op_type: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = ("y",),
+               initializers: Mapping[str, np.ndarray] | None = None, rtol: float = 1e-5,
+               atol: float = 1e-6, **attrs) -> list[np.ndarray]:
+    """One node checked against the reference evaluator (see :func:`node_model`)."""
+    model = node_model(op_type, inputs, outputs, initializers, **attrs)
+    return check_model(model, inputs, rtol, atol)
