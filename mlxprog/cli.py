@@ -1,5 +1,5 @@
 """The ``mlxprog`` command line: run, validate and inspect programs, list ops,
-print the JSON Schema.
+print the JSON Schema, convert ONNX models (``import-onnx``).
 
 Exit status: 0 on success; 1 when the program, its inputs or its files are
 invalid or running it fails (the message is one ``error: ...`` line on stderr);
@@ -198,6 +198,21 @@ def _parser() -> argparse.ArgumentParser:
     ops.add_argument("--markdown", action="store_true",
                      help="print the Markdown op reference (docs/ops.md)")
     ops.set_defaults(handler=_cmd_ops)
+
+    onnx_import = commands.add_parser(
+        "import-onnx", help="convert an ONNX model into a program and its weights",
+        description="Convert an ONNX model into DIR/program.json and DIR/weights.safetensors "
+        "(float64 weights, which MLX's safetensors writer cannot hold, go to "
+        "DIR/weights-float64.npz), for 'mlxprog run DIR/program.json --weights ...'. Ops "
+        "without a converter are all listed in one error. Needs the onnx package "
+        "(pip install 'mlxprog[onnx]').",
+    )
+    onnx_import.add_argument("model", help="ONNX model file (.onnx; external data beside it)")
+    onnx_import.add_argument("-o", "--out", required=True, metavar="DIR",
+                             help="directory to write the program and weights into "
+                             "(created if missing)")
+    onnx_import.add_argument("--name", help="the program's name (default: the graph's)")
+    onnx_import.set_defaults(handler=_cmd_import_onnx)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the format",
                                  description="Print the JSON Schema (draft 2020-12) of "
@@ -428,6 +443,36 @@ def _bytes(n: int) -> str:
 
 
 # -- ops / schema -------------------------------------------------------------
+
+
+# -- import-onnx ----------------------------------------------------------------
+
+
+def _cmd_import_onnx(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("onnx") is None:
+        raise ProgramError("import-onnx needs the onnx package: pip install 'mlxprog[onnx]'")
+    from .onnx import import_model
+
+    program, weights = import_model(args.model, name=args.name)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    program_path = out / "program.json"
+    program.save(program_path)
+    print(f"wrote {program_path} ({_count(program.instructions)} instructions)")
+    # MLX's safetensors writer refuses float64; .npz holds it (both load by name).
+    wide = {k: v for k, v in weights.items() if v.dtype == np.float64}
+    files = {out / "weights.safetensors": {k: v for k, v in weights.items() if k not in wide}}
+    if wide:
+        files[out / "weights-float64.npz"] = wide
+    for path, arrays in files.items():
+        if path.suffix == ".npz":
+            np.savez(path, **arrays)
+        else:
+            mx.save_safetensors(str(path), {k: mx.array(v) for k, v in arrays.items()})
+        size = sum(v.nbytes for v in arrays.values())
+        print(f"wrote {path} ({len(arrays)} array{'s' if len(arrays) != 1 else ''}, "
+              f"{_bytes(size)})")
+    return 0
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:

@@ -13,11 +13,21 @@ inputs, or an expression of them) per symbolic one, and the shape
 computations of such dims (``Shape``, ``Gather``, ``Concat`` ...) fold to
 NumPy *object* arrays holding those names, which ``reshape``/``broadcast_to``
 attributes take as they are. :meth:`Context.static` insists on integers.
+The importer evaluates those shape computations itself, before any
+converter (:mod:`.symbolic`), so a converter only sees shape values in the
+inputs that take shapes: a ``Reshape``'s ``shape``, an ``Expand``'s, a
+``ConstantOfShape``'s input, a ``Tile``'s ``repeats``, a ``Range``'s bounds
+(read them with :meth:`Context.constant` / :meth:`Context.require_constant`;
+pass each element as it is, an int or a dim expression, into the builder's
+shape attributes). A shape input computed at run time (not foldable) is an
+error naming the input: :meth:`Context.require_constant`. Read as data
+(:meth:`Context.input`), a shape value is computed at run time, and
+:meth:`Context.dtype` gives its ONNX type (int64 from ``Shape``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +75,10 @@ class Context:
         self.b = scope.b
         #: The model's opset of the default ONNX domain.
         self.opset = scope.opset
+        #: Set by the importer for an elementwise node whose tensor inputs
+        #: are all held channels-last: :meth:`input` then gives them that
+        #: way, and the importer keeps the results channels-last.
+        self.channels_last = False
 
     # -- where, and failing ----------------------------------------------------
 
@@ -126,8 +140,21 @@ class Context:
 
     def input(self, i: int) -> Value:
         """Input ``i`` as a builder value, in ONNX's layout (a constant is
-        declared on first use; a channels-last value is transposed back)."""
-        return self.scope.value(self._name(i), self)
+        declared on first use; a channels-last value is transposed back),
+        or, for a node the importer runs channels-last
+        (:attr:`channels_last`), a channels-last input as it is held and a
+        per-channel constant as ``[C]``."""
+        name = self._name(i)
+        if self.channels_last and self.scope.is_channels_last(name):
+            return self.scope.channels_last(name, self)
+        if self.channels_last and any(s != 1 for s in self.scope.shape(name)):
+            # A per-channel constant (the importer checked): [C] broadcasts
+            # against [N, *spatial, C].
+            rank = max(len(self.scope.shape(n)) for n in self.node.input
+                       if n and self.scope.is_channels_last(n))
+            array = self.scope.channel_constant(name, rank)
+            return self.scope.importer.materialize(f"{name}.channels_last", array, self.scope)
+        return self.scope.value(name, self)
 
     def input_channels_last(self, i: int) -> Value:
         """Input ``i`` (``[N, C, *spatial]``) as ``[N, *spatial, C]``: a
@@ -182,9 +209,35 @@ class Context:
         """Whether output ``i`` is named (an optional output left ``""`` is not)."""
         return i < len(self.node.output) and self.node.output[i] != ""
 
-    def subgraph(self, name: str) -> Callable[..., list[Value]]:
+    def subgraph(self, name: str, outer: Sequence[str] = ()) -> Callable[..., list[Value]]:
         """The graph attribute ``name`` as a function for a builder control
         op's body: called with the body's scope and its arguments (Values,
-        in the graph's input order), it converts the graph there (reading
-        the enclosing graphs' values by name) and returns its outputs."""
-        return self.scope.subgraph(self.attr(name), f"{self.where} {name}", self)
+        in the graph's input order, then one per name of ``outer``), it
+        converts the graph there and returns its outputs (in ONNX's layout).
+
+        The graph reads the enclosing graphs' values by name. A builder
+        subprogram sees the program's inputs, captures and constants, but
+        not the results of the (sub)program it is in: those must come in as
+        carry. :meth:`outer_values` names them; pass ``outer=`` those names
+        and their values (:meth:`value`) as the last carry operands."""
+        return self.scope.subgraph(self.attr(name), f"{self.where} {name}", self, outer)
+
+    def outer_values(self, *names: str) -> list[str]:
+        """The values of this node's graph that the graph attributes
+        ``names`` read and that must be carried into a subprogram (see
+        :meth:`subgraph`), in a stable order."""
+        needed: list[str] = []
+        for name in names:
+            needed += [n for n in self.scope.outer_values(self.attr(name)) if n not in needed]
+        return needed
+
+    def value(self, name: str) -> Value:
+        """The value named ``name`` (in this node's graph or an enclosing
+        one) as a builder value, in ONNX's layout."""
+        return self.scope.value(name, self)
+
+    def inline(self, name: str) -> list[Any]:
+        """The graph attribute ``name`` (a graph without inputs, an ``If``
+        branch) converted in place, into this node's builder scope: its
+        outputs as converter results (values known at import stay known)."""
+        return self.scope.inline(self.attr(name), f"{self.where} {name}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import mlx.core as mx
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -38,11 +37,23 @@ def node_model(op_type: str, inputs: Mapping[str, np.ndarray], outputs: Sequence
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
+def graph_model(nodes: Sequence[onnx.NodeProto], inputs, outputs: Sequence[str],
+                initializers=(), opset: int = OPSET) -> onnx.ModelProto:
+    """A model of ``nodes``; ``inputs``: (name, elem type, shape with dim
+    names) triples; ``initializers``: (name, array) pairs; outputs untyped."""
+    graph = helper.make_graph(
+        nodes, "case", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_value_info(n, onnx.TypeProto()) for n in outputs],
+        [numpy_helper.from_array(a, n) for n, a in initializers])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
 def run_mlxprog(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """The model imported, compiled and run on ``inputs``."""
+    """The model imported, compiled and run on ``inputs`` (NumPy arrays are
+    bound as they are: ``mx.array`` would make float64 float32)."""
     program, weights = import_model(model)
-    exe = mp.compile(program, captures={k: mx.array(v) for k, v in weights.items()})
-    out = exe(**{k: mx.array(v) for k, v in inputs.items()})
+    exe = mp.compile(program, captures=dict(weights))
+    out = exe(**dict(inputs))
     return [np.array(o) for o in out]
 
 
