@@ -650,3 +650,27 @@ def dropout(ctx: Context) -> list:
     if ctx.wants_output(1):
         mask = ctx.b.full(shape=list(ctx.shape(0)), dtype="bool", value=True)
     return [y, mask][:ctx.num_outputs]
+
+
+@converter("RMSNormalization")
+def rms_normalization(ctx: Context) -> list:
+    """``x / sqrt(mean(x * x) + epsilon) * scale`` over axes ``[axis, rank)``,
+    the statistics in the stash type (float32 by default), the result cast
+    back to the input's type before the scale (unidirectionally broadcast)."""
+    b = ctx.b
+    rank = len(ctx.shape(0))
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        raise ctx.fail(f"axis {ctx.attr('axis', -1)} is out of range for rank {rank}")
+    eps = float(ctx.attr("epsilon", 1e-5))
+    dtype = ctx.dtype(0)
+    x = ctx.input(0)
+    xs, cast = _stash(ctx, x, dtype)
+    sdt = str(xs.dtype).split(".")[-1]
+    axes = list(range(axis, rank))
+    ms = b.mean(b.square(xs), axes=axes, keepdims=True)
+    y = xs * b.rsqrt(ms + b.constant(eps, sdt))
+    if cast:
+        y = b.astype(y, dtype=_dtype_name(dtype))
+    return [y * ctx.input(1)]

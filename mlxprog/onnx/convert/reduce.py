@@ -233,4 +233,19 @@ def cum_sum(ctx: Context) -> list:
     return [same_dtype(ctx, y, x)]
 
 
+@converter("CumProd")
+def cum_prod(ctx: Context) -> list:
+    """Running product along ``axis`` (input 1, a scalar known at import);
+    ``exclusive=1`` leaves each position's own element out (a leading 1),
+    ``reverse=1`` multiplies from the end. The input's element type."""
+    x = ctx.input(0)
+    (axis,) = ctx.static(1, "axis")
+    if not -x.ndim <= axis < x.ndim:
+        raise ctx.fail(f"axis {axis} is out of range for rank {x.ndim}")
+    y = ctx.b.cumulative_product(x, axis=axis % x.ndim,
+                                 reverse=bool(ctx.choice("reverse", (0, 1), 0)),
+                                 inclusive=not ctx.choice("exclusive", (0, 1), 0))
+    return [same_dtype(ctx, y, x)]
+
+
 del _onnx, _kind, _empty, _doc, _fn

@@ -374,3 +374,22 @@ def test_chain_has_no_transpose_between_layers():
     assert ops[0] == "transpose" and ops[-1] == "transpose", ops
     # the weights were rearranged at import: no transposes of them in the program
     assert all(w.ndim != 4 or w.shape[-1] in (3, 4) for w in weights.values())
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 8), -1), ((2, 3, 4), 1), ((2, 3, 4), 0),
+                                        ((2, 3, 4, 5), -2), ((2, 3, 4, 5), 3)], ids=str)
+def test_rms_normalization(shape, axis):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, shape).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, shape[axis:]).astype(np.float32)
+    inputs = {"x": x, "scale": scale}
+    check_model(node_model("RMSNormalization", inputs, opset=23, axis=axis, epsilon=1e-3),
+                inputs, 1e-5, 1e-5)
+
+
+def test_rms_normalization_broadcast_scale_float16():
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-2, 2, (2, 3, 4)).astype(np.float16)
+    scale = rng.uniform(0.5, 1.5, (4,)).astype(np.float16)
+    inputs = {"x": x, "scale": scale}
+    check_model(node_model("RMSNormalization", inputs, opset=23, axis=1), inputs, 1e-2, 1e-2)

@@ -212,3 +212,22 @@ def test_argmax_nan_is_the_maximum():
     for op in ("ArgMax", "ArgMin"):
         for last in (0, 1):
             check_node(op, {"x": x}, axis=1, select_last_index=last)
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cumprod(exclusive, reverse, axis):
+    x = RNG.uniform(-2, 2, (3, 4)).astype(np.float32)
+    model = node_model("CumProd", {"x": x}, initializers={"axis": np.array(axis, np.int64)},
+                       opset=26, exclusive=exclusive, reverse=reverse)
+    check_model(model, {"x": x}, 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
+def test_cumprod_dtypes(dtype):
+    x = RNG.integers(1, 4, (2, 5)).astype(dtype)
+    for axis, attrs in [(1, {"exclusive": 1}), (0, {"reverse": 1})]:
+        model = node_model("CumProd", {"x": x}, initializers={"axis": np.array(axis, np.int32)},
+                           opset=26, **attrs)
+        check_model(model, {"x": x}, 1e-5, 1e-6)
