@@ -511,22 +511,27 @@ def _stash(ctx: Context, x, dtype):
     return ctx.b.astype(x, dtype=np.dtype(want).name), True
 
 
-@converter("LayerNormalization")
-def layer_normalization(ctx: Context) -> list:
-    """Over axes ``[axis, rank)``; Mean and InvStdDev outputs (reduced dims
-    kept as 1) when asked for."""
-    b = ctx.b
+def _normalized_over_trailing_axes(ctx: Context):
+    """What LayerNormalization and RMSNormalization share: input 0 in its
+    stash type, whether it was cast, its own dtype, the axes ``[axis,
+    rank)`` (``axis`` checked), ``epsilon`` and the stash type's name."""
     rank = len(ctx.shape(0))
     axis = int(ctx.attr("axis", -1))
     axis = axis + rank if axis < 0 else axis
     if not 0 <= axis < rank:
         raise ctx.fail(f"axis {ctx.attr('axis', -1)} is out of range for rank {rank}")
-    eps = float(ctx.attr("epsilon", 1e-5))
     dtype = ctx.dtype(0)
-    x = ctx.input(0)
-    xs, cast = _stash(ctx, x, dtype)
-    sdt = str(xs.dtype).split(".")[-1]
-    axes = list(range(axis, rank))
+    xs, cast = _stash(ctx, ctx.input(0), dtype)
+    return (xs, cast, dtype, list(range(axis, rank)), float(ctx.attr("epsilon", 1e-5)),
+            str(xs.dtype).split(".")[-1])
+
+
+@converter("LayerNormalization")
+def layer_normalization(ctx: Context) -> list:
+    """Over axes ``[axis, rank)``; Mean and InvStdDev outputs (reduced dims
+    kept as 1) when asked for."""
+    b = ctx.b
+    xs, cast, dtype, axes, eps, sdt = _normalized_over_trailing_axes(ctx)
     mean = b.mean(xs, axes=axes, keepdims=True)
     centered = xs - mean
     var = b.mean(b.square(centered), axes=axes, keepdims=True)
@@ -658,17 +663,7 @@ def rms_normalization(ctx: Context) -> list:
     the statistics in the stash type (float32 by default), the result cast
     back to the input's type before the scale (unidirectionally broadcast)."""
     b = ctx.b
-    rank = len(ctx.shape(0))
-    axis = int(ctx.attr("axis", -1))
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis < rank:
-        raise ctx.fail(f"axis {ctx.attr('axis', -1)} is out of range for rank {rank}")
-    eps = float(ctx.attr("epsilon", 1e-5))
-    dtype = ctx.dtype(0)
-    x = ctx.input(0)
-    xs, cast = _stash(ctx, x, dtype)
-    sdt = str(xs.dtype).split(".")[-1]
-    axes = list(range(axis, rank))
+    xs, cast, dtype, axes, eps, sdt = _normalized_over_trailing_axes(ctx)
     ms = b.mean(b.square(xs), axes=axes, keepdims=True)
     y = xs * b.rsqrt(ms + b.constant(eps, sdt))
     if cast:
