@@ -218,34 +218,31 @@ argmin.__doc__ = ("Index (int64) of the first minimum along ``axis`` (default 0)
                   "``select_last_index=1``: the last; ``keepdims`` default 1.")
 
 
-@converter("CumSum")
-def cum_sum(ctx: Context) -> list:
-    """Running sum along ``axis`` (input 1, a scalar known at import);
-    ``exclusive=1`` leaves each position's own element out, ``reverse=1``
-    sums from the end. The input's element type."""
+def _cumulative(ctx: Context, op: str) -> list:
+    """A running ``op`` (``cumulative_sum``/``cumulative_product``) along
+    ``axis`` (input 1, a scalar known at import); ``exclusive=1`` leaves each
+    position's own element out, ``reverse=1`` runs from the end. The input's
+    element type."""
     x = ctx.input(0)
     (axis,) = ctx.static(1, "axis")
     if not -x.ndim <= axis < x.ndim:
         raise ctx.fail(f"axis {axis} is out of range for rank {x.ndim}")
-    y = ctx.b.cumulative_sum(x, axis=axis % x.ndim,
-                             reverse=bool(ctx.choice("reverse", (0, 1), 0)),
-                             inclusive=not ctx.choice("exclusive", (0, 1), 0))
+    y = getattr(ctx.b, op)(x, axis=axis % x.ndim,
+                           reverse=bool(ctx.choice("reverse", (0, 1), 0)),
+                           inclusive=not ctx.choice("exclusive", (0, 1), 0))
     return [same_dtype(ctx, y, x)]
+
+
+@converter("CumSum")
+def cum_sum(ctx: Context) -> list:
+    """Running sum (see :func:`_cumulative`)."""
+    return _cumulative(ctx, "cumulative_sum")
 
 
 @converter("CumProd")
 def cum_prod(ctx: Context) -> list:
-    """Running product along ``axis`` (input 1, a scalar known at import);
-    ``exclusive=1`` leaves each position's own element out (a leading 1),
-    ``reverse=1`` multiplies from the end. The input's element type."""
-    x = ctx.input(0)
-    (axis,) = ctx.static(1, "axis")
-    if not -x.ndim <= axis < x.ndim:
-        raise ctx.fail(f"axis {axis} is out of range for rank {x.ndim}")
-    y = ctx.b.cumulative_product(x, axis=axis % x.ndim,
-                                 reverse=bool(ctx.choice("reverse", (0, 1), 0)),
-                                 inclusive=not ctx.choice("exclusive", (0, 1), 0))
-    return [same_dtype(ctx, y, x)]
+    """Running product (see :func:`_cumulative`; exclusive: a leading 1)."""
+    return _cumulative(ctx, "cumulative_product")
 
 
 del _onnx, _kind, _empty, _doc, _fn
