@@ -141,6 +141,9 @@ def _exact_integers(value: Any, data: np.ndarray, name: str) -> np.ndarray:
     converted from its Python value instead.
     """
     low, high = (0, 1) if name == "bool" else (int(np.iinfo(name).min), int(np.iinfo(name).max))
+    if data.dtype.kind == "b":
+        # Numpy raises OverflowError comparing a bool with an int beyond int64.
+        data = data.astype(np.uint8)
     if data.dtype.kind == "O" or (data.dtype.kind == "f" and not np.max(np.abs(data)) < 2.0**53):
         data = np.array([_integer(x, name) for x in np.array(value, dtype=object).flat],
                         dtype=object).reshape(data.shape)

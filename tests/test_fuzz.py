@@ -12,7 +12,13 @@ does long runs).
 
 ``test_fuzz_case`` runs the kept regression cases, ``tests/fuzz_cases/*.json``:
 the minimal programs of every bug found (the issue's and the fuzzer's), each
-with the outcome it must have.
+pinning one outcome: ``"expect": "ok"`` with the expected output values
+(``options.outputs`` for the call with ``options.inputs``, or of a program
+without inputs; ``options.output_sets``, one per ``options.input_sets``), or
+``"expect": "program-error"`` with ``"error"``, a fragment of the message
+(where it is: instruction and op, and what is wrong) that the error must
+contain. The expected values come from an independent reference (numpy, or
+the op reference's definition), never from running mlxprog.
 """
 
 from __future__ import annotations
@@ -111,20 +117,63 @@ def _regression_cases() -> list:
 @pytest.mark.parametrize("entry", _regression_cases())
 def test_fuzz_case(workers, entry):
     case = Case.from_dict({**entry, "kind": "regression"})
-    expected = entry["expect"] if isinstance(entry["expect"], list) else [entry["expect"]]
     outcome = workers(case.options.get("memory_limit", MEMORY_LIMIT)).run(case)
-    assert outcome.cls in expected, (
-        f"{entry['name']} ({entry.get('note', '')}): expected {' or '.join(expected)}, got "
+    assert outcome.cls == entry["expect"], (
+        f"{entry['name']} ({entry.get('note', '')}): expected {entry['expect']}, got "
         f"{outcome.describe()}")
+    if entry["expect"] == "program-error":
+        assert entry["error"] in outcome.error, (
+            f"{entry['name']}: the error should contain {entry['error']!r}; got "
+            f"{outcome.error}")
+
+
+def well_formed(entry: dict) -> str | None:
+    """Why a kept case does not pin exactly one outcome, or None: one
+    ``expect``; expected values for every call of an ``ok`` case; an error
+    fragment for a ``program-error`` one."""
+    if "name" not in entry or ("program" in entry) == ("text" in entry):
+        return "a case has a name and exactly one of program or text"
+    expect, options = entry.get("expect"), entry.get("options", {})
+    if expect == "program-error":
+        if not isinstance(entry.get("error"), str) or not entry["error"].strip():
+            return "a program-error case gives the error fragment it must raise ('error')"
+        return None
+    if expect != "ok":
+        return f"expect is 'ok' or 'program-error', found {expect!r}"
+    if "input_sets" in options:
+        sets = options.get("output_sets")
+        if not isinstance(sets, list) or len(sets) != len(options["input_sets"]):
+            return "an ok case with input_sets gives output_sets, one per input set"
+        return None
+    if not isinstance(options.get("outputs"), list):
+        return "an ok case gives its expected outputs (options.outputs)"
+    program = entry.get("program") or json.loads(entry["text"])
+    if any(i.get("value_of") is None for i in program.get("inputs", [])) \
+            and "inputs" not in options:
+        return "an ok case with inputs gives them (options.inputs), so its outputs are fixed"
+    return None
 
 
 def test_fuzz_cases_are_well_formed():
-    """Every case names its expected outcome; names are unique per file."""
+    """Every case pins one outcome (see :func:`well_formed`); names are
+    unique per file."""
     for path in sorted(CASES.glob("*.json")):
         entries = json.loads(path.read_text())
         names = [e["name"] for e in entries]
         assert len(names) == len(set(names)), path.name
         for entry in entries:
-            expected = entry["expect"] if isinstance(entry["expect"], list) else [entry["expect"]]
-            assert set(expected) <= {"ok", "program-error"}, (path.name, entry["name"])
-            assert ("program" in entry) != ("text" in entry), (path.name, entry["name"])
+            problem = well_formed(entry)
+            assert problem is None, (path.name, entry.get("name"), problem)
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ({"name": "a", "expect": ["ok", "program-error"], "program": {}}, "expect is"),
+    ({"name": "a", "expect": "ok", "program": {}}, "expected outputs"),
+    ({"name": "a", "expect": "ok", "options": {"outputs": [1]},
+      "program": {"inputs": [{"name": "x", "shape": [], "dtype": "float32"}]}}, "gives them"),
+    ({"name": "a", "expect": "ok", "options": {"input_sets": [[1], [2]], "output_sets": [[1]]},
+      "program": {}}, "one per input set"),
+    ({"name": "a", "expect": "program-error", "program": {}}, "error fragment"),
+])
+def test_a_case_without_one_outcome_is_refused(entry, problem):
+    assert problem in (well_formed(entry) or "")

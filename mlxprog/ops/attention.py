@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from ..arrays import AVal, is_floating
 from ..native import kernels as native
-from .attrs import Attrs, PositiveInt
+from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
 from .positions import _check_offset, _int32_positions
 from .registry import register_op
@@ -259,7 +259,7 @@ class KVCacheSdpaAttrs(Attrs):
     softcap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     """Cap the attention scores at ``softcap * tanh(score / softcap)`` (Gemma 2's
     attention logit softcapping)."""
-    window: PositiveInt | None = None
+    window: PositiveSize | None = None
     """Sliding-window attention: a query sees only the last ``window`` keys up
     to and including its own."""
 
@@ -370,9 +370,9 @@ def kv_cache_sdpa_update(operands, attrs, context):
 class KVCacheAttentionBlockAttrs(Attrs):
     """The attributes of ``kv_cache_attention_block``."""
 
-    heads: PositiveInt
-    kv_heads: PositiveInt
-    rope_dims: PositiveInt | None = None  # None: the head dim
+    heads: PositiveSize
+    kv_heads: PositiveSize
+    rope_dims: PositiveSize | None = None  # None: the head dim
     traditional: bool = False
     base: Annotated[float, Field(gt=0)] = 10000.0
     rope_scale: float = 1.0

@@ -157,7 +157,20 @@ Size = Annotated[int, Field(ge=0, le=MAX_DIM)]
 """A dimension size: from 0 to the largest axis MLX can hold (``2**31 - 1``)."""
 
 PositiveInt = Annotated[int, Field(ge=1)]
-"""An integer of at least 1."""
+"""An integer of at least 1 (a count that never reaches MLX's shape code,
+such as an iteration limit; use :data:`PositiveSize` for one that does)."""
+
+# MLX's C++ shape code holds sizes, strides and positions in 32-bit ints: a
+# Python int beyond that range aborts the process (std::terminate) or wraps
+# into a nonsense size, so every integer attribute that reaches it is bounded
+# here, where validation reports it under the attribute's name.
+
+PositiveSize = Annotated[int, Field(ge=1, le=MAX_DIM)]
+"""A size, count, stride or dilation of at least 1 (at most ``2**31 - 1``)."""
+
+Offset = Annotated[int, Field(ge=-MAX_DIM, le=MAX_DIM)]
+"""A position, start, shift or padding along an axis; negative allowed,
+within ``±(2**31 - 1)``."""
 
 
 def axis_fields(model: type[Attrs]) -> tuple[tuple[str, AxisOf], ...]:

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import PlainValidator, ValidationInfo, WithJsonSchema, field_validator
 
 from ..arrays import is_integer, numpy_dtype, to_mlx
-from .attrs import Attrs, DType, Size, normalize_axis
+from .attrs import Attrs, DType, Offset, Size, normalize_axis
 from .registry import register_op
 
 
@@ -111,7 +111,7 @@ class EyeAttrs(Attrs):
     """Rows."""
     m: Size | None = None
     """Columns; default: ``n``."""
-    k: int = 0
+    k: Offset = 0
     """The diagonal of ones: 0 main, positive above, negative below."""
     dtype: DType = "float32"
     """The result dtype."""

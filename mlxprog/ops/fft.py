@@ -13,20 +13,20 @@ from typing import Literal
 import mlx.core as mx
 from pydantic import model_validator
 
-from .attrs import Attrs, Axes, Axis, PositiveInt
+from .attrs import Attrs, Axes, Axis, PositiveSize
 from .registry import register_family
 
 Norm = Literal["backward", "ortho", "forward"]
 
 
 class FFTAttrs(Attrs):
-    n: PositiveInt | None = None  # None: the size of ``axis``
+    n: PositiveSize | None = None  # None: the size of ``axis``
     axis: Axis = -1
     norm: Norm = "backward"
 
 
 class FFTNAttrs(Attrs):
-    s: list[PositiveInt] | None = None  # None: the sizes of ``axes``
+    s: list[PositiveSize] | None = None  # None: the sizes of ``axes``
     axes: Axes | None = None  # None: all axes (only without s)
     norm: Norm = "backward"
 

@@ -16,7 +16,7 @@ import math
 import mlx.core as mx
 
 from ..arrays import AVal, is_integer, name_of
-from .attrs import Attrs, Axes, Axis, PositiveInt, Size
+from .attrs import Attrs, Axes, Axis, Offset, PositiveSize, Size
 from .registry import register_op
 
 
@@ -117,9 +117,9 @@ def _check_index_vectors(indices: AVal, axes) -> None:
 class SliceAttrs(Attrs):
     lengths: list[Size]
     """Length of the slice along each axis, before striding."""
-    starts: list[int] | None = None
+    starts: list[Offset] | None = None
     """Static start per axis (default 0); clamped into ``[0, dim - length]``."""
-    strides: list[PositiveInt] | None = None
+    strides: list[PositiveSize] | None = None
     """Step per axis (default 1); the result has ``ceil(length / stride)`` elements."""
     dynamic_axes: Axes = []
     """Axes whose start is an operand (one integer scalar each, in this order)."""
@@ -161,12 +161,15 @@ def slice_(operands, attrs):
         zip(x.shape, starts, attrs.lengths, strides)
     ):
         begin = 0 if axis in dynamic else min(max(start, 0), dim - length)
-        index.append(slice(begin, begin + length, stride))
+        # A stride beyond the length takes the first element only, as the
+        # length itself does; MLX's own size arithmetic overflows int32 on a
+        # stride near 2**31.
+        index.append(slice(begin, begin + length, min(stride, max(length, 1))))
     return x[tuple(index)]
 
 
 class PutSliceAttrs(Attrs):
-    starts: list[int] | None = None
+    starts: list[Offset] | None = None
     """Static start per axis (default 0); clamped into ``[0, dim - update dim]``."""
     dynamic_axes: Axes = []
     """Axes whose start is an operand (one integer scalar each, in this order)."""
@@ -379,7 +382,7 @@ def _descending_key(x: mx.array) -> mx.array:
 
 
 class TopKAttrs(Attrs):
-    k: PositiveInt
+    k: PositiveSize
     """How many of the largest elements to return; at most the last dimension."""
 
 
@@ -406,7 +409,7 @@ def top_k(operands, attrs):
 
 
 class ArgpartitionAttrs(Attrs):
-    kth: int
+    kth: Offset
     """The sorted position whose element lands in place; negative counts from the end."""
     axis: Axis = -1
     """The axis to partition."""

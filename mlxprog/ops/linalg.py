@@ -10,7 +10,11 @@ matrix with a non-finite entry among those the op reads, a singular one
 (``inv``, ``solve``, ``solve_triangular``: a zero pivot) or one that is not
 positive definite (``cholesky``) gives NaN in every result for that matrix,
 and the other matrices of a batch are unaffected. LAPACK never sees such a
-matrix (it could fail, or never return). Empty matrices give empty results.
+matrix (it could fail, or never return). Nor does it see an empty operand (an
+empty batch, or matrices with no rows or columns): its results are built
+directly, empty, with the identity for the orthogonal factors that keep a
+size (``svd``'s ``U`` of an ``(M, 0)`` matrix) and the identity permutation
+for ``lu``'s pivots.
 """
 
 from __future__ import annotations
@@ -76,14 +80,21 @@ def _invertible_triangular(a: mx.array, upper: bool) -> tuple[mx.array, mx.array
     return ok, mx.where(ok, a, mx.eye(a.shape[-1], dtype=a.dtype))
 
 
+def _identity(a: mx.array, size: int) -> mx.array:
+    """The ``size`` x ``size`` identity for each matrix of ``a``'s batch."""
+    return mx.broadcast_to(mx.eye(size, dtype=a.dtype), [*a.shape[:-2], size, size])
+
+
 def _lu(a: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     """``mx.linalg.lu`` of any operand shape."""
     *batch, m, n = a.shape
-    if min(m, n) == 0:
-        # Not for MLX, which divides by m * n (SIGFPE): the factors are empty
-        # and the rows stay in place.
+    if a.size == 0:
+        # Not for MLX, which divides by m * n (SIGFPE) and hands LAPACK an
+        # empty batch: the factors are empty (or have no matrices) and the
+        # rows stay in place.
+        k = min(m, n)
         pivots = mx.broadcast_to(mx.arange(m, dtype=mx.uint32), [*batch, m])
-        return pivots, mx.zeros([*batch, m, 0], a.dtype), mx.zeros([*batch, 0, n], a.dtype)
+        return pivots, mx.zeros([*batch, m, k], a.dtype), mx.zeros([*batch, k, n], a.dtype)
     if a.ndim > 2:
         return tuple(mx.linalg.lu(a))
     # MLX 0.32 records the element count of its LU buffer as its byte count
@@ -91,6 +102,14 @@ def _lu(a: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     # and U down a path that trusts the count: it writes past the buffer
     # (heap corruption for a 1x1 matrix). A batch axis of one clears the flag.
     return tuple(x[0] for x in mx.linalg.lu(a[None]))
+
+
+def _empty_solution(a: mx.array, b: mx.array) -> mx.array:
+    """The solution of ``A @ X = B`` when ``A`` or ``B`` is empty: zeros
+    shaped as ``A @ B``, with no LAPACK call (empty, or with no
+    right-hand sides, or 0x0 systems whose solution has no entries)."""
+    shape = mx.matmul(a, b)  # lazy: only its shape and dtype are read
+    return mx.zeros(shape.shape, shape.dtype)
 
 
 def _check_square(avals: list[AVal], attrs) -> None:
@@ -130,6 +149,10 @@ def cholesky(operands, attrs):
     (numerically) positive definite or has a non-finite entry in that
     triangle."""
     a = operands[0]
+    if a.size == 0:
+        # LAPACK is not called on an empty batch or 0x0 matrices (a
+        # [2, 0, 0] operand hung it): the factor is as empty as the operand.
+        return mx.zeros_like(a)
     ok = _finite(a, "U" if attrs.upper else "L")
     factor = mx.linalg.cholesky(mx.where(ok, a, 0), upper=attrs.upper)
     # LAPACK stops at the first pivot that is not positive and leaves it on
@@ -147,8 +170,8 @@ def solve(operands, attrs):
     for a singular ``A`` (a zero pivot) or one with a non-finite entry;
     non-finite values in ``B`` propagate as in any arithmetic."""
     a, b = operands
-    if a.shape[-1] == 0:
-        return mx.matmul(a, b)  # empty, shaped as a solution
+    if a.size == 0 or b.size == 0:
+        return _empty_solution(a, b)
     ok = _finite(a)
     pivots, lower, upper = _lu(mx.where(ok, a, 0))
     # As mx.linalg.solve: B's rows in pivot order, then two triangular
@@ -179,8 +202,8 @@ def solve_triangular(operands, attrs):
     that triangle; non-finite values in ``B`` propagate as in any
     arithmetic."""
     a, b = operands
-    if a.shape[-1] == 0:
-        return mx.matmul(a, b)  # empty, shaped as a solution
+    if a.size == 0 or b.size == 0:
+        return _empty_solution(a, b)
     ok, a = _invertible_triangular(a, attrs.upper)
     x = mx.linalg.solve_triangular(a, b, upper=attrs.upper)
     return _contiguous(_nan_unless(ok, x, 2 if b.ndim > 1 else 1))
@@ -192,7 +215,7 @@ def inv(operands, attrs):
     """Inverse of a square matrix. NaN for a singular matrix (a zero pivot) or
     one with a non-finite entry."""
     a = operands[0]
-    if a.shape[-1] == 0:
+    if a.size == 0:
         return mx.zeros_like(a)
     ok = _finite(a)
     pivots, lower, upper = _lu(mx.where(ok, a, 0))
@@ -210,6 +233,8 @@ def pinv(operands, attrs):
     """Moore-Penrose pseudo-inverse (via SVD); an ``(M, N)`` matrix gives
     ``(N, M)``. NaN for a matrix with a non-finite entry."""
     a = operands[0]
+    if a.size == 0:
+        return mx.zeros([*a.shape[:-2], a.shape[-1], a.shape[-2]], a.dtype)
     ok = _finite(a)
     return _contiguous(_nan_unless(ok, mx.linalg.pinv(mx.where(ok, a, 0))))
 
@@ -291,6 +316,10 @@ def qr(operands, attrs):
     and upper-triangular ``R`` (``(K, N)``), ``K = min(M, N)``, with
     ``A = Q @ R``. NaN for a matrix with a non-finite entry."""
     a = operands[0]
+    if a.size == 0:
+        *batch, m, n = a.shape
+        k = min(m, n)
+        return mx.zeros([*batch, m, k], a.dtype), mx.zeros([*batch, k, n], a.dtype)
     ok = _finite(a)
     return _contiguous(*(_nan_unless(ok, x) for x in mx.linalg.qr(mx.where(ok, a, 0))))
 
@@ -309,6 +338,8 @@ def eigh(operands, attrs):
     the ``UPLO`` triangle is read; NaN for a matrix with a non-finite entry
     there."""
     a = operands[0]
+    if a.size == 0:
+        return mx.zeros(a.shape[:-1], a.dtype), mx.zeros_like(a)
     ok = _finite(a, attrs.UPLO)
     values, vectors = mx.linalg.eigh(mx.where(ok, a, 0), UPLO=attrs.UPLO)
     return _contiguous(_nan_unless(ok, values, 1), _nan_unless(ok, vectors))
@@ -322,6 +353,12 @@ def svd(operands, attrs):
     ``A = U[:, :K] @ diag(S) @ Vt[:K]``. NaN for a matrix with a non-finite
     entry."""
     a = operands[0]
+    if a.size == 0:
+        # Of an (M, 0) or (0, N) matrix every singular vector is free: the
+        # identity (as numpy gives); an empty batch has no matrices at all.
+        *batch, m, n = a.shape
+        return _contiguous(_identity(a, m), mx.zeros([*batch, min(m, n)], a.dtype),
+                           _identity(a, n))
     ok = _finite(a)
     u, s, vt = mx.linalg.svd(mx.where(ok, a, 0), compute_uv=True)
     return _contiguous(_nan_unless(ok, u), _nan_unless(ok, s, 1), _nan_unless(ok, vt))
@@ -338,6 +375,8 @@ def lu(operands, attrs):
     matrix with a non-finite entry, ``L`` and ``U`` are NaN and ``pivots``
     the identity permutation."""
     a = operands[0]
+    if a.size == 0:
+        return _contiguous(*_lu(a))
     ok = _finite(a)
     pivots, lower, upper = _lu(mx.where(ok, a, 0))
     identity = mx.arange(a.shape[-2], dtype=mx.uint32)

@@ -14,7 +14,7 @@ import mlx.core as mx
 from pydantic import Field, model_validator
 
 from ..arrays import AVal, to_mlx
-from .attrs import Attrs, AxisOf, DType, Float, PositiveInt, Size
+from .attrs import Attrs, AxisOf, DType, Float, PositiveSize, Size
 from .registry import register_op
 
 Shape = tuple[Size, ...]
@@ -45,7 +45,7 @@ def _check_key(avals: list[AVal], attrs) -> None:
 class SplitAttrs(Attrs):
     """The attributes of ``random_split``."""
 
-    num: PositiveInt = 2
+    num: PositiveSize = 2
 
 
 @register_op("random_split", attrs=SplitAttrs, outputs=lambda attrs, n: attrs.num,
@@ -93,7 +93,7 @@ class CategoricalAttrs(Attrs):
     """The attributes of ``random_categorical``."""
 
     axis: Annotated[int, AxisOf(operand=1)] = -1  # the category axis of the logits (operand 1)
-    num_samples: PositiveInt | None = None
+    num_samples: PositiveSize | None = None
     shape: Shape | None = None
 
     @model_validator(mode="after")

@@ -35,6 +35,19 @@ class ReduceAttrs(Attrs):
     """Keep the reduced axes, with size 1."""
 
 
+def _in_float(x: mx.array) -> mx.array:
+    """``x`` as float32 when it is an integer or bool array: MLX's ``mean``,
+    ``var`` and ``std`` sum integers in their own dtype before dividing,
+    which wraps (the mean of int32 ``[2**31 - 1, 2**31 - 1, 5, 7]`` came out
+    2.5); their result is float32 anyway."""
+    return x if is_floating(x.dtype) else x.astype(mx.float32)
+
+
+def _mean(x: mx.array, axis=None, keepdims: bool = False) -> mx.array:
+    """``mx.mean`` summing integers in float32 (see :func:`_in_float`)."""
+    return mx.mean(_in_float(x), axis=axis, keepdims=keepdims)
+
+
 def _reduction(fn, operands, attrs):
     """A reduction ``fn`` (``mx.sum``, ...) of operand 0 over ``axes``."""
     return fn(operands[0], axis=attrs.axes, keepdims=attrs.keepdims)
@@ -72,7 +85,7 @@ _AXES_DOC = "over ``axes`` (default: all axes); ``keepdims`` keeps them as size 
 _REDUCTIONS = {
     "sum": (mx.sum, f"Sum {_AXES_DOC} Over no elements: 0."),
     "product": (mx.prod, f"Product {_AXES_DOC} Over no elements: 1."),
-    "mean": (mx.mean, f"Arithmetic mean {_AXES_DOC} Over no elements: NaN."),
+    "mean": (_mean, f"Arithmetic mean {_AXES_DOC} Over no elements: NaN."),
     "all": (mx.all, f"True where every element is nonzero, {_AXES_DOC} Result is bool; "
                     "true over no elements."),
     "any": (mx.any, f"True where some element is nonzero, {_AXES_DOC} Result is bool; "
@@ -115,7 +128,7 @@ def var(operands, attrs):
     ``keepdims`` keeps the reduced axes as size 1. Where ``N - ddof <= 0`` the
     divisor is 0: inf, or NaN where the elements are all equal (and over no
     elements)."""
-    return mx.var(operands[0], axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
+    return mx.var(_in_float(operands[0]), axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
 
 
 @register_op("std", attrs=VarianceAttrs, shapeless=True)
@@ -123,7 +136,7 @@ def std(operands, attrs):
     """Standard deviation over ``axes`` (default: all axes), dividing by
     ``N - ddof``; ``keepdims`` keeps the reduced axes as size 1. Where
     ``N - ddof <= 0``: inf, or NaN, as ``var``."""
-    return mx.std(operands[0], axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
+    return mx.std(_in_float(operands[0]), axis=attrs.axes, keepdims=attrs.keepdims, ddof=attrs.ddof)
 
 
 class ArgReduceAttrs(Attrs):

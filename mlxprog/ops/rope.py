@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from ..arrays import AVal, is_integer, name_of
 from ..native import kernels as native
-from .attrs import Attrs, PositiveInt
+from .attrs import Attrs, PositiveSize
 from .positions import _INT32, _check_offset, _int32_positions
 from .registry import register_op
 
@@ -19,7 +19,7 @@ from .registry import register_op
 class RopeFreqsPositionsAttrs(Attrs):
     """The attributes of ``fast_rope_with_freqs_positions``, which every RoPE op takes."""
 
-    dims: PositiveInt
+    dims: PositiveSize
     traditional: bool = False
     scale: float = 1.0
     rotated_scale: Annotated[float, Field(allow_inf_nan=False)] = 1.0

@@ -11,7 +11,7 @@ import mlx.core as mx
 from pydantic import Field
 
 from ..arrays import AVal, is_floating, is_integer
-from .attrs import Attrs, PositiveInt
+from .attrs import Attrs, PositiveSize
 from .registry import register_op
 
 
@@ -32,7 +32,7 @@ class SampleAttrs(Attrs):
     """The attributes of ``sample``: temperature and the token filters."""
 
     temperature: Annotated[float, Field(ge=0)] = 1.0
-    top_k: PositiveInt | None = None
+    top_k: PositiveSize | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     min_p: Annotated[float, Field(ge=0, lt=1)] = 0.0
 

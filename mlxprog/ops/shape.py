@@ -18,12 +18,13 @@ import mlx.core as mx
 from pydantic import Field, ValidationInfo, field_validator
 
 from ..arrays import AVal
-from .attrs import Attrs, Axes, Axis, AxisOf, CheckError, InsertAxis, Size, normalize_axis
+from ..limits import MAX_DIM
+from .attrs import Attrs, Axes, Axis, AxisOf, CheckError, InsertAxis, Offset, Size, normalize_axis
 from .registry import register_op
 
 
 class ReshapeAttrs(Attrs):
-    shape: list[Annotated[int, Field(ge=-1)]]
+    shape: list[Annotated[int, Field(ge=-1, le=MAX_DIM)]]
     """The result shape; at most one -1, inferred from the element count."""
 
     @field_validator("shape")
@@ -178,7 +179,7 @@ def broadcast_to(operands, attrs):
 
 
 class PadAttrs(Attrs):
-    pad_width: list[tuple[int, int]]
+    pad_width: list[tuple[Offset, Offset]]
     """``[low, high]`` per operand axis: elements added before and after;
     negative values crop."""
 
@@ -256,7 +257,7 @@ def stack(operands, attrs):
 
 
 class SplitAttrs(Attrs):
-    indices_or_sections: int | list[int]
+    indices_or_sections: int | list[Offset]
     """A number of equal parts (at least 1), or the indices where parts start."""
     axis: Axis = 0
     """The axis to split."""
@@ -264,8 +265,10 @@ class SplitAttrs(Attrs):
     @field_validator("indices_or_sections")
     @classmethod
     def _some_sections(cls, value: int | list[int]) -> int | list[int]:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"{value} sections: there must be at least 1")
+        # The list arm is bounded by its type; a count is checked here, to
+        # say what a count must be.
+        if isinstance(value, int) and not 1 <= value <= MAX_DIM:
+            raise ValueError(f"{value} sections: there must be at least 1 and at most {MAX_DIM}")
         return value
 
 

@@ -349,7 +349,7 @@ def _validate_attrs(spec: OpSpec, inst: Instruction, path: StepPath) -> Attrs:
         return spec.attrs.model_validate(inst.attrs)
     except pydantic.ValidationError as exc:
         problems = []
-        for err in exc.errors():
+        for err in _union_arm_errors_dropped(exc.errors()):
             # Union members show up in locations as 'function-after[...]' etc.
             parts = [str(p) for p in err["loc"] if not _is_schema_tag(p)]
             msg = err["msg"].removeprefix("Value error, ")
@@ -360,8 +360,21 @@ def _validate_attrs(spec: OpSpec, inst: Instruction, path: StepPath) -> Attrs:
         raise ValidationError("; ".join(problems), render(path), inst.op) from None
 
 
+def _union_arm_errors_dropped(errors: list[dict]) -> list[dict]:
+    """``errors`` without the type mismatches of union arms the value was not
+    meant for: where an attribute has other errors too (``2**40`` for an
+    ``int | list[int]`` fails the int's bound and is no list), only those
+    say what is wrong."""
+    def field(err: dict) -> Any:
+        return err["loc"][0] if err["loc"] else None
+
+    real = {field(e) for e in errors if not e["type"].endswith("_type")}
+    return [e for e in errors if not (e["type"].endswith("_type") and field(e) in real)]
+
+
 def _is_schema_tag(part: Any) -> bool:
-    return isinstance(part, str) and ("[" in part or part in ("int", "str", "float", "bool"))
+    return isinstance(part, str) and ("[" in part or part.startswith("constrained-")
+                                      or part in ("int", "str", "float", "bool"))
 
 
 def _clean(exc: BaseException) -> str:

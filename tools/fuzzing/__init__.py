@@ -10,8 +10,12 @@ package. The pieces:
 - :mod:`.registry_gen`, :mod:`.mutate`, :mod:`.attacks`: the three program
   generators (random registry ops, mutated examples, targeted attacks),
   selected by name through :func:`generate`;
+- :mod:`.extremes`: integer extremes put into attributes (the
+  ``integer_attributes`` attack and ``tools/audit_int_attrs.py``);
 - :mod:`.worker`: what runs in the subprocess (load, validate, compile, call
   compiled and eager, compare, classify);
+- :mod:`.reference`: the numpy reference of the ops where one is cheap, the
+  worker's oracle beside the compiled-against-eager comparison;
 - :mod:`.runner`: the parent side (one persistent worker process per job,
   resource limits, timeouts, crash attribution);
 - :mod:`.minimise`: shrinking a bug's program while it keeps failing the

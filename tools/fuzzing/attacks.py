@@ -2,7 +2,7 @@
 way a program can hurt the process: zero-size arrays, size-1 axes in
 symbolic programs, deep nesting, huge result sizes and intermediates,
 special values in linear algebra, hostile dim expressions, integer limits,
-wrong JSON types, non-contiguous views, very many instructions.
+integer extremes in any op's integer attributes, wrong JSON types, non-contiguous views, very many instructions.
 
 An attack returns the program as JSON data, or as text where the text itself
 is the attack (nesting deeper than ``json.dumps`` goes), or a ``(text,
@@ -17,6 +17,8 @@ from typing import Any
 
 from .choice import Chooser
 from .document import UNARY, Document
+from .extremes import extreme_attrs, int_attr_ops
+from .registry_gen import registry_program
 from .hostile import HUGE_SIZES, HOSTILE_INTS, hostile
 
 Attack = Any  # dict (a program) | str (a program text) | tuple[str | dict, dict]
@@ -305,6 +307,19 @@ def integer_limits(c: Chooser) -> Attack:
     return doc.data
 
 
+def integer_attributes(c: Chooser) -> Attack:
+    """An op's attributes with one integer (an index, a size, a stride, a
+    count) set to an int64 or int32 extreme, which MLX's C++ shape code
+    cannot hold."""
+    program = registry_program(c, c.choice(int_attr_ops()))
+    for _ in range(8):  # the drawn attributes may hold no integer: draw again
+        found = extreme_attrs(c, program)
+        if found is not None:
+            return found
+        program = registry_program(c, c.choice(int_attr_ops()))
+    return program
+
+
 def wrong_types(c: Chooser) -> Attack:
     """A correct small program with one field of the wrong JSON type."""
     doc = Document("attack_wrong_types")
@@ -418,7 +433,8 @@ def hostile_operand_refs(c: Chooser) -> Attack:
 
 
 ATTACKS = [zero_size, symbolic_size_one, deep_nesting, huge_result, huge_input,
-           huge_intermediate, linalg_special, dim_expression, integer_limits, wrong_types,
+           huge_intermediate, linalg_special, dim_expression, integer_limits, integer_attributes,
+           wrong_types,
            random_seed_types, noncontiguous_window, many_instructions, loop_limits,
            hostile_operand_refs]
 

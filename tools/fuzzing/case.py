@@ -15,6 +15,7 @@ Outcome classes:
 ``mismatch``              compiled and eager differ (values, NaN positions,
                           dtype, shape, or one raised and the other did not),
                           or the outputs differ from the case's expected ones
+                          or from the numpy reference of their op
 ``memory``                MemoryError or an allocation failure
 ``coercion``              a value was silently changed: a wrong JSON type,
                           a duplicate key or a non-finite literal accepted,
@@ -40,9 +41,11 @@ class Case:
 
     ``seed`` drives the worker's random inputs. ``options`` (all optional):
     ``inputs`` (explicit call inputs, as JSON values; ``{"zeros": shape}``
-    for a zero-size one), ``input_sets`` (a
-    list of them, called in turn), ``outputs`` (the expected outputs of a
-    call with them), ``input_form`` (``"mx"``,
+    for a zero-size one, ``{"full": shape, "value": v}`` for a large one of
+    one value), ``input_sets`` (a list of them, called in turn),
+    ``outputs`` (the expected outputs of the call with ``inputs``, or of a
+    program without inputs; written as inputs are), ``output_sets`` (the
+    expected outputs of each of ``input_sets``), ``input_form`` (``"mx"``,
     ``"numpy"`` or ``"list"``: how inputs are passed), ``calls`` (compiled
     calls per binding, default 3), ``eager`` (false: skip the eager run),
     ``compile`` (extra ``mlxprog.compile`` keywords, e.g.

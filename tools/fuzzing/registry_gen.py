@@ -47,9 +47,9 @@ def op_names() -> list[str]:
     return sorted(mp.all_ops())
 
 
-def registry_program(c: Chooser) -> dict:
-    """A program around one random registry op."""
-    name = c.choice(op_names())
+def registry_program(c: Chooser, name: str | None = None) -> dict:
+    """A program around one registry op: ``name``, or a random one."""
+    name = name or c.choice(op_names())
     if name in _HOST_OPS:
         return HOST_TEMPLATES[name](c)
     spec = mp.lookup(name)

@@ -10,7 +10,11 @@ process; the parent notices and blames the case it was running.
 One case: read the text with ``mlxprog.Program.loads``, validate it, compile
 it twice (compiled and ``eager=True``), call both with random inputs that
 match the input specs, compare the results exactly (NaN positions, dtype and
-shape included), then call with mismatched inputs, which must be refused.
+shape included), check each output computed straight from inputs and
+constants against the numpy reference of its op (:mod:`.reference`: compiled
+and eager share one lowering, so this is what catches an op defined wrong
+everywhere) and against the case's expected outputs, then call with
+mismatched inputs, which must be refused.
 Along the way it looks for silent coercions: the parsed document, the
 validated attributes, the constants, and outputs that are inputs or
 constants must all hold exactly what the text says.
@@ -32,6 +36,7 @@ import numpy as np
 
 from .case import Case, Outcome
 from .document import is_axis_name
+from .reference import compute as reference_result, mismatch as reference_mismatch
 from .values import decode_nonfinite, difference, random_array, round_bfloat16, to_mx, to_numpy
 
 _ALLOCATION_TEXTS = ("bad_alloc", "unable to allocate", "out of memory",
@@ -231,6 +236,7 @@ class Trial:
         self._enter("validate")
         validated = mp.validate(program, **self.limit_kwargs)
         concrete = getattr(validated, "sample", validated)
+        self.validated, self.concrete = validated, concrete
         symbolic = concrete is not validated
         self._check_attrs(raw, concrete.block, symbolic)
         self._check_constants(raw, concrete.constants)
@@ -241,8 +247,9 @@ class Trial:
         eager = mp.compile(validated, eager=True, **kwargs) \
             if self.options.get("eager", True) else None
         self._enter("call")
-        for args, refs in self._calls(program):
-            self._call(compiled, eager, args, refs, raw)
+        expected = self._expected_outputs()
+        for k, (args, refs) in enumerate(self._calls(program)):
+            self._call(compiled, eager, args, refs, raw, expected.get(k))
             self._enter("bad-call")
             if self.options.get("bad_calls", True):
                 self._bad_calls(compiled, args, symbolic)
@@ -352,17 +359,22 @@ class Trial:
             if spec.value_of is not None:
                 refs.append(None)
                 continue
-            value = next(values)
-            if isinstance(value, dict):
-                # {"zeros": [0, 2]}: a shape that nested lists cannot spell.
-                array = np.zeros(value["zeros"], dtype=_numpy_dtype(spec.dtype))
-            else:
-                array = np.array(decode_nonfinite(value), dtype=_numpy_dtype(spec.dtype))
+            array = _given_array(next(values), _numpy_dtype(spec.dtype))
             refs.append(array)
             args.append(_passed(array, spec.dtype, form))
         return args, refs
 
-    def _call(self, compiled, eager, args, refs, raw) -> None:
+    def _expected_outputs(self) -> dict[int, list]:
+        """The expected outputs by call: ``outputs`` for the one call (with
+        ``inputs``, or of a program without inputs), ``output_sets`` for
+        each of ``input_sets``."""
+        if "output_sets" in self.options:
+            return dict(enumerate(self.options["output_sets"]))
+        if "outputs" in self.options:
+            return {0: self.options["outputs"]}
+        return {}
+
+    def _call(self, compiled, eager, args, refs, raw, expected: list | None) -> None:
         calls = self.options.get("calls", 3)
         results = [self._attempt(compiled, args) for _ in range(calls)]
         reference = self._attempt(eager, args) if eager is not None else results[0]
@@ -370,7 +382,7 @@ class Trial:
             _compare(result, reference, f"compiled call {k + 1}", "eager")
         if isinstance(reference, BaseException):
             raise reference
-        expected = self.options.get("outputs")
+        self._check_reference(reference, refs)
         if expected is not None:
             self._check_expected(reference, expected)
         self._check_direct_outputs(reference, refs, raw)
@@ -386,11 +398,47 @@ class Trial:
         except BaseException as exc:
             return exc
 
+    def _check_reference(self, outputs, refs) -> None:
+        """Each output that an instruction of the program body computes
+        straight from inputs and constants matches the numpy reference of
+        its op, where :mod:`.reference` has one."""
+        validated = self.concrete
+        if validated is not self.validated:
+            return  # a symbolic program: its sample's attributes are not this call's
+        block = validated.block
+        n_inputs, n_captures = len(validated.input_avals), len(validated.capture_avals)
+        producers = {slot: step for step in block.steps for slot in step.results}
+
+        def value(slot):
+            if slot < n_inputs:
+                return refs[slot] if slot < len(refs) else None
+            if slot < n_inputs + n_captures:
+                return None  # captures are drawn elsewhere
+            return to_numpy(validated.constants[slot - n_inputs - n_captures])[1]
+
+        for k, slot in enumerate(block.outputs):
+            step = producers.get(slot)
+            if step is None or step.n_out != 1 or step.blocks or \
+                    any(a >= block.n_prefix for a in step.args):
+                continue
+            operands = [value(a) for a in step.args]
+            if any(x is None for x in operands):
+                continue
+            reference = reference_result(step.spec.name, operands, step.attrs)
+            if reference is None:
+                continue
+            dtype, got = outputs[k]
+            want, scale = reference
+            found = reference_mismatch(got, dtype, want, step.spec.name, scale)
+            if found:
+                raise Finding("mismatch", f"output {k} ({step.location}, {step.spec.name}): "
+                              f"{found}")
+
     def _check_expected(self, outputs, expected: list) -> None:
         if len(outputs) != len(expected):
             raise Finding("mismatch", f"{len(outputs)} outputs, expected {len(expected)}")
         for k, ((dtype, got), want) in enumerate(zip(outputs, expected)):
-            want = np.array(decode_nonfinite(want), dtype=got.dtype)
+            want = _given_array(want, got.dtype)
             found = difference((dtype, got), (dtype, want))
             if found:
                 raise Finding("mismatch", f"output {k} differs from the expected "
@@ -502,6 +550,18 @@ def _constant_difference(given: Any, array) -> str | None:
             != want.ravel().tolist():
         return f"{json.dumps(given['value'])[:40]} changed to {want.tolist()!r:.40}"
     return difference(to_numpy(array), (dtype, want))
+
+
+def _given_array(value: Any, dtype: np.dtype) -> np.ndarray:
+    """An array written in a case: nested lists (``"nan"``, ``"inf"``,
+    ``"-inf"`` allowed), ``{"zeros": shape}`` (a shape nested lists cannot
+    spell, such as ``[0, 2]``) or ``{"full": shape, "value": v}`` (a large
+    array of one value)."""
+    if isinstance(value, dict) and "zeros" in value:
+        return np.zeros(value["zeros"], dtype=dtype)
+    if isinstance(value, dict) and "full" in value:
+        return np.full(value["full"], decode_nonfinite(value["value"]), dtype=dtype)
+    return np.array(decode_nonfinite(value), dtype=dtype)
 
 
 def _raw_instruction(raw: dict, path: tuple) -> Any:
