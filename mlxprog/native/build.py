@@ -36,10 +36,14 @@ from typing import Callable, Iterator
 
 MODULE = "_mlxprog_native"
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("CMakeLists.txt", "src/kernels.h", "src/kernels_isa.inc", "src/kernels.cpp",
-           "src/kernels_portable.cpp", "src/kernels_avx2.cpp", "src/kernels_avxvnni.cpp",
-           "src/kernels_avx512vnni.cpp", "src/kernels_dotprod.cpp", "src/threadpool.h",
-           "src/threadpool.cpp", "src/primitives.cpp")
+SOURCE_PATTERNS = ("CMakeLists.txt", "src/*.h", "src/*.cpp", "src/*.inc")
+"""The files the binary is built from (pyproject.toml's package data lists the
+same): all of them key the build, so a new kernel file is never left out."""
+
+
+def sources() -> list[Path]:
+    """The build's source files, in a fixed order."""
+    return sorted(p for pattern in SOURCE_PATTERNS for p in SOURCE_DIR.glob(pattern))
 
 
 BUILD_ESTIMATE = "usually 30 s to 2 minutes"
@@ -134,8 +138,9 @@ def build_key(tools: Toolchain) -> str:
         parts += [str(library), str(stat.st_size), str(int(stat.st_mtime))]
     for part in parts:
         digest.update(part.encode() + b"\0")
-    for name in SOURCES:
-        digest.update((SOURCE_DIR / name).read_bytes())
+    for path in sources():
+        digest.update(path.relative_to(SOURCE_DIR).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
 

@@ -297,6 +297,82 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
         int8=numerics == "int8", freqs=freqs, key_mask=key_mask)
 
 
+def covers_matmul(a: AVal, b: AVal) -> bool:
+    """Whether the native float32 matmul computes ``a @ b``: both float32,
+    each of rank >= 1 (a 1-D operand is a row or column vector, as in MLX),
+    inner sizes equal and batch dims that broadcast. It covers empty
+    operands too (an empty K gives zeros). Inside a shapeless trace the
+    primitive recomputes its shape for each binding."""
+    (a_shape, a_dtype), (b_shape, b_dtype) = a, b
+    if a_dtype != mx.float32 or b_dtype != mx.float32 or not a_shape or not b_shape:
+        return False
+    a_shape = a_shape if len(a_shape) > 1 else (1, *a_shape)
+    b_shape = b_shape if len(b_shape) > 1 else (*b_shape, 1)
+    if a_shape[-1] != b_shape[-2]:
+        return False
+    return all(x == y or 1 in (x, y) for x, y in zip(a_shape[-3::-1], b_shape[-3::-1]))
+
+
+def matmul(setting: Setting, a: mx.array, b: mx.array, op: str = "matmul") -> mx.array | None:
+    """The native ``mx.matmul`` for float32 operands, or None where it does
+    not apply. Transposed (and other strided) views are read in place.
+    ``op`` is the calling op, counted when the kernel runs."""
+    native = active(setting)
+    if native is None or not covers_matmul(AVal.of(a), AVal.of(b)):
+        return None
+    record(setting, op)
+    # Vectors as one-row / one-column matrices: expand_dims and squeeze keep
+    # the graph valid in a shapeless trace, where reshape would fix sizes.
+    if a.ndim == 1 and b.ndim == 1:
+        return mx.squeeze(native.matmul(mx.expand_dims(a, 0), mx.expand_dims(b, 1)), (0, 1))
+    if a.ndim == 1:
+        return mx.squeeze(native.matmul(mx.expand_dims(a, 0), b), -2)
+    if b.ndim == 1:
+        return mx.squeeze(native.matmul(a, mx.expand_dims(b, 1)), -1)
+    return native.matmul(a, b)
+
+
+def covers_conv(x: AVal, w: AVal, stride: list[int], padding: list[tuple[int, int]],
+                kernel_dilation: list[int], input_dilation: list[int], groups: int,
+                flip: bool) -> bool:
+    """Whether the native convolution computes this ``conv_general``: float32
+    input ``[N, *spatial, C_in]`` (1 to 3 spatial dims, no empty axis) and
+    weight ``[C_out, *kernel, C_in / groups]``, no input dilation, no flip,
+    groups > 1 only with 1 or 2 spatial dims (MLX's limit, kept so MLX
+    still raises its error) and a result of at least one element per
+    spatial dim. Attribute lists have one entry per spatial dim."""
+    (x_shape, x_dtype), (w_shape, w_dtype) = x, w
+    spatial = len(x_shape) - 2
+    if x_dtype != mx.float32 or w_dtype != mx.float32 or not 1 <= spatial <= 3 \
+            or len(w_shape) != len(x_shape) or flip or any(d != 1 for d in input_dilation):
+        return False
+    if groups < 1 or (groups > 1 and spatial > 2) or 0 in x_shape or 0 in w_shape:
+        return False
+    if x_shape[-1] != w_shape[-1] * groups or w_shape[0] % groups:
+        return False
+    for size, k, s, (lo, hi), d in zip(x_shape[1:-1], w_shape[1:-1], stride, padding,
+                                       kernel_dilation):
+        if size + lo + hi - ((k - 1) * d + 1) < 0:
+            return False
+    return True
+
+
+def conv(setting: Setting, x: mx.array, w: mx.array, *, stride: list[int],
+         padding: list[tuple[int, int]], kernel_dilation: list[int], input_dilation: list[int],
+         groups: int, flip: bool, op: str) -> mx.array | None:
+    """The native ``mx.conv_general`` (per-spatial-dim lists; ``padding`` as
+    (low, high) pairs), or None where it does not apply. ``op`` is the
+    calling op, counted when the kernel runs."""
+    native = active(setting)
+    if native is None or not covers_conv(AVal.of(x), AVal.of(w), stride, padding,
+                                         kernel_dilation, input_dilation, groups, flip):
+        return None
+    record(setting, op)
+    return native.conv(x, w, stride=list(stride), pad_low=[lo for lo, _ in padding],
+                       pad_high=[hi for _, hi in padding], dilation=list(kernel_dilation),
+                       groups=groups)
+
+
 def _int32_vector(a: mx.array) -> mx.array:
     """``a`` as a 1-D int32 array, adding graph nodes only where it is not one
     already (each node costs a few microseconds per evaluation on the CPU)."""
@@ -304,3 +380,77 @@ def _int32_vector(a: mx.array) -> mx.array:
         a = a.reshape(-1)
     return a if a.dtype == mx.int32 else a.astype(mx.int32)
 
+
+
+INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
+
+
+def covers_integer_matmul(a: AVal, b: AVal) -> bool:
+    """Whether the native integer matmul computes ``matmul(a, b)`` by numpy's
+    rules: integer operands (not bool) whose promoted dtype is an integer
+    (int64 with uint64 promotes to float32), each of rank >= 1 (a 1-D ``a``
+    is a row, a 1-D ``b`` a column), equal contracted sizes, and batch axes
+    that broadcast. Empty axes and K = 0 are covered (an empty result, or
+    zeros, as numpy gives)."""
+    (a_shape, a_dtype), (b_shape, b_dtype) = a, b
+    if a_dtype not in INTEGERS or b_dtype not in INTEGERS \
+            or mx.result_type(a_dtype, b_dtype) not in INTEGERS:
+        return False
+    if not a_shape or not b_shape or a_shape[-1] != b_shape[-2 if len(b_shape) > 1 else 0]:
+        return False
+    # Batch axes pair from the right; zip drops the extra axes of the longer.
+    return all(x == y or 1 in (x, y) for x, y in zip(reversed(a_shape[:-2]),
+                                                    reversed(b_shape[:-2])))
+
+
+def integer_matmul(setting: Setting, a: mx.array, b: mx.array, *,
+                   op: str = "matmul") -> mx.array | None:
+    """The exact ``matmul(a, b)`` of integer operands by numpy's rules (dtypes
+    promote as MLX promotes them; 1-D operands; batch axes broadcast),
+    wrapping modulo 2**bits of the result dtype as numpy does, or None where
+    it does not apply. ``op`` is the calling op, counted when the kernel
+    runs."""
+    native = active(setting)
+    if native is None or not covers_integer_matmul(AVal.of(a), AVal.of(b)):
+        return None
+    record(setting, op)
+    dtype = mx.result_type(a.dtype, b.dtype)
+    # The kernel takes [..., M, K] @ [..., K, N] of one dtype; a 1-D operand's
+    # added axis is dropped from the result again, as numpy does.
+    a2 = mx.expand_dims(a, 0) if a.ndim == 1 else a
+    b2 = mx.expand_dims(b, -1) if b.ndim == 1 else b
+    out = native.integer_matmul(a2 if a2.dtype == dtype else a2.astype(dtype),
+                                b2 if b2.dtype == dtype else b2.astype(dtype),
+                                isa=native.isa())
+    added = [axis for axis, one_d in ((-2, a.ndim == 1), (-1, b.ndim == 1)) if one_d]
+    return mx.squeeze(out, added) if added else out
+
+
+WINDOW_REDUCTIONS = ("sum", "product", "max", "min")
+
+
+def covers_window_reduce(x: AVal) -> bool:
+    """Whether the native window reduction computes a ``window_sum``,
+    ``window_product``, ``window_max`` or ``window_min`` of ``x``: float32 of
+    rank >= 1 (any layout, window, stride, dilation and padding the op
+    accepts; a non-contiguous ``x`` is copied first)."""
+    (shape, dtype) = x
+    return dtype == mx.float32 and len(shape) >= 1
+
+
+def window_reduce(setting: Setting, x: mx.array, *, reduction: str, window: list[int],
+                  strides: list[int], dilations: list[int], padding: list[tuple[int, int]],
+                  op: str) -> mx.array | None:
+    """XLA's reduce_window of ``x`` by ``reduction`` (one of
+    :data:`WINDOW_REDUCTIONS`), per-axis attributes as the window ops take
+    them, padding adding the reduction's identity (max and min propagate
+    NaN), or None where the kernel does not apply. ``op`` is the calling op,
+    counted when the kernel runs."""
+    native = active(setting)
+    if native is None or reduction not in WINDOW_REDUCTIONS \
+            or not covers_window_reduce(AVal.of(x)):
+        return None
+    record(setting, op)
+    return native.window_reduce(x, op=reduction, window=list(window), stride=list(strides),
+                                dilation=list(dilations), pad_low=[lo for lo, _ in padding],
+                                pad_high=[hi for _, hi in padding])

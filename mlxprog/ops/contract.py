@@ -3,13 +3,20 @@
 
 MLX multiplies matrices only in floating dtypes. ``dot``, ``tensordot`` and
 ``matmul`` also accept integer and bool operands, computed exactly (integers
-wrap on overflow as in XLA; bool gives "or of ands") from ``float64`` matrix
-products of 11-bit pieces of the operands, on the CPU: memory stays
-proportional to the operands and the result, and the time is several float
-products (3 for 16-bit, 6 for 32-bit, 21 for 64-bit results).
+wrap on overflow as in XLA; bool gives "or of ands") on the CPU: with native
+kernels on, integer products run mlxprog's exact integer GEMM (wrapping
+unsigned arithmetic of the result's width); otherwise they are ``float64``
+matrix products of 11-bit pieces of the operands: memory stays proportional
+to the operands and the result, and the time is several float products (3 for
+16-bit, 6 for 32-bit, 21 for 64-bit results).
 
 Only ``matmul`` is shapeless: ``dot`` and ``tensordot`` fold axes together with
 reshapes to sizes fixed at trace time, and ``einsum`` may.
+
+With native kernels on (:mod:`mlxprog.native`), float32 products of ``matmul``,
+``dot`` and ``tensordot`` run mlxprog's own GEMM on the CPU (MLX's CPU matmul,
+where it links a reference BLAS, is an order of magnitude slower); results
+differ from MLX's only in float32 summation order. ``einsum`` stays MLX's.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import mlx.core as mx
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from ..arrays import AVal
+from ..native import Setting
+from ..native import kernels as native
 from .attrs import Attrs, AxisOf, CheckError, normalize_axis
 from .registry import register_op
 
@@ -51,18 +60,22 @@ two pieces is below 2**22, so ``float64`` sums of up to 2**31 of them (more
 terms than any axis holds) are exact."""
 
 
-def _matmul(a: mx.array, b: mx.array) -> mx.array:
-    """``mx.matmul``, extended exactly to integer and bool operands."""
+def _matmul(a: mx.array, b: mx.array, setting: Setting, op: str = "matmul") -> mx.array:
+    """``mx.matmul``, extended exactly to integer and bool operands; float32
+    products take the native kernel where ``setting`` allows it (counted for
+    the calling ``op``)."""
     if mx.issubdtype(a.dtype, mx.inexact) or mx.issubdtype(b.dtype, mx.inexact):
-        return mx.matmul(a, b)
+        out = native.matmul(setting, a, b, op=op)
+        return out if out is not None else mx.matmul(a, b)
     dtype = mx.result_type(a.dtype, b.dtype)
     if dtype == mx.bool_:
         # A float sum of ones and zeros is positive exactly when a term is.
         return mx.matmul(a.astype(mx.float32), b.astype(mx.float32)) > 0
     if mx.issubdtype(dtype, mx.inexact):  # int64 with uint64 promotes to float32
         return mx.matmul(a.astype(dtype), b.astype(dtype))
-    with mx.stream(mx.cpu):  # the GPU has no float64
-        return _integer_matmul(a, b, dtype)
+    with mx.stream(mx.cpu):  # the GPU has no float64 (nor the native kernel)
+        out = native.integer_matmul(setting, a, b, op=op)
+        return out if out is not None else _integer_matmul(a, b, dtype)
 
 
 def _integer_matmul(a: mx.array, b: mx.array, dtype: mx.Dtype) -> mx.array:
@@ -88,11 +101,13 @@ def _integer_matmul(a: mx.array, b: mx.array, dtype: mx.Dtype) -> mx.array:
     return sum(terms[1:], terms[0]).astype(dtype)
 
 
-def _dot_general(lhs: mx.array, rhs: mx.array, lhs_contracting, rhs_contracting,
-                 lhs_batch=(), rhs_batch=()) -> mx.array:
+def _dot_general(lhs: mx.array, rhs: mx.array, setting: Setting, op: str, lhs_contracting,
+                 rhs_contracting, lhs_batch=(), rhs_batch=()) -> mx.array:
     """Contract validated axis lists: transpose each side to (batch, free,
-    contracting) order, fold into one batched matrix product, unfold the result
-    into batch axes, then lhs free axes, then rhs free axes."""
+    contracting) order, fold into one batched matrix product (``setting``
+    and ``op``: whether it may take the native kernel, counted for which op),
+    unfold the result into batch axes, then lhs free axes, then rhs free
+    axes."""
     lhs_free = [a for a in range(lhs.ndim) if a not in lhs_contracting and a not in lhs_batch]
     rhs_free = [a for a in range(rhs.ndim) if a not in rhs_contracting and a not in rhs_batch]
     batch_shape = [lhs.shape[a] for a in lhs_batch]
@@ -106,7 +121,23 @@ def _dot_general(lhs: mx.array, rhs: mx.array, lhs_contracting, rhs_contracting,
                       [batch, depth, math.prod(rhs_free_shape)])
     # mx.reshape rather than array.reshape(*shape), which crashes MLX 0.32 when
     # the shape is empty.
-    return mx.reshape(_matmul(lhs3, rhs3), [*batch_shape, *lhs_free_shape, *rhs_free_shape])
+    return mx.reshape(_matmul(lhs3, rhs3, setting, op),
+                      [*batch_shape, *lhs_free_shape, *rhs_free_shape])
+
+
+def _folded_covered(lhs: AVal, rhs: AVal, lhs_contracting, lhs_batch=()) -> bool:
+    """Whether a native matmul covers ``_dot_general``'s folded product of
+    these operands (validated axes): the folded shapes always pair up, so
+    this is whether a native kernel takes their dtypes."""
+    batch = math.prod(lhs.shape[a] for a in lhs_batch)
+    depth = math.prod(lhs.shape[a] for a in lhs_contracting)
+    return _matmul_covered(AVal((batch, 1, depth), lhs.dtype), AVal((batch, depth, 1), rhs.dtype))
+
+
+def _matmul_covered(a: AVal, b: AVal) -> bool:
+    """Whether a native kernel (the float32 or the exact integer one)
+    computes ``_matmul(a, b)``."""
+    return native.covers_matmul(a, b) or native.covers_integer_matmul(a, b)
 
 
 LhsAxes = Annotated[list[int], AxisOf(many=True, operand=0, what="lhs axis")]
@@ -155,27 +186,29 @@ def _check_dot(avals: list[AVal], attrs: DotAttrs) -> None:
             raise CheckError(str(exc), attribute=f"rhs_{kind}_axes") from None
 
 
-@register_op("dot", attrs=DotAttrs, operands=2, check=_check_dot)
-def dot(operands, attrs):
+@register_op("dot", attrs=DotAttrs, operands=2, check=_check_dot, context=True,
+             native_coverage=lambda avals, attrs: _folded_covered(
+                 *avals, attrs.lhs_contracting_axes, attrs.lhs_batch_axes))
+def dot(operands, attrs, context):
     """XLA ``dot_general`` (operands: lhs, rhs). Sums products over the paired
     ``lhs_contracting_axes``/``rhs_contracting_axes`` and maps over the paired
     ``lhs_batch_axes``/``rhs_batch_axes``; paired axes must have equal sizes. The
     result's axes are the batch axes, then lhs's remaining axes, then rhs's, each
     in operand order. Negative axes count from the end. Dtypes promote like
     MLX; integer and bool operands are computed exactly (integers wrap on
-    overflow; bool gives "or of ands") on the CPU, as several ``float64``
-    matrix products of 11-bit pieces of the operands."""
+    overflow; bool gives "or of ands") on the CPU (see the module docstring)."""
     lhs, rhs = operands
-    return _dot_general(lhs, rhs, attrs.lhs_contracting_axes, attrs.rhs_contracting_axes,
-                        attrs.lhs_batch_axes, attrs.rhs_batch_axes)
+    return _dot_general(lhs, rhs, context.native, "dot", attrs.lhs_contracting_axes,
+                        attrs.rhs_contracting_axes, attrs.lhs_batch_axes, attrs.rhs_batch_axes)
 
 
-@register_op("matmul", operands=2, shapeless=True)
-def matmul(operands, attrs):
+@register_op("matmul", operands=2, shapeless=True, context=True,
+             native_coverage=lambda avals, attrs: _matmul_covered(*avals))
+def matmul(operands, attrs, context):
     """Matrix product with numpy ``matmul`` rules (operands: a, b): 1-D operands
     act as a row/column vector, leading batch axes broadcast. Integer and bool
     operands are computed exactly, as for ``dot``."""
-    return _matmul(*operands)
+    return _matmul(*operands, context.native)
 
 
 class TensordotAttrs(Attrs):
@@ -227,14 +260,23 @@ def _check_tensordot(avals: list[AVal], attrs: TensordotAttrs) -> None:
         raise CheckError(str(exc), attribute="axes") from None
 
 
-@register_op("tensordot", attrs=TensordotAttrs, operands=2, check=_check_tensordot)
-def tensordot(operands, attrs):
+def _tensordot_covered(avals: list[AVal], attrs: TensordotAttrs) -> bool:
+    """Whether the native matmul covers this tensordot's folded product."""
+    lhs, rhs = avals
+    lhs_axes, _ = _tensordot_axes(attrs, len(lhs.shape), len(rhs.shape))
+    return _folded_covered(lhs, rhs, lhs_axes)
+
+
+@register_op("tensordot", attrs=TensordotAttrs, operands=2, check=_check_tensordot,
+             context=True, native_coverage=_tensordot_covered)
+def tensordot(operands, attrs, context):
     """Tensor contraction (operands: a, b). ``axes`` is an int n (contract a's
     last n axes with b's first n) or two lists of axes paired one to one. The
     result's axes are a's remaining axes, then b's. Integer and bool operands are
     computed exactly, as for ``dot``."""
     lhs, rhs = operands
-    return _dot_general(lhs, rhs, *_tensordot_axes(attrs, lhs.ndim, rhs.ndim))
+    return _dot_general(lhs, rhs, context.native, "tensordot",
+                        *_tensordot_axes(attrs, lhs.ndim, rhs.ndim))
 
 
 class EinsumAttrs(Attrs):

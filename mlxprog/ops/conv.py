@@ -5,13 +5,20 @@ Inputs are ``[N, *spatial, C_in]`` and weights ``[C_out, *kernel, C_in / groups]
 ``[N, *spatial_out, C_out]``. Channel-first data (NCHW / OIHW) must be transposed
 first. Per-spatial-dimension attributes are lists with one entry per spatial
 dimension.
+
+With native kernels on (:mod:`mlxprog.native`), float32 ``conv_general``
+without input dilation or flip runs mlxprog's own kernels on the CPU (a GEMM
+over the patches, gathered as it packs; depthwise convolutions directly);
+``conv_transpose`` (input dilation, flipped kernel) stays MLX's.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+
 from ..arrays import AVal
-from .attrs import Attrs, PositiveInt, Size
+from ..native import kernels as native
+from .attrs import Attrs, PositiveSize, Size
 from .registry import register_op
 
 Padding = tuple[Size, Size]
@@ -72,15 +79,15 @@ def _check_lengths(attrs: Attrs, spatial: int) -> None:
 class ConvGeneralAttrs(Attrs):
     """The attributes of ``conv_general``."""
 
-    stride: list[PositiveInt] | None = None
+    stride: list[PositiveSize] | None = None
     """Step of the kernel per spatial dimension (default 1)."""
     padding: list[Padding] | None = None
     """``[low, high]`` zero padding per spatial dimension (default none)."""
-    kernel_dilation: list[PositiveInt] | None = None
+    kernel_dilation: list[PositiveSize] | None = None
     """Spacing between kernel taps per spatial dimension (default 1)."""
-    input_dilation: list[PositiveInt] | None = None
+    input_dilation: list[PositiveSize] | None = None
     """Spacing inserted between input elements per spatial dimension (default 1)."""
-    groups: PositiveInt = 1
+    groups: PositiveSize = 1
     """Feature groups: channels split into ``groups`` independent convolutions."""
     flip: bool = False
     """Flip the kernel (true convolution) instead of cross-correlating."""
@@ -91,8 +98,24 @@ def _check_conv_general(avals: list[AVal], attrs: ConvGeneralAttrs) -> None:
     _check_lengths(attrs, _check_layouts(avals, attrs.groups))
 
 
-@register_op("conv_general", attrs=ConvGeneralAttrs, operands=2, check=_check_conv_general)
-def conv_general(operands, attrs):
+def _conv_general_covered(avals: list[AVal], attrs: ConvGeneralAttrs) -> bool:
+    """Whether the native convolution computes this ``conv_general``."""
+    return native.covers_conv(*avals, **_conv_general_options(attrs, len(avals[0].shape) - 2))
+
+
+def _conv_general_options(attrs: ConvGeneralAttrs, spatial: int) -> dict:
+    """``conv_general``'s attributes with their defaults filled in, one entry
+    per spatial dimension, as the native convolution takes them."""
+    return dict(stride=attrs.stride or [1] * spatial,
+                padding=attrs.padding or [(0, 0)] * spatial,
+                kernel_dilation=attrs.kernel_dilation or [1] * spatial,
+                input_dilation=attrs.input_dilation or [1] * spatial,
+                groups=attrs.groups, flip=attrs.flip)
+
+
+@register_op("conv_general", attrs=ConvGeneralAttrs, operands=2, check=_check_conv_general,
+             context=True, native_coverage=_conv_general_covered)
+def conv_general(operands, attrs, context):
     """N-d convolution (``mx.conv_general``), cross-correlation unless ``flip``.
     Operands: input ``[N, *spatial, C_in]`` and weight
     ``[C_out, *kernel, C_in / groups]``; result ``[N, *spatial_out, C_out]``. The
@@ -105,6 +128,10 @@ def conv_general(operands, attrs):
     spatial dimensions. Kernel sizes must be positive; with no input channels
     the result is zeros."""
     x, w = operands
+    out = native.conv(context.native, x, w, **_conv_general_options(attrs, x.ndim - 2),
+                      op="conv_general")
+    if out is not None:
+        return out
     padding = attrs.padding or [(0, 0)] * (x.ndim - 2)
     out = mx.conv_general(
         x,
@@ -122,15 +149,15 @@ def conv_general(operands, attrs):
 class ConvTransposeAttrs(Attrs):
     """The attributes of ``conv_transpose``."""
 
-    stride: list[PositiveInt] | None = None
+    stride: list[PositiveSize] | None = None
     """Upsampling step per spatial dimension (default 1)."""
     padding: list[Size] | None = None
     """Symmetric padding removed from both ends per spatial dimension (default 0)."""
-    dilation: list[PositiveInt] | None = None
+    dilation: list[PositiveSize] | None = None
     """Spacing between kernel taps per spatial dimension (default 1)."""
     output_padding: list[Size] | None = None
     """Extra elements added at the high end per spatial dimension (default 0)."""
-    groups: PositiveInt = 1
+    groups: PositiveSize = 1
     """Feature groups."""
 
 

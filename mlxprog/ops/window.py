@@ -9,6 +9,11 @@ none) and, for the reductions, ``window_dilations`` (default 1). An axis of size
 ``d`` padded to ``p = d + low + high``, with a window of ``w`` elements dilated
 by ``r`` (spanning ``(w - 1) * r + 1``) and stride ``s``, has
 ``(p - (w - 1) * r - 1) // s + 1`` windows; the window must fit in ``p``.
+
+With native kernels on (:mod:`mlxprog.native`), float32 ``window_sum``,
+``window_product``, ``window_max`` and ``window_min`` run one CPU kernel
+(max pooling of channels-last images reduces whole channel vectors) instead
+of a padded copy, a strided view and an MLX reduction.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import math
 
 import mlx.core as mx
 from ..arrays import AVal, is_floating
-from .attrs import Attrs, PositiveInt, Size
+from ..native import kernels as native
+from .attrs import Attrs, PositiveSize, Size
 from .registry import register_family, register_op
 
 Padding = tuple[Size, Size]
@@ -27,9 +33,9 @@ Padding = tuple[Size, Size]
 class WindowAttrs(Attrs):
     """The window attributes every window op takes (those of the scatters)."""
 
-    window_dimensions: list[PositiveInt]
+    window_dimensions: list[PositiveSize]
     """Window size per axis of operand 0."""
-    window_strides: list[PositiveInt] | None = None
+    window_strides: list[PositiveSize] | None = None
     """Step between windows per axis (default 1)."""
     padding: list[Padding] | None = None
     """``[low, high]`` per axis (default none)."""
@@ -84,7 +90,7 @@ def _check_windows(avals: list[AVal], attrs: WindowAttrs) -> None:
 class WindowReduceAttrs(WindowAttrs):
     """The attributes of the window reductions: dilations too."""
 
-    window_dilations: list[PositiveInt] | None = None
+    window_dilations: list[PositiveSize] | None = None
     """Spacing between window elements per axis (default 1: contiguous)."""
 
     @property
@@ -138,9 +144,20 @@ _IDENTITY = {
 }
 
 
-def window_reduce(reduce, operands, attrs: WindowReduceAttrs) -> mx.array:
+# The native kernel's name for each reduction.
+_NATIVE_REDUCTION = {mx.sum: "sum", mx.prod: "product", mx.max: "max", mx.min: "min"}
+
+
+def window_reduce(reduce, operands, attrs: WindowReduceAttrs, context) -> mx.array:
     """Reduce each window of operand 0 with ``reduce`` (an ``mx`` reduction)."""
     x = operands[0]
+    kind = _NATIVE_REDUCTION[reduce]
+    out = native.window_reduce(context.native, x, reduction=kind,
+                               window=attrs.window_dimensions, strides=attrs.strides,
+                               dilations=attrs.dilations, padding=attrs.pads,
+                               op="window_" + kind)
+    if out is not None:
+        return out
     windows = _windows(_pad(x, attrs, _IDENTITY[reduce](x.dtype)), attrs)
     return reduce(windows, axis=list(range(x.ndim, 2 * x.ndim)))
 
@@ -168,7 +185,8 @@ register_family(
             "NaN propagates.",
         ),
     },
-    window_reduce, attrs=WindowReduceAttrs, check=_check_windows,
+    window_reduce, attrs=WindowReduceAttrs, check=_check_windows, context=True,
+    native_coverage=lambda avals, attrs: native.covers_window_reduce(avals[0]),
 )
 
 

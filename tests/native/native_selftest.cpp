@@ -1,7 +1,9 @@
 // The kernel tables without MLX, against scalar references: the quantized
 // matmul for bits 2, 3, 4, 8, group sizes 32, 64, 128, one and three rows, its
-// int8 numerics for bits 4 and 8 (one, two and nine rows), and the RMS norm. Built and run by tests/test_native.py with the host compiler
-// (the table MLXPROG_NATIVE_ISA selects) and, where a cross compiler and
+// int8 numerics for bits 4 and 8 (one, two and nine rows), the RMS norm, the
+// float32 GEMM (plain and as a convolution's implicit im2col) and the window
+// reductions. Built and run by tests/test_native.py with the host compiler (the table
+// MLXPROG_NATIVE_ISA selects) and, where a cross compiler and
 // qemu-aarch64 exist, for arm64 (the portable table, NEON).
 #include "kernels.h"
 #include <cmath>
@@ -69,6 +71,75 @@ int main() {
   k.rms_norm(rp, 0, 3);
   for (int r = 0; r < 3; ++r) { double ms = 0; for (int i = 0; i < 20; ++i) ms += xr[r*20+i]*xr[r*20+i]; ms /= 20;
     for (int i = 0; i < 20; ++i) if (std::fabs(xr[r*20+i] / std::sqrt(ms + 1e-5) * 2 - outr[r*20+i]) > 1e-5) { ++bad; printf("rms\n"); break; } }
+  // float32 GEMM: odd sizes past every block, B dense and transposed, and one
+  // row (the unpacked path); then a strided, padded, dilated 2-D convolution.
+  for (int bt = 0; bt < 2; ++bt) for (int64_t M : {1, 7, 150}) {
+    const int64_t N = 37, K = 300;
+    std::vector<float> a(M * K), bm(K * N), c(M * N), work(gemm_workspace(N));
+    for (auto& v : a) v = (rand() % 1000) / 500.f - 1;
+    for (auto& v : bm) v = (rand() % 1000) / 500.f - 1;
+    GemmProblem gp{a.data(), K, 1, bm.data(), bt ? 1 : N, bt ? K : 1, c.data(), N, M, N, K, nullptr};
+    k.sgemm(gp, 0, M, 0, N, work.data(), nullptr);
+    double worst = 0;
+    for (int64_t m = 0; m < M; ++m) for (int64_t n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int64_t q = 0; q < K; ++q) ref += (double)a[m * K + q] * bm[bt ? n * K + q : q * N + n];
+      worst = std::fmax(worst, std::fabs(ref - c[m * N + n]));
+    }
+    if (worst > 1e-4) { printf("sgemm M %ld transposed %d: error %g\n", (long)M, bt, worst); ++bad; }
+  }
+  {
+    ConvGeometry g{5, 5, {1, 9, 8}, {1, 5, 3}, {1, 3, 2}, {1, 2, 3}, {0, 1, 0}, {1, 1, 2}};
+    const int64_t batch = 2, co = 6, K = 3 * 2 * 5, M = batch * 5 * 3;
+    std::vector<float> x(batch * 9 * 8 * 5), w(co * K), c(M * co), work(gemm_workspace(co));
+    for (auto& v : x) v = (rand() % 1000) / 500.f - 1;
+    for (auto& v : w) v = (rand() % 1000) / 500.f - 1;
+    GemmProblem gp{x.data(), 0, 1, w.data(), 1, K, c.data(), co, M, co, K, &g};
+    k.sgemm(gp, 0, M, 0, co, work.data(), nullptr);
+    double worst = 0;
+    for (int64_t m = 0; m < M; ++m) for (int64_t o = 0; o < co; ++o) {
+      const int64_t n = m / 15, oh = (m / 3) % 5, ow = m % 3;
+      double ref = 0;
+      for (int kh = 0; kh < 3; ++kh) for (int kw = 0; kw < 2; ++kw) {
+        const int64_t ih = oh * 2 - 1 + kh, iw = ow * 3 + kw * 2;
+        if (ih < 0 || ih >= 9 || iw < 0 || iw >= 8) continue;
+        for (int ch = 0; ch < 5; ++ch)
+          ref += (double)x[((n * 9 + ih) * 8 + iw) * 5 + ch] * w[o * K + (kh * 2 + kw) * 5 + ch];
+      }
+      worst = std::fmax(worst, std::fabs(ref - c[m * co + o]));
+    }
+    if (worst > 1e-4) { printf("conv: error %g\n", worst); ++bad; }
+  }
+  // Window reductions: a max over vectors of 11 channels (with NaNs, which
+  // propagate) and a sum over single floats (no inner vector), against
+  // loops over the padded windows.
+  for (const WindowOp op : {WindowOp::max, WindowOp::sum}) {
+    const int64_t C = op == WindowOp::max ? 11 : 1;
+    const int64_t in[2] = {7, 6}, out_shape[2] = {4, 5}, window[2] = {3, 2};
+    const int64_t stride[2] = {2, 1}, dilation[2] = {1, 2}, pad[2] = {1, 1};
+    const int64_t step[2] = {6 * C, C};
+    std::vector<float> x(7 * 6 * C), out(4 * 5 * C);
+    for (auto& v : x) v = (rand() % 1000) / 500.f - 1;
+    x[5] = x[3 * 6 * C + 2] = NAN;
+    WindowProblem wp{x.data(), out.data(), op, 2, in, out_shape, window, stride, dilation, pad,
+                     step, C};
+    k.window_reduce(wp, 0, 4);
+    int wrong = 0;
+    for (int64_t oh = 0; oh < 4; ++oh) for (int64_t ow = 0; ow < 5; ++ow) for (int64_t c = 0; c < C; ++c) {
+      double ref = op == WindowOp::max ? -INFINITY : 0;
+      bool nan = false;
+      for (int64_t th = 0; th < 3; ++th) for (int64_t tw = 0; tw < 2; ++tw) {
+        const int64_t ih = oh * 2 - 1 + th, iw = ow - 1 + tw * 2;
+        if (ih < 0 || ih >= 7 || iw < 0 || iw >= 6) continue;
+        const float v = x[(ih * 6 + iw) * C + c];
+        nan |= std::isnan(v);
+        ref = op == WindowOp::max ? std::fmax(ref, v) : ref + v;
+      }
+      const float got = out[(oh * 5 + ow) * C + c];
+      wrong += nan ? !std::isnan(got) : !(std::fabs(got - ref) <= 1e-5);
+    }
+    if (wrong) { printf("window_reduce op %d: %d wrong\n", static_cast<int>(op), wrong); ++bad; }
+  }
   printf("%s\n", bad ? "FAILED" : "ok");
   return bad != 0;
 }

@@ -89,6 +89,81 @@ struct SwigluProblem {
   int64_t I;
 };
 
+// The input of a convolution, for a GEMM whose A is its patch matrix
+// (implicit im2col): row m of A is output pixel m (batch, o0, o1, o2), column
+// k is tap k / group_channels (k0, k1, k2 row-major over `kernel`) and channel
+// k % group_channels; an element whose input position falls in the padding is
+// zero. x is dense [batch, in0, in1, in2, channels] (fewer spatial dimensions
+// as size 1); GemmProblem::a points at the group's first channel.
+struct ConvGeometry {
+  int64_t channels;        // x's last dimension
+  int64_t group_channels;  // channels one group reads
+  int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];  // pad: the low side
+};
+
+// C (M x N, row stride c_rs, dense rows) = A (M x K) @ B (K x N), float32.
+// A and B are read through element strides (row, column), so transposed and
+// broadcast views need no copy; with `conv` set A is gathered as above.
+struct GemmProblem {
+  const float* a;
+  int64_t a_rs, a_cs;
+  const float* b;
+  int64_t b_rs, b_cs;
+  float* c;
+  int64_t c_rs;
+  int64_t M, N, K;
+  const ConvGeometry* conv;
+};
+
+// The GEMM's cache blocks: a KC-deep slice of an MC-row block of A is packed
+// (MC x KC floats, for the 512 KiB L2) against a KC x NC slice of B (for the
+// L3); every table's register tile divides MC and NC.
+constexpr int64_t kGemmKC = 256, kGemmMC = 144, kGemmNC = 4080;
+
+// The floats of scratch one sgemm call over `cols` output columns needs.
+inline int64_t gemm_workspace(int64_t cols) {
+  const int64_t nc = cols < kGemmNC ? cols : kGemmNC;
+  return kGemmMC * kGemmKC + kGemmKC * (nc + 16) + 16;  // +16: room to align to 64 bytes
+}
+
+// The columns of B packed whole (a multiple of every table's register tile).
+inline int64_t gemm_packed_cols(int64_t N) { return (N + 15) / 16 * 16; }
+
+// A depthwise convolution (one input channel per group, one output channel
+// per input channel): out [batch, out0, out1, out2, C] from x [batch, in0,
+// in1, in2, C] (dense) and taps [kernel volume, C] (the weight transposed so
+// a tap's channels are adjacent); geometry as ConvGeometry (group_channels 1).
+struct DepthwiseProblem {
+  const float* x;
+  const float* taps;
+  float* out;
+  ConvGeometry g;
+  int64_t batch;
+};
+
+// A window reduction (XLA's reduce_window) of a dense float32 x whose axes
+// are `rank` outer axes followed by `inner` elements that every window takes
+// whole (trailing axes the window leaves alone, merged): out[o, :] reduces
+// x[o * stride - pad + w * dilation, :] (per outer axis) over the window
+// positions w that fall inside x; positions in the padding add the
+// reduction's identity (0, 1, -inf, +inf), i.e. nothing. Rows, for the
+// threads, run over the outer output axes but the last; out is dense.
+enum class WindowOp : int { sum = 0, product = 1, max = 2, min = 3 };
+struct WindowProblem {
+  const float* x;
+  float* out;
+  WindowOp op;
+  int rank;
+  const int64_t* in;         // x's outer axes
+  const int64_t* out_shape;  // out's outer axes
+  const int64_t* window;
+  const int64_t* stride;
+  const int64_t* dilation;
+  const int64_t* pad;      // the low side
+  const int64_t* in_step;  // x's element stride per outer axis
+  int64_t inner;
+};
+
 struct Kernels {
   const char* isa;
   // Convert x (M x K, `dtype`) to float32 in the order the qmm kernel reads
@@ -113,6 +188,22 @@ struct Kernels {
   // Query rows [i0, i1) of an attention, a row being a (batch, head, query
   // position) triple in q's order.
   void (*attention)(const AttentionProblem& p, int64_t i0, int64_t i1);
+  // The block rows [m0, m1) x columns [n0, n1) of a float32 GEMM, with
+  // `work` scratch of gemm_workspace(n1 - n0) floats. `packed_b`: B already
+  // packed by sgemm_pack_b (then n0 is a multiple of 16), or null.
+  void (*sgemm)(const GemmProblem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                float* work, const float* packed_b);
+  // Pack B's rows [k0, k0 + kc) x columns [n0, n0 + nc) (k0 a multiple of
+  // kGemmKC, kc the rest of that slice up to kGemmKC, n0 a multiple of 16)
+  // for sgemm: the whole B takes K * gemm_packed_cols(N) floats, and this
+  // part goes at k0 * gemm_packed_cols(N) + n0 * kc.
+  void (*sgemm_pack_b)(const GemmProblem& p, int64_t k0, int64_t kc, int64_t n0, int64_t nc,
+                       float* dst);
+  // Output rows [r0, r1) of a depthwise convolution, a row being a
+  // (batch, o0, o1) triple: its out2 x C outputs.
+  void (*depthwise_conv)(const DepthwiseProblem& p, int64_t r0, int64_t r1);
+  // Output rows [r0, r1) of a window reduction.
+  void (*window_reduce)(const WindowProblem& p, int64_t r0, int64_t r1);
 };
 
 const Kernels& portable_kernels();

@@ -5,9 +5,13 @@
 // same checks MLX's own op makes. eval_cpu allocates the output and enqueues
 // the kernel on the primitive's CPU stream; all reads of input data happen in
 // that task, when earlier tasks have produced them.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -24,6 +28,7 @@
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 #include "threadpool.h"
+#include "int_matmul.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -111,6 +116,9 @@ class CpuPrimitive : public mx::UnaryPrimitive {
         });
   }
 };
+
+#include "gemm_conv.inc"
+#include "window.inc"
 
 // -- quantized matmul -----------------------------------------------------------
 
@@ -1015,6 +1023,8 @@ NB_MODULE(_mlxprog_native, m) {
         "qmm(x, qkv) (as cache_attention_block); h += qmm(attention, o); x = rms_norm(h, "
         "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "
         "(w, scales, biases), transpose; returns (h, k_cache, v_cache).");
+  mlxprog::bind_gemm_conv(m);
+  mlxprog::bind_window(m);
   m.def("isa", [] { return std::string(mlxprog::active_kernels->isa); },
         "The instruction set of the kernels in use.");
   m.def("set_isa", [](const std::string& name) {
@@ -1036,6 +1046,7 @@ NB_MODULE(_mlxprog_native, m) {
           if (mlxprog::kernels_named(name)) names.emplace_back(name);
         return names;
       }, "The kernel tables built here that this CPU runs, best first.");
+  mlxprog::bind_int_matmul(m);
   m.def("threads", [] { return mlxprog::ThreadPool::instance().threads(); },
         "The kernels' thread count, the calling thread included.");
 }

@@ -1,0 +1,84 @@
+"""float32 matmul and convolution: MLX's CPU ops against mlxprog's native
+kernels (mlxprog/native/src/gemm_isa.inc) and numpy (its BLAS), in GFLOP/s
+(median of --runs calls after a warm-up). The native kernels use
+MLXPROG_NATIVE_THREADS threads (default: the usable cores); numpy its BLAS's
+own threads. On a shared machine, re-run and compare medians.
+
+    python benchmarks/bench_gemm_conv.py [--runs 5] [--single-thread-table]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from mlxprog import native
+
+MATMULS = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (196, 2304, 256),
+           (1, 25088, 4096)]
+"""(M, K, N); the last two: a ResNet 14x14 3x3 layer's GEMM, VGG's first
+fully connected layer (one row: bound by reading the weight)."""
+
+CONVS = [((1, 224, 224, 3), (64, 7, 7, 3), 2, 3), ((1, 56, 56, 64), (64, 3, 3, 64), 1, 1),
+         ((1, 56, 56, 256), (64, 1, 1, 256), 1, 0), ((1, 14, 14, 256), (256, 3, 3, 256), 1, 1),
+         ((1, 112, 112, 128), (128, 3, 3, 128), 1, 1)]
+"""(input, weight, stride, padding) of ResNet-50 and VGG-19 layers."""
+
+
+def seconds(fn, runs: int) -> float:
+    """Median wall time of ``fn()`` (evaluated) over ``runs`` calls."""
+    mx.eval(fn())
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    """Print one line per case: GFLOP/s of MLX, native and (matmul) numpy."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--mlx-runs", type=int, default=1,
+                        help="timed calls of MLX's (slow) ops")
+    args = parser.parse_args()
+    ext = native.module()
+    if ext is None:
+        raise SystemExit(f"native kernels unavailable: {native.status()}")
+    print(f"native: {native.status()}")
+    rng = np.random.default_rng(0)
+    for M, K, N in MATMULS:
+        a_np = rng.standard_normal((M, K)).astype(np.float32)
+        b_np = rng.standard_normal((N, K)).astype(np.float32).T  # weights as (N, K)
+        a, b = mx.array(a_np), mx.array(np.ascontiguousarray(b_np.T)).T
+        flops = 2 * M * K * N
+        rates = {
+            "mlx": flops / seconds(lambda: mx.matmul(a, b), args.mlx_runs),
+            "native": flops / seconds(lambda: ext.matmul(a, b), args.runs),
+        }
+        start = time.perf_counter()
+        for _ in range(args.runs):
+            a_np @ b_np
+        rates["numpy"] = flops * args.runs / (time.perf_counter() - start)
+        print(f"matmul {M}x{K}x{N} (B transposed): " +
+              "  ".join(f"{k} {v / 1e9:6.1f}" for k, v in rates.items()) + " GFLOP/s")
+    for x_shape, w_shape, stride, pad in CONVS:
+        x = mx.array(rng.standard_normal(x_shape).astype(np.float32))
+        w = mx.array(rng.standard_normal(w_shape).astype(np.float32))
+        out = ext.conv(x, w, stride=[stride] * 2, pad_low=[pad] * 2, pad_high=[pad] * 2,
+                       dilation=[1, 1], groups=1)
+        flops = 2 * out.size * int(np.prod(w_shape[1:]))
+        mlx = seconds(lambda: mx.conv_general(x, w, stride=stride, padding=pad), args.mlx_runs)
+        nat = seconds(lambda: ext.conv(x, w, stride=[stride] * 2, pad_low=[pad] * 2,
+                                       pad_high=[pad] * 2, dilation=[1, 1], groups=1), args.runs)
+        print(f"conv {list(x_shape)} * {list(w_shape)} stride {stride} pad {pad}: "
+              f"mlx {flops / mlx / 1e9:6.1f}  native {flops / nat / 1e9:6.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
