@@ -212,6 +212,11 @@ def _parser() -> argparse.ArgumentParser:
                              help="directory to write the program and weights into "
                              "(created if missing)")
     onnx_import.add_argument("--name", help="the program's name (default: the graph's)")
+    onnx_import.add_argument("--fold-batch-norm", action=argparse.BooleanOptionalAction,
+                             default=True,
+                             help="fold a BatchNormalization (or a per-channel constant "
+                             "Mul/Add) after a Conv into the Conv's weight and bias "
+                             "(default: on)")
     onnx_import.set_defaults(handler=_cmd_import_onnx)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the format",
@@ -453,14 +458,17 @@ def _cmd_import_onnx(args: argparse.Namespace) -> int:
         raise ProgramError("import-onnx needs the onnx package: pip install 'mlxprog[onnx]'")
     from .onnx import import_model
 
-    program, weights = import_model(args.model, name=args.name)
+    program, weights = import_model(args.model, name=args.name,
+                                    fold_batch_norm=args.fold_batch_norm)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     program_path = out / "program.json"
     program.save(program_path)
     print(f"wrote {program_path} ({_count(program.instructions)} instructions)")
     # MLX's safetensors writer refuses float64; .npz holds it (both load by name).
-    wide = {k: v for k, v in weights.items() if v.dtype == np.float64}
+    # Weights are NumPy arrays, except bfloat16 ones (NumPy has no bfloat16).
+    wide = {k: v for k, v in weights.items()
+            if isinstance(v, np.ndarray) and v.dtype == np.float64}
     files = {out / "weights.safetensors": {k: v for k, v in weights.items() if k not in wide}}
     if wide:
         files[out / "weights-float64.npz"] = wide

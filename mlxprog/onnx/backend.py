@@ -42,7 +42,7 @@ from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
 from ..validate import validate
 from .context import OnnxImportError
-from .importer import import_model, load_model
+from .importer import BFLOAT16, import_model, load_model
 
 #: How the importer's error names an input it needs at import
 #: (:meth:`~mlxprog.onnx.context.Context.require_constant`).
@@ -55,13 +55,25 @@ __all__ = ["MlxprogBackend", "MlxprogRep", "SpecializingRep", "prepare", "run_mo
 
 def to_mlx(array: Any) -> mx.array:
     """A NumPy array as an ``mx.array`` of the same dtype (``mx.array`` alone
-    turns float64 into float32); NumPy scalars stay 0-d."""
+    turns float64 into float32; ml_dtypes' bfloat16 becomes MLX's); NumPy
+    scalars stay 0-d; an ``mx.array`` (a bfloat16 weight) as it is."""
+    if isinstance(array, mx.array):
+        return array
     array = np.asarray(array)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)  # (makes a 0-d array 1-d: not reached for one)
     if array.dtype == np.float64:
         return mx.array(array, dtype=mx.float64)
     return mx.array(array)
+
+
+def to_numpy(array: mx.array) -> np.ndarray:
+    """An ``mx.array`` as a NumPy array of the same dtype: bfloat16 as
+    ``ml_dtypes.bfloat16`` (ONNX's NumPy form of it; NumPy's buffer protocol
+    does not take MLX's bfloat16), through its bits."""
+    if array.dtype == mx.bfloat16:
+        return np.array(array.view(mx.uint16), copy=True).view(BFLOAT16)
+    return np.array(array, copy=True)
 
 
 def _is_cpu(device: str) -> bool:
@@ -108,7 +120,7 @@ class MlxprogRep(BackendRep):
             arrays = [to_mlx(a) for a in args]
             outputs = self.executable(*arrays)
             mx.eval(outputs)
-            result = [np.array(o, copy=True) for o in outputs]
+            result = [to_numpy(o) for o in outputs]
         return self._outputs(*result)
 
 
@@ -215,21 +227,22 @@ class MlxprogBackend(Backend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", *,
                 roundtrip: bool = True, eager: bool = False, specialize_inputs: bool = False,
-                **kwargs: Any) -> MlxprogRep | SpecializingRep:
+                fold_batch_norm: bool = True, **kwargs: Any) -> MlxprogRep | SpecializingRep:
         """Import, validate and compile ``model`` on the CPU. ``roundtrip``
         serializes the program to JSON and loads it back before compiling;
         ``eager`` compiles it for eager interpretation (no ``mx.compile``).
         ``specialize_inputs`` defers the import to the first ``run``, binding
         the graph inputs the importer needs at import (see the module
-        docstring). Other keyword arguments (the test runner's ``rtol``/``atol``) are
-        ignored."""
+        docstring). ``fold_batch_norm`` is :func:`import_model`'s. Other
+        keyword arguments (the test runner's ``rtol``/``atol``) are ignored."""
         del kwargs
         if not _is_cpu(device):
             raise RuntimeError(f"mlxprog's ONNX backend runs on the CPU only, not {device!r}")
         if specialize_inputs:
-            return SpecializingRep(load_model(model), dict(roundtrip=roundtrip, eager=eager))
+            return SpecializingRep(load_model(model), dict(
+                roundtrip=roundtrip, eager=eager, fold_batch_norm=fold_batch_norm))
         model = load_model(model)
-        program, weights = import_model(model)
+        program, weights = import_model(model, fold_batch_norm=fold_batch_norm)
         if roundtrip:
             program = Program.loads(program.to_json())
         with mx.stream(mx.cpu):

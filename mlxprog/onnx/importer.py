@@ -10,6 +10,8 @@ import by ONNX's own reference evaluator) or a channels-last value
 captures (the returned weights), large folded constants too; small ones
 become program constants. Shape computations on symbolic dims fold too,
 to NumPy object arrays (:mod:`.symbolic`), before any converter runs.
+Before all that, a BatchNormalization (or a per-channel constant Mul/Add)
+after a Conv is folded into the Conv's weight and bias (:mod:`.fold`).
 A subgraph (``If``, ``Loop``, ``Scan``) is converted in a child
 :class:`Scope` that reads the enclosing graphs' values by name.
 ``docs/onnx.md`` describes the whole mapping.
@@ -23,6 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import mlx.core as mx
 import numpy as np
 import onnx
@@ -36,6 +39,8 @@ from ..symbolic.specialize import specialize
 from ..validate import validate
 from . import registry, symbolic
 from .context import ChannelsLast, Context, OnnxImportError
+from .fold import NEVER_FOLDED, fold_conv_affine
+from .graph import free_names
 
 #: The opsets imported as they are; older models are converted to
 #: :data:`MIN_OPSET` with ``onnx.version_converter`` first.
@@ -54,7 +59,17 @@ _ONNX_TO_NUMPY = {
     onnx.TensorProto.INT64: np.int64, onnx.TensorProto.UINT8: np.uint8,
     onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.UINT32: np.uint32,
     onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_,
+    # ONNX's NumPy form of bfloat16 (numpy_helper, the reference evaluator).
+    onnx.TensorProto.BFLOAT16: ml_dtypes.bfloat16,
 }
+
+#: bfloat16 as NumPy holds it (``ml_dtypes``: not a ``np.floating`` subtype).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """Whether a NumPy dtype is a float type, bfloat16 included."""
+    return np.issubdtype(dtype, np.floating) or np.dtype(dtype) == BFLOAT16
 
 
 def numpy_dtype(elem_type: int, where: str) -> np.dtype:
@@ -253,29 +268,12 @@ class Scope:
         return results
 
 
-def free_names(graph: onnx.GraphProto) -> set[str]:
-    """The value names ``graph``'s nodes (and the graphs nested in them) read,
-    and its outputs name, that the graph does not define: the enclosing
-    graphs' values."""
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(n for n in node.input if n and n not in defined)
-        for a in node.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                used.update(n for n in free_names(g) if n not in defined)
-        defined.update(node.output)
-    # A graph may return an enclosing graph's value as it is.
-    used.update(out.name for out in graph.output if out.name not in defined)
-    return used
-
-
 #: NumPy dtypes of MLX's.
 _MLX_TO_NUMPY = {
     mx.bool_: np.bool_, mx.uint8: np.uint8, mx.uint16: np.uint16, mx.uint32: np.uint32,
     mx.uint64: np.uint64, mx.int8: np.int8, mx.int16: np.int16, mx.int32: np.int32,
     mx.int64: np.int64, mx.float16: np.float16, mx.float32: np.float32,
-    mx.float64: np.float64,
+    mx.float64: np.float64, mx.bfloat16: ml_dtypes.bfloat16,
 }
 
 
@@ -295,7 +293,7 @@ class Importer:
         self.model = model
         self.opset = default_opset(model)
         self.b = ProgramBuilder(name)
-        self.weights: dict[str, np.ndarray] = {}
+        self.weights: dict[str, np.ndarray | mx.array] = {}
         self._dims: dict[str, str] = {}  # dim_param -> declared dim name
         self._folded = 0
         self._captures: dict[str, Value] = {}
@@ -319,7 +317,10 @@ class Importer:
             array, capture_name = entry, f"folded.{name}"
         if isinstance(entry, Initializer) or array.size > MAX_INLINE_CONSTANT:
             if capture_name not in self.weights:
-                self.weights[capture_name] = array
+                # A bfloat16 weight as an mx.array: mlxprog's bindings take
+                # NumPy's ml_dtypes form of it nowhere (they read float32 as
+                # bfloat16), and the safetensors writer keeps it bfloat16.
+                self.weights[capture_name] = mx.array(array) if array.dtype == BFLOAT16 else array
                 value = self.b.capture(capture_name, list(array.shape), dtype_name(array.dtype))
                 self._captures[capture_name] = value
             value = self._captures[capture_name]
@@ -498,7 +499,7 @@ class Importer:
         """Whether the node is computed at import: every input known at
         import (and numeric), no subgraph, not random."""
         node = ctx.node
-        if node.op_type in _NEVER_FOLDED or any(a.type == onnx.AttributeProto.GRAPH
+        if node.op_type in NEVER_FOLDED or any(a.type == onnx.AttributeProto.GRAPH
                                                 for a in node.attribute):
             return False
         given = [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
@@ -520,7 +521,7 @@ class Importer:
         self._folded += 1
         return [np.asarray(o) for o in outputs]
 
-    def run(self) -> tuple[Program, dict[str, np.ndarray]]:
+    def run(self) -> tuple[Program, dict[str, np.ndarray | mx.array]]:
         """Convert the model: the program and its weights."""
         graph = self.model.graph
         missing = self.unsupported(graph)
@@ -677,17 +678,17 @@ def _layout_of_inputs(ctx: Context) -> str | None:
     return "channels_last"
 
 
-#: Ops whose result must not be computed at import (random ones).
-_NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
-                 "Multinomial", "Bernoulli"}
-
-
 def default_opset(model: onnx.ModelProto) -> int:
-    """The model's opset of the default ONNX domain."""
+    """The model's opset of the default ONNX domain; a model of other
+    domains only (``ai.onnx.ml``) has no default-domain node, and counts as
+    the newest opset this onnx package knows (nothing to convert)."""
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
             return entry.version
-    raise OnnxImportError("the model imports no opset of the default ONNX domain")
+    if any(n.domain in ("", "ai.onnx") for n in model.graph.node):
+        raise OnnxImportError("the model imports no opset of the default ONNX domain, yet "
+                              "uses its ops")
+    return onnx.defs.onnx_opset_version()
 
 
 def load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
@@ -706,6 +707,8 @@ def load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     if opset > newest:
         raise OnnxImportError(f"the model's opset {opset} is newer than this onnx package "
                               f"knows ({newest})")
+    if opset < 7:
+        model = _legacy_prelu_slopes(model)
     if opset < MIN_OPSET:
         before = _interface(model.graph)
         try:
@@ -726,6 +729,38 @@ def load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     return model
 
 
+def _legacy_prelu_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A model of opset 6 or older with each PRelu's 1-D slope made
+    ``[C, 1, ..., 1]``: before opset 7 a slope of ``C`` values is per channel
+    (axis 1, Caffe2's PRelu), and ``onnx.version_converter`` keeps it as it
+    is, where NumPy broadcasting would pair it with the last axis (and fail,
+    or be wrong when the last axis happens to have C elements too)."""
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    graph = model_copy.graph
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - without ranks nothing is rewritten
+        return model
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*inferred.input, *inferred.value_info, *inferred.output]
+             if v.type.tensor_type.HasField("shape")}
+    ranks.update({init.name: len(init.dims) for init in graph.initializer})
+    nodes = []
+    for node in graph.node:
+        if (node.op_type == "PRelu" and node.domain in ("", "ai.onnx")
+                and ranks.get(node.input[1]) == 1 and ranks.get(node.input[0], 0) > 2):
+            per_channel = f"{node.input[1]}.per_channel.{len(nodes)}"
+            nodes.append(onnx.helper.make_node(
+                "Unsqueeze", [node.input[1]], [per_channel],
+                axes=list(range(1, ranks[node.input[0]] - 1))))
+            node.input[1] = per_channel
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model_copy
+
+
 def _interface(graph: onnx.GraphProto) -> dict[str, tuple | None]:
     """The graph's inputs and outputs: name -> (element type, shape) where
     declared (None for an output left untyped)."""
@@ -743,11 +778,18 @@ def _same_spec(before: tuple, after: tuple | None) -> bool:
     return after is not None and after[0] == before[0] and before[1] in (None, after[1])
 
 
-def import_model(model: onnx.ModelProto | str | Path, name: str | None = None
-                 ) -> tuple[Program, dict[str, np.ndarray]]:
+def import_model(model: onnx.ModelProto | str | Path, name: str | None = None, *,
+                 fold_batch_norm: bool = True
+                 ) -> tuple[Program, dict[str, np.ndarray | mx.array]]:
     """An ONNX model (a ``ModelProto`` or a ``.onnx`` path) as an mlxprog
-    program and its weights: ``mlxprog.compile(program, captures=weights)``
-    runs it. The program's inputs are the graph's inputs in order
-    (initializers excluded), its outputs the graph's."""
+    program and its weights (NumPy arrays; bfloat16 ones ``mx.array``s):
+    ``mlxprog.compile(program, captures=weights)`` runs it. The program's
+    inputs are the graph's inputs in order (initializers excluded), its
+    outputs the graph's. ``fold_batch_norm`` folds each inference
+    BatchNormalization, and each Mul/Add of a per-channel constant, that
+    follows a Conv into the Conv's weight and bias first
+    (:func:`.fold.fold_conv_affine`; the weights returned are the folded ones)."""
     model = load_model(model)
+    if fold_batch_norm:
+        model = fold_conv_affine(model)
     return Importer(model, name or model.graph.name or "onnx").run()

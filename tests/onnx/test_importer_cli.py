@@ -1,5 +1,7 @@
 """``mlxprog import-onnx``, then ``mlxprog run`` and ``inspect`` on what it wrote."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,31 @@ def test_a_file_that_is_no_model_is_an_error(capsys, tmp_path):
     assert err.startswith("error: cannot read ONNX model")
     code, _, err = run_cli(capsys, "import-onnx", tmp_path / "missing.onnx", "-o", tmp_path)
     assert code == 1 and "not found" in err
+
+
+def conv_bn_model(path):
+    """A Conv followed by an inference BatchNormalization (foldable)."""
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.normal(size=(4, 2, 3, 3)).astype(np.float32),
+             "scale": rng.uniform(0.5, 2, 4).astype(np.float32),
+             "bias": rng.normal(size=4).astype(np.float32),
+             "mean": rng.normal(size=4).astype(np.float32),
+             "var": rng.uniform(0.5, 2, 4).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), str(path))
+
+
+@pytest.mark.parametrize("flag, folded", [([], True), (["--no-fold-batch-norm"], False)])
+def test_fold_batch_norm_flag(capsys, tmp_path, flag, folded):
+    conv_bn_model(tmp_path / "m.onnx")
+    code, _, err = run_cli(capsys, "import-onnx", tmp_path / "m.onnx", "-o", tmp_path / "o",
+                           *flag)
+    assert code == 0, err
+    program = json.loads((tmp_path / "o" / "program.json").read_text())
+    # Unfolded, the norm is a multiply and an add after the conv.
+    assert (not any(i["op"] == "multiply" for i in program["instructions"])) is folded

@@ -54,6 +54,21 @@ def test_prelu_broadcasts_slope(dtype):
     check_node("PRelu", {"x": x, "slope": slope})
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4), (2, 3, 4, 3)])
+def test_prelu_legacy_per_channel_slope(shape):
+    """Opset 6's PRelu takes a slope of C values per channel (axis 1): the
+    importer makes it [C, 1, ..., 1] before converting the model, also where
+    the last axis has C elements too (NumPy broadcasting would pair them)."""
+    from onnx_cases import run_mlxprog
+
+    x = floats(*shape)
+    slope = np.array([0.1, 0.2, 0.3], np.float32)
+    model = node_model("PRelu", {"x": x}, initializers={"slope": slope}, opset=6)
+    (y,) = run_mlxprog(model, {"x": x})
+    per_channel = slope.reshape(3, *[1] * (len(shape) - 2))
+    np.testing.assert_allclose(y, np.where(x < 0, x * per_channel, x), rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_shrink_integer(dtype):
     x = np.arange(-5, 6).astype(dtype)
@@ -111,3 +126,12 @@ def test_symbolic_batch(op, axis):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx_cases.OPSET)])
     for n in (2, 5):
         check_model(model, {"x": floats(n, 3)})
+
+
+def test_swiglu_alpha_and_bad_shapes():
+    from mlxprog.onnx import OnnxImportError, import_model
+
+    a, g = floats(2, 6), floats(2, 6)
+    check_model(node_model("SwiGLU", {"a": a, "g": g}, opset=28, alpha=1.7), {"a": a, "g": g})
+    with pytest.raises(OnnxImportError, match="one shape and type"):
+        import_model(node_model("SwiGLU", {"a": a, "g": floats(1, 6)}, opset=28))

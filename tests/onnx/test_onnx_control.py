@@ -205,3 +205,35 @@ def test_scan_axes_and_directions(in_dir, out_dir):
     rows = np.cumsum(steps, axis=0) * W
     np.testing.assert_allclose(s, steps.sum(axis=0))
     np.testing.assert_allclose(ys, (rows[::-1] if out_dir else rows).T)
+
+
+def test_loop_scan_outputs_with_a_run_time_condition():
+    """With scan outputs the first condition decides their length (0 or M
+    rows): a run-time one is a shape-deciding input, an error naming it;
+    the backend's specialize_inputs binds it at import and runs the loop."""
+    from onnx import TensorProto as T
+
+    from mlxprog.onnx import OnnxImportError, import_model
+    from mlxprog.onnx.backend import MlxprogBackend
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]),
+         helper.make_node("Cast", ["i"], ["fi"], to=T.FLOAT),
+         helper.make_node("Mul", ["fi", "x"], ["row"])], "body",
+        [helper.make_tensor_value_info("i", T.INT64, []),
+         helper.make_tensor_value_info("c", T.BOOL, [])],
+        [helper.make_tensor_value_info("c_out", T.BOOL, []),
+         helper.make_tensor_value_info("row", T.FLOAT, [])])
+    node = helper.make_node("Loop", ["m", "cond"], ["rows"], body=body)
+    graph = helper.make_graph(
+        [node], "loop", [helper.make_tensor_value_info("cond", T.BOOL, []),
+                         helper.make_tensor_value_info("x", T.FLOAT, [])],
+        [helper.make_value_info("rows", onnx.TypeProto())],
+        [onnx.numpy_helper.from_array(np.array(3, np.int64), "m")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(OnnxImportError, match="the condition, which decides the scan outputs"):
+        import_model(model)
+    rep = MlxprogBackend.prepare(model, specialize_inputs=True)
+    x = np.array(2.0, np.float32)
+    assert rep.run([np.array(True), x])[0].tolist() == [0.0, 2.0, 4.0]
+    assert rep.run([np.array(False), x])[0].shape == (0,)

@@ -202,3 +202,28 @@ def test_gather_nd_empty_index_vectors(batch_dims):
 def test_gather_nd_int32_indices_int_data():
     check_node("GatherND", {"x": np.arange(24, dtype=np.int64).reshape(2, 3, 4),
                             "i": np.array([[[2], [0]], [[1], [1]]], np.int32)}, batch_dims=1)
+
+
+def test_reverse_sequence_and_bad_axes():
+    from mlxprog.onnx import OnnxImportError, import_model
+
+    x = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+    lens = np.array([4, 1, 3], np.int64)
+    check_node("ReverseSequence", {"x": x, "lens": lens}, time_axis=0, batch_axis=1)
+    check_node("ReverseSequence", {"x": x.transpose(1, 0, 2).copy(), "lens": lens},
+               time_axis=1, batch_axis=0)
+    with pytest.raises(OnnxImportError, match="time_axis=2"):
+        import_model(node_model("ReverseSequence", {"x": x, "lens": lens}, time_axis=2))
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_and_bad_mode(mode):
+    from mlxprog.onnx import OnnxImportError, import_model
+
+    cache = np.zeros((2, 3, 6, 4), np.float32)
+    update = np.ones((2, 3, 3, 4), np.float32)
+    inputs = {"cache": cache, "update": update, "at": np.array([1, 4 if mode == "circular"
+                                                                else 3], np.int64)}
+    check_model(node_model("TensorScatter", inputs, opset=24, mode=mode), inputs)
+    with pytest.raises(OnnxImportError, match="mode='ring'"):
+        import_model(node_model("TensorScatter", inputs, opset=24, mode="ring"))

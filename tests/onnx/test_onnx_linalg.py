@@ -138,3 +138,17 @@ def test_det_permuted_and_singular():
                   [[0, 1, 0], [1, 0, 0], [0, 0, 1]],
                   [[1, 2, 3], [2, 4, 6], [0, 1, 1]]], np.float32)
     check_node("Det", {"x": x}, rtol=1e-4, atol=1e-5)
+
+
+def test_qlinear_matmul_per_column_scale_and_bad_output_type():
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 255, (3, 5), dtype=np.uint8)
+    b = rng.integers(-128, 127, (5, 4), dtype=np.int8)
+    params = {"a_scale": np.array(0.1, np.float32), "a_zp": np.array(7, np.uint8),
+              "b": b, "b_scale": np.array([0.03, 0.01, 0.02, 0.04], np.float32),
+              "b_zp": np.array(-2, np.int8),
+              "y_scale": np.array(0.5, np.float32), "y_zp": np.array(3, np.int8)}
+    check_node("QLinearMatMul", {"a": a}, initializers=params)
+    params["y_zp"] = np.array(3, np.int32)
+    with pytest.raises(OnnxImportError, match="y_zero_point is int32"):
+        import_model(node_model("QLinearMatMul", {"a": a}, initializers=params))

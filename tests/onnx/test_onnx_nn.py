@@ -393,3 +393,47 @@ def test_rms_normalization_broadcast_scale_float16():
     scale = rng.uniform(0.5, 1.5, (4,)).astype(np.float16)
     inputs = {"x": x, "scale": scale}
     check_model(node_model("RMSNormalization", inputs, opset=23, axis=1), inputs, 1e-2, 1e-2)
+
+
+def test_conv_integer_wide_sums_and_qlinear_conv_bad_output_type():
+    """A ConvInteger whose sums can pass 2**24 (3*3*64 uint8 products)
+    computes in float64, exactly; QLinearConv refuses a non-8-bit output."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 255, (1, 64, 5, 5), dtype=np.uint8)
+    w = rng.integers(0, 255, (2, 64, 3, 3), dtype=np.uint8)
+    check_node("ConvInteger", {"x": x}, initializers={"w": w, "xz": np.array(3, np.uint8),
+                                                       "wz": np.array(250, np.uint8)},
+               rtol=0, atol=0)
+    params = {"xs": np.array(0.1, np.float32), "xz": np.array(0, np.uint8), "w": w,
+              "ws": np.array(0.2, np.float32), "wz": np.array(0, np.uint8),
+              "ys": np.array(0.3, np.float32), "yz": np.array(0, np.int32)}
+    with pytest.raises(OnnxImportError, match="y_zero_point is int32"):
+        import_model(node_model("QLinearConv", {"x": x}, initializers=params))
+
+
+def test_causal_conv_with_state_and_bad_activation():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    inputs = {"x": x, "w": rng.standard_normal((3, 1, 4)).astype(np.float32),
+              "bias": rng.standard_normal(3).astype(np.float32),
+              "past": rng.standard_normal((2, 3, 3)).astype(np.float32)}
+    check_model(node_model("CausalConvWithState", inputs, outputs=("y", "state"), opset=27,
+                           activation="silu"), inputs)
+    with pytest.raises(OnnxImportError, match="activation='gelu'"):
+        import_model(node_model("CausalConvWithState", inputs, outputs=("y", "state"),
+                                opset=27, activation="gelu"))
+
+
+def test_deform_conv_groups_and_bad_offset():
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 4, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 2, 3)).astype(np.float32)
+    offset = (rng.standard_normal((1, 2 * 6 * 2, 3, 3)) * 1.5).astype(np.float32)
+    mask = rng.uniform(0, 1, (1, 2 * 6, 3, 3)).astype(np.float32)
+    inits = {"w": w, "offset": offset, "b": np.arange(6, dtype=np.float32), "mask": mask}
+    check_model(node_model("DeformConv", {"x": x}, initializers=inits, opset=22, group=2,
+                           offset_group=2, strides=[2, 2], pads=[1, 0, 0, 1]),
+                {"x": x}, rtol=1e-4, atol=1e-5)
+    with pytest.raises(OnnxImportError, match="offset_group=3"):
+        import_model(node_model("DeformConv", {"x": x}, initializers=inits, opset=22,
+                                group=2, offset_group=3, strides=[2, 2], pads=[1, 0, 0, 1]))

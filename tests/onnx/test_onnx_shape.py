@@ -333,3 +333,12 @@ def test_symbolic_pad_and_squeeze():
     model = graph_model(nodes, [("x", F, ["N", 1, 3])], ["y"],
                         [("pads", i64(0, 0, 1, 0, 0, 2)), ("ax", i64(1))])
     check_model(model, {"x": f32(4, 1, 3)})
+
+
+def test_center_crop_pad_and_bad_shape():
+    x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    check_node("CenterCropPad", {"x": x}, initializers={"s": np.array([7, 2], np.int64)},
+               axes=[-1, 1])
+    with pytest.raises(OnnxImportError, match="one size per axis"):
+        import_model(node_model("CenterCropPad", {"x": x},
+                                initializers={"s": np.array([7, 2, 1], np.int64)}, axes=[0]))

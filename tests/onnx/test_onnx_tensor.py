@@ -50,6 +50,33 @@ def test_cast_like_same_type():
     check_node("CastLike", {"x": FLOATS, "like": np.zeros(2, np.float32)})
 
 
+def test_bfloat16_end_to_end():
+    """bfloat16 inputs, initializers (a capture: its weight an mx.array),
+    a Cast to and from it, and outputs: the backend takes and gives ONNX's
+    NumPy form of it (``ml_dtypes.bfloat16``)."""
+    import ml_dtypes
+    import mlx.core as mx
+    from onnx.reference import ReferenceEvaluator
+
+    from mlxprog.onnx.backend import MlxprogBackend
+
+    bf16 = ml_dtypes.bfloat16
+    x = np.array([[1.5, -2.25, 3.0]], bf16)
+    w = np.arange(300, dtype=np.float32).reshape(100, 3).astype(bf16)  # a capture
+    nodes = [helper.make_node("Add", ["x", "w"], ["s"]),
+             helper.make_node("Cast", ["s"], ["f"], to=T.FLOAT),
+             helper.make_node("Cast", ["f"], ["y"], to=T.BFLOAT16)]
+    model = graph_model(nodes, [("x", T.BFLOAT16, [1, 3])], ["f", "y"],
+                        initializers=[("w", w)])
+    rep = MlxprogBackend.prepare(model)
+    assert rep.weights["w"].dtype == mx.bfloat16
+    f, y = rep.run([x])
+    want_f, want_y = ReferenceEvaluator(model).run(None, {"x": x})
+    assert f.dtype == np.float32 and y.dtype == bf16
+    np.testing.assert_array_equal(f, want_f)
+    np.testing.assert_array_equal(y.astype(np.float32), want_y.astype(np.float32))
+
+
 # -- ConstantOfShape, Range (symbolic: static ones are folded at import) -----------------
 
 
@@ -138,3 +165,12 @@ def test_range_symbolic_start_and_delta(start, delta):
                          ("delta", np.array(delta, np.int64))])
     for n in (5, 8, 9):
         check_model(model, {"x": f32(n)})
+
+
+def test_bitcast_and_bad_width():
+    from mlxprog.onnx import OnnxImportError, import_model
+    from onnx_cases import node_model
+
+    check_node("BitCast", {"x": np.array([1.5, -0.0, np.inf], np.float32)}, to=T.UINT32)
+    with pytest.raises(OnnxImportError, match="to=int64 must have the width"):
+        import_model(node_model("BitCast", {"x": FLOATS}, to=T.INT64))

@@ -7,7 +7,7 @@ pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
 import onnx  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
-from onnx_cases import OPSET, check_model, check_node, value_info  # noqa: E402
+from onnx_cases import OPSET, check_model, check_node, node_model, value_info  # noqa: E402
 
 from mlxprog.onnx import import_model  # noqa: E402
 
@@ -131,3 +131,42 @@ def test_grid_sample_3d_linear():
     x = rand(1, 2, 3, 4, 5)
     grid = (RNG.random((1, 2, 3, 2, 3)) * 2.4 - 1.2).astype(np.float32)
     check_node("GridSample", {"x": x, "grid": grid}, mode="linear", rtol=1e-4, atol=1e-5)
+
+
+def test_affine_grid_and_bad_theta():
+    from mlxprog.onnx import OnnxImportError, import_model
+
+    theta = np.random.default_rng(6).standard_normal((2, 2, 3)).astype(np.float32)
+    for align in (0, 1):
+        model = node_model("AffineGrid", {"theta": theta}, opset=20, align_corners=align,
+                           initializers={"size": np.array([2, 3, 4, 5], np.int64)})
+        check_model(model, {"theta": theta})
+    with pytest.raises(OnnxImportError, match=r"theta \[2, 2, 3\] and size"):
+        import_model(node_model("AffineGrid", {"theta": theta}, opset=20,
+                                initializers={"size": np.array([2, 3, 4, 5, 6], np.int64)}))
+
+
+def test_col2im_and_bad_columns():
+    from mlxprog.onnx import OnnxImportError, import_model
+
+    x = np.random.default_rng(7).standard_normal((2, 2 * 4, 12)).astype(np.float32)
+    shapes = {"image": np.array([4, 5], np.int64), "block": np.array([2, 2], np.int64)}
+    check_node("Col2Im", {"x": x}, initializers=shapes, pads=[1, 0, 0, 1], strides=[1, 2])
+    with pytest.raises(OnnxImportError, match=r"must be \[N, C \* 4, 4\]"):
+        import_model(node_model("Col2Im", {"x": x}, initializers=shapes, strides=[2, 2]))
+
+
+def test_roi_align_and_runtime_rois():
+    from mlxprog.onnx import OnnxImportError, import_model
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    rois = np.array([[0.5, 1.0, 4.0, 5.5], [0.0, 0.0, 6.5, 5.0], [3, 3, 3.2, 3.1]], np.float32)
+    batch = np.array([1, 0, 1], np.int64)
+    for mode in ("avg", "max"):
+        check_model(node_model("RoiAlign", {"x": x}, initializers={"rois": rois, "batch": batch},
+                               mode=mode, output_height=2, output_width=3, spatial_scale=0.9),
+                    {"x": x}, rtol=1e-5, atol=1e-5)
+    model = node_model("RoiAlign", {"x": x, "rois": rois, "batch": batch})
+    with pytest.raises(OnnxImportError, match="rois.*must be known at"):
+        import_model(model)

@@ -245,3 +245,18 @@ def hardmax(ctx: Context) -> list:
     best = b.argmax(x, axis=axis, keepdims=True)
     index = b.iota(shape=list(shape), dtype="uint32", axis=axis)
     return [b.astype(b.equal(index, best), dtype=name_of(x.dtype))]
+
+
+@converter("SwiGLU")
+def swiglu(ctx: Context) -> list:
+    """``a * sigmoid(alpha * a) * b`` (``alpha`` 1.0); ``a`` and ``b`` have one
+    shape and type (no broadcasting)."""
+    if ctx.shape(0) != ctx.shape(1) or ctx.dtype(0) != ctx.dtype(1):
+        raise ctx.fail(f"inputs A and B must have one shape and type (no broadcasting); "
+                       f"found {ctx.dtype(0)}{list(ctx.shape(0))} and "
+                       f"{ctx.dtype(1)}{list(ctx.shape(1))}")
+    a, gate = ctx.input(0), ctx.input(1)
+    b = ctx.b
+    alpha = ctx.attr("alpha", 1.0)
+    scaled = a if alpha == 1.0 else b.multiply(ctx.scalar(alpha, a), a)
+    return [b.multiply(b.multiply(a, b.sigmoid(scaled)), gate)]

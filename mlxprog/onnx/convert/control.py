@@ -91,9 +91,9 @@ def loop(ctx: Context) -> list:
     """``while`` with the carry ``[i, M, cond, *v, *scan buffers, *outer]``.
 
     Scan outputs fill buffers of ``M`` rows preallocated before the loop, so
-    they need ``M`` known at import and a loop that cannot end early (no
-    ``cond`` input, or one known True and a body whose condition output is
-    True or its condition input passed through)."""
+    they need ``M`` and the ``cond`` input (no rows when false) known at
+    import, and a body whose condition output is True or its condition
+    input passed through (a loop that cannot end early)."""
     graph = ctx.attr("body")
     carried = [ctx.input(i) for i in range(2, ctx.num_inputs)]
     n_scan = len(graph.output) - 1 - len(carried)
@@ -112,13 +112,18 @@ def loop(ctx: Context) -> list:
              _scalar(ctx, b, ctx.input(0), "int64") if ctx.has_input(0)
              else b.constant(0, "int64"))
     cond_given = ctx.has_input(1)
-    known_cond = ctx.constant(1) if cond_given else np.array(True)
+    if not cond_given:
+        known_cond = np.array(True)
+    elif n_scan:
+        # The first condition decides the scan outputs' length (0 rows, or
+        # M): like a shape input, it must be known at import then.
+        known_cond = ctx.require_constant(1, "the condition, which decides the scan outputs' "
+                                             "length")
+    else:
+        known_cond = ctx.constant(1)
     first = None if known_cond is None else bool(known_cond.reshape(-1)[0])
     start_cond = (b.constant(first, "bool") if first is not None
                   else _scalar(ctx, b, ctx.input(1), "bool"))
-    if n_scan and first is None:
-        raise ctx.fail("scan outputs need a loop that runs all its M iterations, and this "
-                       "loop's condition input is computed at run time")
     n_rows = trip_count if n_scan and first else 0
     outer = ctx.outer_values("body")
     onnx_body = ctx.subgraph("body", outer)
@@ -140,6 +145,10 @@ def loop(ctx: Context) -> list:
             [i0, start_cond, *carried, *(ctx.value(n) for n in outer)])
         names = [out.name for out in graph.output[1 + n_v:]]
         buffers = _buffers(ctx, elements, names, n_rows)
+        if not first:
+            # It never runs (a body writing into the empty buffers would not
+            # validate): the carried values as given, empty scan outputs.
+            return [*carried, *buffers]
     else:
         buffers = []
     outer_vals = [ctx.value(n) for n in outer]

@@ -1,10 +1,12 @@
 """Indexing ops: Gather, GatherElements, GatherND, ScatterElements,
-ScatterND, TopK.
+ScatterND, TopK, ReverseSequence, TensorScatter.
 
 Indices may be negative (counted from the end). Out-of-range indices, an
 error in ONNX, are clamped by MLX's gathers and dropped by its scatters.
 Scatter reductions ``mul``/``max``/``min`` (MLX has scatter-replace and
-scatter-add only) are computed densely, with a one-hot mask.
+scatter-add only) are computed densely, with a one-hot mask. ReverseSequence
+and TensorScatter (a KV cache write) are gathers of index arrays built from
+iotas, TensorScatter's selected into the cache.
 NonZero (a data-dependent shape) is not converted.
 """
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from ..context import Context
 from ..registry import converter
-from ..importer import dtype_name
+from ..importer import dtype_name, is_float_dtype
 from .shape import _axis, _is_int, _symbolic, folded, prod
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -97,7 +99,7 @@ def _identity(ctx: Context, reduction: str, dtype: np.dtype):
         return True if dtype == np.bool_ else 1
     if dtype == np.bool_:
         return reduction == "min"
-    if np.issubdtype(dtype, np.floating):
+    if is_float_dtype(dtype):
         return "-inf" if reduction == "max" else "inf"
     info = np.iinfo(dtype)
     return int(info.min if reduction == "max" else info.max)
@@ -265,3 +267,73 @@ def top_k(ctx: Context) -> list:
     order = b.slice(order, lengths=lengths)
     values = b.take_along_axis(x, order, axis=axis)
     return [values, b.astype(order, dtype="int64")]
+
+
+# -- ReverseSequence, TensorScatter --------------------------------------------------------
+
+
+def _along(b, size, axis: int, rank: int, dtype: str = "int64"):
+    """``0 .. size-1`` laid along ``axis`` of a rank-``rank`` array of ones."""
+    shape = [1] * rank
+    shape[axis] = size
+    return b.iota(shape=shape, dtype=dtype, axis=axis)
+
+
+@converter("ReverseSequence")
+def reverse_sequence(ctx: Context) -> list:
+    """Each batch entry (along ``batch_axis``, default 1) with its first
+    ``sequence_lens[i]`` steps along ``time_axis`` (default 0) reversed, the
+    rest as they are."""
+    shape = list(ctx.shape(0))
+    rank = len(shape)
+    time_axis, batch_axis = ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1)
+    if rank < 2 or sorted((time_axis, batch_axis)) != [0, 1]:
+        raise ctx.fail(f"attributes time_axis={time_axis} and batch_axis={batch_axis} must "
+                       "be 0 and 1 (either order) of an input of rank 2 or more")
+    b = ctx.b
+    lens = b.astype(ctx.input(1), dtype="int64")
+    lens = b.reshape(lens, shape=[shape[batch_axis] if a == batch_axis else 1
+                                  for a in range(rank)])
+    t = _along(b, shape[time_axis], time_axis, rank)
+    reversed_t = b.subtract(b.subtract(lens, b.constant(1, "int64")), t)
+    index = b.select(b.less(t, lens), reversed_t, t)
+    index = b.broadcast_to(index, shape=shape)
+    return [b.take_along_axis(ctx.input(0), index, axis=time_axis)]
+
+
+@converter("TensorScatter")
+def tensor_scatter(ctx: Context) -> list:
+    """``past_cache`` with ``update`` written along ``axis`` (default -2, not
+    the batch axis 0) from ``write_indices[b]`` (default 0) per batch entry;
+    ``mode="circular"`` wraps past the cache's end, ``"linear"`` (default)
+    must not reach it."""
+    mode = ctx.choice("mode", ("linear", "circular"), "linear")
+    cache, update = list(ctx.shape(0)), list(ctx.shape(1))
+    rank = len(cache)
+    axis = _axis(ctx, ctx.attr("axis", -2), rank)
+    if axis == 0:
+        raise ctx.fail("attribute axis=0 is the batch axis; the sequence axis must be another")
+    if len(update) != rank or any(c != u for a, (c, u) in enumerate(zip(cache, update))
+                                  if a != axis):
+        raise ctx.fail(f"update {update} must match past_cache {cache} but along axis {axis}")
+    b = ctx.b
+    total, length = cache[axis], update[axis]
+    # For each cache slot j: the update step s = j - start (mod total,
+    # circular) written there, where 0 <= s < length.
+    slot = _along(b, total, axis, rank)
+    if ctx.has_input(2):
+        start = b.astype(ctx.input(2), dtype="int64")
+        start = b.reshape(start, shape=[cache[0]] + [1] * (rank - 1))
+        step = b.subtract(slot, start)
+    else:
+        step = slot
+    if mode == "circular":
+        # mlxprog's remainder truncates: shift the step (> -total, for a
+        # write index within the cache) to non-negative first.
+        step = b.remainder(b.add(step, b.constant(total, "int64")), b.constant(total, "int64"))
+    written = b.logical_and(b.greater_equal(step, b.constant(0, "int64")),
+                            b.less(step, b.constant(length, "int64")))
+    step = b.clip(step, b.constant(0, "int64"), b.constant(max(length - 1, 0), "int64"))
+    index = b.broadcast_to(step, shape=[*cache[:axis], total, *cache[axis + 1:]])
+    values = b.take_along_axis(ctx.input(1), index, axis=axis)
+    return [b.select(written, values, ctx.input(0))]

@@ -1,4 +1,4 @@
-"""Linear algebra: MatMul, Gemm, Einsum, MatMulInteger, Det.
+"""Linear algebra: MatMul, Gemm, Einsum, MatMulInteger, QLinearMatMul, Det.
 
 ``matmul`` computes integer (and bool) operands exactly; ``einsum`` takes
 floating operands only (as MLX), so an integer Einsum is refused.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..context import Context
+from ..importer import dtype_name, is_float_dtype
 from ..registry import converter
 
 
@@ -55,28 +56,63 @@ def einsum(ctx: Context) -> list:
     equation = ctx.attr("equation").replace(" ", "")
     given = [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
     for i in given:
-        if not np.issubdtype(ctx.dtype(i), np.floating):
+        if not is_float_dtype(ctx.dtype(i)):
             raise ctx.fail(f"input {i} is {ctx.dtype(i)}: MLX's einsum takes floating "
                            "operands only")
     return [ctx.b.einsum(*[ctx.input(i) for i in given], subscripts=equation)]
+
+
+def _integer_matmul(ctx: Context, a: int, a_zero: int, b_: int, b_zero: int):
+    """``(A - a_zero_point) @ (B - b_zero_point)`` in int32 of inputs ``a`` and
+    ``b_`` and their zero points (optional inputs ``a_zero``/``b_zero``:
+    scalars, or per row of A / per column of B). MLX's integer matmul is
+    exact (int32 accumulation)."""
+    b = ctx.b
+    x = b.astype(ctx.input(a), dtype="int32")
+    y = b.astype(ctx.input(b_), dtype="int32")
+    if ctx.has_input(a_zero):
+        x = b.subtract(x, _per_row(ctx, b.astype(ctx.input(a_zero), dtype="int32")))
+    if ctx.has_input(b_zero):
+        y = b.subtract(y, b.astype(ctx.input(b_zero), dtype="int32"))
+    return b.matmul(x, y)
+
+
+def _per_row(ctx: Context, v):
+    """A quantization parameter of A: a per-row ``[M]`` one as ``[M, 1]``."""
+    if v.ndim == 1 and v.shape[0] != 1:
+        return ctx.b.expand_dims(v, axes=[1])
+    return v
 
 
 @converter("MatMulInteger")
 def matmul_integer(ctx: Context) -> list:
     """``(A - a_zero_point) @ (B - b_zero_point)`` in int32 (zero points:
     scalars, or per row of A / per column of B)."""
+    return [_integer_matmul(ctx, 0, 2, 1, 3)]
+
+
+@converter("QLinearMatMul")
+def qlinear_matmul(ctx: Context) -> list:
+    """The quantized product: the integer product of ``a`` and ``b`` less
+    their zero points, times ``a_scale * b_scale / y_scale``, rounded (half
+    to even) and saturated into ``y_zero_point``'s type, plus it (scales
+    and zero points: scalars, or per row of A / per column of B)."""
+    out = np.dtype(ctx.dtype(7))
+    if out not in (np.int8, np.uint8):
+        raise ctx.fail(f"y_zero_point is {out}: QLinearMatMul's output type must be int8 "
+                       "or uint8")
     b = ctx.b
-    a = b.astype(ctx.input(0), dtype="int32")
-    bb = b.astype(ctx.input(1), dtype="int32")
-    if ctx.has_input(2):
-        zp = b.astype(ctx.input(2), dtype="int32")
-        if zp.ndim == 1 and zp.shape[0] != 1:  # per row of A: [M] -> [M, 1]
-            zp = b.expand_dims(zp, axes=[1])
-        a = b.subtract(a, zp)
-    if ctx.has_input(3):
-        zp = b.astype(ctx.input(3), dtype="int32")
-        bb = b.subtract(bb, zp)
-    return [b.matmul(a, bb)]
+    product = b.astype(_integer_matmul(ctx, 0, 2, 3, 5), dtype="float32")
+
+    def scale(i: int):
+        return b.astype(ctx.input(i), dtype="float32")
+
+    factor = b.divide(b.multiply(_per_row(ctx, scale(1)), scale(4)), scale(6))
+    y = b.round(b.multiply(product, factor))
+    y = b.add(y, b.astype(ctx.input(7), dtype="float32"))
+    info = np.iinfo(out)
+    y = b.clip(y, b.constant(float(info.min), "float32"), b.constant(float(info.max), "float32"))
+    return [b.astype(y, dtype=dtype_name(out))]
 
 
 @converter("Det")

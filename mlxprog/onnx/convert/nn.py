@@ -1,4 +1,5 @@
-"""Neural-network layers: Conv, ConvTranspose, the pools (MaxPool,
+"""Neural-network layers: Conv, ConvTranspose, ConvInteger, QLinearConv,
+CausalConvWithState, DeformConv, the pools (MaxPool,
 AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool, GlobalLpPool,
 MaxUnpool), the
 normalizations (BatchNormalization, InstanceNormalization,
@@ -22,10 +23,13 @@ from __future__ import annotations
 
 import math
 
+import mlx.core as mx
 import numpy as np
 
 from ..context import ChannelsLast, Context
+from ..importer import is_float_dtype
 from ..registry import converter
+from .elementwise import same_dtype
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -148,12 +152,12 @@ def _add_bias(ctx: Context, y, i: int, rank: int):
     return y
 
 
-@converter("Conv")
-def conv(ctx: Context) -> list:
-    """N-d convolution (``conv_general``, channels-last result)."""
+def _conv_setup(ctx: Context, w_input: int):
+    """A convolution's spatial rank, weight shape (input ``w_input``), and
+    ``conv_general`` attributes (strides, pads, dilations), and its groups."""
     sizes = _spatial_sizes(ctx, 0, "the input X")
     n = len(sizes)
-    wshape = ctx.shape(1)
+    wshape = ctx.shape(w_input)
     if len(wshape) != n + 2 or not all(isinstance(d, int) for d in wshape):
         raise ctx.fail(f"weight W must be [M, C/group, *kernel] of rank {n + 2} with static "
                        f"dims; found {list(wshape)}")
@@ -164,13 +168,87 @@ def conv(ctx: Context) -> list:
     dilations = _ints(ctx, "dilations", n, 1)
     groups = int(ctx.attr("group", 1))
     pads = _auto_pads(ctx, sizes, kernel, strides, dilations)
+    attrs = dict(stride=strides, padding=[list(p) for p in pads], kernel_dilation=dilations)
+    return n, list(wshape), attrs, groups
+
+
+@converter("Conv")
+def conv(ctx: Context) -> list:
+    """N-d convolution (``conv_general``, channels-last result)."""
+    n, _, attrs, groups = _conv_setup(ctx, 1)
     x = ctx.input_channels_last(0)
     rank = n + 2
     w = _weight(ctx, 1, lambda a: np.moveaxis(a, 1, -1),
                 lambda v: ctx.b.transpose(v, axes=[0, *range(2, rank), 1]), "ohwi")
-    y = _conv_cl(ctx, x, w, groups, n, stride=strides, padding=[list(p) for p in pads],
-                 kernel_dilation=dilations)
+    y = _conv_cl(ctx, x, w, groups, n, **attrs)
     return [ChannelsLast(_add_bias(ctx, y, 2, rank))]
+
+
+def _integer_conv(ctx: Context, x_zero: int, w: int, w_zero: int):
+    """The convolution of ``X - x_zero_point`` (input 0, and input
+    ``x_zero``: a scalar) and ``W - w_zero_point`` (input ``w``; input
+    ``w_zero``: a scalar or one per output channel), exact, channels-last,
+    in float32 where every sum of products stays below 2**24 in magnitude
+    (8-bit operands: at most 258 products per output), else float64
+    (MLX's CPU device). ConvInteger and QLinearConv share it."""
+    b = ctx.b
+    n, wshape, attrs, groups = _conv_setup(ctx, w)
+    rank = n + 2
+    terms = int(np.prod(wshape[1:]))
+    widest = 1
+    for i in (0, w):
+        info = np.iinfo(ctx.dtype(i))
+        widest *= int(info.max) - int(info.min)  # |value - zero point| at most
+    compute = "float32" if terms * widest < 2 ** 24 else "float64"
+
+    def shifted(i: int, zero: int, per_channel: bool):
+        v = b.astype(ctx.input(i), dtype="int32")
+        if ctx.has_input(zero):
+            z = b.astype(ctx.input(zero), dtype="int32")
+            if per_channel and z.ndim == 1 and z.shape[0] != 1:
+                z = b.reshape(z, shape=[z.shape[0]] + [1] * (rank - 1))
+            v = b.subtract(v, z)
+        return b.astype(v, dtype=compute)
+
+    x = shifted(0, x_zero, False)
+    x = b.transpose(x, axes=[0, *range(2, rank), 1])
+    weight = b.transpose(shifted(w, w_zero, True), axes=[0, *range(2, rank), 1])
+    y = _conv_cl(ctx, x, weight, groups, n, **attrs)
+    return b.astype(b.round(y), dtype="int32"), rank
+
+
+@converter("ConvInteger")
+def conv_integer(ctx: Context) -> list:
+    """``Conv(X - x_zero_point, W - w_zero_point)`` in int32, exact."""
+    y, _ = _integer_conv(ctx, 2, 1, 3)
+    return [ChannelsLast(y)]
+
+
+@converter("QLinearConv")
+def qlinear_conv(ctx: Context) -> list:
+    """The quantized convolution: the integer convolution of ``x`` and ``w``
+    less their zero points, plus the int32 bias (input 8), times
+    ``x_scale * w_scale / y_scale`` (``w_scale`` per output channel or a
+    scalar), rounded half to even and saturated into ``y_zero_point``'s
+    type, plus it."""
+    out = np.dtype(ctx.dtype(7))
+    if out not in (np.int8, np.uint8):
+        raise ctx.fail(f"y_zero_point is {out}: QLinearConv's output type must be int8 "
+                       "or uint8")
+    b = ctx.b
+    acc, rank = _integer_conv(ctx, 2, 3, 5)
+    if ctx.has_input(8):
+        acc = b.add(acc, b.astype(ctx.input(8), dtype="int32"))  # [M], channels last
+
+    def scale(i: int):
+        return b.astype(b.reshape(ctx.input(i), shape=[-1]), dtype="float32")
+
+    factor = b.divide(b.multiply(scale(1), scale(4)), scale(6))
+    y = b.round(b.multiply(b.astype(acc, dtype="float32"), factor))
+    y = b.add(y, b.astype(b.reshape(ctx.input(7), shape=[]), dtype="float32"))
+    info = np.iinfo(out)
+    y = b.clip(y, b.constant(float(info.min), "float32"), b.constant(float(info.max), "float32"))
+    return [ChannelsLast(b.astype(y, dtype=_dtype_name(out)))]
 
 
 @converter("ConvTranspose")
@@ -309,8 +387,8 @@ def _max_pool_with_indices(ctx: Context) -> list:
     n = len(sizes)
     dtype = np.dtype(ctx.dtype(0))
     x = ctx.input(0)
-    low = (-np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min)
-    fill = b.constant(float(low) if np.issubdtype(dtype, np.floating) else int(low),
+    low = (-np.inf if is_float_dtype(dtype) else np.iinfo(dtype).min)
+    fill = b.constant(float(low) if is_float_dtype(dtype) else int(low),
                       _dtype_name(dtype))
     padded = b.pad(x, fill, pad_width=[[0, 0], [0, 0],
                                        *([lo, hi + e] for (lo, hi), e in zip(pads, extra))])
@@ -669,3 +747,136 @@ def rms_normalization(ctx: Context) -> list:
     if cast:
         y = b.astype(y, dtype=_dtype_name(dtype))
     return [y * ctx.input(1)]
+
+
+@converter("CausalConvWithState")
+def causal_conv_with_state(ctx: Context) -> list:
+    """A depthwise causal 1-d convolution of ``input`` (``[B, C, L]``) by
+    ``weight`` (``[C, 1, k]``) after ``past_state`` (``[B, C, k-1]``, default
+    zeros), plus ``bias``, then ``activation`` (``"none"``, or SiLU as
+    ``"silu"``/``"swish"``, in float32); ``present_state`` is the last
+    ``k - 1`` steps of the state and input together. Each of the ``k`` taps
+    is a slice of them times its weights (no convolution primitive: ``k``
+    is small, and a depthwise one would run per channel group)."""
+    activation = ctx.choice("activation", ("none", "silu", "swish"), "none")
+    shape, wshape = list(ctx.shape(0)), list(ctx.shape(1))
+    if len(shape) != 3 or len(wshape) != 3 or wshape[1] != 1 or wshape[0] != shape[1] \
+            or not isinstance(wshape[2], int) or wshape[2] < 1:
+        raise ctx.fail(f"input {shape} and weight {wshape} must be [B, C, L] and [C, 1, k]")
+    batch, channels, length = shape
+    k = wshape[2]
+    b = ctx.b
+    x = ctx.input(0)
+    if ctx.has_input(3):
+        if list(ctx.shape(3)) != [batch, channels, k - 1]:
+            raise ctx.fail(f"past_state must be [B, C, k-1] = {[batch, channels, k - 1]}; "
+                           f"its shape is {list(ctx.shape(3))}")
+        padded = b.concatenate(same_dtype(ctx, ctx.input(3), x), x, axis=2) if k > 1 else x
+    else:
+        padded = b.pad(x, ctx.scalar(0, x), pad_width=[[0, 0], [0, 0], [k - 1, 0]])
+    # Half-precision inputs accumulate in float32 (as the reference's
+    # convolution does), rounded once at the end.
+    wide = padded if x.dtype in (mx.float32, mx.float64) else b.astype(padded, dtype="float32")
+    w = same_dtype(ctx, ctx.input(1), wide)
+    y = None
+    for j in range(k):
+        tap = b.slice(wide, lengths=[batch, channels, length], starts=[0, 0, j])
+        weight = b.slice(w, lengths=[channels, 1, 1], starts=[0, 0, j])
+        term = b.multiply(tap, b.reshape(weight, shape=[channels, 1]))
+        y = term if y is None else b.add(y, term)
+    if ctx.has_input(2):
+        y = b.add(y, b.reshape(same_dtype(ctx, ctx.input(2), wide), shape=[channels, 1]))
+    y = same_dtype(ctx, y, x)
+    if activation != "none":
+        wide = b.astype(y, dtype="float32")
+        y = same_dtype(ctx, b.multiply(wide, b.sigmoid(wide)), y)
+    total = length + k - 1
+    present = b.slice(padded, lengths=[batch, channels, k - 1], starts=[0, 0, total - (k - 1)])
+    return [y, present]
+
+
+@converter("DeformConv")
+def deform_conv(ctx: Context) -> list:
+    """A 2-d deformable convolution: each kernel tap of each output pixel
+    reads ``X`` bilinearly (zeros outside) at its regular position moved by
+    ``offset`` (``[N, offset_group * kh * kw * 2, oh, ow]``, (dy, dx) pairs),
+    times ``mask`` (default ones); the samples, laid out as columns, are
+    multiplied by the weights per ``group``, plus ``B``."""
+    b = ctx.b
+    xshape, wshape, oshape = (list(ctx.shape(i)) for i in range(3))
+    if len(xshape) != 4 or len(wshape) != 4 or not all(isinstance(d, int) for d in
+                                                         [*xshape[1:], *wshape, *oshape[1:]]):
+        raise ctx.fail(f"only 2-d DeformConv with static sizes is supported (X {xshape}, "
+                       f"W {wshape})")
+    batch, channels, height, width = xshape
+    out_c, kh, kw = wshape[0], wshape[2], wshape[3]
+    if list(ctx.attr("kernel_shape", [kh, kw])) != [kh, kw]:
+        raise ctx.fail(f"kernel_shape differs from the weight's {[kh, kw]}")
+    groups, offset_groups = ctx.attr("group", 1), ctx.attr("offset_group", 1)
+    strides, dilations = _ints(ctx, "strides", 2, 1), _ints(ctx, "dilations", 2, 1)
+    pads = _ints(ctx, "pads", 4, 0)
+    oh, ow = oshape[2], oshape[3]
+    expected = [(size + pads[a] + pads[a + 2] - (k - 1) * dilations[a] - 1) // strides[a] + 1
+                for a, (size, k) in enumerate(((height, kh), (width, kw)))]
+    if [oh, ow] != expected:
+        raise ctx.fail(f"offset's output size {[oh, ow]} differs from the {expected} that "
+                       f"pads {pads}, strides {strides} and dilations {dilations} give")
+    taps, pixels = kh * kw, oh * ow
+    if (channels != wshape[1] * groups or out_c % groups or channels % offset_groups
+            or oshape[1] != offset_groups * taps * 2):
+        raise ctx.fail(f"attributes group={groups} and offset_group={offset_groups} do not "
+                       f"fit X {xshape}, W {wshape} and offset {oshape}")
+    # Each tap's regular position per output pixel: [taps, pixels].
+    ki, kj = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
+    oi, oj = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
+    base_y = (oi.reshape(1, -1) * strides[0] - pads[0] + ki.reshape(-1, 1) * dilations[0])
+    base_x = (oj.reshape(1, -1) * strides[1] - pads[1] + kj.reshape(-1, 1) * dilations[1])
+    dtype = np.dtype(ctx.dtype(0))
+    importer, name = ctx.scope.importer, ctx.node.output[0]
+    offset = b.reshape(ctx.input(2), shape=[batch, offset_groups, taps, 2, pixels])
+
+    def coordinate(axis: int, base: np.ndarray):
+        part = b.slice(offset, lengths=[batch, offset_groups, taps, 1, pixels],
+                       starts=[0, 0, 0, axis, 0])
+        grid = importer.materialize(f"{name}.base{axis}", base.astype(dtype), ctx.scope)
+        return b.add(b.squeeze(part, axes=[3]), grid)  # [N, G, taps, pixels]
+
+    y, x = coordinate(0, base_y), coordinate(1, base_x)
+    y0, x0 = b.floor(y), b.floor(x)
+    fy, fx = b.subtract(y, y0), b.subtract(x, x0)
+    one = ctx.scalar(1, y)
+    xs = b.reshape(ctx.input(0), shape=[batch, offset_groups, channels // offset_groups,
+                                        height * width])
+    sampled = None
+    for dy, wy in ((0, b.subtract(one, fy)), (1, fy)):
+        for dx, wx in ((0, b.subtract(one, fx)), (1, fx)):
+            yc, xc = b.add(y0, ctx.scalar(dy, y0)), b.add(x0, ctx.scalar(dx, x0))
+            inside = b.logical_and(
+                b.logical_and(b.greater_equal(yc, ctx.scalar(0, yc)),
+                              b.less(yc, ctx.scalar(height, yc))),
+                b.logical_and(b.greater_equal(xc, ctx.scalar(0, xc)),
+                              b.less(xc, ctx.scalar(width, xc))))
+            flat = b.add(b.multiply(b.clip(yc, ctx.scalar(0, yc), ctx.scalar(height - 1, yc)),
+                                    ctx.scalar(width, yc)),
+                         b.clip(xc, ctx.scalar(0, xc), ctx.scalar(width - 1, xc)))
+            index = b.reshape(b.astype(flat, dtype="int32"),
+                              shape=[batch, offset_groups, 1, taps * pixels])
+            index = b.broadcast_to(index, shape=[batch, offset_groups,
+                                                 channels // offset_groups, taps * pixels])
+            weight = b.select(inside, b.multiply(wy, wx), ctx.scalar(0, wy))
+            weight = b.reshape(weight, shape=[batch, offset_groups, 1, taps * pixels])
+            term = b.multiply(b.take_along_axis(xs, index, axis=3), weight)
+            sampled = term if sampled is None else b.add(sampled, term)
+    sampled = b.reshape(sampled, shape=[batch, offset_groups, channels // offset_groups,
+                                        taps, pixels])
+    if ctx.has_input(4):
+        mask = b.reshape(ctx.input(4), shape=[batch, offset_groups, 1, taps, pixels])
+        sampled = b.multiply(sampled, same_dtype(ctx, mask, sampled))
+    # Columns [N, group, C/group * taps, pixels] against weights [group, M/group, C/group * taps].
+    cols = b.reshape(sampled, shape=[batch, groups, channels // groups * taps, pixels])
+    w = b.reshape(same_dtype(ctx, ctx.input(1), cols),
+                  shape=[1, groups, out_c // groups, channels // groups * taps])
+    y = b.reshape(b.matmul(w, cols), shape=[batch, out_c, oh, ow])
+    if ctx.has_input(3):
+        y = b.add(y, b.reshape(same_dtype(ctx, ctx.input(3), y), shape=[out_c, 1, 1]))
+    return [y]

@@ -1,6 +1,6 @@
 """Shape and layout ops: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze,
 Transpose, Expand, Tile, Concat, Split, Slice, Pad, Identity, DepthToSpace,
-SpaceToDepth.
+SpaceToDepth, CenterCropPad.
 
 Shape-valued inputs (a Reshape's shape, a Slice's starts ...) must be known
 at import. Where a shape holds symbolic dims, the dims travel as their names
@@ -535,3 +535,35 @@ def space_to_depth(ctx: Context) -> list:
     x = b.reshape(ctx.input(0), shape=[n, c, h // bs, bs, w // bs, bs])
     x = b.transpose(x, axes=[0, 3, 5, 1, 2, 4] if mode == "DCR" else [0, 1, 3, 5, 2, 4])
     return [b.reshape(x, shape=[n, prod([c, bs * bs]), h // bs, w // bs])]
+
+
+@converter("CenterCropPad")
+def center_crop_pad(ctx: Context) -> list:
+    """The input cropped or zero-padded to ``shape`` (input 1, known at
+    import) along ``axes`` (default all), centred: the odd element of a
+    crop or pad goes to the end."""
+    dims = list(ctx.shape(0))
+    rank = len(dims)
+    axes = [_axis(ctx, a, rank) for a in ctx.attr("axes", list(range(rank)))]
+    sizes = ctx.static(1, "shape")
+    if len(sizes) != len(axes) or len(set(axes)) != len(axes):
+        raise ctx.fail(f"shape {sizes} must give one size per axis of {axes} (distinct)")
+    if not all(_is_int(dims[a]) for a in axes):
+        raise ctx.fail(f"the cropped or padded axes must have static sizes (shape {dims})")
+    b = ctx.b
+    x = ctx.input(0)
+    lengths, starts = list(dims), [0] * rank
+    pad = [[0, 0] for _ in range(rank)]
+    for a, size in zip(axes, sizes):
+        if size < 0:
+            raise ctx.fail(f"shape {sizes} holds a negative size")
+        diff = int(dims[a]) - size
+        if diff > 0:
+            lengths[a], starts[a] = size, diff // 2
+        elif diff < 0:
+            pad[a] = [-diff // 2, -diff - (-diff // 2)]
+    if lengths != dims:
+        x = b.slice(x, lengths=lengths, starts=starts)
+    if any(p != [0, 0] for p in pad):
+        x = b.pad(x, ctx.scalar(0, x), pad_width=pad)
+    return [x]

@@ -1,4 +1,4 @@
-"""Types and tensor creation: Cast, CastLike, ConstantOfShape, Range,
+"""Types and tensor creation: Cast, CastLike, BitCast, ConstantOfShape, Range,
 EyeLike, Trilu, Where, OneHot.
 
 Nodes whose inputs are all known at import are folded by the importer; the
@@ -10,15 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..context import Context
-from ..importer import dtype_name, numpy_dtype
+from ..importer import dtype_name, is_float_dtype, numpy_dtype
 from ..registry import converter
 from .shape import _axis, _dims, _is_int, _sub, _symbolic
 
 
 def _onnx_dtype(ctx: Context, to: int) -> np.dtype:
     return numpy_dtype(to, ctx.where)
-
-
 
 
 def _cast(ctx: Context, to: np.dtype) -> list:
@@ -43,6 +41,20 @@ def cast(ctx: Context) -> list:
 def cast_like(ctx: Context) -> list:
     """Convert to input 1's element type."""
     return _cast(ctx, np.dtype(ctx.dtype(1)))
+
+
+@converter("BitCast")
+def bit_cast(ctx: Context) -> list:
+    """The input's bits read as type ``to``, which must have the same width
+    (the shape is kept)."""
+    to = _onnx_dtype(ctx, ctx.attr("to"))
+    source = np.dtype(ctx.dtype(0))
+    if to.itemsize != source.itemsize:
+        raise ctx.fail(f"attribute to={dtype_name(to)} must have the width of the input's "
+                       f"type {dtype_name(source)}")
+    if to == source:
+        return [ctx.input(0)]
+    return [ctx.b.bitcast(ctx.input(0), dtype=dtype_name(to))]
 
 
 def _fill_value(value, dtype: np.dtype):
@@ -147,7 +159,7 @@ def one_hot(ctx: Context) -> list:
     axis = _axis(ctx, ctx.attr("axis", -1), rank)
     b = ctx.b
     idx = ctx.input(0)
-    if np.issubdtype(ctx.dtype(0), np.floating):
+    if is_float_dtype(ctx.dtype(0)):
         idx = b.astype(idx, dtype="int64")
     elif ctx.dtype(0) != np.int64:
         idx = b.astype(idx, dtype="int64")

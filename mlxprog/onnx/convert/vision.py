@@ -1,4 +1,5 @@
-"""Vision ops: Resize, the older Upsample, GridSample.
+"""Vision ops: Resize, the older Upsample, GridSample, AffineGrid, Col2Im,
+RoiAlign.
 
 Resize is separable: each resized axis is interpolated on its own, in axis
 order, as ONNX's reference does. The sample positions and weights along an
@@ -31,7 +32,9 @@ import math
 
 import numpy as np
 
+from ...arrays import name_of
 from ..context import ChannelsLast, Context
+from ..importer import is_float_dtype
 from ..registry import converter
 
 _COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
@@ -191,7 +194,7 @@ def _resize(ctx: Context, mode: str, coord: str, nearest_mode: str, scales, size
         coeffs = _cubic(cubic_a, antialias)
 
     dtype = ctx.dtype(0)
-    floating = np.issubdtype(dtype, np.floating)
+    floating = is_float_dtype(dtype)
     resized = [(a, i, o, f, None if roi is None else (roi[k], roi[len(axes) + k]))
                for k, (a, i, o, f) in enumerate(zip(axes, in_sizes, out_sizes, factors))]
     resized = [r for r in resized
@@ -309,7 +312,7 @@ def grid_sample(ctx: Context) -> list:
     if not all(isinstance(d, int) for d in [*sizes, *out]):
         raise ctx.fail("the spatial dims of X and grid must be known at import")
     dtype = np.dtype(ctx.dtype(0))
-    if not np.issubdtype(dtype, np.floating):
+    if not is_float_dtype(dtype):
         raise ctx.fail("X must be floating")
     n_, c_ = xshape[0], xshape[1]
     q = int(np.prod(out))
@@ -396,3 +399,182 @@ def grid_sample(ctx: Context) -> list:
             picked = picked * b.expand_dims(weight, axes=[1])
         total = picked if total is None else total + picked
     return [b.reshape(total, shape=[n_, c_, *out])]
+
+
+# -- AffineGrid, Col2Im ----------------------------------------------------------------------
+
+
+def _grid_axis(size: int, align_corners: int) -> np.ndarray:
+    """Normalized sample positions along one axis of ``size``: the pixels'
+    centres in ``(-1, 1)``, or with ``align_corners`` from -1 to 1 (the
+    reference's: a single pixel sits at -1)."""
+    if align_corners:
+        return np.linspace(-1.0, 1.0, size) if size > 1 else np.array([-1.0])
+    return -1 + (2 * np.arange(size) + 1) / size
+
+
+@converter("AffineGrid")
+def affine_grid(ctx: Context) -> list:
+    """The sampling grid of affine matrices ``theta`` (``[N, 2, 3]`` or
+    ``[N, 3, 4]``) over an output of ``size`` (``[N, C, H, W]`` or
+    ``[N, C, D, H, W]``, known at import): ``[N, H, W, 2]`` (x, y) or
+    ``[N, D, H, W, 3]`` (x, y, z), ``theta`` times each homogeneous position."""
+    align = ctx.choice("align_corners", (0, 1), 0)
+    size = ctx.static(1, "size")
+    spatial = size[2:]
+    n = len(spatial)
+    theta = list(ctx.shape(0))
+    if n not in (2, 3) or theta[1:] != [n, n + 1]:
+        raise ctx.fail(f"theta {theta} and size {size} must be [N, 2, 3] and 4 entries, or "
+                       "[N, 3, 4] and 5 entries")
+    # Homogeneous positions [x, y, (z,) 1] of every output pixel, x the last axis's.
+    axes = np.meshgrid(*[_grid_axis(s, align) for s in spatial], indexing="ij")
+    base = np.stack([*reversed([a.reshape(-1) for a in axes]), np.ones(int(np.prod(spatial)))])
+    array = base.astype(ctx.dtype(0))
+    base_value = ctx.scope.importer.materialize(f"{ctx.node.output[0]}.grid", array, ctx.scope)
+    b = ctx.b
+    grid = b.matmul(ctx.input(0), base_value)  # [N, n, pixels]
+    return [b.reshape(b.transpose(grid, axes=[0, 2, 1]), shape=[theta[0], *spatial, n])]
+
+
+@converter("Col2Im")
+def col2im(ctx: Context) -> list:
+    """The image of columns ``[N, C * prod(block_shape), L]`` (each of the L
+    sliding blocks' values, as Im2Col lays them out) summed back into
+    ``[N, C, *image_shape]`` (both shapes known at import), with
+    ``dilations``, ``pads`` and ``strides``: a scatter-add of the columns
+    into the flattened image, positions computed at import (those in the
+    padding dropped)."""
+    image = ctx.static(1, "image_shape")
+    block = ctx.static(2, "block_shape")
+    n = len(image)
+    dilations = list(ctx.attr("dilations", [1] * n))
+    strides = list(ctx.attr("strides", [1] * n))
+    pads = list(ctx.attr("pads", [0] * 2 * n))
+    if len(block) != n or len(dilations) != n or len(strides) != n or len(pads) != 2 * n:
+        raise ctx.fail(f"block_shape {block}, dilations {dilations}, strides {strides} and "
+                       f"pads {pads} must have one entry (pads: two) per axis of image_shape "
+                       f"{image}")
+    shape = list(ctx.shape(0))
+    kernel = int(np.prod(block))
+    blocks = [(image[d] + pads[d] + pads[d + n] - dilations[d] * (block[d] - 1) - 1)
+              // strides[d] + 1 for d in range(n)]
+    if (len(shape) != 3 or not all(isinstance(s, int) for s in shape) or shape[1] % kernel
+            or shape[2] != int(np.prod(blocks)) or min(blocks) < 1):
+        raise ctx.fail(f"the input {shape} must be [N, C * {kernel}, {int(np.prod(blocks))}] "
+                       f"for image_shape {image} and block_shape {block}")
+    # Each (kernel offset, block) pair's position in the image, per axis.
+    offsets = np.indices(block).reshape(n, -1)  # [n, kernel]
+    starts = np.indices(blocks).reshape(n, -1)  # [n, L]
+    position = [starts[d][None, :] * strides[d] - pads[d] + offsets[d][:, None] * dilations[d]
+                for d in range(n)]  # [kernel, L] each
+    inside = np.all([(p >= 0) & (p < image[d]) for d, p in enumerate(position)], axis=0)
+    flat = np.ravel_multi_index([np.clip(p, 0, image[d] - 1) for d, p in enumerate(position)],
+                                image)
+    pixels = int(np.prod(image))
+    flat = np.where(inside, flat, pixels)  # out of range: the scatter drops it
+    b = ctx.b
+    batch, channels = shape[0], shape[1] // kernel
+    cols = b.reshape(ctx.input(0), shape=[batch, channels, kernel * shape[2]])
+    cols = b.transpose(cols, axes=[2, 0, 1])  # [kernel * L, N, C]
+    index = ctx.scope.importer.materialize(f"{ctx.node.output[0]}.positions",
+                                           flat.reshape(-1, 1).astype(np.int32), ctx.scope)
+    target = b.full(shape=[pixels, batch, channels], dtype=name_of(cols.dtype), value=0)
+    summed = b.indexed_add(target, index, cols, axes=[0])
+    return [b.reshape(b.transpose(summed, axes=[1, 2, 0]), shape=[batch, channels, *image])]
+
+
+# -- RoiAlign ----------------------------------------------------------------------------------
+
+
+def _roi_taps(roi: np.ndarray, height: int, width: int, out_h: int, out_w: int,
+              ratio: int, scale: float, half_pixel: bool):
+    """One region's bilinear taps, as ONNX's reference computes them: per
+    output pixel and sample, 4 flat positions and weights
+    (``[out_h * out_w, samples, 4]`` each) and the sample count."""
+    offset = 0.5 if half_pixel else 0.0
+    x0, y0, x1, y1 = (float(v) * scale - offset for v in roi[:4])
+    roi_w, roi_h = x1 - x0, y1 - y0
+    if not half_pixel:  # malformed regions are made 1x1
+        roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+    bin_h, bin_w = roi_h / out_h, roi_w / out_w
+    grid_h = ratio if ratio > 0 else int(np.ceil(roi_h / out_h))
+    grid_w = ratio if ratio > 0 else int(np.ceil(roi_w / out_w))
+    ph, pw, iy, ix = np.meshgrid(np.arange(out_h), np.arange(out_w), np.arange(grid_h),
+                                 np.arange(grid_w), indexing="ij")
+    y = y0 + ph * bin_h + (iy + 0.5) * bin_h / max(grid_h, 1)
+    x = x0 + pw * bin_w + (ix + 0.5) * bin_w / max(grid_w, 1)
+    outside = (y < -1.0) | (y > height) | (x < -1.0) | (x > width)
+    y, x = np.maximum(y, 0), np.maximum(x, 0)
+    y_low, x_low = np.floor(y).astype(np.int64), np.floor(x).astype(np.int64)
+    y_edge, x_edge = y_low >= height - 1, x_low >= width - 1
+    y_low, x_low = np.where(y_edge, height - 1, y_low), np.where(x_edge, width - 1, x_low)
+    y, x = np.where(y_edge, y_low, y), np.where(x_edge, x_low, x)
+    y_high, x_high = np.where(y_edge, y_low, y_low + 1), np.where(x_edge, x_low, x_low + 1)
+    ly, lx = y - y_low, x - x_low
+    hy, hx = 1 - ly, 1 - lx
+    positions = np.stack([y_low * width + x_low, y_low * width + x_high,
+                          y_high * width + x_low, y_high * width + x_high], axis=-1)
+    weights = np.stack([hy * hx, hy * lx, ly * hx, ly * lx], axis=-1)
+    positions[outside], weights[outside] = 0, 0.0
+    samples = grid_h * grid_w
+    return (positions.reshape(out_h * out_w, samples, 4),
+            weights.reshape(out_h * out_w, samples, 4), samples)
+
+
+@converter("RoiAlign")
+def roi_align(ctx: Context) -> list:
+    """Regions ``rois`` (``[R, 4]``: x1, y1, x2, y2, known at import: with
+    ``sampling_ratio=0`` their sizes decide how many samples each takes)
+    of the images ``batch_indices`` of ``X`` (``[N, C, H, W]``), each pooled
+    to ``output_height x output_width`` by averaging (``mode="avg"``) or
+    taking the largest of (``"max"``) bilinear samples: ``[R, C, oh, ow]``.
+    The taps are computed at import; the program gathers and weighs them."""
+    mode = ctx.choice("mode", ("avg", "max"), "avg")
+    transform = ctx.choice("coordinate_transformation_mode",
+                           ("half_pixel", "output_half_pixel"), "half_pixel")
+    out_h, out_w = ctx.attr("output_height", 1), ctx.attr("output_width", 1)
+    ratio = ctx.attr("sampling_ratio", 0)
+    scale = ctx.attr("spatial_scale", 1.0)
+    if out_h < 1 or out_w < 1 or ratio < 0:
+        raise ctx.fail(f"attributes output_height={out_h}, output_width={out_w} must be "
+                       f"positive and sampling_ratio={ratio} not negative")
+    shape = list(ctx.shape(0))
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
+        raise ctx.fail(f"X must be [N, C, H, W] with C, H and W known; its shape is {shape}")
+    rois = np.asarray(ctx.require_constant(1, "rois"), np.float64)
+    if rois.ndim != 2 or rois.shape[1] != 4:
+        raise ctx.fail(f"rois must be [num_rois, 4]; its shape is {list(rois.shape)}")
+    _, channels, height, width = shape
+    taps = [_roi_taps(r, height, width, out_h, out_w, ratio, scale, transform == "half_pixel")
+            for r in rois]
+    most = max([t[2] for t in taps] + [1])
+    count = len(rois)
+    positions = np.zeros((count, out_h * out_w, most, 4), np.int32)
+    weights = np.zeros((count, out_h * out_w, most, 4))
+    for r, (pos, w, samples) in enumerate(taps):
+        positions[r, :, :samples], weights[r, :, :samples] = pos, w
+    b = ctx.b
+    dtype = np.dtype(ctx.dtype(0))
+    importer, name = ctx.scope.importer, ctx.node.output[0]
+    pos_value = importer.materialize(f"{name}.taps", positions.reshape(count, 1, -1), ctx.scope)
+    w_value = importer.materialize(f"{name}.weights",
+                                   weights.reshape(count, 1, -1).astype(dtype), ctx.scope)
+    images = b.take(ctx.input(0), b.astype(ctx.input(2), dtype="int32"), axis=0)
+    images = b.reshape(images, shape=[count, channels, height * width])
+    index = b.broadcast_to(pos_value, shape=[count, channels, positions[0].size])
+    values = b.multiply(b.take_along_axis(images, index, axis=2), w_value)
+    values = b.reshape(values, shape=[count, channels, out_h * out_w, most, 4])
+    if mode == "avg":
+        counts = np.array([max(t[2], 1) for t in taps], dtype).reshape(count, 1, 1)
+        pooled = b.divide(b.sum(values, axes=[3, 4]),
+                          importer.materialize(f"{name}.counts", counts, ctx.scope))
+    else:
+        # Padding samples (beyond a region's own count) must not win the max;
+        # a region without samples gives 0 (its one zero-weight padding sample).
+        real = np.arange(most)[None, :] < np.array([max(t[2], 1) for t in taps])[:, None]
+        mask = importer.materialize(f"{name}.real", real.reshape(count, 1, 1, most),
+                                    ctx.scope)
+        best = b.reduce_max(values, axes=[4])
+        pooled = b.reduce_max(b.select(mask, best, ctx.scalar(-np.inf, best)), axes=[3])
+    return [b.reshape(pooled, shape=[count, channels, out_h, out_w])]
