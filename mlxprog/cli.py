@@ -215,8 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     onnx_import.add_argument("--fold-batch-norm", action=argparse.BooleanOptionalAction,
                              default=True,
                              help="fold a BatchNormalization (or a per-channel constant "
-                             "Mul/Add) after a Conv into the Conv's weight and bias "
-                             "(default: on)")
+                             "Mul/Add) after a Conv into the Conv's weight and bias")
     onnx_import.set_defaults(handler=_cmd_import_onnx)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the format",
