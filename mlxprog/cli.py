@@ -34,7 +34,7 @@ import numpy as np
 from . import __version__, native
 from .arrays import AVal, to_mlx
 from .docs import attr_docs, describe_outputs, render_op_reference
-from .errors import EvaluationError, ProgramError, UnboundError
+from .errors import EvaluationError, ProgramError, UnboundError, UsageError
 from .format.program import Instruction, Program
 from .format.schema import full_schema
 from .llm.cli import add_commands as add_llm_commands
@@ -53,10 +53,6 @@ written (128 + SIGPIPE)."""
 
 EXIT_INTERRUPTED = 130
 """The exit status when Ctrl-C stops a command (128 + SIGINT)."""
-
-
-class UsageError(Exception):
-    """The command line is malformed (exit status 2)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -74,3 +74,8 @@ class NumericError(ProgramError):
 
 class TraceError(ProgramError):
     """Tracing a segment under ``mx.compile`` failed and fallback is disabled."""
+
+
+class UsageError(Exception):
+    """A command line is malformed (the CLI's exit status 2): not a
+    program's error, so not a :class:`ProgramError`."""

@@ -3,7 +3,7 @@ tokenizers, model programs and generation."""
 
 from .cache import CacheLayout, PromptCache, PromptCachePool
 from .chat import Chat
-from .config import Checkpoint, ModelConfig, ModelError, Quantization
+from .config import Checkpoint, ModelConfig, ModelError, Quantization, SettingError
 from .engine import Engine, Generation, GenerationStats, Piece, Request
 from .generate import LLM, GenerationOptions, export, load, load_exported
 from .programs import (
@@ -13,13 +13,14 @@ from .gguf import load_gguf
 from .hf import load_hf
 from .model_files import default_model_path, load_checkpoint
 from .spec import ModelSpec
-from .tokenizer import StreamingDecoder, Tokenizer
+from .tokenizer import ChatTemplate, StreamingDecoder, Tokenizer
 
 __all__ = [
     "LLM", "Generation", "GenerationOptions", "GenerationStats", "ModelSpec", "Sampling",
     "Chat", "Picking", "Piece", "Engine", "Request", "PromptCache", "PromptCachePool", "CacheLayout",
     "build_decode", "build_decode_loop", "build_pick", "build_prefill", "export", "load",
     "load_exported",
-    "Checkpoint", "ModelConfig", "ModelError", "Quantization", "StreamingDecoder",
+    "ChatTemplate", "Checkpoint", "ModelConfig", "ModelError", "Quantization", "SettingError",
+    "StreamingDecoder",
     "Tokenizer", "default_model_path", "load_checkpoint", "load_gguf", "load_hf",
 ]

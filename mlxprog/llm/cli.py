@@ -6,20 +6,25 @@ field names, so each command builds its options once from the flags it has
 (:func:`_generation_options`). Numeric flags are checked as they are parsed:
 a value out of range exits with status 2 and names the flag
 (``argument --max-tokens: must be at least 1, got 0``), before any model loads.
+The model settings (``--chat-template``, ``--extra-eos-token``) are checked
+as the model loads, before anything is generated; a bad one exits with
+status 2 too, naming the flag (:func:`_setting_flags`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..errors import ProgramError
-from .config import AUTO_NUMERICS, NUMERICS
+from ..errors import ProgramError, UsageError
+from ..native import MAX_THREADS
+from .config import AUTO_NUMERICS, NUMERICS, SettingError
 from .engine import PromptTooLongError
 
 if TYPE_CHECKING:
@@ -37,6 +42,7 @@ def add_commands(commands: Any) -> None:
     prompt.add_argument("-p", "--prompt", help="the prompt text; - reads it from stdin")
     prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
     _model_options(generate)
+    _model_settings(generate)
     _sampling_options(generate)
     _generation_flags(generate)
     generate.add_argument("--max-tokens", type=_at_least(1), default=256, metavar="N",
@@ -63,6 +69,7 @@ def add_commands(commands: Any) -> None:
                                description="An interactive chat that keeps the conversation; "
                                "an empty line or end of input quits, /reset starts over.")
     _model_options(chat)
+    _model_settings(chat)
     _sampling_options(chat)
     _generation_flags(chat)
     chat.add_argument("--max-tokens", type=_at_least(1), default=512, metavar="N",
@@ -128,7 +135,8 @@ def add_commands(commands: Any) -> None:
                        default=5, metavar="SECONDS",
                        help="how long running requests may take to finish once SIGINT or "
                        "SIGTERM stops the server; then they end with an error")
-    _numerics_option(serve)
+    _runtime_options(serve)
+    _model_settings(serve)
     serve.set_defaults(handler=_cmd_serve)
 
     score = commands.add_parser(
@@ -139,7 +147,7 @@ def add_commands(commands: Any) -> None:
         "overlapping windows. See docs/llm.md.")
     score.add_argument("file", metavar="FILE", help="the text (UTF-8); - reads stdin")
     score.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
-    _numerics_option(score)
+    _runtime_options(score)
     score.add_argument("--window", type=_at_least(2), default=None, metavar="N",
                        help="the most tokens of context (default: the whole text, up to the "
                        "model's context length)")
@@ -169,7 +177,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
     parser.add_argument("--max-length", type=_at_least(2), default=None, metavar="N",
                         help=f"KV-cache length: prompt plus generated tokens, {MAX_LENGTH_DEFAULT}")
-    _numerics_option(parser)
+    _runtime_options(parser)
 
 
 def _model_path(model: str | None, flag: str = "-m") -> str | None:
@@ -190,6 +198,74 @@ def _numerics_option(parser: argparse.ArgumentParser) -> None:
                         help="the quantized matmuls' numerics: int8 (llama.cpp's: activations "
                         "quantized to 8 bits, integer dot products), exact (MLX's float "
                         "numerics); auto: int8 on the CPU, exact otherwise")
+
+
+def _runtime_options(parser: argparse.ArgumentParser) -> None:
+    """The flags of how the commands that run a model run it: ``--numerics``
+    and ``--threads`` (see :func:`_set_threads`)."""
+    _numerics_option(parser)
+    parser.add_argument("--threads", type=_number(int, lambda v: 1 <= v <= MAX_THREADS,
+                                                  f"in [1, {MAX_THREADS}]"),
+                        default=None, metavar="N",
+                        help="threads of the native CPU kernels, the calling one included "
+                        "(default: MLXPROG_NATIVE_THREADS, else the usable cores)")
+
+
+#: The model settings of :func:`~mlxprog.llm.load` that flags give: their
+#: parameter (and ``argparse`` dest) -> the flag.
+SETTING_FLAGS = {"chat_template": "--chat-template", "extra_eos_tokens": "--extra-eos-token"}
+
+
+def _model_settings(parser: argparse.ArgumentParser) -> None:
+    """The flags of :func:`~mlxprog.llm.load`'s model settings, for the
+    commands that render chats and generate (:data:`SETTING_FLAGS`)."""
+    parser.add_argument("--chat-template", default=None, metavar="TEMPLATE",
+                        help="a Jinja chat template in place of the model's: the template "
+                        "itself (any text with {{ or {%%}) or a file holding it")
+    parser.add_argument("--extra-eos-token", dest="extra_eos_tokens", action="append",
+                        default=[], metavar="TEXT",
+                        help="a token, given as its text (such as '<|im_end|>'), that ends "
+                        "generation as the model's EOS does (repeatable)")
+
+
+def _settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The model settings a command's flags give (those it has flags for)."""
+    given = vars(args)
+    return {name: given[name] for name in SETTING_FLAGS if name in given}
+
+
+@contextlib.contextmanager
+def _setting_flags() -> Iterator[None]:
+    """Report a bad model setting (:class:`~mlxprog.llm.config.SettingError`,
+    raised as the model loads) as a bad flag: exit status 2, naming the flag
+    instead of the parameter."""
+    try:
+        yield
+    except SettingError as exc:
+        raise UsageError(f"{SETTING_FLAGS[exc.setting]}: {exc.problem}") from None
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    """Size the native kernels' thread pool as ``--threads`` says, before
+    the model loads (which starts the pool)."""
+    from .. import native
+
+    if args.threads is None:
+        return
+    try:
+        native.set_threads(args.threads)
+    except RuntimeError as exc:  # the pool started earlier in this process
+        raise ProgramError(f"--threads {args.threads}: {exc}") from None
+
+
+def _load(args: argparse.Namespace, model: str | None, **options: Any) -> LLM:
+    """Load ``model`` with the command's ``--threads``, ``--numerics`` and
+    model settings; ``options`` go to :func:`~mlxprog.llm.load`."""
+    from . import load
+
+    _set_threads(args)
+    with _setting_flags():
+        return load(model, numerics=args.numerics, **_settings_of(args), **options)
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -322,8 +398,6 @@ def _generation_options(args: argparse.Namespace) -> GenerationOptions:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
-    from . import load
-
     options = _generation_options(args)
     prompt = read_prompt(args)
     # Under mlx.launch the processes split the model (tensor parallelism);
@@ -332,8 +406,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if group.size() > 1 and args.prompt_cache:
         raise ProgramError(f"--prompt-cache: a model split over {group.size()} processes "
                            "keeps part of each KV cache per process; run without it")
-    llm = load(_model_path(args.model), max_length=args.max_length, group=group,
-               numerics=args.numerics)
+    llm = _load(args, _model_path(args.model), max_length=args.max_length, group=group)
     # Every rank generates the same tokens; only rank 0 shows them.
     shown = llm.rank == 0
     write = _write if shown else _discard
@@ -425,11 +498,11 @@ def _single_process(command: str) -> None:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from . import Chat, load
+    from . import Chat
 
     _single_process("chat")
     options = _generation_options(args)
-    llm = load(_model_path(args.model), max_length=args.max_length, numerics=args.numerics)
+    llm = _load(args, _model_path(args.model), max_length=args.max_length)
     chat = Chat(llm, options=options)
     print("mlxprog chat: Ctrl-C stops a reply; an empty line, Ctrl-D or Ctrl-C at the "
           "prompt quits; /reset starts over.", file=sys.stderr)
@@ -491,16 +564,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .server import serve
 
     _single_process("serve")
-    serve(_model_path(args.model), host=args.host, port=args.port, max_length=args.max_length,
-          max_batch=args.max_batch, prompt_cache_size=args.prompt_cache_size,
-          prefill_chunk=args.prefill_chunk, max_waiting=args.max_queue,
-          model_id=args.model_id, numerics=args.numerics, api_key=args.api_key,
-          allowed_origins=args.allowed_origins, shutdown_grace=args.shutdown_grace)
+    _set_threads(args)
+    with _setting_flags():
+        serve(_model_path(args.model), host=args.host, port=args.port,
+              max_length=args.max_length, max_batch=args.max_batch,
+              prompt_cache_size=args.prompt_cache_size, prefill_chunk=args.prefill_chunk,
+              max_waiting=args.max_queue, model_id=args.model_id, numerics=args.numerics,
+              api_key=args.api_key, allowed_origins=args.allowed_origins,
+              shutdown_grace=args.shutdown_grace, **_settings_of(args))
     return 0
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
-    from . import load
     from .perplexity import perplexity
 
     _single_process("perplexity")
@@ -510,7 +585,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
                      "stdin" if stdin else f"file {args.file!r}")
     # Loaded by load, as generate's model is, so that -m takes an exported
     # directory too (perplexity() itself loads model files only).
-    llm = load(model, numerics=args.numerics)
+    llm = _load(args, model)
     result = perplexity(llm, text, window=args.window, stride=args.stride, chunk=args.chunk)
     if args.json:
         fields = ("perplexity", "nll", "tokens", "numerics", "window", "stride", "chunk",

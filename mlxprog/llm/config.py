@@ -38,6 +38,18 @@ class ModelError(ProgramError):
     unsupported type or architecture, or its contents are inconsistent."""
 
 
+class SettingError(ModelError):
+    """A bad value of one of :func:`~mlxprog.llm.load`'s model settings:
+    ``setting`` is the parameter's name (``"chat_template"``,
+    ``"extra_eos_tokens"``), ``problem`` what is wrong, so that the CLI can
+    report it under the flag's name instead."""
+
+    def __init__(self, setting: str, problem: str):
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
 def is_int(value: Any) -> bool:
     """Whether ``value`` is an integer setting (a bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool)

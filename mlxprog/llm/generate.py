@@ -33,6 +33,7 @@ from .programs import (
     build_pick, build_prefill,
 )
 from .spec import ModelSpec
+from .tokenizer import ChatTemplate
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_CACHE_STEP = 128
@@ -180,20 +181,35 @@ class LLM:
     every rank picks the same tokens (the logits are whole on every rank and
     the pickers start from the same seeds), so every rank's generation is the
     same. A group of one process (or None) runs the whole model here.
+
+    ``chat_template`` replaces the model's chat template (a Jinja string or
+    a file; see :meth:`~mlxprog.llm.Tokenizer.with_chat_template`, which
+    checks that it renders), and the tokens ``extra_eos_tokens`` names (token
+    texts such as ``"<|im_end|>"``) end every generation as EOS does (see
+    :meth:`~mlxprog.llm.Tokenizer.with_extra_eos_tokens`); bad values raise
+    :class:`~mlxprog.llm.config.SettingError` naming the parameter.
     """
 
     def __init__(self, checkpoint: Checkpoint, max_length: int = DEFAULT_MAX_LENGTH,
                  programs: Mapping[str, Program] | None = None,
                  programs_sampling: Sampling = Sampling(),
                  cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
-                 group: mx.distributed.Group | None = None, numerics: str | None = None):
+                 group: mx.distributed.Group | None = None, numerics: str | None = None,
+                 chat_template: str | Path | ChatTemplate | None = None,
+                 extra_eos_tokens: Sequence[str] = ()):
         if not is_int(max_length) or max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length!r}")
         if not is_int(cache_step) or cache_step < 1:
             raise ModelError(f"cache_step must be at least 1, got {cache_step!r}")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
+        # The settings change this LLM's copy of the tokenizer only: the
+        # checkpoint's stays the model's.
         self.tokenizer = checkpoint.tokenizer
+        if chat_template is not None:
+            self.tokenizer = self.tokenizer.with_chat_template(chat_template)
+        if extra_eos_tokens:
+            self.tokenizer = self.tokenizer.with_extra_eos_tokens(extra_eos_tokens)
         self.max_length = max_length
         self.cache_step = cache_step
         self.native = native
@@ -459,7 +475,9 @@ def program_numerics(kind: str, numerics: str) -> str:
 
 def load(model: str | Path | None = None, max_length: int | None = None,
          cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
-         group: mx.distributed.Group | None = None, numerics: str | None = None) -> LLM:
+         group: mx.distributed.Group | None = None, numerics: str | None = None,
+         chat_template: str | Path | ChatTemplate | None = None,
+         extra_eos_tokens: Sequence[str] = ()) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
     see :class:`LLM` for ``max_length`` (None: 2048), ``cache_step``,
@@ -468,13 +486,20 @@ def load(model: str | Path | None = None, max_length: int | None = None,
     launched processes when there are several (tensor parallelism; see
     :class:`LLM`). A directory written by ``mlxprog export-llm`` runs its
     programs (see :func:`load_exported`), with the ``max_length``,
-    ``cache_step`` and ``numerics`` they were exported with."""
+    ``cache_step`` and ``numerics`` they were exported with.
+    ``chat_template`` (a Jinja string or file replacing the model's) and
+    ``extra_eos_tokens`` (token texts that end generation) are as in
+    :class:`LLM`."""
+    # Read and compiled before the model loads, which takes a while.
+    template = None if chat_template is None else ChatTemplate.of(chat_template)
     if model is not None and is_exported(model):
         return load_exported(model, native=native, group=group, max_length=max_length,
-                             numerics=numerics)
+                             numerics=numerics, chat_template=template,
+                             extra_eos_tokens=extra_eos_tokens)
     return LLM(load_checkpoint(model),
                max_length=DEFAULT_MAX_LENGTH if max_length is None else max_length,
-               cache_step=cache_step, native=native, group=group, numerics=numerics)
+               cache_step=cache_step, native=native, group=group, numerics=numerics,
+               chat_template=template, extra_eos_tokens=extra_eos_tokens)
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")
@@ -483,7 +508,9 @@ EXPORTED = ("prefill", "decode", "decode_loop")
 def load_exported(directory: str | Path, model: str | Path | None = None,
                   native: bool | None = None,
                   group: mx.distributed.Group | None = None,
-                  max_length: int | None = None, numerics: str | None = None) -> LLM:
+                  max_length: int | None = None, numerics: str | None = None,
+                  chat_template: str | Path | ChatTemplate | None = None,
+                  extra_eos_tokens: Sequence[str] = ()) -> LLM:
     """An :class:`LLM` running the programs written by ``mlxprog export-llm``
     (``prefill.json``, ``decode.json``, ``decode_loop.json``), with the model's
     weights bound by capture name from the model file. Programs exported for
@@ -492,7 +519,8 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
     ones the programs were exported with (the manifest's; ``"exact"`` for a
     manifest that predates the choice). A ``max_length`` or ``numerics``
     other than the programs' (None and ``"auto"`` take theirs) is a
-    :class:`ModelError`: the programs are built for theirs."""
+    :class:`ModelError`: the programs are built for theirs. ``chat_template``
+    and ``extra_eos_tokens`` are as in :class:`LLM` (no part of the programs)."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
@@ -522,7 +550,8 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
               max_length=manifest["max_length"], programs=programs,
               programs_sampling=Sampling(**manifest["sampling"]),
               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native,
-              group=group, numerics=exported_numerics)
+              group=group, numerics=exported_numerics, chat_template=chat_template,
+              extra_eos_tokens=extra_eos_tokens)
     expected = list(PrefillInputs.names_for(llm.config.num_layers))
     if [s.name for s in programs["prefill"].inputs] != expected:
         raise ModelError(f"{where / 'prefill.json'}: its inputs are not this version's "

@@ -12,8 +12,10 @@ token ids into text pieces that never split a UTF-8 character.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from .config import ModelError, metadata_value
+from .config import ModelError, SettingError, metadata_value
 
 # GGUF token types (llama.cpp's llama_token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -146,6 +148,62 @@ def _sentencepiece_backend(metadata: Mapping[str, Any], tokens: list[str],
 
 _GGUF_MODELS = {"gpt2": _byte_level_backend, "llama": _sentencepiece_backend}
 
+#: The conversation a chat template given to :func:`~mlxprog.llm.load` must
+#: render (with ``add_generation_prompt``): a system message, then user and
+#: assistant turns alternating, ending on the user's, as Mistral-style
+#: templates demand.
+SAMPLE_CONVERSATION = (
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hi! How can I help?"},
+    {"role": "user", "content": "What is 2 + 2?"},
+)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template given in place of the model's: its Jinja ``text``
+    and ``source``, where it came from (a file's path, or "the inline
+    template"), which errors name."""
+
+    text: str
+    source: str
+
+    @classmethod
+    def of(cls, value: str | Path | ChatTemplate) -> ChatTemplate:
+        """The template ``value`` gives: a :class:`pathlib.Path` is a file;
+        a string holding ``{{`` or ``{%`` is the template itself, any other
+        string a file's path (a template without either tag would render
+        the same text for every conversation). The template is compiled
+        here, so a syntax error is a :class:`~mlxprog.llm.config.SettingError`
+        (``chat_template``) naming the file, before any model loads."""
+        if isinstance(value, ChatTemplate):
+            return value
+        if isinstance(value, str) and ("{{" in value or "{%" in value):
+            template = cls(value, "the inline template")
+        elif isinstance(value, (str, Path)):
+            try:
+                text = Path(value).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise SettingError("chat_template", f"cannot read the template file "
+                                   f"{str(value)!r}: {reason}") from None
+            template = cls(text, f"the template file {str(value)!r}")
+        else:
+            raise SettingError("chat_template", "expected a template string or a file path, "
+                               f"got {type(value).__name__}")
+        template.compile()
+        return template
+
+    def compile(self) -> jinja2.Template:
+        """The compiled template; a syntax error is a
+        :class:`~mlxprog.llm.config.SettingError` naming :attr:`source`."""
+        try:
+            return _template_environment().from_string(self.text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise SettingError("chat_template", f"{self.source} does not compile: "
+                               f"line {exc.lineno}: {exc.message}") from None
+
 
 class Tokenizer:
     """Text <-> token ids, chat templates and streaming detokenization.
@@ -258,6 +316,68 @@ class Tokenizer:
         """The vocabulary entry of ``token_id`` (byte-level form), or None."""
         return self.backend.id_to_token(token_id)
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token ``text`` stands for: a vocabulary entry as
+        written (``<|im_end|>``, or a byte-level form such as ``Ġthe``), else
+        a text that encodes to exactly one token; None when it is neither."""
+        exact = self.backend.token_to_id(text)
+        if exact is not None:
+            return exact
+        ids = self.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    def with_extra_eos_tokens(self, texts: Sequence[str]) -> Tokenizer:
+        """A copy of this tokenizer whose :attr:`eos_token_ids` also hold the
+        tokens ``texts`` name (see :meth:`token_id`), so that generation
+        ends at them too; a text that is not one token is a
+        :class:`~mlxprog.llm.config.SettingError` (``extra_eos_tokens``)."""
+        if isinstance(texts, str):  # one token text, not one per character
+            texts = [texts]
+        ids = []
+        for text in texts:
+            if not isinstance(text, str) or not text:
+                raise SettingError("extra_eos_tokens", f"expected token texts, got {text!r}")
+            token = self.token_id(text)
+            if token is None:
+                count = len(self.encode(text, add_special_tokens=False))
+                raise SettingError("extra_eos_tokens", f"{text!r} is not one token of this "
+                                   f"model's vocabulary (it encodes to {count} tokens)")
+            ids.append(token)
+        tokenizer = copy.copy(self)
+        tokenizer.eos_token_ids = tuple(dict.fromkeys([*self.eos_token_ids, *ids]))
+        return tokenizer
+
+    def with_chat_template(self, template: str | Path | ChatTemplate) -> Tokenizer:
+        """A copy of this tokenizer with ``template`` (see
+        :meth:`ChatTemplate.of`) in place of the model's chat template,
+        checked to render :data:`SAMPLE_CONVERSATION` with this tokenizer's
+        BOS and EOS: a template that fails is a
+        :class:`~mlxprog.llm.config.SettingError` (``chat_template``) naming
+        where it came from, raised now rather than at the first request."""
+        template = ChatTemplate.of(template)
+        tokenizer = copy.copy(self)
+        tokenizer.chat_template = template.text
+        tokenizer._template = template.compile()
+        try:
+            tokenizer.render_sample()
+        except Exception as exc:  # a template bug can raise anything (TypeError, ...)
+            # The jinja2 error, not apply_chat_template's wrapping of it.
+            reason = exc.__cause__ if isinstance(exc, ModelError) and exc.__cause__ else exc
+            raise SettingError("chat_template", f"{template.source} fails on a sample "
+                               f"conversation: {reason}") from None
+        return tokenizer
+
+    def render_sample(self) -> str:
+        """:data:`SAMPLE_CONVERSATION` rendered with the chat template. A
+        template that refuses system messages (``raise_exception``, as
+        Gemma's does) renders it without the system message."""
+        try:
+            return self.apply_chat_template(SAMPLE_CONVERSATION)
+        except ModelError as exc:
+            if not isinstance(exc.__cause__, _TemplateRefusal):
+                raise
+        return self.apply_chat_template(SAMPLE_CONVERSATION[1:])
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render ``messages`` (dicts with ``role`` and ``content``) with the model's
@@ -332,11 +452,16 @@ class StreamingDecoder:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""
 
 
+class _TemplateRefusal(jinja2.TemplateError):
+    """A chat template's own ``raise_exception``: it refuses the messages
+    (a role it does not take), as opposed to failing."""
+
+
 def _template_environment() -> ImmutableSandboxedEnvironment:
     """The jinja2 environment chat templates expect (as in ``transformers``)."""
 
     def raise_exception(message: str) -> None:
-        raise jinja2.TemplateError(message)
+        raise _TemplateRefusal(message)
 
     def tojson(value: Any, indent: int | None = None) -> str:
         return json.dumps(value, ensure_ascii=False, indent=indent)

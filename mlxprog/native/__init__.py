@@ -19,8 +19,9 @@ wants. The extension is built on first use (:mod:`.build`); when
 that fails mlxprog warns once and runs MLX's ops.
 
 Environment: ``MLXPROG_NATIVE=0`` (the executables' default: off; on
-otherwise), ``MLXPROG_NATIVE_THREADS`` (threads, the calling one included;
-default: the usable cores), ``MLXPROG_NATIVE_ISA`` (a kernel table the CPU
+otherwise), ``MLXPROG_NATIVE_THREADS`` (threads, the calling one included,
+1 to :data:`MAX_THREADS`; default: the usable cores; :func:`set_threads`
+sets it from Python), ``MLXPROG_NATIVE_ISA`` (a kernel table the CPU
 runs: ``portable`` for no vector code, ``avx2`` for AVX2 without VNNI, ...;
 the extension's ``isas()`` lists them), ``MLXPROG_NATIVE_SPIN_US`` (how long
 idle workers spin before sleeping, default 50), and for the build ``MLXPROG_CACHE_DIR`` and
@@ -65,6 +66,33 @@ class Status:
 _lock = threading.Lock()
 _status: Status | None = None
 _module: ModuleType | None = None
+
+#: The most threads the pool takes (src/threadpool.cpp ignores a larger
+#: ``MLXPROG_NATIVE_THREADS``).
+MAX_THREADS = 256
+
+
+def set_threads(threads: int) -> None:
+    """Make the native kernels' thread pool ``threads`` threads (the calling
+    one included), by setting ``MLXPROG_NATIVE_THREADS``, which the pool
+    reads once, when the extension loads (:func:`status`). A count outside
+    [1, :data:`MAX_THREADS`] is a :class:`ValueError`. The pool does not
+    resize: once it has started with another count, this is a
+    :class:`RuntimeError` (the same count is accepted)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) \
+            or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be an integer in [1, {MAX_THREADS}], got {threads!r}")
+    # Under the lock status() loads the extension with: the pool either has
+    # started (and _status says with how many threads) or will read the variable.
+    with _lock:
+        if _status is not None and _status.available:
+            if _status.threads != threads:
+                raise RuntimeError(
+                    f"the native kernels' thread pool already runs {_status.threads} "
+                    f"thread(s) and cannot resize to {threads}; set the count before the "
+                    "kernels are first used (before loading a model or compiling a program)")
+            return
+        os.environ["MLXPROG_NATIVE_THREADS"] = str(threads)
 
 
 def default_enabled() -> bool:

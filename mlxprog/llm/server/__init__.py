@@ -305,10 +305,12 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
           prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_waiting: int = DEFAULT_MAX_WAITING,
           model_id: str | None = None, native: bool | None = None,
           numerics: str | None = None, api_key: str | None = None,
-          allowed_origins: Sequence[str] = (), shutdown_grace: float = SHUTDOWN_GRACE) -> None:
-    """Load ``model`` (see :func:`~mlxprog.llm.load` for ``native`` and
-    ``numerics``) and serve it until Ctrl-C or SIGTERM, logging one line per
-    request on stderr (see :class:`Server` for the other settings)."""
+          allowed_origins: Sequence[str] = (), shutdown_grace: float = SHUTDOWN_GRACE,
+          chat_template: str | Path | None = None, extra_eos_tokens: Sequence[str] = ()) -> None:
+    """Load ``model`` (see :func:`~mlxprog.llm.load` for ``native``,
+    ``numerics``, ``chat_template`` and ``extra_eos_tokens``) and serve it
+    until Ctrl-C or SIGTERM, logging one line per request on stderr (see
+    :class:`Server` for the other settings)."""
     # Checked before the model loads, which takes a while.
     _check_settings(api_key, list(allowed_origins), shutdown_grace, REQUEST_TIMEOUT,
                     WRITE_TIMEOUT, None)
@@ -320,7 +322,8 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
         log.setLevel(logging.INFO)
         log.propagate = False
     try:
-        llm = load(model, max_length=max_length, native=native, numerics=numerics)
+        llm = load(model, max_length=max_length, native=native, numerics=numerics,
+                   chat_template=chat_template, extra_eos_tokens=extra_eos_tokens)
         Server(llm, model_id=model_id, max_batch=max_batch, prompt_cache_size=prompt_cache_size,
                prefill_chunk=prefill_chunk, max_waiting=max_waiting, api_key=api_key,
                allowed_origins=allowed_origins, shutdown_grace=shutdown_grace).run(host, port)
