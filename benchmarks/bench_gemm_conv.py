@@ -1,10 +1,13 @@
 """float32 matmul and convolution: MLX's CPU ops against mlxprog's native
 kernels (mlxprog/native/src/gemm_isa.inc) and numpy (its BLAS), in GFLOP/s
-(median of --runs calls after a warm-up). The native kernels use
-MLXPROG_NATIVE_THREADS threads (default: the usable cores); numpy its BLAS's
-own threads. On a shared machine, re-run and compare medians.
+(median of --runs calls after a warm-up); then the exact int32 matmul
+(``--int-size`` square; mlxprog/native/src/int_matmul_kernels.h) against
+numpy and the float64-pieces path it replaces, in seconds. The native
+kernels use MLXPROG_NATIVE_THREADS threads (default: the usable cores);
+numpy its BLAS's own threads. On a shared machine, re-run and compare
+medians.
 
-    python benchmarks/bench_gemm_conv.py [--runs 5] [--single-thread-table]
+    python benchmarks/bench_gemm_conv.py [--runs 5] [--int-size 1500]
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import mlx.core as mx
 import numpy as np
 
 from mlxprog import native
+from mlxprog.native import kernels
+from mlxprog.ops.contract import _integer_matmul
 
 MATMULS = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (196, 2304, 256),
            (1, 25088, 4096)]
@@ -46,6 +51,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--mlx-runs", type=int, default=1,
                         help="timed calls of MLX's (slow) ops")
+    parser.add_argument("--int-size", type=int, default=1500,
+                        help="N of the int32 N x N matmul (0: skip it)")
     args = parser.parse_args()
     ext = native.module()
     if ext is None:
@@ -78,6 +85,27 @@ def main() -> None:
                                        pad_high=[pad] * 2, dilation=[1, 1], groups=1), args.runs)
         print(f"conv {list(x_shape)} * {list(w_shape)} stride {stride} pad {pad}: "
               f"mlx {flops / mlx / 1e9:6.1f}  native {flops / nat / 1e9:6.1f} GFLOP/s")
+    if args.int_size:
+        integer_matmul(rng, args.int_size)
+
+
+def integer_matmul(rng: np.random.Generator, n: int) -> None:
+    """Print the seconds of one exact int32 n x n product three ways (the
+    results checked equal)."""
+    a_np = rng.integers(-2**31, 2**31, (n, n), dtype=np.int64).astype(np.int32)
+    b_np = rng.integers(-2**31, 2**31, (n, n), dtype=np.int64).astype(np.int32)
+    a, b = mx.array(a_np), mx.array(b_np)
+    setting = native.Setting(enabled=True)
+    timings, results = {}, []
+    for name, fn in [("numpy", lambda: a_np @ b_np),
+                     ("native", lambda: np.array(kernels.integer_matmul(setting, a, b))),
+                     ("float64 pieces", lambda: np.array(_integer_matmul(a, b, mx.int32)))]:
+        start = time.perf_counter()
+        results.append(fn())
+        timings[name] = time.perf_counter() - start
+    if any(not np.array_equal(r, results[0]) for r in results[1:]):
+        raise SystemExit("the integer products disagree")
+    print(f"int32 matmul {n}x{n}: " + "  ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 
 if __name__ == "__main__":
