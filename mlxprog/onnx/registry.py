@@ -57,6 +57,16 @@ def converter(*op_types: str, domain: str = "") -> Callable[[Converter], Convert
     return register
 
 
+def register_made(op_type: str, fn: Converter, doc: str, name: str | None = None) -> Converter:
+    """Register ``fn``, one of a family of converters a factory makes (one
+    per ONNX op of a table), as ``op_type``'s converter, with the name
+    (``name``, default the op type in lower case) and docstring ``doc`` that
+    a converter written out with ``def`` would have."""
+    fn.__name__ = name or op_type.lower()
+    fn.__doc__ = doc
+    return converter(op_type)(fn)
+
+
 def find(op_type: str, domain: str = "") -> ConverterSpec | None:
     """The converter of ``op_type`` in ``domain`` (``ai.onnx`` counts as the
     default domain), or None."""

@@ -16,6 +16,17 @@ from mlxprog.onnx import import_model
 OPSET = 21
 
 
+def normal_f32(rng: np.random.Generator):
+    """``f32(*shape)``: standard-normal float32 samples of ``shape`` drawn
+    from ``rng`` (each test module seeds its own)."""
+    return lambda *shape: rng.standard_normal(shape).astype(np.float32)
+
+
+def i64(*values) -> np.ndarray:
+    """An int64 array of ``values``."""
+    return np.array(values, np.int64)
+
+
 def value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
     """A graph input/output typed like ``array``."""
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),

@@ -7,7 +7,7 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx_cases import OPSET, check_model, node_model, run_mlxprog  # noqa: E402
+from onnx_cases import OPSET, check_model, i64, node_model, run_mlxprog  # noqa: E402
 
 from mlxprog.onnx import ChannelsLast, OnnxImportError, import_model  # noqa: E402
 from mlxprog.onnx import registry  # noqa: E402
@@ -26,10 +26,6 @@ def model(nodes, inputs, outputs, initializers=None, opset=OPSET):
 
 def node(op_type, inputs, outputs, **attrs):
     return helper.make_node(op_type, inputs, outputs, **attrs)
-
-
-def i64(*values):
-    return np.array(values, np.int64)
 
 
 def ops(program):

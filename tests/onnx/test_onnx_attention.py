@@ -6,13 +6,11 @@ import pytest
 pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
 from onnx import TensorProto, helper  # noqa: E402
-from onnx_cases import check_model, graph_model, node_model  # noqa: E402
+from onnx_cases import check_model, graph_model, node_model, normal_f32  # noqa: E402
 
 rng = np.random.default_rng(11)
 
-
-def f32(*shape):
-    return rng.standard_normal(shape).astype(np.float32)
+f32 = normal_f32(rng)
 
 
 def check(inputs, outputs=("y",), opset=23, **attrs):

@@ -7,14 +7,14 @@ pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
 import onnx  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
-from onnx_cases import OPSET, check_model, check_node, node_model, run_mlxprog  # noqa: E402
+from onnx_cases import (  # noqa: E402
+    OPSET, check_model, check_node, node_model, normal_f32, run_mlxprog,
+)
 
 
 rng = np.random.default_rng(2)
 
-
-def f32(*shape):
-    return rng.standard_normal(shape).astype(np.float32)
+f32 = normal_f32(rng)
 
 
 def i64(values):

@@ -5,15 +5,13 @@ import pytest
 
 pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
-from onnx_cases import check_node, node_model, run_mlxprog  # noqa: E402
+from onnx_cases import check_node, node_model, normal_f32, run_mlxprog  # noqa: E402
 
 from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
 
 rng = np.random.default_rng(3)
 
-
-def f32(*shape):
-    return rng.standard_normal(shape).astype(np.float32)
+f32 = normal_f32(rng)
 
 
 # -- MatMul -------------------------------------------------------------------------------

@@ -7,19 +7,15 @@ pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
 import onnx  # noqa: E402
 from onnx import helper  # noqa: E402
-from onnx_cases import graph_model, check_model, check_node, node_model, run_mlxprog  # noqa: E402
+from onnx_cases import (  # noqa: E402
+    check_model, check_node, graph_model, i64, node_model, normal_f32, run_mlxprog,
+)
 
 from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
 
 rng = np.random.default_rng(0)
 
-
-def f32(*shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def i64(*values):
-    return np.array(values, np.int64)
+f32 = normal_f32(rng)
 
 
 

@@ -7,17 +7,11 @@ pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
 
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
-from onnx_cases import graph_model, check_model, check_node  # noqa: E402
+from onnx_cases import check_model, check_node, graph_model, i64, normal_f32  # noqa: E402
 
 rng = np.random.default_rng(1)
 
-
-def f32(*shape):
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def i64(*values):
-    return np.array(values, np.int64)
+f32 = normal_f32(rng)
 
 
 

@@ -17,7 +17,7 @@ from functools import reduce as _fold
 
 from ...arrays import is_floating, name_of
 from ..context import Context
-from ..registry import converter
+from ..registry import converter, register_made
 
 # -- helpers shared by this family -------------------------------------------------------
 
@@ -76,10 +76,7 @@ def _binary(op: str):
 
 for _onnx, _op, _what in (("Add", "add", "a + b"), ("Sub", "subtract", "a - b"),
                           ("Mul", "multiply", "a * b")):
-    _fn = _binary(_op)
-    _fn.__name__ = _onnx.lower()
-    _fn.__doc__ = f"``{_what}``, broadcasting; the inputs' element type."
-    converter(_onnx)(_fn)
+    register_made(_onnx, _binary(_op), f"``{_what}``, broadcasting; the inputs' element type.")
 
 
 @converter("Div")
@@ -127,10 +124,9 @@ def _variadic(op: str):
 for _onnx, _op, _what in (("Max", "max", "Elementwise maximum"),
                           ("Min", "min", "Elementwise minimum"),
                           ("Sum", "add", "Elementwise sum")):
-    _fn = _variadic(_op)
-    _fn.__name__ = f"{_onnx.lower()}_variadic"
-    _fn.__doc__ = f"{_what} of one or more inputs, broadcasting (NaN propagates)."
-    converter(_onnx)(_fn)
+    register_made(_onnx, _variadic(_op),
+                  f"{_what} of one or more inputs, broadcasting (NaN propagates).",
+                  name=f"{_onnx.lower()}_variadic")
 
 
 @converter("Mean")
@@ -194,10 +190,7 @@ def _unary(op: str):
 
 
 for _onnx, (_op, _doc) in _UNARY.items():
-    _fn = _unary(_op)
-    _fn.__name__ = _onnx.lower()
-    _fn.__doc__ = f"{_doc} The input's element type."
-    converter(_onnx)(_fn)
+    register_made(_onnx, _unary(_op), f"{_doc} The input's element type.")
 
 
 @converter("Reciprocal")
@@ -235,10 +228,7 @@ def bit_shift(ctx: Context) -> list:
 for _onnx, _op, _what in (("BitwiseAnd", "bitwise_and", "a & b"),
                           ("BitwiseOr", "bitwise_or", "a | b"),
                           ("BitwiseXor", "bitwise_xor", "a ^ b")):
-    _fn = _binary(_op)
-    _fn.__name__ = _onnx.lower()
-    _fn.__doc__ = f"``{_what}``, broadcasting (integers)."
-    converter(_onnx)(_fn)
+    register_made(_onnx, _binary(_op), f"``{_what}``, broadcasting (integers).")
 
 
 # -- classification ---------------------------------------------------------------------------
@@ -270,4 +260,4 @@ def is_inf(ctx: Context) -> list:
     return [ctx.b.logical_and(inf, side)]
 
 
-del _onnx, _op, _what, _doc, _fn
+del _onnx, _op, _what, _doc

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..context import Context
-from ..registry import converter
+from ..registry import converter, register_made
 
 _COMPARISONS = {
     "Equal": ("equal", "a == b"),
@@ -25,10 +25,7 @@ def _compare(op: str):
 
 
 for _onnx, (_op, _what) in _COMPARISONS.items():
-    _fn = _compare(_op)
-    _fn.__name__ = _onnx.lower()
-    _fn.__doc__ = f"``{_what}``, broadcasting; bool."
-    converter(_onnx)(_fn)
+    register_made(_onnx, _compare(_op), f"``{_what}``, broadcasting; bool.")
 
 
 @converter("Not")
@@ -37,4 +34,4 @@ def not_(ctx: Context) -> list:
     return [ctx.b.logical_not(ctx.input(0))]
 
 
-del _onnx, _op, _what, _fn
+del _onnx, _op, _what

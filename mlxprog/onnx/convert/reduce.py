@@ -19,7 +19,7 @@ import numpy as np
 
 from ...arrays import name_of
 from ..context import Context
-from ..registry import converter
+from ..registry import converter, register_made
 from .elementwise import cast, is_float, same_dtype, trunc_divide
 
 _SINCE_AXES_INPUT = 18
@@ -77,7 +77,7 @@ def _count(ctx: Context, x, axes):
     return ctx.b.sum(ones, axes=axes, keepdims=True)
 
 
-def _reduction(name: str, kind: str, empty):
+def _reduction(kind: str, empty):
     """The converter of a reduction: ``REDUCERS[kind]``, or a constant of
     ``empty`` (a value, or a function of the input giving one) for a
     statically empty input."""
@@ -95,7 +95,6 @@ def _reduction(name: str, kind: str, empty):
                 return [found]
         return [same_dtype(ctx, REDUCERS[kind](ctx, x, axes, keepdims), x)]
 
-    convert.__name__ = name
     return convert
 
 
@@ -174,9 +173,8 @@ for _onnx, _kind, _empty, _doc in (
     ("ReduceLogSum", "log_sum", "-inf", "Logarithm of the sum"),
     ("ReduceLogSumExp", "log_sum_exp", "-inf", "``log(sum(exp(x)))``, computed stably"),
 ):
-    _fn = _reduction(_onnx.lower(), _kind, _empty)
-    _fn.__doc__ = f"{_doc} over ``axes`` (see the module's notes)."
-    converter(_onnx)(_fn)
+    register_made(_onnx, _reduction(_kind, _empty),
+                  f"{_doc} over ``axes`` (see the module's notes).")
 
 
 # -- arg reductions ----------------------------------------------------------------------------
@@ -245,4 +243,4 @@ def cum_prod(ctx: Context) -> list:
     return _cumulative(ctx, "cumulative_product")
 
 
-del _onnx, _kind, _empty, _doc, _fn
+del _onnx, _kind, _empty, _doc

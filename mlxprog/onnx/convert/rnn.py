@@ -142,8 +142,10 @@ def _direction_state(ctx: Context, i: int, d: int, batch, hidden: int, layout: i
 
 
 def _common(ctx: Context, gates: int):
-    """``(xs, steps, batch, hidden, directions, layout)``: the input as a list
-    of ``[B, I]`` steps in time order."""
+    """``(x, steps, batch, hidden, passes, layout, lens)``: the input ``[T, B,
+    I]`` (layout 1 transposed to it), the sizes, one entry per direction
+    saying whether that pass runs backwards in time, the layout, and the
+    sequence lengths ``[B, 1]`` (None when every sequence is full length)."""
     b = ctx.b
     layout = int(ctx.attr("layout", 0))
     if layout not in (0, 1):
@@ -158,7 +160,8 @@ def _common(ctx: Context, gates: int):
     wshape = ctx.shape(1)
     hidden = int(ctx.attr("hidden_size", wshape[1] // gates))
     direction = ctx.choice("direction", ("forward", "reverse", "bidirectional"), "forward")
-    directions = 2 if direction == "bidirectional" else 1
+    passes = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+    directions = len(passes)
     if wshape[0] != directions:
         raise ctx.fail(f"W has {wshape[0]} directions; direction={direction!r} needs "
                        f"{directions}")
@@ -170,7 +173,7 @@ def _common(ctx: Context, gates: int):
     x = ctx.input(0)
     if layout == 1:
         x = b.transpose(x, axes=[1, 0, 2])
-    return x, steps, batch, hidden, direction, layout, lens
+    return x, steps, batch, hidden, passes, layout, lens
 
 
 def _masked(ctx: Context, lens, t: int, new, old, zero_when_off: bool = False):
@@ -195,6 +198,13 @@ def _project(ctx: Context, x, weights: _Weights, steps: int):
     if steps == 1:
         return [b.squeeze(xw, axes=[0])]
     return [b.squeeze(p, axes=[0]) for p in b.split(xw, indices_or_sections=steps, axis=0)]
+
+
+def _recurrence(ctx: Context, x_t, h, weights: _Weights):
+    """A step's gate pre-activations: ``X_t W^T + Wb`` (projected) plus
+    ``H R^T + Rb``."""
+    pre = x_t + ctx.b.matmul(h, weights.r)
+    return pre if weights.rb is None else pre + weights.rb
 
 
 def _clip(ctx: Context, v):
@@ -224,28 +234,24 @@ def _outputs(ctx: Context, ys_per_dir, finals_per_state, layout: int) -> list:
     return results[:ctx.num_outputs]
 
 
-def _order(direction: str, d: int, steps: int) -> list[int]:
-    reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+def _order(reverse: bool, steps: int) -> list[int]:
+    """The time steps of a pass, in the order it visits them."""
     return list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
 
 
 @converter("RNN")
 def rnn(ctx: Context) -> list:
     """``H = f(X W^T + H R^T + Wb + Rb)``."""
-    b = ctx.b
-    x, steps, batch, hidden, direction, layout, lens = _common(ctx, 1)
-    dirs = 2 if direction == "bidirectional" else 1
-    acts = _activations(ctx, ["Tanh"], dirs)
+    x, steps, batch, hidden, passes, layout, lens = _common(ctx, 1)
+    acts = _activations(ctx, ["Tanh"], len(passes))
     ys_all, finals = [], []
-    for d in range(dirs):
+    for d, reverse in enumerate(passes):
         w = _Weights(ctx, d, 1, hidden)
         xs = _project(ctx, x, w, steps)
         h = _direction_state(ctx, 5, d, batch, hidden, layout)
         ys = [None] * steps
-        for t in _order(direction, d, steps):
-            pre = xs[t] + b.matmul(h, w.r)
-            if w.rb is not None:
-                pre = pre + w.rb
+        for t in _order(reverse, steps):
+            pre = _recurrence(ctx, xs[t], h, w)
             new = acts[d][0](_clip(ctx, pre))
             ys[t] = _masked(ctx, lens, t, new, None, True)
             h = _masked(ctx, lens, t, new, h)
@@ -258,12 +264,11 @@ def rnn(ctx: Context) -> list:
 def gru(ctx: Context) -> list:
     """Gates z, r, h; ``linear_before_reset`` applies R_h before the reset gate."""
     b = ctx.b
-    x, steps, batch, hidden, direction, layout, lens = _common(ctx, 3)
-    dirs = 2 if direction == "bidirectional" else 1
-    acts = _activations(ctx, ["Sigmoid", "Tanh"], dirs)
+    x, steps, batch, hidden, passes, layout, lens = _common(ctx, 3)
+    acts = _activations(ctx, ["Sigmoid", "Tanh"], len(passes))
     linear_before_reset = bool(ctx.attr("linear_before_reset", 0))
     ys_all, finals = [], []
-    for d in range(dirs):
+    for d, reverse in enumerate(passes):
         f, g = acts[d]
         w = _Weights(ctx, d, 3, hidden)
         xs = _project(ctx, x, w, steps)
@@ -274,7 +279,7 @@ def gru(ctx: Context) -> list:
             rbz, rbr, rbh = b.split(w.rb, indices_or_sections=3, axis=0)
             rbzr = b.concatenate(rbz, rbr, axis=0)
         ys = [None] * steps
-        for t in _order(direction, d, steps):
+        for t in _order(reverse, steps):
             xz, xr, xh = b.split(xs[t], indices_or_sections=3, axis=-1)
             hzr = b.matmul(h, rzr)
             if w.rb is not None:
@@ -304,13 +309,12 @@ def gru(ctx: Context) -> list:
 def lstm(ctx: Context) -> list:
     """Gates i, o, f, c; peepholes P (i, o, f); ``input_forget`` couples f = 1 - i."""
     b = ctx.b
-    x, steps, batch, hidden, direction, layout, lens = _common(ctx, 4)
-    dirs = 2 if direction == "bidirectional" else 1
-    acts = _activations(ctx, ["Sigmoid", "Tanh", "Tanh"], dirs)
+    x, steps, batch, hidden, passes, layout, lens = _common(ctx, 4)
+    acts = _activations(ctx, ["Sigmoid", "Tanh", "Tanh"], len(passes))
     input_forget = bool(ctx.attr("input_forget", 0))
     ys_all, h_finals, c_finals = [], [], []
     dt = np.dtype(ctx.dtype(0))
-    for d in range(dirs):
+    for d, reverse in enumerate(passes):
         f, g, hact = acts[d]
         w = _Weights(ctx, d, 4, hidden)
         xs = _project(ctx, x, w, steps)
@@ -329,10 +333,8 @@ def lstm(ctx: Context) -> list:
                                axes=[0])
                 peep = list(b.split(pv, indices_or_sections=3, axis=0))
         ys = [None] * steps
-        for t in _order(direction, d, steps):
-            pre = xs[t] + b.matmul(h, w.r)
-            if w.rb is not None:
-                pre = pre + w.rb
+        for t in _order(reverse, steps):
+            pre = _recurrence(ctx, xs[t], h, w)
             pi, po, pf, pc = b.split(pre, indices_or_sections=4, axis=-1)
             if peep is not None:
                 pi = pi + peep[0] * c

@@ -497,15 +497,21 @@ def pad(ctx: Context) -> list:
 # -- DepthToSpace / SpaceToDepth -------------------------------------------------------------
 
 
-@converter("DepthToSpace")
-def depth_to_space(ctx: Context) -> list:
-    """``[N, C, H, W] -> [N, C/bs², H*bs, W*bs]`` in ``DCR`` or ``CRD`` order."""
+def _block_geometry(ctx: Context) -> tuple:
+    """DepthToSpace's and SpaceToDepth's ``(blocksize, mode, [N, C, H, W])``;
+    the input must be 4-D."""
     bs = ctx.attr("blocksize")
     mode = ctx.choice("mode", ("DCR", "CRD"), "DCR")
     dims = list(ctx.shape(0))
     if len(dims) != 4:
         raise ctx.fail("the input must be 4-D")
-    n, c, h, w = dims
+    return bs, mode, dims
+
+
+@converter("DepthToSpace")
+def depth_to_space(ctx: Context) -> list:
+    """``[N, C, H, W] -> [N, C/bs², H*bs, W*bs]`` in ``DCR`` or ``CRD`` order."""
+    bs, mode, (n, c, h, w) = _block_geometry(ctx)
     if not _is_int(c) or c % (bs * bs):
         raise ctx.fail(f"channels {c} are not a static multiple of blocksize² {bs * bs}")
     b = ctx.b
@@ -523,12 +529,7 @@ def depth_to_space(ctx: Context) -> list:
 def space_to_depth(ctx: Context) -> list:
     """``[N, C, H, W] -> [N, C*bs², H/bs, W/bs]``, blocks ordered ``DCR``
     (depth-column-row, the default) or ``CRD`` (opset 28)."""
-    bs = ctx.attr("blocksize")
-    mode = ctx.choice("mode", ("DCR", "CRD"), "DCR")
-    dims = list(ctx.shape(0))
-    if len(dims) != 4:
-        raise ctx.fail("the input must be 4-D")
-    n, c, h, w = dims
+    bs, mode, (n, c, h, w) = _block_geometry(ctx)
     if not (_is_int(h) and _is_int(w)) or h % bs or w % bs:
         raise ctx.fail(f"height {h} and width {w} must be static multiples of {bs}")
     b = ctx.b
