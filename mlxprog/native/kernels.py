@@ -359,18 +359,26 @@ def covers_conv(x: AVal, w: AVal, stride: list[int], padding: list[tuple[int, in
 
 def conv(setting: Setting, x: mx.array, w: mx.array, *, stride: list[int],
          padding: list[tuple[int, int]], kernel_dilation: list[int], input_dilation: list[int],
-         groups: int, flip: bool, op: str) -> mx.array | None:
+         groups: int, flip: bool, op: str, bias: mx.array | None = None,
+         residual: mx.array | None = None, activation: str = "none") -> mx.array | None:
     """The native ``mx.conv_general`` (per-spatial-dim lists; ``padding`` as
-    (low, high) pairs), or None where it does not apply. ``op`` is the
+    (low, high) pairs) plus ``bias`` (float32 ``[C_out]``, optional) and
+    ``residual`` (float32, the result's shape, optional), then
+    ``activation`` (``"none"`` or ``"relu"``), all applied as the kernel
+    finishes each output tile; None where it does not apply. ``op`` is the
     calling op, counted when the kernel runs."""
     native = active(setting)
     if native is None or not covers_conv(AVal.of(x), AVal.of(w), stride, padding,
                                          kernel_dilation, input_dilation, groups, flip):
         return None
+    if bias is not None and (bias.dtype != mx.float32 or bias.shape != (w.shape[0],)):
+        return None
+    if residual is not None and residual.dtype != mx.float32:
+        return None
     record(setting, op)
     return native.conv(x, w, stride=list(stride), pad_low=[lo for lo, _ in padding],
                        pad_high=[hi for _, hi in padding], dilation=list(kernel_dilation),
-                       groups=groups)
+                       groups=groups, bias=bias, residual=residual, activation=activation)
 
 
 def _int32_vector(a: mx.array) -> mx.array:

@@ -1,4 +1,5 @@
-"""Fold the affine tail of a convolution into its weights, before import.
+"""Fold the affine tail of a convolution into its weights, and its sum and
+ReLU into it, before import.
 
 A ``Conv`` whose output feeds only an inference ``BatchNormalization``, a
 ``Mul`` by a constant or an ``Add`` of one (broadcast per output channel, or
@@ -18,11 +19,17 @@ with any other reader (another node, a subgraph, a graph output) is left as
 it is, and so is a ``BatchNormalization`` in training mode, with its
 running-statistics outputs, or with ``spatial=0`` (old opsets: statistics
 per element, not per channel).
+
+:func:`fuse_conv_epilogue` then makes each Conv followed by an Add of
+another value and/or a Relu one onnxruntime ``FusedConv`` (which the
+importer also reads in models that onnxruntime's optimizer wrote), so the
+sum and the ReLU run in the convolution's kernel.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Mapping
 
 import numpy as np
 import onnx
@@ -172,6 +179,97 @@ def _live(nodes: list[onnx.NodeProto], dropped: set[int], constant: set[int],
         if not dead:
             return live
         live = [i for i in live if i not in dead]
+
+
+#: The domain of onnxruntime's contrib ops, whose FusedConv is a Conv with
+#: its activation.
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+def fuse_conv_epilogue(model: onnx.ModelProto,
+                       shapes: Mapping[str, tuple[int | str | None, ...]]) -> onnx.ModelProto:
+    """``model`` with each Conv of its main graph whose output only an
+    ``Add`` (or two-input ``Sum``) of another value of the same shape (by ONNX's shape inference,
+    ``shapes``: every axis known, no broadcasting), or only a ``Relu``, or
+    only such an ``Add`` and then only a ``Relu`` read, made one onnxruntime
+    ``FusedConv``
+    (domain ``com.microsoft``: the Add's other input as its sum input ``Z``,
+    ``activation="Relu"`` for the Relu), as onnxruntime's graph optimizer
+    fuses them. It writes the chain's last output, under the Conv's node
+    name, where the chain's last node was (``Z`` may be computed after the
+    Conv). The importer then adds ``Z`` and applies the ReLU inside the
+    convolution's kernel (a residual block's shortcut and ReLU) instead of
+    in passes of their own over the result. The values are the same. The
+    model itself when nothing fuses."""
+    graph = model.graph
+    nodes = list(graph.node)
+    readers = _readers(nodes, [out.name for out in graph.output])
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in set(node.input):
+            consumers.setdefault(name, []).append(index)
+
+    dropped: set[int] = set()  # the chains' nodes, each fused into one FusedConv
+
+    def sole_reader(value: str, *op_types: str) -> int | None:
+        """The index of the one node reading ``value``, if it is one of
+        ``op_types`` of the default domain not fused already (the Add of two
+        Convs' outputs goes to the first)."""
+        if readers[value] != 1 or len(consumers.get(value, ())) != 1:
+            return None
+        index = consumers[value][0]
+        node = nodes[index]
+        if (node.op_type not in op_types or not _is_default_domain(node)
+                or len(node.output) != 1 or index in dropped):
+            return None
+        return index
+
+    fused: dict[int, onnx.NodeProto] = {}  # position -> the FusedConv written there
+    for index, node in enumerate(nodes):
+        if node.op_type != "Conv" or not _is_default_domain(node) or len(node.output) != 1:
+            continue
+        chain, value, inputs = [], node.output[0], list(node.input)
+        add = sole_reader(value, "Add", "Sum")  # a Sum of two is an Add (Caffe2's exports)
+        other = _other_operand(nodes[add], value, shapes) if add is not None else None
+        if other is not None:
+            inputs = inputs + [""] * (3 - len(inputs)) + [other]
+            chain.append(add)
+            value = nodes[add].output[0]
+        relu = sole_reader(value, "Relu")
+        if relu is not None:
+            chain.append(relu)
+            value = nodes[relu].output[0]
+        if not chain:
+            continue
+        attributes = [helper.make_attribute("activation", "Relu")] if relu is not None else []
+        conv = helper.make_node("FusedConv", inputs, [value], name=node.name,
+                                domain=CONTRIB_DOMAIN)
+        conv.attribute.extend([*node.attribute, *attributes])
+        fused[chain[-1]] = conv
+        dropped.update([index, *chain])
+    if not fused:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(fused.get(i, node) for i, node in enumerate(nodes)
+                          if i in fused or i not in dropped)
+    if not any(entry.domain == CONTRIB_DOMAIN for entry in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return out
+
+
+def _other_operand(add: onnx.NodeProto, value: str,
+                   shapes: Mapping[str, tuple[int | str | None, ...]]) -> str | None:
+    """The input of ``add`` that is not ``value``, where it has the sum's
+    shape in full (so it needs no broadcasting), else None."""
+    if len(add.input) != 2 or list(add.input).count(value) != 1:
+        return None
+    other = add.input[1] if add.input[0] == value else add.input[0]
+    shape = shapes.get(other)
+    if shape is None or None in shape or shape != shapes.get(add.output[0]):
+        return None
+    return other
 
 
 def _is_default_domain(node: onnx.NodeProto) -> bool:

@@ -39,7 +39,7 @@ from ..symbolic.specialize import specialize
 from ..validate import validate
 from . import registry, symbolic
 from .context import ChannelsLast, Context, OnnxImportError
-from .fold import NEVER_FOLDED, fold_conv_affine
+from .fold import NEVER_FOLDED, fold_conv_affine, fuse_conv_epilogue
 from .graph import free_names
 
 #: The opsets imported as they are; older models are converted to
@@ -289,7 +289,8 @@ class Initializer:
 class Importer:
     """Converts one model; :func:`import_model` is its entry point."""
 
-    def __init__(self, model: onnx.ModelProto, name: str):
+    def __init__(self, model: onnx.ModelProto, name: str,
+                 inferred: dict[str, tuple[int | str | None, ...]] | None = None):
         self.model = model
         self.opset = default_opset(model)
         self.b = ProgramBuilder(name)
@@ -300,8 +301,9 @@ class Importer:
         self._solved: dict[int, tuple[Value, list[int | str]]] = {}
         #: The ONNX element type of each shape value (object array), by name.
         self.shape_dtypes: dict[str, np.dtype] = {}
-        #: ONNX's shape inference of every value (subgraphs included), by name.
-        self.inferred = inferred_shapes(model)
+        #: ONNX's shape inference of every value (subgraphs included), by
+        #: name: ``inferred``, else computed on ``model``.
+        self.inferred = inferred_shapes(model) if inferred is None else inferred
 
     # -- values -------------------------------------------------------------------------
 
@@ -788,8 +790,15 @@ def import_model(model: onnx.ModelProto | str | Path, name: str | None = None, *
     outputs the graph's. ``fold_batch_norm`` folds each inference
     BatchNormalization, and each Mul/Add of a per-channel constant, that
     follows a Conv into the Conv's weight and bias first
-    (:func:`.fold.fold_conv_affine`; the weights returned are the folded ones)."""
+    (:func:`.fold.fold_conv_affine`; the weights returned are the folded ones).
+    Each Conv followed by an Add of another value (a residual block's
+    shortcut) and/or a Relu becomes an onnxruntime ``FusedConv``
+    (:func:`.fold.fuse_conv_epilogue`), whose sum and ReLU run in the
+    convolution's kernel: the same values."""
     model = load_model(model)
     if fold_batch_norm:
         model = fold_conv_affine(model)
-    return Importer(model, name or model.graph.name or "onnx").run()
+    # Shape inference knows no contrib op: it runs on the graph before fusion.
+    shapes = inferred_shapes(model)
+    return Importer(fuse_conv_epilogue(model, shapes), name or model.graph.name or "onnx",
+                    shapes).run()

@@ -14,9 +14,11 @@ over the patches, gathered as it packs; depthwise convolutions directly);
 
 from __future__ import annotations
 
+from typing import Literal
+
 import mlx.core as mx
 
-from ..arrays import AVal
+from ..arrays import AVal, name_of
 from ..native import kernels as native
 from .attrs import Attrs, PositiveSize, Size
 from .registry import register_op
@@ -91,11 +93,44 @@ class ConvGeneralAttrs(Attrs):
     """Feature groups: channels split into ``groups`` independent convolutions."""
     flip: bool = False
     """Flip the kernel (true convolution) instead of cross-correlating."""
+    activation: Literal["none", "relu"] = "none"
+    """Applied to the result after the bias: ``"relu"`` is ``max(y, 0)``
+    (fused into the native kernel, which applies it as each output tile is
+    finished)."""
 
 
 def _check_conv_general(avals: list[AVal], attrs: ConvGeneralAttrs) -> None:
-    """Input and weight layouts, and one attribute entry per spatial dimension."""
-    _check_lengths(attrs, _check_layouts(avals, attrs.groups))
+    """Input and weight layouts, one attribute entry per spatial dimension,
+    the bias (operand 2, optional): one value per output channel, and the
+    residual (operand 3, optional): the result's shape; both of the input's
+    dtype."""
+    spatial = _check_layouts(avals, attrs.groups)
+    _check_lengths(attrs, spatial)
+    (x_shape, x_dtype), (w_shape, _) = avals[:2]
+    if len(avals) > 2:
+        b_shape, b_dtype = avals[2]
+        if tuple(b_shape) != (w_shape[0],) or b_dtype != x_dtype:
+            raise ValueError(
+                f"bias (operand 2) must be [C_out] = [{w_shape[0]}] of the input's dtype "
+                f"{name_of(x_dtype)}; found shape {list(b_shape)} of {name_of(b_dtype)}")
+    if len(avals) > 3:
+        r_shape, r_dtype = avals[3]
+        shape = _conv_general_shape(x_shape, w_shape, _conv_general_options(attrs, spatial))
+        if tuple(r_shape) != shape or r_dtype != x_dtype:
+            raise ValueError(
+                f"residual (operand 3) must have the result's shape {list(shape)} and the "
+                f"input's dtype {name_of(x_dtype)}; found shape {list(r_shape)} of "
+                f"{name_of(r_dtype)}")
+
+
+def _conv_general_shape(x: tuple, w: tuple, options: dict) -> tuple:
+    """The shape of ``conv_general``'s result (``options``: its attributes
+    filled in, as :func:`_conv_general_options` gives them)."""
+    spatial = [((n - 1) * dil + 1 + lo + hi - ((k - 1) * kdil + 1)) // s + 1
+               for n, k, s, (lo, hi), kdil, dil in zip(
+                   x[1:-1], w[1:-1], options["stride"], options["padding"],
+                   options["kernel_dilation"], options["input_dilation"])]
+    return (x[0], *spatial, w[0])
 
 
 def _conv_general_covered(avals: list[AVal], attrs: ConvGeneralAttrs) -> bool:
@@ -113,8 +148,8 @@ def _conv_general_options(attrs: ConvGeneralAttrs, spatial: int) -> dict:
                 groups=attrs.groups, flip=attrs.flip)
 
 
-@register_op("conv_general", attrs=ConvGeneralAttrs, operands=2, check=_check_conv_general,
-             context=True, native_coverage=_conv_general_covered)
+@register_op("conv_general", attrs=ConvGeneralAttrs, operands=(2, 4),
+             check=_check_conv_general, context=True, native_coverage=_conv_general_covered)
 def conv_general(operands, attrs, context):
     """N-d convolution (``mx.conv_general``), cross-correlation unless ``flip``.
     Operands: input ``[N, *spatial, C_in]`` and weight
@@ -126,12 +161,38 @@ def conv_general(operands, attrs, context):
     kernel_dilation + 1)) // stride) + 1``. Output channel group ``g`` sees
     input channel group ``g``; MLX supports ``groups > 1`` only with 1 or 2
     spatial dimensions. Kernel sizes must be positive; with no input channels
-    the result is zeros."""
-    x, w = operands
+    the result is zeros (plus the bias). The optional third operand, a bias
+    ``[C_out]`` of the input's dtype, is added per output channel, and the
+    optional fourth, a residual of the result's shape (a residual block's
+    shortcut; it needs the bias before it), element by element; then
+    ``activation`` is applied: ``conv_general(x, w, b, z, activation="relu")``
+    is ``relu(conv_general(x, w) + b + z)``, which the native kernel computes
+    as it finishes each tile of the result, with no pass of its own."""
+    x, w, *rest = operands
+    bias, residual = (rest + [None, None])[:2]
     out = native.conv(context.native, x, w, **_conv_general_options(attrs, x.ndim - 2),
-                      op="conv_general")
+                      op="conv_general", bias=bias, residual=residual,
+                      activation=attrs.activation)
     if out is not None:
         return out
+    return _finish(_mlx_conv_general(x, w, attrs), bias, residual, attrs.activation)
+
+
+def _finish(out: mx.array, bias: mx.array | None, residual: mx.array | None,
+            activation: str) -> mx.array:
+    """``conv_general``'s epilogue outside the native kernel: the bias and the
+    residual, then the activation."""
+    if bias is not None:
+        out = out + bias
+    if residual is not None:
+        out = out + residual
+    if activation == "relu":
+        out = mx.maximum(out, mx.array(0, out.dtype))
+    return out
+
+
+def _mlx_conv_general(x: mx.array, w: mx.array, attrs: ConvGeneralAttrs) -> mx.array:
+    """``mx.conv_general`` with ``attrs`` (zeros without channels)."""
     padding = attrs.padding or [(0, 0)] * (x.ndim - 2)
     out = mx.conv_general(
         x,

@@ -197,6 +197,46 @@ def test_conv_matches_mlx(table, case):
     assert_float32_close(got, conv_reference(x, w, stride, padding, dilation, groups), depth)
 
 
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+@pytest.mark.parametrize("residual", [False, True], ids=["bias", "bias+residual"])
+def test_conv_epilogue_matches_the_definition(table, case, activation, residual):
+    """The epilogue (bias per output channel, the residual element by
+    element, then the activation) on every path: tiles, clipped edge tiles,
+    one or two rows, depthwise, pointwise, groups (each group's slice of the
+    bias and the residual)."""
+    xs, ws, stride, padding, dilation, groups = case
+    x, w, bias = normal(*xs), normal(*ws), normal(ws[0])
+    want = conv_reference(x, w, stride, padding, dilation, groups) + f64(bias)
+    shortcut = normal(*want.shape) if residual else None
+    got = kernels.conv(native.Setting(True), x, w, stride=stride, padding=padding,
+                       kernel_dilation=dilation, input_dilation=[1] * len(stride),
+                       groups=groups, flip=False, op="conv_general", bias=bias,
+                       residual=shortcut, activation=activation)
+    if residual:
+        want = want + f64(shortcut)
+    if activation == "relu":
+        want = np.maximum(want, 0.0)
+    assert_float32_close(got, want, int(np.prod(ws[1:])))
+
+
+def test_conv_relu_keeps_nan(table):
+    """ReLU of NaN is NaN (as max(x, 0) in NumPy and ONNX), in full tiles,
+    edge tiles and the depthwise path alike."""
+    x = normal(1, 7, 7, 16)
+    x[0, 3, 3, 0] = float("nan")
+    for w in (normal(20, 3, 3, 16), normal(16, 3, 3, 1)):
+        groups = 16 if w.shape[-1] == 1 else 1
+        got = np.array(kernels.conv(native.Setting(True), x, w, stride=[1, 1],
+                                    padding=[(1, 1), (1, 1)], kernel_dilation=[1, 1],
+                                    input_dilation=[1, 1], groups=groups, flip=False,
+                                    op="conv_general", bias=normal(w.shape[0]),
+                                    activation="relu"))
+        want = np.isnan(conv_reference(x, w, [1, 1], [(1, 1), (1, 1)], [1, 1], groups))
+        assert want.any() and (np.isnan(got) == want).all()
+        assert (got[~want] >= 0).all()
+
+
 def test_conv_non_contiguous_operands(table):
     x = mx.transpose(normal(2, 6, 9, 10), (0, 2, 3, 1))  # NCHW data seen as NHWC
     w = mx.transpose(normal(8, 6, 3, 3), (0, 2, 3, 1))
@@ -247,6 +287,55 @@ def test_ops_take_the_native_kernels(ext):
         assert exe.stats.native_ops == expected
     for got, want in zip(results[True], results[False]):
         assert_float32_close(got, f64(want), 72 * 16)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+@pytest.mark.parametrize("residual", [False, True], ids=["bias", "bias+residual"])
+def test_conv_general_op_epilogue(ext, groups, residual):
+    """``conv_general`` with a bias (and residual) operand and
+    ``activation="relu"``: the native kernel's fused epilogue and MLX's ops
+    agree with the definition."""
+    b = mp.ProgramBuilder("conv_relu")
+    x = b.input("x", (2, 9, 9, 8), "float32")
+    w = b.input("w", (16, 3, 3, 8 // groups), "float32")
+    operands = [x, w, b.input("bias", (16,), "float32")]
+    if residual:
+        operands.append(b.input("shortcut", (2, 9, 9, 16), "float32"))
+    y = b.conv_general(*operands, padding=[(1, 1), (1, 1)], groups=groups, activation="relu")
+    prog = b.build([y])
+    args = [normal(2, 9, 9, 8), normal(16, 3, 3, 8 // groups), normal(16), normal(2, 9, 9, 16)]
+    args = args[:len(operands)]
+    want = conv_reference(args[0], args[1], [1, 1], [(1, 1), (1, 1)], [1, 1], groups)
+    want = np.maximum(want + sum(f64(a) for a in args[2:]), 0.0)
+    for flag in (True, False):
+        exe = mp.compile(prog, native=flag)
+        assert_float32_close(exe(*args)[0], want, 72)
+        assert exe.stats.native_ops == ({"conv_general": 1} if flag else {})
+
+
+@pytest.mark.parametrize("bias_shape, dtype", [((15,), "float32"), ((16, 1), "float32"),
+                                               ((16,), "float16")])
+def test_conv_general_rejects_a_bad_bias(bias_shape, dtype):
+    b = mp.ProgramBuilder("bad_bias")
+    x = b.input("x", (1, 5, 5, 4), "float32")
+    w = b.input("w", (16, 3, 3, 4), "float32")
+    bias = b.input("bias", bias_shape, dtype)
+    with pytest.raises(mp.ProgramError, match=r"conv_general.*bias \(operand 2\) must be "
+                                              r"\[C_out\] = \[16\]"):
+        b.conv_general(x, w, bias)
+
+
+@pytest.mark.parametrize("shape, dtype", [((1, 5, 5, 16), "float32"), ((1, 3, 3, 16), "float16"),
+                                          ((1, 3, 3, 8), "float32")])
+def test_conv_general_rejects_a_bad_residual(shape, dtype):
+    b = mp.ProgramBuilder("bad_residual")
+    x = b.input("x", (1, 5, 5, 4), "float32")
+    w = b.input("w", (16, 3, 3, 4), "float32")
+    bias = b.input("bias", (16,), "float32")
+    z = b.input("z", shape, dtype)
+    with pytest.raises(mp.ProgramError, match=r"residual \(operand 3\) must have the result's "
+                                              r"shape \[1, 3, 3, 16\]"):
+        b.conv_general(x, w, bias, z)
 
 
 def test_matmul_op_stays_shapeless_with_native_kernels(ext):

@@ -101,9 +101,26 @@ struct ConvGeometry {
   int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];  // pad: the low side
 };
 
-// C (M x N, row stride c_rs, dense rows) = A (M x K) @ B (K x N), float32.
-// A and B are read through element strides (row, column), so transposed and
-// broadcast views need no copy; with `conv` set A is gathered as above.
+// What is applied to each finished output value, while it is still in
+// registers or L1: the column's bias (a convolution's per-channel bias; null:
+// none) and the residual's element (laid out as C, with C's row stride; a
+// residual block's shortcut), then the activation. Fused there, a
+// convolution's bias add, shortcut add and ReLU cost no extra pass over its
+// result.
+enum class Activation : int { none = 0, relu = 1 };
+struct Epilogue {
+  const float* bias = nullptr;      // N values, one per column of C
+  const float* residual = nullptr;  // M x N values at C's offsets
+  Activation activation = Activation::none;
+  bool empty() const {
+    return bias == nullptr && residual == nullptr && activation == Activation::none;
+  }
+};
+
+// C (M x N, row stride c_rs, dense rows) = epilogue(A (M x K) @ B (K x N)),
+// float32. A and B are read through element strides (row, column), so
+// transposed and broadcast views need no copy; with `conv` set A is gathered
+// as above.
 struct GemmProblem {
   const float* a;
   int64_t a_rs, a_cs;
@@ -113,21 +130,23 @@ struct GemmProblem {
   int64_t c_rs;
   int64_t M, N, K;
   const ConvGeometry* conv;
+  Epilogue epilogue{};
 };
 
 // The GEMM's cache blocks: a KC-deep slice of an MC-row block of A is packed
 // (MC x KC floats, for the 512 KiB L2) against a KC x NC slice of B (for the
 // L3); every table's register tile divides MC and NC.
-constexpr int64_t kGemmKC = 256, kGemmMC = 144, kGemmNC = 4080;
+constexpr int64_t kGemmKC = 256, kGemmMC = 144, kGemmNC = 4064;
 
 // The floats of scratch one sgemm call over `cols` output columns needs.
 inline int64_t gemm_workspace(int64_t cols) {
   const int64_t nc = cols < kGemmNC ? cols : kGemmNC;
-  return kGemmMC * kGemmKC + kGemmKC * (nc + 16) + 16;  // +16: room to align to 64 bytes
+  // nc + 32: its last panel padded; + 16: room to align to 64 bytes.
+  return kGemmMC * kGemmKC + kGemmKC * (nc + 32) + 16;
 }
 
 // The columns of B packed whole (a multiple of every table's register tile).
-inline int64_t gemm_packed_cols(int64_t N) { return (N + 15) / 16 * 16; }
+inline int64_t gemm_packed_cols(int64_t N) { return (N + 31) / 32 * 32; }
 
 // A depthwise convolution (one input channel per group, one output channel
 // per input channel): out [batch, out0, out1, out2, C] from x [batch, in0,
@@ -139,6 +158,7 @@ struct DepthwiseProblem {
   float* out;
   ConvGeometry g;
   int64_t batch;
+  Epilogue epilogue{};  // bias: one value per channel
 };
 
 // A window reduction (XLA's reduce_window) of a dense float32 x whose axes
@@ -190,11 +210,11 @@ struct Kernels {
   void (*attention)(const AttentionProblem& p, int64_t i0, int64_t i1);
   // The block rows [m0, m1) x columns [n0, n1) of a float32 GEMM, with
   // `work` scratch of gemm_workspace(n1 - n0) floats. `packed_b`: B already
-  // packed by sgemm_pack_b (then n0 is a multiple of 16), or null.
+  // packed by sgemm_pack_b (then n0 is a multiple of 32), or null.
   void (*sgemm)(const GemmProblem& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                 float* work, const float* packed_b);
   // Pack B's rows [k0, k0 + kc) x columns [n0, n0 + nc) (k0 a multiple of
-  // kGemmKC, kc the rest of that slice up to kGemmKC, n0 a multiple of 16)
+  // kGemmKC, kc the rest of that slice up to kGemmKC, n0 a multiple of 32)
   // for sgemm: the whole B takes K * gemm_packed_cols(N) floats, and this
   // part goes at k0 * gemm_packed_cols(N) + n0 * kc.
   void (*sgemm_pack_b)(const GemmProblem& p, int64_t k0, int64_t kc, int64_t n0, int64_t nc,

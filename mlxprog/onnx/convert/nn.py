@@ -26,6 +26,8 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from ...arrays import name_of
+from ...errors import ProgramError
 from ..context import ChannelsLast, Context
 from ..importer import is_float_dtype
 from ..registry import converter
@@ -172,16 +174,92 @@ def _conv_setup(ctx: Context, w_input: int):
     return n, list(wshape), attrs, groups
 
 
-@converter("Conv")
-def conv(ctx: Context) -> list:
-    """N-d convolution (``conv_general``, channels-last result)."""
-    n, _, attrs, groups = _conv_setup(ctx, 1)
+def _biased_conv(ctx: Context, activation: str = "none", residual: int | None = None):
+    """A Conv's channels-last result, its bias (input 2, if given), the
+    input ``residual`` (its output's shape; none if None) and
+    ``activation`` (``"none"`` or ``"relu"``) passed to ``conv_general``,
+    which applies them as it finishes each output tile; a 3-d grouped Conv
+    (several ``conv_general``) adds them after."""
+    n, wshape, attrs, groups = _conv_setup(ctx, 1)
     x = ctx.input_channels_last(0)
     rank = n + 2
     w = _weight(ctx, 1, lambda a: np.moveaxis(a, 1, -1),
                 lambda v: ctx.b.transpose(v, axes=[0, *range(2, rank), 1]), "ohwi")
-    y = _conv_cl(ctx, x, w, groups, n, **attrs)
-    return [ChannelsLast(_add_bias(ctx, y, 2, rank))]
+    z = ctx.input_channels_last(residual) if residual is not None else None
+    if groups > 1 and n > 2:
+        y = _add_bias(ctx, _conv_cl(ctx, x, w, groups, n, **attrs), 2, rank)
+        y = y if z is None else ctx.b.add(y, z)
+        return _relu_value(ctx, y) if activation == "relu" else y
+    operands = [x, w]
+    if ctx.has_input(2):
+        if tuple(ctx.shape(2)) != (wshape[0],):
+            raise ctx.fail(f"bias B must be [M] = [{wshape[0]}], one per output channel; "
+                           f"found {list(ctx.shape(2))}")
+        const = ctx.constant(2)
+        operands.append(
+            _import_constant(ctx, f"{ctx.node.input[2]}.bias",
+                             np.asarray(const).astype(ctx.dtype(0)))
+            if const is not None and const.dtype != object
+            else same_dtype(ctx, ctx.input(2), x))
+    elif z is not None:  # the residual operand comes after a bias
+        operands.append(ctx.b.zeros(shape=[wshape[0]], dtype=name_of(x.dtype)))
+    if z is None:
+        return ctx.b.conv_general(*operands, groups=groups, activation=activation, **attrs)
+    try:
+        return ctx.b.conv_general(*operands, z, groups=groups, activation=activation, **attrs)
+    except ProgramError as e:
+        raise ctx.fail(f"the sum input Z must have the output's shape: {e}") from e
+
+
+def _relu_value(ctx: Context, y):
+    """``max(y, 0)``."""
+    return ctx.b.max(y, ctx.scalar(0, y))
+
+
+@converter("Conv")
+def conv(ctx: Context) -> list:
+    """N-d convolution (``conv_general`` with the bias, channels-last result)."""
+    return [ChannelsLast(_biased_conv(ctx))]
+
+
+#: onnxruntime's FusedConv activations applied after the convolution (Relu
+#: is fused into it): their ``activation_params`` and how they map ``y``.
+_FUSED_ACTIVATIONS = {
+    "Tanh": (0, lambda ctx, y: ctx.b.tanh(y)),
+    "Sigmoid": (0, lambda ctx, y: ctx.b.sigmoid(y)),
+    "LeakyRelu": (1, lambda ctx, y, alpha: ctx.b.select(
+        ctx.b.less(y, ctx.scalar(0, y)), ctx.b.multiply(y, ctx.scalar(alpha, y)), y)),
+    "Clip": (2, lambda ctx, y, low, high: ctx.b.min(ctx.b.max(y, ctx.scalar(low, y)),
+                                                    ctx.scalar(high, y))),
+    "HardSigmoid": (2, lambda ctx, y, alpha, beta: ctx.b.min(ctx.b.max(
+        ctx.b.add(ctx.b.multiply(y, ctx.scalar(alpha, y)), ctx.scalar(beta, y)),
+        ctx.scalar(0, y)), ctx.scalar(1, y))),
+}
+
+
+@converter("FusedConv", domain="com.microsoft")
+def fused_conv(ctx: Context) -> list:
+    """onnxruntime's Conv with its sum input ``Z`` (optional: input 3, of
+    the output's shape) and activation (``activation``, with
+    ``activation_params``), as its graph optimizer writes it, and as the
+    importer writes each Conv followed by an Add and/or a Relu
+    (:func:`~mlxprog.onnx.fold.fuse_conv_epilogue`): ``activation(conv(X,
+    W) + B + Z)``. The sum and ``Relu`` run inside ``conv_general``;
+    ``Tanh``, ``Sigmoid``, ``LeakyRelu``, ``Clip`` and ``HardSigmoid`` after
+    it."""
+    residual = 3 if ctx.has_input(3) else None
+    activation = ctx.attr("activation", "")
+    if activation in ("", "Relu"):
+        return [ChannelsLast(_biased_conv(ctx, "relu" if activation else "none", residual))]
+    if activation not in _FUSED_ACTIVATIONS:
+        raise ctx.fail(f"activation {activation!r} is not one of Relu, "
+                       f"{', '.join(_FUSED_ACTIVATIONS)}")
+    count, apply = _FUSED_ACTIVATIONS[activation]
+    params = [float(v) for v in ctx.attr("activation_params", [])]
+    if len(params) != count:
+        raise ctx.fail(f"activation {activation} takes {count} activation_params; "
+                       f"found {len(params)}")
+    return [ChannelsLast(apply(ctx, _biased_conv(ctx, residual=residual), *params))]
 
 
 def _integer_conv(ctx: Context, x_zero: int, w: int, w_zero: int):
