@@ -101,6 +101,18 @@ def test_matmul_reads_strided_views_in_place(table):
         assert_float32_close(got, np.matmul(f64(x), f64(y)), x.shape[-1])
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("depth, cols", [(37, 3), (300, 11), (16, 4), (1, 9), (9216, 8)])
+def test_matmul_rows_by_a_transposed_weight(table, rows, depth, cols):
+    """One or two rows times a ``[N, K]`` weight seen transposed (ONNX's Gemm
+    with transB, a linear layer): dot products, four columns at a time and
+    the columns left over one by one, every K remainder."""
+    w = normal(cols, depth)
+    x = normal(rows, depth)
+    got = kernels.matmul(native.Setting(True), x, w.T)
+    assert_float32_close(got, np.matmul(f64(x), f64(w).T), depth)
+
+
 def test_matmul_inside_compile_and_shapeless_compile(ext):
     setting = native.Setting(True)
 
