@@ -224,6 +224,8 @@ struct Kernels {
   void (*depthwise_conv)(const DepthwiseProblem& p, int64_t r0, int64_t r1);
   // Output rows [r0, r1) of a window reduction.
   void (*window_reduce)(const WindowProblem& p, int64_t r0, int64_t r1);
+  // The rows of sgemm's register tile: row blocks split best on its multiples.
+  int sgemm_rows;
 };
 
 const Kernels& portable_kernels();
