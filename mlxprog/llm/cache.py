@@ -24,28 +24,166 @@ from typing import Sequence
 
 import mlx.core as mx
 
-from .config import ModelConfig, ModelError
+from ..arrays import AVal
+from ..ops.quantized_attention import dequantize_cache, quantize_cache
+from .config import ModelConfig, ModelError, SettingError, is_int
 
 FORMAT = "mlxprog.prompt_cache/1"
+
+
+#: The code widths and group sizes of a quantized KV cache (``kv_bits``,
+#: ``kv_group_size``), and the group size each width takes by default: 4-bit
+#: keys round coarsely enough that smaller groups pay (SmolLM2-135M's
+#: perplexity: +5.4% with groups of 32, +14.5% with 64, for 20% more bytes;
+#: 8 bits: within 0.5% either way).
+KV_BITS = (4, 8)
+KV_GROUP_SIZES = (32, 64, 128)
+DEFAULT_KV_GROUP_SIZES = {4: 32, 8: 64}
+#: The first tokens a rotating cache keeps by default (mlx-lm's): the
+#: attention sinks a model leans on.
+DEFAULT_KEEP = 4
+
+#: The per-slot arrays of one quantized cache (keys or values): the packed
+#: codes, then one scale and one bias per group of features.
+QUANTIZED_PARTS = ("values", "scales", "biases")
 
 
 @dataclass(frozen=True)
 class CacheLayout:
     """The shape of a model's KV cache: what a prompt cache must match to be
-    used with a model."""
+    used with a model.
+
+    ``kv_bits`` (4 or 8; None: float32 keys and values) quantizes the cached
+    keys and values in groups of ``kv_group_size`` features (MLX's affine
+    quantization, one float32 scale and bias a group) of their Walsh-Hadamard
+    transform (each group's: ``hadamard=True`` of the
+    ``quantized_kv_cache_sdpa_update`` op, which spreads the few large
+    features of keys over their group and so rounds them much less); each
+    layer's keys are then three arrays (:data:`QUANTIZED_PARTS`) and so are
+    its values.
+    ``max_kv_size`` (None: no bound) makes the cache rotating: it holds at
+    most that many tokens, the first ``keep`` and the most recent ones.
+    Values out of range are a :class:`~mlxprog.llm.config.SettingError`
+    naming the parameter."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    max_kv_size: int | None = None
+    keep: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kv_bits is None:
+            if self.kv_group_size is not None:
+                raise SettingError("kv_group_size", "is a setting of the quantized cache: "
+                                   "give kv_bits too")
+        else:
+            if self.kv_bits not in KV_BITS:
+                raise SettingError("kv_bits", f"must be one of {', '.join(map(str, KV_BITS))}, "
+                                   f"got {self.kv_bits!r}")
+            if self.kv_group_size not in KV_GROUP_SIZES:
+                raise SettingError("kv_group_size", "must be one of "
+                                   f"{', '.join(map(str, KV_GROUP_SIZES))}, "
+                                   f"got {self.kv_group_size!r}")
+            if self.head_dim % self.kv_group_size:
+                raise SettingError("kv_group_size", f"{self.kv_group_size} does not divide the "
+                                   f"model's head dim {self.head_dim}")
+        if not is_int(self.keep) or self.keep < 0:
+            raise SettingError("keep", f"must be an integer >= 0, got {self.keep!r}")
+        if self.max_kv_size is None:
+            if self.keep:
+                raise SettingError("keep", "is a setting of the rotating cache: give "
+                                   "max_kv_size too")
+        elif not is_int(self.max_kv_size) or self.max_kv_size < self.keep + 1:
+            raise SettingError("max_kv_size", f"must be an integer above keep ({self.keep}), "
+                               f"got {self.max_kv_size!r}")
 
     @classmethod
     def of(cls, config: ModelConfig) -> CacheLayout:
-        """The layout of a model with ``config``."""
+        """The float layout of a model with ``config``."""
         return cls(config.num_layers, config.num_kv_heads, config.head_dim)
 
+    @property
+    def quantized(self) -> bool:
+        """Whether keys and values are stored quantized."""
+        return self.kv_bits is not None
+
+    @property
+    def rotating(self) -> bool:
+        """Whether the cache is bounded (``max_kv_size``) and rotates."""
+        return self.max_kv_size is not None
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The arrays of one layer's keys (or values): ``("",)`` for a float
+        cache, :data:`QUANTIZED_PARTS` for a quantized one."""
+        return QUANTIZED_PARTS if self.quantized else ("",)
+
+    def part_specs(self) -> list[tuple[int, mx.Dtype]]:
+        """The last dim and dtype of each array of one layer's keys (or
+        values), in :attr:`parts` order."""
+        if not self.quantized:
+            return [(self.head_dim, mx.float32)]
+        groups = self.head_dim // self.kv_group_size
+        return [(self.head_dim * self.kv_bits // 32, mx.uint32), (groups, mx.float32),
+                (groups, mx.float32)]
+
+    def array_names(self) -> list[str]:
+        """The names of every cache array in program order (and in saved
+        files): per layer the keys' arrays then the values': ``k.0``,
+        ``v.0``, ... for a float cache, ``k.0.values``, ``k.0.scales``,
+        ``k.0.biases``, ``v.0.values``, ... for a quantized one."""
+        return [f"{kind}.{i}" + (f".{part}" if part else "")
+                for i in range(self.num_layers) for kind in "kv" for part in self.parts]
+
+    def empty(self, batch: int, slots: int) -> tuple[mx.array, ...]:
+        """Zeroed caches of ``batch`` rows and ``slots`` slots, in program order."""
+        specs = self.part_specs()
+        return tuple(mx.zeros((batch, self.num_kv_heads, slots, width), dtype=dtype)
+                     for _ in range(2 * self.num_layers) for width, dtype in specs)
+
+    def bytes_per_token(self) -> int:
+        """Bytes one cached token takes, every layer's keys and values."""
+        per_head = sum(width * dtype.size for width, dtype in self.part_specs())
+        return 2 * self.num_layers * self.num_kv_heads * per_head
+
     def describe(self) -> str:
-        """``30 layers x 3 KV heads x 64``."""
-        return f"{self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim}"
+        """``30 layers x 3 KV heads x 64``, and the quantization and bound
+        when set (``, 8-bit keys/values (groups of 64), at most 512 tokens
+        keeping the first 4``)."""
+        text = f"{self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim}"
+        if self.quantized:
+            text += f", {self.kv_bits}-bit keys/values (groups of {self.kv_group_size})"
+        if self.rotating:
+            text += f", at most {self.max_kv_size} tokens keeping the first {self.keep}"
+        return text
+
+
+def kv_cache_layout(num_layers: int, num_kv_heads: int, head_dim: int, max_length: int,
+                    kv_bits: int | None = None, kv_group_size: int | None = None,
+                    max_kv_size: int | None = None, keep: int | None = None) -> CacheLayout:
+    """The layout of a model's KV cache from the settings of
+    :func:`~mlxprog.llm.load`: ``kv_group_size`` defaults to
+    :data:`DEFAULT_KV_GROUP_SIZES` with ``kv_bits``, ``keep`` to
+    :data:`DEFAULT_KEEP` (at most ``max_kv_size - 1``) with ``max_kv_size``,
+    which must leave the spare slot a rotating cache writes to within
+    ``max_length``. Bad values raise :class:`~mlxprog.llm.config.SettingError`
+    naming the parameter."""
+    if kv_bits is not None and kv_group_size is None:
+        # An unknown kv_bits (the layout names it) leaves no default.
+        kv_group_size = DEFAULT_KV_GROUP_SIZES[kv_bits] if kv_bits in KV_BITS else None
+    if max_kv_size is not None:
+        if not is_int(max_kv_size) or max_kv_size < 2:
+            raise SettingError("max_kv_size", f"must be an integer >= 2, got {max_kv_size!r}")
+        if max_kv_size >= max_length:
+            raise SettingError("max_kv_size", f"{max_kv_size} must be below max_length "
+                               f"({max_length}): the rotating cache takes max_kv_size + 1 slots")
+        if keep is None:
+            keep = min(DEFAULT_KEEP, max_kv_size - 1)
+    return CacheLayout(num_layers, num_kv_heads, head_dim, kv_bits, kv_group_size, max_kv_size,
+                       0 if keep is None else keep)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -60,9 +198,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class PromptCache:
     """The KV cache of one token sequence (``tokens``); ``caches`` holds the
-    per-layer keys and values in program order (``k.0, v.0, k.1, ...``), each
-    ``[1, kv_heads, len(tokens), head_dim]`` float32, or is empty when nothing
-    is cached yet.
+    per-layer keys and values in program order (``k.0, v.0, k.1, ...``, each
+    ``[1, kv_heads, len(tokens), head_dim]`` float32; with a quantized
+    ``layout`` three arrays each, see :meth:`CacheLayout.array_names`), or is
+    empty when nothing is cached yet. A saved file records the layout, and
+    loading it for a model whose cache has another (another quantization or
+    bound included) is a :class:`~mlxprog.llm.config.ModelError`.
 
     Make one with :meth:`LLM.prompt_cache <mlxprog.llm.LLM.prompt_cache>` (empty)
     or :meth:`LLM.cache_prompt <mlxprog.llm.LLM.cache_prompt>` (a prefilled
@@ -104,12 +245,32 @@ class PromptCache:
         """Bytes the cached keys and values take."""
         return sum(c.nbytes for c in self.caches)
 
+    def converted(self, layout: CacheLayout) -> PromptCache:
+        """The same tokens' cache in another ``layout`` of the same model
+        shape: keys and values quantized (or dequantized) as that layout
+        stores them, so a cache prefilled once serves models loaded with
+        another ``kv_bits``. A rotating layout must hold every token."""
+        if (layout.num_layers, layout.num_kv_heads, layout.head_dim) != (
+                self.layout.num_layers, self.layout.num_kv_heads, self.layout.head_dim):
+            raise ModelError(f"a prompt cache of {self.layout.describe()} cannot become one of "
+                             f"{layout.describe()}: another model's")
+        if layout.rotating and len(self) > layout.max_kv_size:
+            raise ModelError(f"{len(self)} cached tokens do not fit a rotating cache of "
+                             f"{layout.max_kv_size}")
+        caches = list(self.caches)
+        if self.layout.quantized:
+            quant = (self.layout.kv_bits, self.layout.kv_group_size, True)
+            caches = [dequantize_cache(caches[i:i + 3], *quant) for i in range(0, len(caches), 3)]
+        if layout.quantized:
+            quant = (layout.kv_bits, layout.kv_group_size, True)
+            caches = [part for c in caches for part in quantize_cache(c, *quant)]
+        return PromptCache(layout, self.tokens, caches)
+
     def save(self, path: str | Path) -> None:
         """Write the cache to ``path`` (``.safetensors``): the tokens, the
         caches and the layout, which :meth:`load` checks."""
         arrays = {"tokens": mx.array(self.tokens, dtype=mx.int32)}
-        for i, cache in enumerate(self.caches):
-            arrays[f"{'kv'[i % 2]}.{i // 2}"] = cache
+        arrays.update(zip(self.layout.array_names(), self.caches))
         metadata = {"format": FORMAT, "layout": json.dumps(vars(self.layout))}
         mx.save_safetensors(str(path), arrays, metadata=metadata)
 
@@ -126,7 +287,7 @@ class PromptCache:
             raise ModelError(f"{path}: not a prompt cache (no {FORMAT!r} format tag)")
         try:
             saved = CacheLayout(**json.loads(metadata["layout"]))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, ModelError) as e:
             raise ModelError(f"{path}: the prompt cache's layout is unreadable: {e}") from e
         if layout is not None and saved != layout:
             raise ModelError(f"{path}: the prompt cache was made by a model of "
@@ -134,7 +295,7 @@ class PromptCache:
         tokens = arrays.get("tokens")
         if tokens is None or tokens.ndim != 1:
             raise ModelError(f"{path}: the prompt cache has no 1-D 'tokens' array")
-        names = [f"{kind}.{i}" for i in range(saved.num_layers) for kind in "kv"]
+        names = saved.array_names()
         missing = [n for n in names if n not in arrays]
         if tokens.size and missing:
             raise ModelError(f"{path}: the prompt cache lacks {', '.join(missing[:3])}")
@@ -146,14 +307,16 @@ class PromptCache:
 
 def _check_caches(layout: CacheLayout, n: int, caches: tuple[mx.array, ...]) -> None:
     """Caches that hold ``n`` tokens of a model of ``layout``."""
-    if len(caches) != 2 * layout.num_layers:
+    names = layout.array_names()
+    if len(caches) != len(names):
         raise ModelError(f"a prompt cache of {layout.describe()} needs "
-                         f"{2 * layout.num_layers} caches, got {len(caches)}")
-    shape = (1, layout.num_kv_heads, n, layout.head_dim)
-    for i, cache in enumerate(caches):
-        if tuple(cache.shape) != shape or cache.dtype != mx.float32:
-            raise ModelError(f"prompt cache {'kv'[i % 2]}.{i // 2} must be float32{list(shape)} "
-                             f"for {n} tokens, found {cache.dtype}{list(cache.shape)}")
+                         f"{len(names)} caches, got {len(caches)}")
+    specs = layout.part_specs() * (2 * layout.num_layers)
+    for name, cache, (width, dtype) in zip(names, caches, specs):
+        shape = (1, layout.num_kv_heads, n, width)
+        if tuple(cache.shape) != shape or cache.dtype != dtype:
+            raise ModelError(f"prompt cache {name} must be {AVal(shape, dtype)} "
+                             f"for {n} tokens, found {AVal.of(cache)}")
 
 
 class PromptCachePool:

@@ -87,15 +87,22 @@ class Chat:
         dropping the oldest exchanges until it leaves room for a reply of
         ``max_tokens``, and how many were dropped."""
         llm = self.llm
+        rotating = llm.cache_layout.max_kv_size
         for dropped in range(0, len(messages) // 2 + 1):
             ids = llm.prompt_ids(self._system() + messages[2 * dropped:], chat=True)
+            if rotating is not None:
+                # A rotating cache takes any reply after a prompt that fits it.
+                if len(ids) <= rotating:
+                    return ids, dropped
             # A prompt of n tokens leaves room for max_length - n + 1 generated
             # tokens (the last one is never written to the cache).
-            if len(ids) + self.options.max_tokens <= llm.max_length + 1:
+            elif len(ids) + self.options.max_tokens <= llm.max_length + 1:
                 return ids, dropped
         # Only the new message is left: its reply may stop at the cache limit.
-        if len(ids) < llm.max_length:
+        if rotating is None and len(ids) < llm.max_length:
             return ids, len(messages) // 2
+        if rotating is not None:
+            raise PromptTooLongError(len(ids), rotating, "max_kv_size")
         raise PromptTooLongError(len(ids), llm.max_length)
 
     def _reply(self, ids: list[int]) -> Iterator[Piece]:

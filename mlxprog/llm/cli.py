@@ -1,13 +1,13 @@
 """The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``,
-``serve``, ``perplexity``.
+``serve``, ``perplexity``, ``embed``.
 
 The generation flags store under :class:`~mlxprog.llm.GenerationOptions`'
 field names, so each command builds its options once from the flags it has
 (:func:`_generation_options`). Numeric flags are checked as they are parsed:
 a value out of range exits with status 2 and names the flag
 (``argument --max-tokens: must be at least 1, got 0``), before any model loads.
-The model settings (``--chat-template``, ``--extra-eos-token``) are checked
-as the model loads, before anything is generated; a bad one exits with
+The model settings (``--chat-template``, ``--extra-eos-token``,
+``--adapter-path``, ...) are checked as the model loads, before anything is generated; a bad one exits with
 status 2 too, naming the flag (:func:`_setting_flags`).
 """
 
@@ -25,7 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from ..errors import ProgramError, UsageError
 from ..native import MAX_THREADS
 from .config import AUTO_NUMERICS, NUMERICS, SettingError
-from .engine import PromptTooLongError
+from .engine import SIZE_FLAGS, PromptTooLongError
+from .programs import POOLINGS
+from .speculative import (
+    DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
+)
 
 if TYPE_CHECKING:
     from . import LLM, Generation, GenerationOptions, GenerationStats, Piece, PromptCache
@@ -96,6 +100,7 @@ def add_commands(commands: Any) -> None:
                         help="split the model over N processes (tensor parallelism): one "
                         "directory of programs per rank")
     _numerics_option(export)
+    _adapter_option(export)
     # Only the sampling attributes: the seed is no part of the programs (the
     # PRNG key is an input of each call).
     _sampling_options(export)
@@ -104,8 +109,9 @@ def add_commands(commands: Any) -> None:
     serve = commands.add_parser(
         "serve", help="serve an LLM over an OpenAI-compatible API",
         description="Serve an LLM over an OpenAI-compatible HTTP API: /v1/chat/completions "
-        "and /v1/completions (streaming or not), /v1/models, /health. Requests are decoded "
-        "together in one batch; Ctrl-C stops the server. See docs/serving.md.")
+        "and /v1/completions (streaming or not), /v1/embeddings, /v1/models, /health, "
+        "/metrics. Requests are decoded together in one batch; Ctrl-C stops the server. See "
+        "docs/serving.md.")
     serve.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=_number(int, lambda v: 0 <= v <= 65535, "in [0, 65535]"),
@@ -136,6 +142,7 @@ def add_commands(commands: Any) -> None:
                        help="how long running requests may take to finish once SIGINT or "
                        "SIGTERM stops the server; then they end with an error")
     _runtime_options(serve)
+    _adapter_option(serve)
     _model_settings(serve)
     serve.set_defaults(handler=_cmd_serve)
 
@@ -148,6 +155,7 @@ def add_commands(commands: Any) -> None:
     score.add_argument("file", metavar="FILE", help="the text (UTF-8); - reads stdin")
     score.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
     _runtime_options(score)
+    _adapter_option(score)
     score.add_argument("--window", type=_at_least(2), default=None, metavar="N",
                        help="the most tokens of context (default: the whole text, up to the "
                        "model's context length)")
@@ -156,10 +164,30 @@ def add_commands(commands: Any) -> None:
                        "(default: half the window)")
     score.add_argument("--chunk", type=_at_least(1), default=256, metavar="N",
                        help="tokens per program call (bounds the logits held at once)")
+    _kv_cache_settings(score)
     score.add_argument("--json", action="store_true",
                        help="print one JSON object: perplexity, nll, tokens, numerics, window, "
                        "stride, chunk, seconds")
     score.set_defaults(handler=_cmd_perplexity)
+
+    embed = commands.add_parser(
+        "embed", help="print embeddings of texts",
+        description="Print one JSON array per input on stdout: the model's final hidden "
+        "states pooled over the input's tokens (texts tokenized as they are, no chat "
+        "template), of norm 1 unless --no-normalize. See docs/llm.md.")
+    texts = embed.add_mutually_exclusive_group(required=True)
+    texts.add_argument("text", nargs="*", default=[], metavar="TEXT",
+                       help="the texts to embed, one input each")
+    texts.add_argument("--file", metavar="FILE",
+                       help="embed each non-empty line of FILE (- reads stdin)")
+    _model_options(embed)
+    embed.add_argument("--pooling", type=_choice(POOLINGS), default="mean",
+                       metavar="{" + ",".join(POOLINGS) + "}",
+                       help="mean: the average over the input's tokens; last: the last "
+                       "token's")
+    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
+                       help="divide each embedding by its L2 norm")
+    embed.set_defaults(handler=_cmd_embed)
 
 
 MODEL_HELP = ("a .gguf file, a Hugging Face directory or a directory written by mlxprog "
@@ -178,6 +206,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=_at_least(2), default=None, metavar="N",
                         help=f"KV-cache length: prompt plus generated tokens, {MAX_LENGTH_DEFAULT}")
     _runtime_options(parser)
+    _adapter_option(parser)
 
 
 def _model_path(model: str | None, flag: str = "-m") -> str | None:
@@ -213,7 +242,20 @@ def _runtime_options(parser: argparse.ArgumentParser) -> None:
 
 #: The model settings of :func:`~mlxprog.llm.load` that flags give: their
 #: parameter (and ``argparse`` dest) -> the flag.
-SETTING_FLAGS = {"chat_template": "--chat-template", "extra_eos_tokens": "--extra-eos-token"}
+SETTING_FLAGS = {"chat_template": "--chat-template", "extra_eos_tokens": "--extra-eos-token",
+                 "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size",
+                 "max_kv_size": "--max-kv-size", "keep": "--kv-keep",
+                 "adapter_path": "--adapter-path", "draft_model": "--draft-model"}
+
+
+def _adapter_option(parser: argparse.ArgumentParser) -> None:
+    """``--adapter-path``, for every command that loads a model: a LoRA
+    adapter fused into its weights (``adapter_path`` of
+    :func:`~mlxprog.llm.load`)."""
+    parser.add_argument("--adapter-path", default=None, metavar="DIR",
+                        help="a LoRA adapter directory (mlx-lm's adapters.safetensors or "
+                        "PEFT's adapter_model.safetensors, with adapter_config.json) fused "
+                        "into the model's weights as it loads")
 
 
 def _model_settings(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +268,32 @@ def _model_settings(parser: argparse.ArgumentParser) -> None:
                         default=[], metavar="TEXT",
                         help="a token, given as its text (such as '<|im_end|>'), that ends "
                         "generation as the model's EOS does (repeatable)")
+    _kv_cache_settings(parser)
+    parser.add_argument("--max-kv-size", type=_at_least(2), default=None, metavar="N",
+                        help="a rotating KV cache of N tokens: the first --kv-keep and the most "
+                        "recent ones, so generation goes on past N and past --max-length "
+                        "(prompts must fit in N; default: no bound)")
+    parser.add_argument("--kv-keep", dest="keep", type=_at_least(0), default=None, metavar="N",
+                        help="the first tokens the rotating cache always keeps (default 4; "
+                        "needs --max-kv-size)")
+    parser.add_argument("--draft-model", default=None, metavar="PATH",
+                        help="a smaller model with the same vocabulary to draft tokens with "
+                        "(speculative decoding; generations draft with it unless --draft or "
+                        "a request's draft field says otherwise)")
+
+
+def _kv_cache_settings(parser: argparse.ArgumentParser) -> None:
+    """The quantized KV cache's flags (``kv_bits``, ``kv_group_size`` of
+    :func:`~mlxprog.llm.load`), for the commands that run a model's cache."""
+    parser.add_argument("--kv-bits", type=_number(int, lambda v: v in (4, 8), "4 or 8"),
+                        default=None, metavar="BITS",
+                        help="store the KV cache's keys and values quantized to 4 or 8 bits "
+                        "(default: float32)")
+    parser.add_argument("--kv-group-size", type=_number(int, lambda v: v in (32, 64, 128),
+                                                        "32, 64 or 128"),
+                        default=None, metavar="N",
+                        help="features sharing one scale and bias in the quantized KV cache "
+                        "(default 32 with 4 bits, 64 with 8; needs --kv-bits)")
 
 
 def _settings_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -296,6 +364,20 @@ def _generation_flags(parser: argparse.ArgumentParser) -> None:
                         help="make recent tokens less likely (mlx-lm's rule; default: off)")
     parser.add_argument("--repetition-context-size", metavar="N", type=_at_least(1),
                         default=20, help="how many recent tokens the repetition penalty counts")
+    parser.add_argument("--draft", type=_choice(DRAFTS), default=None,
+                        metavar="{" + ",".join(DRAFTS) + "}",
+                        help="speculative decoding: prompt-lookup drafts tokens from n-grams "
+                        "of the prompt and the reply (no second model), model from "
+                        "--draft-model, none decodes plainly (default: model with "
+                        "--draft-model, else none); the output stays the same")
+    parser.add_argument("--num-draft-tokens", type=_number(int, lambda v: 1 <= v <= MAX_DRAFT_TOKENS,
+                                                           f"in [1, {MAX_DRAFT_TOKENS}]"),
+                        default=DEFAULT_DRAFT_TOKENS, metavar="N",
+                        help="the most drafted tokens each step verifies")
+    parser.add_argument("--prompt-lookup-ngram", type=_number(
+                            int, lambda v: 1 <= v <= MAX_LOOKUP_NGRAM, f"in [1, {MAX_LOOKUP_NGRAM}]"),
+                        default=DEFAULT_LOOKUP_NGRAM, metavar="N",
+                        help="the longest n-gram prompt lookup matches")
 
 
 def _number(kind: type, accept: Callable[[Any], bool], requirement: str) -> Callable[[str], Any]:
@@ -464,8 +546,9 @@ def _native_build_note() -> str:
 
 def _too_long(what: str, exc: PromptTooLongError) -> str:
     """A prompt too long for the cache, in the flags' terms."""
+    flag = SIZE_FLAGS[exc.setting]
     return (f"{what} {exc.prompt_tokens} tokens, but the KV cache holds {exc.max_length} "
-            "(--max-length); raise --max-length or shorten it")
+            f"({flag}); raise {flag} or shorten it")
 
 
 def _prompt_cache(llm: LLM, path: str) -> PromptCache:
@@ -527,8 +610,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             print(f"error: {_too_long('the message makes a prompt of', exc)}", file=sys.stderr)
             continue
         if chat.dropped:
-            print(f"[the conversation outgrew the KV cache of {llm.max_length} tokens "
-                  f"(--max-length): dropped the {chat.dropped} oldest exchange"
+            rotating = llm.cache_layout.max_kv_size
+            size = (f"{rotating} tokens (--max-kv-size)" if rotating is not None
+                    else f"{llm.max_length} tokens (--max-length)")
+            print(f"[the conversation outgrew the KV cache of {size}: dropped the "
+                  f"{chat.dropped} oldest exchange"
                   f"{'s' if chat.dropped > 1 else ''}]", file=sys.stderr)
         try:
             for piece in reply:
@@ -553,7 +639,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     # The model is the positional MODEL or -m (argparse allows one of them).
     model = (_model_path(args.model_file, "model") if args.model is None
              else _model_path(args.model))
-    llm = load(model, max_length=args.max_length, numerics=args.numerics)
+    with _setting_flags():
+        llm = load(model, max_length=args.max_length, numerics=args.numerics,
+                   adapter_path=args.adapter_path)
     for path in export(llm, args.output, sampling, world_size=args.world_size):
         print(path)
     return 0
@@ -596,6 +684,34 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
               f"{result.nll:.4f} nats/token; numerics {result.numerics}, window "
               f"{result.window}, stride {result.stride}, chunk {result.chunk}; "
               f"{result.seconds:.1f} s)")
+    return 0
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    from .generate import EmbeddingInputError
+
+    _single_process("embed")
+    model = _model_path(args.model)
+    if args.file is None:
+        inputs = args.text
+    else:
+        stdin = args.file == "-"
+        text = read_text(None if stdin else args.file, "the texts",
+                         "stdin" if stdin else f"file {args.file!r}")
+        inputs = [line for line in text.splitlines() if line.strip()]
+        if not inputs:  # found before the model loads
+            raise ProgramError(f"--file {args.file}: no line to embed (every line is blank)")
+    llm = _load(args, model, max_length=args.max_length)
+    try:
+        vectors = llm.embed(llm.embedding_ids(inputs), pooling=args.pooling,
+                            normalize=args.normalize)
+    except EmbeddingInputError as exc:
+        if exc.tokens is None:
+            raise
+        raise ProgramError(f"input {exc.index} has {exc.tokens} tokens, but --max-length is "
+                           f"{llm.max_length}; raise it or shorten the input") from None
+    for vector in vectors.tolist():
+        print(json.dumps(vector))
     return 0
 
 

@@ -163,7 +163,9 @@ class Checkpoint:
     quantization per quantized layer, tokenizer, and where each weight came from.
 
     ``source_names`` maps every weight name to the tensor name in the file, so a
-    program can bind captures straight from the model file.
+    program can bind captures straight from the model file. ``adapter_path``
+    is the LoRA adapter fused into the weights (None: none; see
+    :mod:`mlxprog.llm.adapters`).
     """
 
     path: Path
@@ -172,6 +174,7 @@ class Checkpoint:
     quantization: dict[str, Quantization]
     tokenizer: Tokenizer
     source_names: dict[str, str] = field(default_factory=dict)
+    adapter_path: Path | None = None
 
 
 def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx.array,

@@ -25,6 +25,14 @@ sequence stores its tokens and caches back.
 The host never waits between steps: a decode step is dispatched
 (``mx.async_eval``) before the tokens of the previous one are read and
 detokenized, and the picked tokens feed the next step as lazy arrays.
+
+A batch of one row whose request drafts (speculative decoding, see
+:mod:`~mlxprog.llm.speculative`) steps differently: it reads its tokens,
+asks its drafter for up to k more, runs the verify program on the token it
+picked last and the drafts (written from slot ``offset`` on), and moves
+``offset`` past the token and the drafts :func:`~mlxprog.llm.speculative.judge`
+keeps only, so the rejected drafts' slots are overwritten by the next step.
+Larger batches take plain steps.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ import mlx.core as mx
 
 from .cache import common_prefix
 from .config import ModelError
-from .programs import DecodeInputs, LogitsOutputs, PrefillInputs
+from .programs import DecodeInputs, LogitsOutputs, PrefillInputs, VerifyInputs
+from .speculative import Draft, Drafter, drafter_for, judge
 
 if TYPE_CHECKING:
     from .generate import LLM, GenerationOptions
@@ -60,6 +69,14 @@ class GenerationStats:
     decode_seconds: float = 0.0
     ttft: float = 0.0
     peak_memory_gb: float = 0.0
+    #: Speculative decoding: the tokens drafted, and those the model kept.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        """The share of the drafted tokens the model kept (0 when none were drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -74,15 +91,19 @@ class GenerationStats:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
     def summary(self) -> str:
-        """One line: prompt and decode speed, time to first token, peak memory."""
+        """One line: prompt and decode speed, time to first token, peak memory,
+        and the drafted and accepted tokens when decoding was speculative."""
         cached = f" ({self.cached_tokens} cached)" if self.cached_tokens else ""
+        drafted = (f" | drafted: {self.drafted_tokens}, accepted: {self.accepted_tokens} "
+                   f"({self.acceptance:.0%})" if self.drafted_tokens else "")
         return (f"prompt: {self.prompt_tokens} tokens{cached}, {self.prompt_tps:.1f} tok/s | "
-                f"decode: {self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s | "
+                f"decode: {self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s{drafted} | "
                 f"ttft: {self.ttft:.3f} s | peak memory: {self.peak_memory_gb:.2f} GB")
 
     def as_dict(self) -> dict[str, float]:
-        """The stats and the derived speeds, for JSON."""
-        return {**vars(self), "prompt_tps": self.prompt_tps, "decode_tps": self.decode_tps}
+        """The stats and the derived speeds and acceptance, for JSON."""
+        return {**vars(self), "prompt_tps": self.prompt_tps, "decode_tps": self.decode_tps,
+                "acceptance": self.acceptance}
 
 
 @dataclass
@@ -120,15 +141,21 @@ class Generation:
     cache_full: bool = False
 
 
+#: The flags of the settings that bound a prompt (:class:`PromptTooLongError`).
+SIZE_FLAGS = {"max_length": "--max-length", "max_kv_size": "--max-kv-size"}
+
+
 class PromptTooLongError(ModelError):
     """A prompt that does not fit the KV cache: ``prompt_tokens`` tokens
-    against ``max_length`` slots (the front ends word it for their settings)."""
+    against ``max_length`` slots, the limit of the model's ``setting``
+    (``"max_length"``, or a rotating cache's ``"max_kv_size"``, which holds
+    a prompt of that many tokens); the front ends word it for their flags."""
 
-    def __init__(self, prompt_tokens: int, max_length: int):
-        self.prompt_tokens, self.max_length = prompt_tokens, max_length
+    def __init__(self, prompt_tokens: int, max_length: int, setting: str = "max_length"):
+        self.prompt_tokens, self.max_length, self.setting = prompt_tokens, max_length, setting
         super().__init__(f"the prompt has {prompt_tokens} tokens, but the KV cache holds "
-                         f"{max_length} (max_length); load the model with a larger "
-                         "max_length or shorten the prompt")
+                         f"{max_length} ({setting}); load the model with a larger "
+                         f"{setting} or shorten the prompt")
 
 
 class CacheStore(Protocol):
@@ -154,14 +181,24 @@ class Request:
         self.ids = list(ids)
         if not self.ids:
             raise ModelError("the prompt is empty")
-        if len(self.ids) >= llm.max_length:
+        rotating = llm.cache_layout.max_kv_size
+        if len(self.ids) > llm.prompt_limit:
+            if rotating is not None:
+                raise PromptTooLongError(len(self.ids), rotating, "max_kv_size")
             raise PromptTooLongError(len(self.ids), llm.max_length)
         self.options = options
         self.picking = options.picking
         self.prompt_cache = prompt_cache
+        #: Where speculative decoding gets its drafts (None: plain decoding).
+        self.drafter: Drafter | None = drafter_for(
+            llm, options.draft, options.num_draft_tokens, options.prompt_lookup_ngram,
+            self.picking)
+        self.drafted = 0
+        self.accepted = 0
         # Tokens it may generate: max_tokens, and what the cache has room for
-        # (the last token is never written, so one more than the free slots).
-        room = llm.max_length - len(self.ids) + 1
+        # (the last token is never written, so one more than the free slots;
+        # a rotating cache always has room).
+        room = options.max_tokens if rotating else llm.max_length - len(self.ids) + 1
         self.budget = min(options.max_tokens, room)
         self.limited_by_cache = room < options.max_tokens
         self.cancelled = False
@@ -216,7 +253,8 @@ class Request:
             prompt_seconds=self.first_token_at - self.start,
             decode_seconds=end - self.first_token_at if self.read else 0.0,
             ttft=self.first_token_at - self.start,
-            peak_memory_gb=mx.get_peak_memory() / 1e9)
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            drafted_tokens=self.drafted, accepted_tokens=self.accepted)
 
     def result(self) -> Generation:
         """The generation (once finished)."""
@@ -340,8 +378,19 @@ class Engine:
 
     @property
     def full(self) -> bool:
-        """Whether no more requests can begin."""
-        return self.occupied >= self.max_batch
+        """Whether no more requests can begin: the batch is full, or its
+        rotating cache has wrapped (a joining row's slots could not line up
+        with the rows'; requests wait until the batch drains)."""
+        return self.occupied >= self.max_batch or self.wrapped
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether the batch's rotating cache has overwritten a slot: its
+        slots are then no longer in the order of the tokens (see
+        :meth:`Decoder.forward <mlxprog.llm.models.base.Decoder.forward>`),
+        so rows can neither join nor be trimmed nor stored as prompt caches."""
+        size = self.llm.cache_layout.max_kv_size
+        return size is not None and self.offset > size
 
     # -- joining ---------------------------------------------------------------
     def add(self, request: Request) -> Piece:
@@ -370,7 +419,7 @@ class Engine:
         for start, members in groups.items():
             chunks = self._chunks(start, max(len(r.ids) for r, _ in members) - start)
             size = min(_round_up(start + sum(padded for _, padded in chunks), llm.cache_step),
-                       llm.max_length)
+                       llm.cache_slots)
             caches = []
             for request, cached in members:
                 if start:
@@ -378,9 +427,7 @@ class Engine:
                     caches.append([mx.pad(x[:, :, :start], grow) for x in cached])
                 else:
                     # The layout's KV heads: this rank's, when the model is split.
-                    caches.append([mx.zeros((1, layout.num_kv_heads, size, layout.head_dim),
-                                            dtype=mx.float32)
-                                   for _ in range(2 * layout.num_layers)])
+                    caches.append(list(layout.empty(1, size)))
             stacked = tuple(parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
                             for parts in zip(*caches))
             begun.append(Prefill([r for r, _ in members], start, chunks, stacked))
@@ -392,12 +439,12 @@ class Engine:
         (tokens, padded length): at most ``prefill_chunk`` tokens each,
         padded on the right to a bucket length (prompts of nearby lengths
         share one trace and its compiled kernels), none past the cache's
-        ``max_length``."""
+        last slot (:attr:`LLM.cache_slots <mlxprog.llm.LLM.cache_slots>`)."""
         step = tokens if self.prefill_chunk is None else self.prefill_chunk
         chunks, at = [], start
         while at < start + tokens:
             n = min(step, start + tokens - at)
-            chunk = min(prefill_bucket(n), self.llm.max_length - at)
+            chunk = min(prefill_bucket(n), self.llm.cache_slots - at)
             chunks.append((n, chunk))
             at += n
         return chunks
@@ -503,6 +550,16 @@ class Engine:
         self._leave()
         if not self.rows:
             return pieces
+        if len(self.rows) == 1 and self.rows[0].drafter is not None \
+                and self.rows[0].drafter.drafting():
+            row = self.rows[0]
+            pieces += self._read()  # a draft follows every token so far
+            self._leave()
+            if not self.rows:
+                return pieces
+            draft = self._draft(row)
+            if draft is not None:
+                return pieces + self._verify(row, draft)
         self._make_room()
         llm = self.llm
         tokens = [r.next_token for r in self.rows]
@@ -522,6 +579,58 @@ class Engine:
         pieces += self._read()
         for row, p in zip(self.rows, picked):
             row.unread = p
+        self._leave()
+        return pieces
+
+    # -- speculative decoding ------------------------------------------------
+    # A batch of one row decodes speculatively when its request asks for it
+    # (see mlxprog.llm.speculative); a larger batch steps plainly, every row
+    # one token a step, and a row left alone resumes drafting.
+    def _draft(self, row: Request) -> Draft | None:
+        """The row's drafter's tokens to verify (at most what its budget and
+        the cache leave room for: a rotating cache is verified only below
+        ``max_kv_size``, where it does not wrap), or None."""
+        llm = self.llm
+        limit = llm.cache_layout.max_kv_size or llm.max_length
+        k = min(row.budget - len(row.read), limit - self.offset) - 1
+        if k < 1:
+            return None
+        row.key, draft_key = mx.random.split(row.key)
+        return row.drafter.propose(row.ids + row.read, k, draft_key)
+
+    def _verify(self, row: Request, draft: Draft) -> list[tuple[Request, Piece]]:
+        """Feed the row's next token and ``draft`` to the verify step, keep
+        what :func:`~mlxprog.llm.speculative.judge` accepts (the cache's
+        offset moves past them only: the rejected drafts' slots are
+        overwritten later) and read the tokens it emits."""
+        llm, drafted = self.llm, draft.tokens.shape[0]
+        self._make_room(drafted + 1)
+        out = LogitsOutputs.of(llm.executable("verify")(**VerifyInputs(
+            tokens=mx.concatenate([row.next_token, draft.tokens])[None],
+            rope_offset=mx.array([self.offset - row.pad], dtype=mx.int32),
+            cache_offset=mx.array(self.offset, dtype=mx.int32), key_mask=self.key_mask(),
+            caches=self.caches,
+        ).by_name()))
+        self.caches = out.caches
+        verdict = judge(out.logits[0], draft, row.picking, row.history, row.key)
+        fed = verdict.accepted + 1   # the token picked last and the drafts kept
+        self.offset += fed
+        row.fed += fed
+        row.key = verdict.key
+        row.drafter.record(drafted, verdict.accepted)
+        row.drafted += drafted
+        row.accepted += verdict.accepted
+        row.dispatched += len(verdict.tokens)
+        row.next_token = mx.array(verdict.tokens[-1:], dtype=mx.int32)
+        if row.picking.repetition_penalty is not None:
+            emitted = mx.array([verdict.tokens], dtype=mx.int32)
+            context = row.history.shape[1]
+            row.history = mx.concatenate([row.history, emitted], axis=1)[:, -context:]
+        pieces = []
+        for token, logprob, top in zip(verdict.tokens, verdict.logprobs, verdict.top_logprobs):
+            pieces.append((row, row.take(token, logprob, top)))
+            if row.finished:
+                break
         self._leave()
         return pieces
 
@@ -564,7 +673,7 @@ class Engine:
         """Give a finished row's tokens and caches to its prompt cache: the
         prompt and the generated tokens both written and read (a row
         cancelled while a token was read has it written, not read)."""
-        if row.prompt_cache is None:
+        if row.prompt_cache is None or self.wrapped:
             return
         kept = min(row.fed, len(row.read))
         start = row.pad
@@ -577,8 +686,10 @@ class Engine:
              for x in caches])
 
     def _trim(self) -> None:
-        """Drop the leading slots that are padding in every row."""
-        unused = min(r.pad for r in self.rows)
+        """Drop the leading slots that are padding in every row (none once a
+        rotating cache has wrapped: a slot's place then says which token it
+        holds)."""
+        unused = 0 if self.wrapped else min(r.pad for r in self.rows)
         if unused:
             self.caches = tuple(x[:, :, unused:] for x in self.caches)
             self.offset -= unused
@@ -586,13 +697,14 @@ class Engine:
                 row.pad -= unused
             self._key_mask = None
 
-    def _make_room(self) -> None:
-        """Make the caches ``offset + 1`` slots or more wide (the next
-        multiple of ``cache_step``, at most ``max_length``)."""
+    def _make_room(self, tokens: int = 1) -> None:
+        """Make the caches ``offset + tokens`` slots or more wide (the next
+        multiple of ``cache_step``, at most :attr:`LLM.cache_slots
+        <mlxprog.llm.LLM.cache_slots>`: a rotating cache then rotates)."""
         llm = self.llm
-        if self.offset + 1 > llm.max_length:
+        if self.offset + 1 > llm.cache_slots:
             self._trim()  # each row has room, so some slots are padding everywhere
-        width = min(_round_up(self.offset + 1, llm.cache_step), llm.max_length)
+        width = min(_round_up(self.offset + tokens, llm.cache_step), llm.cache_slots)
         if width > self.width:
             grow = [(0, 0), (0, 0), (0, width - self.width), (0, 0)]
             self.caches = tuple(mx.pad(x, grow) for x in self.caches)

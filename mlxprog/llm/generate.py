@@ -24,23 +24,45 @@ import mlx.core as mx
 from .. import native as native_kernels
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
-from .cache import CacheLayout, PromptCache
-from .config import AUTO_NUMERICS, NUMERICS, Checkpoint, ModelError, is_int, resolve_numerics
-from .engine import Engine, Generation, Piece, Request, run
+from .cache import PromptCache, kv_cache_layout
+from .config import (
+    AUTO_NUMERICS, NUMERICS, Checkpoint, ModelError, SettingError, is_int, resolve_numerics,
+)
+from .engine import Engine, Generation, Piece, Request, prefill_bucket, run
 from .model_files import is_exported, load_checkpoint
 from .programs import (
-    DecodeLoopInputs, Picking, PrefillInputs, Sampling, build_decode, build_decode_loop,
-    build_pick, build_prefill,
+    POOLINGS, DecodeLoopInputs, EmbedInputs, Picking, PrefillInputs, Sampling, build_decode,
+    build_decode_loop, build_embed, build_pick, build_prefill, build_verify,
 )
 from .spec import ModelSpec
-from .tokenizer import ChatTemplate
+from .speculative import (
+    DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
+    check_draft_model,
+)
+from .tokenizer import ChatTemplate, unicode_problem
 
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_CACHE_STEP = 128
 MAX_TOP_LOGPROBS = 20
+#: The most inputs one call of the embedding program runs (:meth:`LLM.embed`
+#: runs more in several calls).
+EMBED_BATCH = 16
 
 #: A prompt: text, chat messages (dicts with ``role`` and ``content``), or token ids.
 Prompt = Union[str, Sequence[Mapping[str, str]], Sequence[int]]
+#: What :meth:`LLM.embed` embeds: a text, or token ids.
+EmbeddingInput = Union[str, Sequence[int]]
+
+
+class EmbeddingInputError(ModelError):
+    """An input :meth:`LLM.embed` cannot embed: ``index`` is its place among
+    the inputs (None: the inputs as a whole are wrong), ``tokens`` its
+    length when it is longer than the model's ``max_length`` (else None)."""
+
+    def __init__(self, index: int | None, problem: str, tokens: int | None = None):
+        super().__init__(problem if index is None else f"input {index} {problem}")
+        self.index = index
+        self.tokens = tokens
 
 
 @dataclass(frozen=True)
@@ -60,8 +82,17 @@ class GenerationOptions:
     ``stop`` string (one string or several; kept as a tuple of the non-empty
     ones) or ``max_tokens`` tokens. ``chat`` renders a text prompt as a user
     message with the model's chat template, after ``system_prompt`` as a
-    system message if given. Bad values raise
-    :class:`~mlxprog.llm.ModelError` naming the option.
+    system message if given.
+
+    Speculative decoding (see :mod:`~mlxprog.llm.speculative`): ``draft``
+    ``"prompt-lookup"`` drafts from the sequence's own n-grams (the longest
+    of at most ``prompt_lookup_ngram`` tokens that occurred before),
+    ``"model"`` with the LLM's draft model (``draft_model``), ``"none"``
+    decodes plainly; None (the default) is ``"model"`` when the LLM has a
+    draft model, else ``"none"``. Each step verifies up to
+    ``num_draft_tokens`` drafts at once. The output is the same (greedy:
+    token for token; sampling: in distribution) and only the speed changes.
+    Bad values raise :class:`~mlxprog.llm.ModelError` naming the option.
     """
 
     max_tokens: int = 256
@@ -77,6 +108,9 @@ class GenerationOptions:
     stop: str | Sequence[str] = ()
     chat: bool = True
     system_prompt: str | None = None
+    draft: str | None = None
+    num_draft_tokens: int = DEFAULT_DRAFT_TOKENS
+    prompt_lookup_ngram: int = DEFAULT_LOOKUP_NGRAM
     #: The sampling parameters (the programs' attributes), derived from the
     #: fields above once, which validates them.
     sampling: Sampling = field(init=False, repr=False, compare=False)
@@ -98,6 +132,17 @@ class GenerationOptions:
         if not is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ModelError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
                              f"got {self.top_logprobs!r}")
+        if self.draft is not None and self.draft not in DRAFTS:
+            raise ModelError(f"draft must be one of {', '.join(map(repr, DRAFTS))}, "
+                             f"got {self.draft!r}")
+        if not is_int(self.num_draft_tokens) or \
+                not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ModelError(f"num_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}], "
+                             f"got {self.num_draft_tokens!r}")
+        if not is_int(self.prompt_lookup_ngram) or \
+                not 1 <= self.prompt_lookup_ngram <= MAX_LOOKUP_NGRAM:
+            raise ModelError(f"prompt_lookup_ngram must be in [1, {MAX_LOOKUP_NGRAM}], "
+                             f"got {self.prompt_lookup_ngram!r}")
         # A bare string is one stop string, not one per character.
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) for s in stop):
@@ -188,6 +233,16 @@ class LLM:
     texts such as ``"<|im_end|>"``) end every generation as EOS does (see
     :meth:`~mlxprog.llm.Tokenizer.with_extra_eos_tokens`); bad values raise
     :class:`~mlxprog.llm.config.SettingError` naming the parameter.
+
+    The KV cache (:attr:`cache_layout`, see :func:`~mlxprog.llm.cache.kv_cache_layout`):
+    ``kv_bits`` 4 or 8 stores keys and values quantized in groups of
+    ``kv_group_size`` features (default 32 with 4 bits, 64 with 8), about
+    3.6x (8-bit) or 5.3x (4-bit) less memory than float32 for a head dim of
+    64; ``max_kv_size`` bounds it to that many
+    tokens, the first ``keep`` (default 4) and the most recent, so that
+    generation goes on past it (a rotating cache; prompts must fit it).
+    Out-of-range values raise :class:`~mlxprog.llm.config.SettingError`
+    naming the parameter. See docs/llm.md, "KV cache".
     """
 
     def __init__(self, checkpoint: Checkpoint, max_length: int = DEFAULT_MAX_LENGTH,
@@ -196,7 +251,9 @@ class LLM:
                  cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
                  group: mx.distributed.Group | None = None, numerics: str | None = None,
                  chat_template: str | Path | ChatTemplate | None = None,
-                 extra_eos_tokens: Sequence[str] = ()):
+                 extra_eos_tokens: Sequence[str] = (), kv_bits: int | None = None,
+                 kv_group_size: int | None = None, max_kv_size: int | None = None,
+                 keep: int | None = None):
         if not is_int(max_length) or max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length!r}")
         if not is_int(cache_step) or cache_step < 1:
@@ -230,8 +287,10 @@ class LLM:
         self.world_size = 1 if self.group is None else self.group.size()
         self.rank = 0 if self.group is None else self.group.rank()
         shard = self.spec.shard(self.world_size, self.rank)
-        self.cache_layout = CacheLayout(self.config.num_layers, shard.num_kv_heads,
-                                        self.config.head_dim)
+        #: The KV cache's layout: its shape, quantization and bound.
+        self.cache_layout = kv_cache_layout(self.config.num_layers, shard.num_kv_heads,
+                                            self.config.head_dim, max_length, kv_bits,
+                                            kv_group_size, max_kv_size, keep)
         self._captures = self.spec.captures(checkpoint, self.world_size, self.rank)
         if self.world_size > 1:
             # The sliced captures are copies: without the whole model's
@@ -241,21 +300,42 @@ class LLM:
         self._given_sampling = programs_sampling
         self._executables: dict[tuple[str, Sampling | None], Executable] = {}
         self._pickers: dict[Picking, Executable] = {}
+        self._embedders: dict[tuple[str, bool], Executable] = {}
         #: The result of the last :meth:`stream`, once it has finished.
         self.last_generation: Generation | None = None
+        #: The draft model speculative decoding drafts with (``draft="model"``;
+        #: see :meth:`use_draft_model`), or None.
+        self.draft: LLM | None = None
+
+    def use_draft_model(self, draft: LLM | None) -> None:
+        """Draft with ``draft`` (None: no draft model): a smaller model
+        sharing this one's vocabulary (else a
+        :class:`~mlxprog.llm.config.SettingError` naming ``draft_model``),
+        which generations then draft with unless their ``draft`` option
+        says otherwise (see :class:`GenerationOptions`)."""
+        if draft is not None:
+            check_draft_model(self, draft)
+        self.draft = draft
 
     # -- programs ----------------------------------------------------------
     def program(self, kind: str, sampling: Sampling | None = None) -> Program:
-        """The ``"prefill"``, ``"decode"`` or ``"decode_loop"`` program. The
-        default (``sampling=None``) is what generation runs: steps that
-        return logits, and a greedy decode loop (the loop always samples);
-        with a ``Sampling``, steps that sample it. Programs given to the
-        constructor (exported ones: logits-returning prefill and decode, a
-        decode loop for one sampling) are used as they are."""
+        """The ``"prefill"``, ``"decode"``, ``"decode_loop"`` or ``"verify"``
+        program. The default (``sampling=None``) is what generation runs:
+        steps that return logits, and a greedy decode loop (the loop always
+        samples); with a ``Sampling``, steps that sample it. Programs given
+        to the constructor (exported ones: logits-returning prefill and
+        decode, a decode loop for one sampling) are used as they are. The
+        speculative verify step (:func:`~mlxprog.llm.programs.build_verify`,
+        logits only) is always built here, with the decode step's numerics."""
         builders = {"prefill": build_prefill, "decode": build_decode,
                     "decode_loop": build_decode_loop}
+        if kind == "verify" and sampling is None:
+            return build_verify(self.spec, self.max_length, world_size=self.world_size,
+                                rank=self.rank, numerics=program_numerics(kind, self.numerics),
+                                kv=self.cache_layout)
         if kind not in builders:
-            raise ModelError(f"unknown program kind {kind!r}; one of {sorted(builders)}")
+            raise ModelError(f"unknown program kind {kind!r}; one of "
+                             f"{sorted([*builders, 'verify'])} (verify: sampling=None)")
         sampling = _sampling_of(kind, sampling)
         if kind in self._given:
             given_sampling = self._given_sampling if kind == "decode_loop" else None
@@ -265,7 +345,25 @@ class LLM:
             return self._given[kind]
         return builders[kind](self.spec, self.max_length, sampling,
                               world_size=self.world_size, rank=self.rank,
-                              numerics=program_numerics(kind, self.numerics))
+                              numerics=program_numerics(kind, self.numerics),
+                              kv=self.cache_layout)
+
+    @property
+    def cache_slots(self) -> int:
+        """The most slots the KV caches get: ``max_length``, or with a
+        rotating cache ``max_kv_size + 1`` (its slots and the spare one a
+        step writes to first; see :meth:`Decoder.forward
+        <mlxprog.llm.models.base.Decoder.forward>`)."""
+        size = self.cache_layout.max_kv_size
+        return self.max_length if size is None else size + 1
+
+    @property
+    def prompt_limit(self) -> int:
+        """The most tokens a prompt may have: ``max_length - 1`` (one slot
+        left for a generated token), or with a rotating cache
+        ``max_kv_size`` (a prompt must fit it; generation then rotates)."""
+        size = self.cache_layout.max_kv_size
+        return self.max_length - 1 if size is None else size
 
     def compile(self, program: Program, **options: Any) -> Executable:
         """``program``, built for this model (its captures named as the
@@ -435,6 +533,11 @@ class LLM:
         if options.repetition_penalty is not None or options.picking.logprobs:
             raise ModelError("the in-program decode loop has no repetition_penalty, logprobs "
                              "or top_logprobs; use generate")
+        if options.draft in ("prompt-lookup", "model"):
+            raise ModelError(f"the in-program decode loop has no speculative decoding (draft "
+                             f"{options.draft!r}); use generate")
+        # The loop decodes plainly, a draft model or not.
+        options = dataclasses.replace(options, draft="none")
         request = self.request(prompt, options)
         on_text = on_text or (lambda piece: None)
         loop = self.executable("decode_loop", options.sampling)
@@ -443,7 +546,7 @@ class LLM:
         if not request.finished:
             # The loop's caches cannot grow: room for every token it may make.
             n, max_new = request.length, request.budget - 1
-            size = max(engine.width, n + max_new)
+            size = min(max(engine.width, n + max_new), self.cache_slots)
             caches = tuple(mx.pad(x, [(0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)])
                            for x in engine.caches)
 
@@ -458,6 +561,101 @@ class LLM:
                 caches=caches, max_new=mx.array(max_new, dtype=mx.int32))
             mx.eval(loop.with_callbacks({"emit": emit})(**inputs.by_name()))
         return request.result()
+
+    # -- embeddings --------------------------------------------------------
+    def embed(self, inputs: EmbeddingInput | Sequence[EmbeddingInput], *,
+              pooling: str = "mean", normalize: bool = True) -> mx.array:
+        """Embeddings of ``inputs``: one text or token-id list gives an array
+        ``[hidden]``, a list of them ``[N, hidden]`` (float32, in input
+        order). An input's embedding is the model's final hidden states
+        (after the final norm, before the LM head) pooled over its tokens by
+        ``pooling``: ``"mean"`` (the average over every token) or ``"last"``
+        (the last token's, for models trained to embed that way), divided by
+        its L2 norm unless ``normalize`` is false (:func:`~mlxprog.llm.programs.build_embed`).
+        Texts are tokenized as they are (no chat template; the BOS/EOS the
+        tokenizer adds, as with ``chat=False``). An input longer than
+        ``max_length`` tokens, an empty one, or token ids outside the
+        vocabulary raise :class:`EmbeddingInputError` naming the input,
+        before anything runs: nothing is truncated. The inputs run together,
+        :data:`EMBED_BATCH` at a time, those of similar lengths together
+        (each batch padded on the right to a prefill bucket), and each
+        input's embedding is the same as alone."""
+        if pooling not in POOLINGS:
+            raise ModelError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, "
+                             f"got {pooling!r}")
+        if not isinstance(normalize, bool):
+            raise ModelError(f"normalize must be true or false, got {normalize!r}")
+        if isinstance(inputs, (bytes, bytearray)):  # a Sequence of ints, but not token ids
+            raise EmbeddingInputError(None, "the inputs are bytes: decode them to a text first")
+        one = isinstance(inputs, str) or (
+            isinstance(inputs, Sequence) and len(inputs) > 0 and all(map(is_int, inputs)))
+        ids = self.embedding_ids([inputs] if one else inputs)
+        program = self._embedder(pooling, normalize)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        parts = []
+        for start in range(0, len(order), EMBED_BATCH):
+            rows = [ids[i] for i in order[start:start + EMBED_BATCH]]
+            width = min(prefill_bucket(len(rows[-1])), self.max_length)
+            # Rows padded to a power of two (with one-token rows) and widths to
+            # a bucket: a few traces serve every batch.
+            rows += [[0]] * ((1 << (len(rows) - 1).bit_length()) - len(rows))
+            batch = EmbedInputs(
+                tokens=mx.array([r + [0] * (width - len(r)) for r in rows], dtype=mx.int32),
+                lengths=mx.array([len(r) for r in rows], dtype=mx.int32))
+            parts.append(program(**batch.by_name())[0][:min(EMBED_BATCH, len(order) - start)])
+        place = [0] * len(order)
+        for position, i in enumerate(order):
+            place[i] = position
+        out = mx.concatenate(parts)[mx.array(place)]
+        mx.eval(out)
+        return out[0] if one else out
+
+    def embedding_ids(self, inputs: Sequence[EmbeddingInput]) -> list[list[int]]:
+        """The token ids :meth:`embed` runs for a list of ``inputs`` (texts,
+        tokenized as they are, or token ids), each checked: not empty, ids
+        in the vocabulary, at most ``max_length`` tokens
+        (:class:`EmbeddingInputError` otherwise, naming the input)."""
+        if isinstance(inputs, str) or not isinstance(inputs, Sequence) or not inputs:
+            raise EmbeddingInputError(None, f"the inputs must be a non-empty list of texts or "
+                                      f"token-id lists, got {inputs!r:.60}")
+        vocab = self.config.vocab_size
+        out = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, str):
+                problem = unicode_problem(item)
+                if problem:
+                    raise EmbeddingInputError(index, f"is not valid Unicode text: it {problem}")
+                ids = self.tokenizer.encode(item)
+            elif isinstance(item, (bytes, bytearray)):
+                raise EmbeddingInputError(index, "is bytes: decode it to a text first")
+            elif isinstance(item, Sequence) and all(map(is_int, item)):
+                ids = list(item)
+                bad = next((t for t in ids if not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise EmbeddingInputError(index, f"has token {bad}, outside the vocabulary "
+                                              f"[0, {vocab})")
+            else:
+                raise EmbeddingInputError(index, f"is {item!r:.60}: an input is a text or a list "
+                                          "of token ids")
+            if not ids:
+                raise EmbeddingInputError(index, "is empty")
+            if len(ids) > self.max_length:
+                raise EmbeddingInputError(
+                    index, f"has {len(ids)} tokens, but the model embeds at most {self.max_length} "
+                    "(max_length); load it with a larger max_length or shorten the input",
+                    tokens=len(ids))
+            out.append(ids)
+        return out
+
+    def _embedder(self, pooling: str, normalize: bool) -> Executable:
+        """The compiled embedding program for ``pooling`` and ``normalize`` (cached)."""
+        key = (pooling, normalize)
+        if key not in self._embedders:
+            self._embedders[key] = self.compile(
+                build_embed(self.spec, self.max_length, pooling, normalize,
+                            world_size=self.world_size, rank=self.rank),
+                max_traces=MAX_TRACES)
+        return self._embedders[key]
 
 
 def program_numerics(kind: str, numerics: str) -> str:
@@ -477,7 +675,10 @@ def load(model: str | Path | None = None, max_length: int | None = None,
          cache_step: int = DEFAULT_CACHE_STEP, native: bool | None = None,
          group: mx.distributed.Group | None = None, numerics: str | None = None,
          chat_template: str | Path | ChatTemplate | None = None,
-         extra_eos_tokens: Sequence[str] = ()) -> LLM:
+         extra_eos_tokens: Sequence[str] = (), kv_bits: int | None = None,
+         kv_group_size: int | None = None, max_kv_size: int | None = None,
+         keep: int | None = None, adapter_path: str | Path | None = None,
+         draft_model: str | Path | None = None) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
     see :class:`LLM` for ``max_length`` (None: 2048), ``cache_step``,
@@ -489,17 +690,55 @@ def load(model: str | Path | None = None, max_length: int | None = None,
     ``cache_step`` and ``numerics`` they were exported with.
     ``chat_template`` (a Jinja string or file replacing the model's) and
     ``extra_eos_tokens`` (token texts that end generation) are as in
-    :class:`LLM`."""
+    :class:`LLM`, and so are the KV cache's settings ``kv_bits``,
+    ``kv_group_size``, ``max_kv_size`` and ``keep`` (an exported directory's
+    programs have a float cache and take none of them). ``adapter_path``, a
+    LoRA adapter directory in mlx-lm's or PEFT's format, is fused into the
+    model's weights as it loads (see :mod:`~mlxprog.llm.adapters`; a bad or
+    mismatched adapter raises :class:`~mlxprog.llm.config.SettingError`
+    naming ``adapter_path``); an exported directory's programs use the
+    adapter they were exported with. ``draft_model`` (a model file or
+    directory) is loaded with the same ``max_length``, ``cache_step``,
+    ``native`` and ``numerics`` for speculative decoding (see
+    :meth:`LLM.use_draft_model`; it must share the model's vocabulary)."""
     # Read and compiled before the model loads, which takes a while.
     template = None if chat_template is None else ChatTemplate.of(chat_template)
+    kv_settings = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, max_kv_size=max_kv_size,
+                       keep=keep)
     if model is not None and is_exported(model):
+        given = [name for name, value in kv_settings.items() if value is not None]
+        if given:
+            raise SettingError(given[0], f"{model} holds exported programs, built for a float "
+                               "KV cache; load the model file to set the KV cache")
+        if adapter_path is not None:
+            raise SettingError("adapter_path", f"{model} holds exported programs, which use "
+                               "the adapter their manifest names (or none); export them "
+                               "again with this one")
         return load_exported(model, native=native, group=group, max_length=max_length,
                              numerics=numerics, chat_template=template,
                              extra_eos_tokens=extra_eos_tokens)
-    return LLM(load_checkpoint(model),
-               max_length=DEFAULT_MAX_LENGTH if max_length is None else max_length,
-               cache_step=cache_step, native=native, group=group, numerics=numerics,
-               chat_template=template, extra_eos_tokens=extra_eos_tokens)
+    llm = LLM(load_checkpoint(model, adapter_path),
+              max_length=DEFAULT_MAX_LENGTH if max_length is None else max_length,
+              cache_step=cache_step, native=native, group=group, numerics=numerics,
+              chat_template=template, extra_eos_tokens=extra_eos_tokens, **kv_settings)
+    if draft_model is not None:
+        llm.use_draft_model(_load_draft(draft_model, llm))
+    return llm
+
+
+def _load_draft(path: str | Path, llm: LLM) -> LLM:
+    """The draft model at ``path``, loaded as ``llm`` is; a file that does
+    not load raises :class:`~mlxprog.llm.config.SettingError` naming
+    ``draft_model``."""
+    if is_exported(path):
+        raise SettingError("draft_model", f"{path} holds exported programs; give the draft "
+                           "model's file or directory")
+    try:
+        checkpoint = load_checkpoint(path)
+    except ModelError as exc:
+        raise SettingError("draft_model", str(exc)) from None
+    return LLM(checkpoint, max_length=llm.max_length, cache_step=llm.cache_step,
+               native=llm.native, numerics=llm.numerics)
 
 
 EXPORTED = ("prefill", "decode", "decode_loop")
@@ -520,7 +759,9 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
     manifest that predates the choice). A ``max_length`` or ``numerics``
     other than the programs' (None and ``"auto"`` take theirs) is a
     :class:`ModelError`: the programs are built for theirs. ``chat_template``
-    and ``extra_eos_tokens`` are as in :class:`LLM` (no part of the programs)."""
+    and ``extra_eos_tokens`` are as in :class:`LLM` (no part of the programs).
+    The LoRA adapter the manifest names, if any, is fused into the model's
+    weights again (the programs' captures are the adapted weights)."""
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
@@ -546,7 +787,8 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
                          "another")
     where = directory if world_size == 1 else directory / f"rank{group.rank()}"
     programs = {kind: Program.load(where / f"{kind}.json") for kind in EXPORTED}
-    llm = LLM(load_checkpoint(model if model is not None else manifest.get("model")),
+    llm = LLM(load_checkpoint(model if model is not None else manifest.get("model"),
+                              manifest.get("adapter")),
               max_length=manifest["max_length"], programs=programs,
               programs_sampling=Sampling(**manifest["sampling"]),
               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native,
@@ -562,7 +804,8 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
 def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
            world_size: int = 1) -> list[Path]:
     """Write the model's programs as JSON (weights stay in the model file) plus a
-    manifest naming the model, the cache length and growth step, the
+    manifest naming the model (and its LoRA adapter, if one is fused in), the
+    cache length and growth step, the
     quantized matmuls' numerics (the LLM's :attr:`~LLM.numerics`) and the
     decode loop's sampling; the prefill and decode step return logits (each
     token is picked outside them, so any sampling runs them). With
@@ -574,6 +817,10 @@ def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
         raise ModelError(f"export needs the LLM loaded without a group: this one runs rank "
                          f"{llm.rank} of {llm.world_size} only; load the whole model and "
                          "pass world_size to write every rank's programs")
+    if llm.cache_layout.quantized or llm.cache_layout.rotating:
+        raise ModelError(f"export writes programs for a float KV cache; this LLM's is "
+                         f"{llm.cache_layout.describe()}: load it without kv_bits and "
+                         "max_kv_size to export it")
     samplings = {"prefill": None, "decode": None, "decode_loop": sampling}
     if world_size == 1:
         per_rank = [{kind: llm.program(kind, samplings[kind]) for kind in EXPORTED}]
@@ -603,6 +850,10 @@ def export(llm: LLM, directory: str | Path, sampling: Sampling = Sampling(),
     }
     if world_size > 1:
         manifest["world_size"] = world_size
+    if llm.checkpoint.adapter_path is not None:
+        # The programs' captures are the adapted weights (their names end in
+        # ":lora"): load_exported fuses the same adapter again.
+        manifest["adapter"] = str(llm.checkpoint.adapter_path)
     path = directory / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return [*written, path]

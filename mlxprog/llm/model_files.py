@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .adapters import apply_adapter, load_adapter
 from .config import Checkpoint, ModelError
 from .gguf import load_gguf
 from .hf import load_hf
@@ -66,23 +67,31 @@ def is_exported(path: str | Path) -> bool:
     return (Path(path) / EXPORT_MANIFEST).is_file()
 
 
-def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
+def load_checkpoint(path: str | Path | None = None,
+                    adapter_path: str | Path | None = None) -> Checkpoint:
     """Load a model: a ``.gguf`` file, or a Hugging Face directory (``config.json``
     plus ``*.safetensors``); None loads the default model. A directory
     written by ``mlxprog export-llm`` is a :class:`ModelError` pointing to
-    :func:`~mlxprog.llm.load`, which runs its programs."""
+    :func:`~mlxprog.llm.load`, which runs its programs. ``adapter_path``, a
+    LoRA adapter directory (mlx-lm's or PEFT's), is fused into the weights
+    (see :mod:`mlxprog.llm.adapters`); it is read before the model, so that
+    a bad one fails fast."""
+    adapter = None if adapter_path is None else load_adapter(adapter_path)
     path = default_model_path() if path is None else Path(path)
     if is_exported(path):
         raise ModelError(f"{path} holds programs written by mlxprog export-llm, not a model; "
                          "mlxprog.llm.load runs them with the model their manifest names")
     if path.is_dir():
-        return load_hf(path)
-    if not path.exists():
+        source, checkpoint = "hf", load_hf(path)
+    elif not path.exists():
         raise ModelError(f"model file not found: {path}")
-    if path.suffix.lower() == ".gguf":
-        return load_gguf(path)
-    raise ModelError(f"{path}: unsupported model file type {path.suffix or '(no suffix)'!r};"
-                     " expected a .gguf file or a Hugging Face model directory")
+    elif path.suffix.lower() == ".gguf":
+        source, checkpoint = "gguf", load_gguf(path)
+    else:
+        raise ModelError(f"{path}: unsupported model file type "
+                         f"{path.suffix or '(no suffix)'!r}; expected a .gguf file or a "
+                         "Hugging Face model directory")
+    return checkpoint if adapter is None else apply_adapter(checkpoint, adapter, source)
 
 
 def _find_default_model() -> Path | None:

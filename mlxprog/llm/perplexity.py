@@ -18,6 +18,11 @@ attending to the chunks before it through the KV cache, so the logits held
 at once are ``chunk x vocabulary`` floats whatever the text's length. Every
 chunk has the same shape (the last is padded; causal attention keeps the
 padding out of every real token's view), so the program is traced once.
+
+The KV cache is the LLM's (:attr:`LLM.cache_layout <mlxprog.llm.LLM.cache_layout>`):
+scoring with an LLM loaded with ``kv_bits`` (``mlxprog perplexity
+--kv-bits 8``) gives the perplexity a generation with the quantized cache
+sees, which is how its cost in quality is measured.
 """
 
 from __future__ import annotations
@@ -30,14 +35,16 @@ from typing import Sequence, Union
 
 import mlx.core as mx
 
+from ..arrays import name_of
 from ..builder import ProgramBuilder
 from ..format.program import Program
 from ..runtime.executable import Executable
+from .cache import CacheLayout
 from .config import Checkpoint, ModelError, is_int, resolve_numerics
 from .generate import LLM
 from .model_files import load_checkpoint
 from .models import family_of
-from .programs import CACHE_DTYPE, cache_names
+from .programs import cache_names
 from .spec import ModelSpec
 
 DEFAULT_CHUNK = 256
@@ -65,7 +72,7 @@ class Perplexity:
 
 
 def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
-                  numerics: str = "exact") -> Program:
+                  numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
     """The scoring program of a model: inputs ``tokens [B, chunk]`` (int32),
     ``targets [B, chunk]`` (the token after each one), ``rope_offset [B]``,
     ``cache_offset []`` (the slot of the first token), ``key_mask [B,
@@ -73,20 +80,29 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     cache_length, head_dim]``; outputs ``logprobs [B, chunk]`` (float32: the
     log-probability of each target after its token, under the model's
     distribution) and the new caches. ``numerics`` is the quantized matmuls'
-    (see :func:`~mlxprog.llm.build_prefill`)."""
+    (see :func:`~mlxprog.llm.build_prefill`); with a quantized ``kv`` layout
+    the caches are its arrays (``k_cache.i.values``, ...; see
+    :func:`~mlxprog.llm.programs.cache_names`), so the scores are those of a
+    generation with that cache."""
     c = spec.config
     b = ProgramBuilder("score")
     b.dim("B", min=1, max=1)
-    model = family_of(c).decoder(b, spec, spec.shard(), numerics)
+    kv = kv or CacheLayout.of(c)
+    if kv.rotating:
+        raise ModelError("perplexity scores in windows of --window tokens; it takes no "
+                         "rotating cache (max_kv_size)")
+    model = family_of(c).decoder(b, spec, spec.shard(), numerics, kv)
     tokens = b.input("tokens", ["B", chunk], "int32")
     targets = b.input("targets", ["B", chunk], "int32")
     rope_offset = b.input("rope_offset", ["B"], "int32")
     cache_offset = b.input("cache_offset", [], "int32")
     key_mask = b.input("key_mask", ["B", cache_length], "bool")
-    caches = [b.input(name, ["B", c.num_kv_heads, cache_length, c.head_dim], CACHE_DTYPE)
-              for name in cache_names(c.num_layers)]
+    specs = kv.part_specs() * (2 * c.num_layers)
+    caches = [b.input(name, ["B", c.num_kv_heads, cache_length, width], name_of(dtype))
+              for name, (width, dtype) in zip(cache_names(c.num_layers, kv.parts), specs)]
     h, new_caches = model.trunk(b, model.embed(b, tokens), chunk, rope_offset, cache_offset,
-                                key_mask, caches)
+                                key_mask, model.layer_caches(caches))
+    new_caches = model.flat_caches(new_caches)
     logits = model.logits(b, h)
     logprobs = logits - b.logsumexp(logits, axes=[-1], keepdims=True)
     picked = b.take_along_axis(logprobs, b.reshape(targets, shape=["B", chunk, 1]), axis=-1)
@@ -136,7 +152,8 @@ def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None 
     chunk = min(chunk, window - 1)
     cache_length = -(-(window - 1) // chunk) * chunk
     start = time.perf_counter()
-    score = llm.compile(build_scoring(llm.spec, chunk, cache_length, numerics))
+    score = llm.compile(build_scoring(llm.spec, chunk, cache_length, numerics,
+                                      llm.cache_layout))
     logprobs: list[float] = []
     scored_to = 1  # the first token has no prediction
     for begin in range(0, len(ids), stride):
@@ -167,10 +184,8 @@ def _score_segment(score: Executable, llm: LLM, ids: list[int], chunk: int,
                    cache_length: int) -> list[float]:
     """The log-probability of each of ``ids[1:]`` after the tokens before it
     in the segment, from an empty cache."""
-    c = llm.config
-    caches = [mx.zeros((1, c.num_kv_heads, cache_length, c.head_dim), dtype=mx.float32)
-              for _ in range(2 * c.num_layers)]
-    names = cache_names(c.num_layers)
+    caches = list(llm.cache_layout.empty(1, cache_length))
+    names = cache_names(llm.config.num_layers, llm.cache_layout.parts)
     # Every slot may be attended: causal attention hides the later ones.
     key_mask = mx.ones((1, cache_length), dtype=mx.bool_)
     out: list[float] = []

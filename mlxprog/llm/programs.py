@@ -45,6 +45,10 @@ Outputs (:class:`StepOutputs`, :class:`LoopOutputs`): ``next_tokens [B]``
 ``made``, the number of tokens it made, last. With ``sampling=None`` the step
 programs return ``logits [B, V]`` then the caches (:class:`LogitsOutputs`).
 
+The embedding program (:func:`build_embed`, inputs :class:`EmbedInputs`)
+takes no caches: it runs a right-padded batch from empty ones made inside
+it and returns each row's pooled final hidden states ``[B, hidden]``.
+
 Tensor parallelism (``world_size > 1``, mlx-lm's scheme): each rank's
 program holds a contiguous block of the KV heads with the query heads of
 their groups, and a block of the MLP's intermediate dim (:class:`Shard`).
@@ -68,8 +72,12 @@ from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Generic, Sequence, TypeVar
 
+import mlx.core as mx
+
+from ..arrays import name_of
 from ..builder import ProgramBuilder, Value
 from ..format.program import Program
+from .cache import QUANTIZED_PARTS, CacheLayout
 from .config import ModelConfig, ModelError, is_int
 from .models import family_of
 from .models.base import Decoder
@@ -105,18 +113,31 @@ V = TypeVar("V", bound="ProgramValues")
 CACHES = "caches"  # the field standing for the per-layer KV caches
 
 
-def cache_names(num_layers: int) -> list[str]:
+def cache_names(num_layers: int, parts: Sequence[str] = ("",)) -> list[str]:
     """The per-layer cache names in program order: ``k_cache.0``, ``v_cache.0``,
-    ``k_cache.1``, ..."""
-    return [f"{kind}_cache.{i}" for i in range(num_layers) for kind in ("k", "v")]
+    ``k_cache.1``, ...; with a quantized cache's ``parts``
+    (:attr:`CacheLayout.parts <mlxprog.llm.CacheLayout.parts>`) each is
+    several arrays: ``k_cache.0.values``, ``k_cache.0.scales``,
+    ``k_cache.0.biases``, ``v_cache.0.values``, ..."""
+    return [f"{kind}_cache.{i}" + (f".{part}" if part else "")
+            for i in range(num_layers) for kind in ("k", "v") for part in parts]
+
+
+def _cache_parts(caches: Sequence[Any]) -> tuple[str, ...]:
+    """The parts of each layer's keys (or values) among ``caches`` (Values,
+    arrays or anything else standing for them, program order): a quantized
+    cache starts with its packed uint32 codes, a float cache with float keys."""
+    dtype = getattr(caches[0], "dtype", None) if caches else None
+    quantized = isinstance(dtype, mx.Dtype) and dtype == mx.uint32
+    return QUANTIZED_PARTS if quantized else ("",)
 
 
 @functools.cache
-def _names(cls: type, num_layers: int) -> tuple[str, ...]:
+def _names(cls: type, num_layers: int, parts: tuple[str, ...] = ("",)) -> tuple[str, ...]:
     # Cached: the decode loop on the host names every input of every step.
     names: list[str] = []
     for f in fields(cls):
-        names += cache_names(num_layers) if f.name == CACHES else [f.name]
+        names += cache_names(num_layers, parts) if f.name == CACHES else [f.name]
     return tuple(names)
 
 
@@ -131,10 +152,12 @@ class ProgramValues(Generic[A]):
     """
 
     @classmethod
-    def names_for(cls, num_layers: int) -> tuple[str, ...]:
+    def names_for(cls, num_layers: int, parts: Sequence[str] = ("",)) -> tuple[str, ...]:
         """The names of the values in program order, for a model of
-        ``num_layers`` layers (the programs' input names, for inputs)."""
-        return _names(cls, num_layers)
+        ``num_layers`` layers whose keys and values are each the arrays
+        ``parts`` (see :func:`cache_names`): the programs' input names, for
+        inputs."""
+        return _names(cls, num_layers, tuple(parts))
 
     @classmethod
     def of(cls: type[V], values: Sequence[Any]) -> V:
@@ -163,8 +186,10 @@ class ProgramValues(Generic[A]):
 
     def by_name(self) -> dict[str, A]:
         """The values by name: an executable's keyword arguments, for inputs."""
-        num_layers = len(getattr(self, CACHES)) // 2
-        return dict(zip(self.names_for(num_layers), self.values()))
+        caches = getattr(self, CACHES, ())  # a program may take no caches
+        parts = _cache_parts(caches)
+        num_layers = len(caches) // (2 * len(parts))
+        return dict(zip(self.names_for(num_layers, parts), self.values()))
 
 
 def _input(shape: Sequence[int | str], dtype: str):
@@ -179,16 +204,22 @@ class ProgramInputs(ProgramValues[A]):
     ``[B, kv_heads, S, head_dim]`` float32."""
 
     @classmethod
-    def declare(cls: type[V], b: ProgramBuilder, config: ModelConfig, num_kv_heads: int) -> V:
+    def declare(cls: type[V], b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
+                kv: CacheLayout | None = None) -> V:
         """Declare the inputs on ``b`` in field order, with caches of
-        ``num_kv_heads`` heads (the rank's); the declaration of the resulting
-        Values."""
+        ``num_kv_heads`` heads (the rank's), float32 or, with a quantized
+        ``kv`` layout, its arrays (:meth:`CacheLayout.part_specs
+        <mlxprog.llm.CacheLayout.part_specs>`); the declaration of the
+        resulting Values."""
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == CACHES:
-                shape = ["B", num_kv_heads, "S", config.head_dim]
-                values[f.name] = tuple(b.input(name, shape, CACHE_DTYPE)
-                                       for name in cache_names(config.num_layers))
+                parts = ("",) if kv is None else kv.parts
+                specs = ([(config.head_dim, mx.float32)] if kv is None else kv.part_specs())
+                names = cache_names(config.num_layers, parts)
+                values[f.name] = tuple(
+                    b.input(name, ["B", num_kv_heads, "S", width], name_of(dtype))
+                    for name, (width, dtype) in zip(names, specs * (2 * config.num_layers)))
             else:
                 values[f.name] = b.input(f.name, list(f.metadata["shape"]), f.metadata["dtype"])
         return cls(**values)
@@ -227,6 +258,20 @@ class DecodeInputs(ProgramInputs[A]):
 
 
 @dataclass(frozen=True)
+class VerifyInputs(ProgramInputs[A]):
+    """A speculative verify step's inputs: each row's T tokens (the token
+    picked last, then the drafted ones), the RoPE position of the first, the
+    cache slot it is written to (the rest follow it), the key-padding mask,
+    the caches."""
+
+    tokens: A = _input(["B", "T"], "int32")
+    rope_offset: A = _input(["B"], "int32")
+    cache_offset: A = _input([], "int32")
+    key_mask: A = _input(["B", "S"], "bool")
+    caches: tuple[A, ...]
+
+
+@dataclass(frozen=True)
 class DecodeLoopInputs(DecodeInputs[A]):
     """The decode loop's inputs: a decode step's, then the most tokens to make."""
 
@@ -246,7 +291,8 @@ class StepOutputs(ProgramValues[A]):
 @dataclass(frozen=True)
 class LogitsOutputs(ProgramValues[A]):
     """The outputs of a prefill or decode step built with ``sampling=None``: the
-    logits ``[B, V]`` after the last token, the new caches."""
+    logits ``[B, V]`` after the last token (a verify step's: ``[B, T, V]``,
+    after each token), the new caches."""
 
     logits: A
     caches: tuple[A, ...]
@@ -278,11 +324,14 @@ class LoopCarry(ProgramValues[A]):
 
 
 def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
-             world_size: int, rank: int, numerics: str, prompt: bool = False):
+             world_size: int, rank: int, numerics: str, prompt: bool = False,
+             cache: bool = True, kv: CacheLayout | None = None):
     """A builder with the batch dim ``B``, the prompt length ``T`` (with
-    ``prompt``) and the cache length ``S``, declared in that order so that
+    ``prompt``) and the cache length ``S`` (with ``cache``: a program whose
+    caches live only inside it has none), declared in that order so that
     the build-time sample binding has ``T <= S``; and the model of rank
-    ``rank`` of ``world_size`` whose quantized matmuls use ``numerics``."""
+    ``rank`` of ``world_size`` whose quantized matmuls use ``numerics``, over
+    a KV cache of layout ``kv`` (None: float32, unbounded)."""
     if max_length < 2:
         raise ModelError(f"max_length must be at least 2, got {max_length}")
     shard = spec.shard(world_size, rank)
@@ -291,13 +340,14 @@ def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
     b.dim("B", min=1, max=max_batch)
     if prompt:
         b.dim("T", min=1, max=max_length)
-    b.dim("S", min=1, max=max_length)
-    return b, family_of(spec.config).decoder(b, spec, shard, numerics)
+    if cache:
+        b.dim("S", min=1, max=max_length)
+    return b, family_of(spec.config).decoder(b, spec, shard, numerics, kv)
 
 
 def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
                   max_batch: int = 64, world_size: int = 1, rank: int = 0,
-                  numerics: str = "exact") -> Program:
+                  numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
     """The prefill program: runs a padded prompt batch [B, T] through the
     model, writing the caches from slot ``cache_offset`` (0, or after a cached
     prefix the tokens attend to), and picks the first new token (or, with
@@ -305,10 +355,14 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
     With ``world_size > 1``, rank ``rank``'s program of the tensor-parallel
     model (see the module docstring). ``numerics`` is the quantized matmuls'
     (``"exact"``: MLX's float numerics; ``"int8"``: 8-bit activations and
-    integer dot products, see the ``quantized_matmul`` op)."""
+    integer dot products, see the ``quantized_matmul`` op). ``kv`` is the KV
+    cache's layout (None: float32, unbounded; see
+    :class:`~mlxprog.llm.CacheLayout`): a quantized cache's keys and values
+    are three arrays each, a rotating one has ``max_kv_size + 1`` slots (see
+    :meth:`Decoder.forward <mlxprog.llm.models.base.Decoder.forward>`)."""
     b, model = _builder(spec, "prefill", max_length, max_batch, world_size, rank, numerics,
-                          prompt=True)
-    x = PrefillInputs.declare(b, spec.config, model.shard.num_kv_heads)
+                          prompt=True, kv=kv)
+    x = PrefillInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
     logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
                                    x.key_mask, x.caches, x.last_index)
     return _build_step(b, model, logits, x.key, caches, sampling)
@@ -316,15 +370,35 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
 
 def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
                  max_batch: int = 64, world_size: int = 1, rank: int = 0,
-                 numerics: str = "exact") -> Program:
+                 numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
     """One decode step: the tokens [B] picked last, written at ``cache_offset``;
     picks the next tokens (or returns the logits with ``sampling=None``).
-    ``world_size``, ``rank`` and ``numerics`` as in :func:`build_prefill`."""
-    b, model = _builder(spec, "decode", max_length, max_batch, world_size, rank, numerics)
-    x = DecodeInputs.declare(b, spec.config, model.shard.num_kv_heads)
+    ``world_size``, ``rank``, ``numerics`` and ``kv`` as in :func:`build_prefill`."""
+    b, model = _builder(spec, "decode", max_length, max_batch, world_size, rank, numerics,
+                        kv=kv)
+    x = DecodeInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
     logits, caches = model.forward(b, b.reshape(x.tokens, shape=["B", 1]), 1, x.rope_offset,
                                    x.cache_offset, x.key_mask, x.caches)
     return _build_step(b, model, logits, x.key, caches, sampling)
+
+
+def build_verify(spec: ModelSpec, max_length: int, max_batch: int = 64, world_size: int = 1,
+                 rank: int = 0, numerics: str = "exact", kv: CacheLayout | None = None
+                 ) -> Program:
+    """The speculative verify step (:class:`VerifyInputs`): T tokens a row
+    written from ``cache_offset`` on, as a prefill after a cached prefix
+    writes them, returning the logits after every one of them, ``logits [B,
+    T, V]``, then the caches (:class:`LogitsOutputs`). It runs the decode
+    step's ``numerics``, so that its logits pick the tokens decode steps
+    would (see :mod:`~mlxprog.llm.speculative`). ``world_size``, ``rank`` and
+    ``kv`` as in :func:`build_prefill`; a rotating cache must not wrap
+    within the T tokens (the engine verifies only below ``max_kv_size``)."""
+    b, model = _builder(spec, "verify", max_length, max_batch, world_size, rank, numerics,
+                        prompt=True, kv=kv)
+    x = VerifyInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
+    logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
+                                   x.key_mask, x.caches, every_position=True)
+    return b.build(check=False, outputs=LogitsOutputs(logits=logits, caches=caches).values())
 
 
 def _build_step(b: ProgramBuilder, model: Decoder, logits: Value, key: Value,
@@ -341,16 +415,16 @@ def _build_step(b: ProgramBuilder, model: Decoder, logits: Value, key: Value,
 
 def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sampling(),
                       max_batch: int = 64, world_size: int = 1, rank: int = 0,
-                  numerics: str = "exact") -> Program:
+                      numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
     """The whole decode loop as one program: a ``while`` loop whose body runs a
     decode step, picks the next tokens and streams them to the ``emit``
     callback, until ``emit`` returns true or ``max_new`` tokens were made.
-    ``world_size``, ``rank`` and ``numerics`` as in :func:`build_prefill` (every rank picks
-    the same tokens from the same logits and key, so every rank's ``emit``
-    sees the same tokens)."""
+    ``world_size``, ``rank``, ``numerics`` and ``kv`` as in :func:`build_prefill` (every
+    rank picks the same tokens from the same logits and key, so every rank's
+    ``emit`` sees the same tokens)."""
     b, model = _builder(spec, "decode_loop", max_length, max_batch, world_size, rank,
-                          numerics)
-    x = DecodeLoopInputs.declare(b, spec.config, model.shard.num_kv_heads)
+                          numerics, kv=kv)
+    x = DecodeLoopInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
 
     def cond(sb, *carry: Value) -> Value:
         now = LoopCarry.of(carry)
@@ -373,6 +447,66 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     outputs = LoopOutputs(next_tokens=final.tokens, key=final.key, caches=final.caches,
                           made=final.made)
     return b.build(check=False, outputs=outputs.values())
+
+
+#: How :func:`build_embed` pools each row's hidden states: their mean over
+#: the row's tokens, or the last token's.
+POOLINGS = ("mean", "last")
+
+
+@dataclass(frozen=True)
+class EmbedInputs(ProgramInputs[A]):
+    """The embedding program's inputs: a batch of token rows padded on the
+    right, and each row's number of real tokens (at least 1). It takes no
+    caches: its prefill starts from empty ones, made inside the program."""
+
+    tokens: A = _input(["B", "T"], "int32")
+    lengths: A = _input(["B"], "int32")
+
+
+def build_embed(spec: ModelSpec, max_length: int, pooling: str = "mean",
+                normalize: bool = True, max_batch: int = 64, world_size: int = 1,
+                rank: int = 0) -> Program:
+    """The embedding program: runs a right-padded batch ``tokens [B, T]``
+    (:class:`EmbedInputs`) through the model's layers and final norm, as a
+    prefill from slot 0 does, and returns ``embeddings [B, hidden]``
+    (float32): each row's final hidden states pooled over its ``lengths``
+    real tokens by ``pooling`` (``"mean"`` or ``"last"``, see
+    :data:`POOLINGS`), divided by their L2 norm with ``normalize``. Causal
+    attention keeps the right padding out of every real token's view, so a
+    row's embedding does not depend on the others in its batch. The
+    quantized matmuls are exact, as the prefill's (a row per token: int8
+    activations would save nothing; see
+    :func:`~mlxprog.llm.generate.program_numerics`). ``world_size`` and
+    ``rank`` as in :func:`build_prefill` (every rank ends with the whole
+    hidden states)."""
+    if pooling not in POOLINGS:
+        raise ModelError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, "
+                         f"got {pooling!r}")
+    b, model = _builder(spec, "embed", max_length, max_batch, world_size, rank, "exact",
+                        prompt=True, cache=False)
+    c = spec.config
+    x = EmbedInputs.declare(b, c, model.shard.num_kv_heads)
+    # Empty caches as long as the rows: attention reads T slots, no more.
+    empty = b.full(shape=["B", model.shard.num_kv_heads, "T", c.head_dim], dtype=CACHE_DTYPE,
+                   value=0.0)
+    rope_offset = b.full(shape=["B"], dtype="int32", value=0)
+    key_mask = b.full(shape=["B", "T"], dtype="bool", value=True)
+    h, _ = model.trunk(b, model.embed(b, x.tokens), "T", rope_offset, b.constant(0, "int32"),
+                       key_mask, (empty,) * (2 * c.num_layers))
+    lengths = b.reshape(x.lengths, shape=["B", 1])
+    if pooling == "mean":
+        real = b.astype(b.less(b.iota(shape=["B", "T"], axis=1), lengths), dtype="float32")
+        pooled = b.sum(h * b.reshape(real, shape=["B", "T", 1]), axes=[1])
+        pooled = pooled / b.astype(lengths, dtype="float32")
+    else:
+        last = b.reshape(lengths - 1, shape=["B", 1, 1])
+        pooled = b.reshape(b.take_along_axis(h, last, axis=1), shape=["B", c.hidden_size])
+    if normalize:
+        # As torch's F.normalize: a norm below 1e-12 counts as 1e-12.
+        squares = b.sum(pooled * pooled, axes=[-1], keepdims=True)
+        pooled = pooled * b.rsqrt(b.max(squares, 1e-24))
+    return b.build(check=False, outputs=[pooled])
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from .cache import PromptCachePool
 from .config import ModelError
-from .engine import Engine, Piece, PromptTooLongError, Request
+from .engine import SIZE_FLAGS, Engine, Piece, PromptTooLongError, Request
 from .generate import LLM, GenerationOptions, Prompt
 
 DEFAULT_MAX_BATCH = 8
@@ -238,7 +238,7 @@ class Scheduler:
         def run(requests: list[Request]) -> None:
             if self._stopping:  # a server stopped while it warms up stops at once
                 return
-            requests = [r for r in requests if len(r.ids) + 4 <= self.llm.max_length]
+            requests = [r for r in requests if len(r.ids) + 3 <= self.llm.prompt_limit]
             for prefill in engine.begin(requests):
                 while prefill in engine.prefilling:
                     engine.advance(prefill)
@@ -255,7 +255,7 @@ class Scheduler:
             pass
         # Token ids other than the specials, which could end a row early.
         prompt = [[(7 + i + n) % vocab] * n for i, n in enumerate(WARM_UP_PROMPTS)
-                  if n < self.llm.max_length]
+                  if n <= self.llm.prompt_limit]
         run([Request(self.llm, prompt[0], sampled)])
         if self.engine.max_batch > 1:
             run([Request(self.llm, p, greedy) for p in prompt[:2]])
@@ -357,7 +357,7 @@ class Scheduler:
         except PromptTooLongError as e:
             self._answered(job, APIError(
                 400, f"the prompt has {e.prompt_tokens} tokens, but the KV cache holds "
-                f"{e.max_length} (the server's --max-length); shorten the prompt",
+                f"{e.max_length} (the server's {SIZE_FLAGS[e.setting]}); shorten the prompt",
                 job.prompt_param, code="context_length_exceeded"))
             return None
         except Exception as e:  # a ModelError is about the prompt: empty, bad ids, ...

@@ -160,6 +160,18 @@ SAMPLE_CONVERSATION = (
 )
 
 
+def unicode_problem(text: str) -> str:
+    """Why ``text`` is no valid Unicode text ("" when it is): ``holds
+    '\\ud800' (an unpaired surrogate) at character 3``. Python strings can
+    hold lone surrogates (invalid UTF-8 on the command line decodes to
+    them); tokenizers refuse them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds {text[e.start]!r} (an unpaired surrogate) at character {e.start}"
+    return ""
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A chat template given in place of the model's: its Jinja ``text``
@@ -305,7 +317,12 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. Control tokens written in the text (such as
         ``<|im_start|>``) become their ids; ``add_special_tokens`` adds the BOS/EOS
-        the model asks for (none for SmolLM2)."""
+        the model asks for (none for SmolLM2). A text that is not valid
+        Unicode (an unpaired surrogate, as Python decodes invalid UTF-8 from
+        the command line) is a :class:`~mlxprog.llm.ModelError`."""
+        problem = unicode_problem(text)
+        if problem:
+            raise ModelError(f"the text is not valid Unicode: it {problem}")
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

@@ -10,6 +10,8 @@ executable's :class:`~mlxprog.native.Setting` first (the op's
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import mlx.core as mx
 
 from ..arrays import AVal
@@ -19,6 +21,7 @@ FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
 QMM_GROUP_SIZES = (32, 64, 128)
 Q8_BITS = (4, 8)  # the codes the int8 kernel reads
+KV_BITS = (4, 8)  # the codes of a quantized KV cache the attention kernels read
 
 
 def covers_quantized_matmul(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
@@ -174,62 +177,103 @@ def rope(setting: Setting, x: mx.array, offset: mx.array | int, *, dims: int,
                        freqs=freqs)
 
 
-def covers_cache_attention(q: AVal, k_cache: AVal, v_cache: AVal) -> bool:
+def cache_geometry(caches: Sequence[AVal], kv_bits: int | None = None,
+                   kv_group_size: int | None = None) -> tuple[int, int, int, int] | None:
+    """``(B, H_kv, S, D)`` of a KV cache the native attention reads, or None
+    where it reads no such cache: two float32 arrays k and v ``[B, H_kv, S,
+    D]`` (``kv_bits`` None), or with ``kv_bits`` 4 or 8 six arrays, the
+    codes (uint32 ``[B, H_kv, S, D * bits / 32]``), scales and biases
+    (float32 ``[B, H_kv, S, D / kv_group_size]``) of k, then of v (MLX's
+    affine quantization); no dim zero."""
+    if kv_bits is None:
+        if len(caches) != 2 or caches[0] != caches[1] or caches[0][1] != mx.float32 \
+                or len(caches[0][0]) != 4 or 0 in caches[0][0]:
+            return None
+        return tuple(caches[0][0])
+    if kv_bits not in KV_BITS or kv_group_size not in QMM_GROUP_SIZES or len(caches) != 6:
+        return None
+    codes = caches[0][0]
+    if len(codes) != 4 or 0 in codes:
+        return None
+    B, H_kv, S, packed = codes
+    D = packed * 32 // kv_bits
+    expected = [((B, H_kv, S, packed), mx.uint32)] + [((B, H_kv, S, D // kv_group_size),
+                                                       mx.float32)] * 2
+    if D % kv_group_size or [(tuple(a[0]), a[1]) for a in caches] != expected * 2:
+        return None
+    return B, H_kv, S, D
+
+
+def _cache_settings(kv_bits: int | None, kv_group_size: int | None,
+                    kv_hadamard: bool) -> dict[str, int | bool]:
+    """The extension's cache-format keywords (0: a float cache)."""
+    return dict(kv_bits=kv_bits or 0, kv_group_size=kv_group_size or 0, kv_hadamard=kv_hadamard)
+
+
+def covers_cache_attention(q: AVal, caches: Sequence[AVal], kv_bits: int | None = None,
+                           kv_group_size: int | None = None) -> bool:
     """Whether the native attention computes this case: float32 queries
-    ``[B, H, T, D]`` over float32 key and value caches ``[B, H_kv, S, D]``
-    (alike) with H a multiple of H_kv (the ``BHTD`` layout, no sinks)."""
-    (q_shape, q_dtype), (c_shape, c_dtype) = q, k_cache
-    if k_cache != v_cache or q_dtype != mx.float32 or c_dtype != mx.float32 \
-            or len(q_shape) != 4 or len(c_shape) != 4:
+    ``[B, H, T, D]`` over a cache :func:`cache_geometry` reads, of q's B and
+    D, with H a multiple of H_kv (the ``BHTD`` layout, no sinks)."""
+    (q_shape, q_dtype) = q
+    geometry = cache_geometry(caches, kv_bits, kv_group_size)
+    if geometry is None or q_dtype != mx.float32 or len(q_shape) != 4 or 0 in q_shape:
         return False
     B, H, T, D = q_shape
-    return (c_shape[0] == B and c_shape[3] == D and c_shape[1] > 0 and H % c_shape[1] == 0
-            and 0 not in q_shape and c_shape[2] > 0)
+    return geometry[0] == B and geometry[3] == D and H % geometry[1] == 0
 
 
-def cache_attention(setting: Setting, q: mx.array, k_cache: mx.array, v_cache: mx.array,
+def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
                     start: mx.array, key_mask: mx.array | None, scale: float,
-                    window: int | None = None,
-                    softcap: float | None = None) -> mx.array | None:
-    """Attention of queries ``[B, H, T, D]`` over caches ``[B, H_kv, S, D]``:
-    query t sees key j when ``j <= start + t``, with a ``window`` also
-    ``j > start + t - window``, and ``key_mask[b, j]``; a query that sees no
-    key gets zeros. Scores ``s = q . k * scale`` are capped at
-    ``softcap * tanh(s / softcap)`` when ``softcap`` is given. None where the
-    kernel does not apply."""
+                    window: int | None = None, softcap: float | None = None,
+                    kv_bits: int | None = None, kv_group_size: int | None = None,
+                    kv_hadamard: bool = False) -> mx.array | None:
+    """Attention of queries ``[B, H, T, D]`` over a cache (``caches``: k and
+    v ``[B, H_kv, S, D]``, or a quantized cache's six arrays, see
+    :func:`cache_geometry`; with ``kv_hadamard`` quantized from each group's
+    Walsh-Hadamard transform): query t sees key j when ``j <= start + t``,
+    with a ``window`` also ``j > start + t - window``, and ``key_mask[b,
+    j]``; a query that sees no key gets zeros. Scores ``s = q . k * scale``
+    are capped at ``softcap * tanh(s / softcap)`` when ``softcap`` is given.
+    None where the kernel does not apply."""
     native = active(setting)
-    if native is None or not covers_cache_attention(AVal.of(q), AVal.of(k_cache),
-                                                    AVal.of(v_cache)):
+    if native is None or not covers_cache_attention(
+            AVal.of(q), [AVal.of(c) for c in caches], kv_bits, kv_group_size):
         return None
-    record(setting, "kv_cache_sdpa_update")
+    record(setting, "kv_cache_sdpa_update" if kv_bits is None
+           else "quantized_kv_cache_sdpa_update")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
     # The kernel reads 0 as no window (every key up to the query's) and no cap.
-    return native.cache_attention(q, k_cache, v_cache, _int32_vector(start), key_mask,
-                                  scale=scale, window=window or 0, softcap=softcap or 0.0)
+    return native.cache_attention(q, list(caches), _int32_vector(start), key_mask,
+                                  scale=scale, window=window or 0, softcap=softcap or 0.0,
+                                  **_cache_settings(kv_bits, kv_group_size, kv_hadamard))
 
 
-def covers_cache_attention_block(qkv: AVal, k_cache: AVal, v_cache: AVal) -> bool:
+def covers_cache_attention_block(qkv: AVal, caches: Sequence[AVal], kv_bits: int | None = None,
+                                 kv_group_size: int | None = None) -> bool:
     """Whether the native attention block computes this case: float32 qkv
-    ``[B, T, F]`` with T >= 1 and float32 caches ``[B, H_kv, S, D]`` (alike,
-    S >= 1); the op checks how F splits into heads."""
-    (x_shape, x_dtype), (c_shape, c_dtype) = qkv, k_cache
-    return (k_cache == v_cache and x_dtype == mx.float32 and c_dtype == mx.float32
-            and len(x_shape) == 3 and len(c_shape) == 4 and 0 not in x_shape
-            and 0 not in c_shape and x_shape[0] == c_shape[0])
+    ``[B, T, F]`` with T >= 1 over a cache :func:`cache_geometry` reads, of
+    qkv's B; the op checks how F splits into heads."""
+    (x_shape, x_dtype) = qkv
+    geometry = cache_geometry(caches, kv_bits, kv_group_size)
+    return (geometry is not None and x_dtype == mx.float32 and len(x_shape) == 3
+            and 0 not in x_shape and x_shape[0] == geometry[0])
 
 
-def cache_attention_block(setting: Setting, qkv: mx.array, k_cache: mx.array, v_cache: mx.array,
+def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.array],
                           start: mx.array, positions: mx.array, *, heads: int, kv_heads: int,
                           dims: int, traditional: bool, base: float, rope_scale: float,
-                          scale: float, freqs: mx.array | None,
-                          key_mask: mx.array | None) -> list[mx.array] | None:
+                          scale: float, freqs: mx.array | None, key_mask: mx.array | None,
+                          kv_bits: int | None = None, kv_group_size: int | None = None,
+                          kv_hadamard: bool = False) -> list[mx.array] | None:
     """The native ``kv_cache_attention_block`` (``start``: the clamped int32
-    cache slot, ``positions``: int32 RoPE start positions, one or per row):
-    (output, k_cache, v_cache), or None where it does not apply."""
+    cache slot, ``positions``: int32 RoPE start positions, one or per row;
+    ``caches``: see :func:`cache_geometry` and :func:`cache_attention`): the
+    output, then the new cache arrays; or None where it does not apply."""
     native = active(setting)
-    if native is None or not covers_cache_attention_block(AVal.of(qkv), AVal.of(k_cache),
-                                                          AVal.of(v_cache)):
+    if native is None or not covers_cache_attention_block(
+            AVal.of(qkv), [AVal.of(c) for c in caches], kv_bits, kv_group_size):
         return None
     if freqs is not None and freqs.dtype != mx.float32:
         return None
@@ -237,24 +281,27 @@ def cache_attention_block(setting: Setting, qkv: mx.array, k_cache: mx.array, v_
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
     return native.cache_attention_block(
-        qkv, k_cache, v_cache, start, positions, heads=heads, kv_heads=kv_heads, dims=dims,
+        qkv, list(caches), start, positions, heads=heads, kv_heads=kv_heads, dims=dims,
         traditional=traditional, base=base, rope_scale=rope_scale, scale=scale, freqs=freqs,
-        key_mask=key_mask)
+        key_mask=key_mask, **_cache_settings(kv_bits, kv_group_size, kv_hadamard))
 
 
 def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVal,
-                                       projections: dict[str, list[AVal]], k_cache: AVal,
-                                       v_cache: AVal, *, group_size: int, bits: int,
-                                       numerics: str) -> str:
+                                       projections: dict[str, list[AVal]],
+                                       caches: Sequence[AVal], *, group_size: int, bits: int,
+                                       numerics: str, kv_bits: int | None = None,
+                                       kv_group_size: int | None = None) -> str:
     """Why the native transformer layer cannot compute this case ("" when
-    it can): it needs float32 h ``[B, T, hidden]`` and caches, float norm
-    weights, and projections the native quantized matmul covers (4- or
-    8-bit codes in int8 numerics); the op checks how the shapes fit."""
+    it can): it needs float32 h ``[B, T, hidden]``, a cache
+    :func:`cache_geometry` reads, float norm weights, and projections the
+    native quantized matmul covers (4- or 8-bit codes in int8 numerics);
+    the op checks how the shapes fit."""
     if h[1] != mx.float32 or len(h[0]) != 3 or 0 in h[0]:
         return f"the native layer needs a float32 h [B, T, hidden], found {h}"
     if not covers_cache_attention_block(
-            AVal((h[0][0], h[0][1], 1), mx.float32), k_cache, v_cache):
-        return f"the native layer needs float32 caches [B, kv_heads, S, D], found {k_cache}"
+            AVal((h[0][0], h[0][1], 1), mx.float32), caches, kv_bits, kv_group_size):
+        return ("the native layer needs a float32 cache [B, kv_heads, S, D] or a 4- or 8-bit "
+                f"quantized one, found {', '.join(map(str, caches))}")
     if input_norm[1] not in FLOATS or post_norm[1] not in FLOATS:
         return "the native layer needs float16, bfloat16 or float32 norm weights"
     if numerics == "int8" and bits not in Q8_BITS:
@@ -268,33 +315,37 @@ def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVa
 
 
 def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_norm: mx.array,
-                      projections: dict[str, list[mx.array]], k_cache: mx.array,
-                      v_cache: mx.array, *, start: mx.array, positions: mx.array, heads: int,
-                      kv_heads: int, dims: int, traditional: bool, base: float,
-                      rope_scale: float, scale: float, eps: float, group_size: int, bits: int,
-                      numerics: str, freqs: mx.array | None,
-                      key_mask: mx.array | None) -> list[mx.array] | None:
+                      projections: dict[str, list[mx.array]], caches: Sequence[mx.array], *,
+                      start: mx.array, positions: mx.array, heads: int, kv_heads: int,
+                      dims: int, traditional: bool, base: float, rope_scale: float,
+                      scale: float, eps: float, group_size: int, bits: int, numerics: str,
+                      freqs: mx.array | None, key_mask: mx.array | None,
+                      kv_bits: int | None = None, kv_group_size: int | None = None,
+                      kv_hadamard: bool = False) -> list[mx.array] | None:
     """The native ``transformer_layer`` (``start``: the clamped int32 cache
     slot, ``positions``: int32 RoPE start positions; ``projections``: the
-    (w, scales, biases) of qkv, o, gate_up and down): (h, k_cache, v_cache),
-    or None where it does not apply."""
+    (w, scales, biases) of qkv, o, gate_up and down; ``caches``: see
+    :func:`cache_geometry` and :func:`cache_attention`): h, then the new
+    cache arrays; or None where it does not apply."""
     native = active(setting)
     if native is None or (freqs is not None and freqs.dtype != mx.float32):
         return None
     avals = {name: [AVal.of(a) for a in parts] for name, parts in projections.items()}
     if transformer_layer_uncovered_reason(
-            AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals, AVal.of(k_cache),
-            AVal.of(v_cache), group_size=group_size, bits=bits, numerics=numerics):
+            AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals,
+            [AVal.of(c) for c in caches], group_size=group_size, bits=bits, numerics=numerics,
+            kv_bits=kv_bits, kv_group_size=kv_group_size):
         return None
     record(setting, "transformer_layer")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
     return native.transformer_layer(
         h, input_norm, projections["qkv"], projections["o"], post_norm, projections["gate_up"],
-        projections["down"], k_cache, v_cache, start, positions, heads=heads,
+        projections["down"], list(caches), start, positions, heads=heads,
         kv_heads=kv_heads, dims=dims, traditional=traditional, base=base,
         rope_scale=rope_scale, scale=scale, eps=eps, group_size=group_size, bits=bits,
-        int8=numerics == "int8", freqs=freqs, key_mask=key_mask)
+        int8=numerics == "int8", freqs=freqs, key_mask=key_mask,
+        **_cache_settings(kv_bits, kv_group_size, kv_hadamard))
 
 
 def covers_matmul(a: AVal, b: AVal) -> bool:

@@ -7,6 +7,7 @@ package registers every built-in op."""
 from . import (  # noqa: F401
     activations,
     attention,
+    attention_block,
     contract,
     control,
     conv,
@@ -18,6 +19,7 @@ from . import (  # noqa: F401
     linalg,
     norms,
     quant,
+    quantized_attention,
     random,
     reduce,
     rope,

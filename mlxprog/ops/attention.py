@@ -1,6 +1,7 @@
 """Attention: scaled dot-product attention (masks, grouped-query heads,
-attention sinks), a fused KV-cache update with attention over the cache, and
-a llama-style attention block after its fused q/k/v projection.
+attention sinks) and a fused KV-cache update with attention over the cache
+(over a quantized cache: :mod:`.quantized_attention`; a whole llama-style
+attention block: :mod:`.attention_block`).
 
 Everything that changes from one decode step to the next (cache offsets,
 positions) is an operand, so a decode-step program is traced once and
@@ -13,13 +14,13 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import mlx.core as mx
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ..arrays import AVal, is_floating
 from ..native import kernels as native
 from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
-from .positions import _check_offset, _int32_positions
+from .positions import _check_offset
 from .registry import register_op
 
 Layout = Literal["BHTD", "BTHD"]
@@ -304,7 +305,7 @@ def _native_kv_cache_sdpa_update(avals, attrs) -> bool:
     """Whether the native cache-attention kernel computes this instruction."""
     q, _, _, k_cache, v_cache = avals[:5]
     return (attrs.layout == "BHTD" and not attrs.sinks
-            and native.covers_cache_attention(q, k_cache, v_cache))
+            and native.covers_cache_attention(q, [k_cache, v_cache]))
 
 
 @register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3,
@@ -348,7 +349,7 @@ def kv_cache_sdpa_update(operands, attrs, context):
     # A window past the cache's size changes nothing (and then fits in int32).
     window = None if attrs.window is None else min(attrs.window, t_max)
     if attrs.layout == "BHTD" and sinks is None:
-        out = native.cache_attention(context.native, q, k_cache, v_cache, start, key_mask,
+        out = native.cache_attention(context.native, q, [k_cache, v_cache], start, key_mask,
                                      scale, window, attrs.softcap)
         if out is not None:
             return out, k_cache, v_cache
@@ -365,123 +366,3 @@ def kv_cache_sdpa_update(operands, attrs, context):
     if attrs.layout == "BTHD":
         out = out.swapaxes(1, 2)
     return out, k_cache, v_cache
-
-
-class KVCacheAttentionBlockAttrs(Attrs):
-    """The attributes of ``kv_cache_attention_block``."""
-
-    heads: PositiveSize
-    kv_heads: PositiveSize
-    rope_dims: PositiveSize | None = None  # None: the head dim
-    traditional: bool = False
-    base: Annotated[float, Field(gt=0)] = 10000.0
-    rope_scale: float = 1.0
-    freqs: bool = False  # a freqs [rope_dims / 2] operand instead of base
-    scale: float | None = None
-
-    @model_validator(mode="after")
-    def _heads_in_groups(self):
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
-        if self.rope_dims is not None and self.rope_dims % 2:
-            raise ValueError(f"rope_dims must be even, found {self.rope_dims}")
-        return self
-
-
-def _block_operand_names(avals: list[AVal], attrs: KVCacheAttentionBlockAttrs) -> list[str]:
-    """The operand names of a ``kv_cache_attention_block`` with these attributes
-    (the key mask is there when one more operand is)."""
-    names = ["qkv", "k_cache", "v_cache", "offset", "positions"]
-    names += ["freqs"] if attrs.freqs else []
-    return names + (["key_mask"] if len(avals) > len(names) else [])
-
-
-def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBlockAttrs) -> None:
-    """qkv ``[B, T, (heads + 2 kv_heads) D]`` and caches ``[B, kv_heads, S,
-    D]`` of one float dtype, T <= S; integer offset and positions, the freqs
-    and key mask where present."""
-    names = _block_operand_names(avals, attrs)
-    _check_operand_count(avals, names, "kv_cache_attention_block"
-                         + (" with freqs" if attrs.freqs else ""))
-    ops = dict(zip(names, avals))
-    qkv, k_cache, v_cache = ops["qkv"], ops["k_cache"], ops["v_cache"]
-    if len(k_cache.shape) != 4 or k_cache != v_cache:
-        raise ValueError(f"k_cache and v_cache must be alike, [B, kv_heads, S, D]; found "
-                         f"{k_cache} and {v_cache}")
-    B, kv_heads, S, D = k_cache.shape
-    if kv_heads != attrs.kv_heads:
-        raise ValueError(f"the caches hold {kv_heads} heads, attribute kv_heads is "
-                         f"{attrs.kv_heads}")
-    width = (attrs.heads + 2 * attrs.kv_heads) * D
-    if len(qkv.shape) != 3 or qkv.shape[0] != B or qkv.shape[2] != width:
-        raise ValueError(f"qkv must be [{B}, T, {width}] ((heads + 2 kv_heads) x {D}, the "
-                         f"caches' head dim), found {qkv}")
-    if qkv.dtype != k_cache.dtype or not is_floating(qkv.dtype):
-        raise ValueError(f"qkv and the caches must have one float dtype; found {qkv} and "
-                         f"{k_cache}")
-    if qkv.shape[1] > S:
-        raise ValueError(f"{qkv.shape[1]} new tokens do not fit a cache of {S}")
-    dims = attrs.rope_dims or D
-    if dims > D:
-        raise ValueError(f"rope_dims {dims} exceeds the head dim {D}")
-    _check_offset(ops["offset"], "offset")
-    _check_offset(ops["positions"], "positions", ((), (1,), (B,)))
-    if "freqs" in ops and ops["freqs"].shape != (dims // 2,):
-        raise ValueError(f"freqs must be [{dims // 2}] (rope_dims / 2), found {ops['freqs']}")
-    if "key_mask" in ops:
-        _check_key_mask(ops["key_mask"], B, S)
-
-
-def _native_kv_cache_attention_block(avals, attrs) -> bool:
-    """Whether the native attention-block kernel computes this instruction."""
-    qkv, k_cache, v_cache = avals[:3]
-    return native.covers_cache_attention_block(qkv, k_cache, v_cache)
-
-
-@register_op("kv_cache_attention_block", attrs=KVCacheAttentionBlockAttrs, operands=(5, 7),
-             outputs=3, check=_check_kv_cache_attention_block,
-             native_coverage=_native_kv_cache_attention_block, context=True)
-def kv_cache_attention_block(operands, attrs, context):
-    """A llama-style attention block after its fused q/k/v projection, as one
-    op: split ``qkv`` ``[B, T, (heads + 2 kv_heads) D]`` (token-major, q heads,
-    then k heads, then v heads) into heads, rotate q and k (``fast_rope``:
-    the first ``rope_dims`` features, frequencies ``base ** (-2i /
-    rope_dims)`` or the ``freqs`` operand, ``traditional`` pairs, token t of
-    example b at ``(positions[b] + t) * rope_scale``), then
-    ``kv_cache_sdpa_update`` in the ``BHTD`` layout: write k and v into the
-    caches ``[B, kv_heads, S, D]`` at ``offset`` (clamped to ``[0, S - T]``)
-    and attend, query t seeing key j when ``j <= offset + t`` and
-    ``key_mask[b, j]``. Results: the attention output ``[B, T, heads * D]``
-    (token-major, ready for the output projection), the new k_cache and
-    v_cache.
-
-    Operands: qkv, k_cache, v_cache, offset (an integer scalar), positions
-    (an integer scalar or ``[B]``), freqs ``[rope_dims / 2]`` when
-    ``freqs=true``, and an optional key_mask ``[B, S]``. On the CPU with
-    native kernels (float32) it is one graph node instead of about eight."""
-    named = dict(zip(_block_operand_names(operands, attrs), operands))
-    qkv, k_cache, v_cache = named["qkv"], named["k_cache"], named["v_cache"]
-    B, T, _ = qkv.shape
-    S, D = k_cache.shape[2], k_cache.shape[3]
-    dims = attrs.rope_dims or D
-    start = clamp_integer(named["offset"].reshape(1), 0, S - T, mx.int32)
-    positions = _int32_positions(named["positions"].reshape(-1))
-    freqs, key_mask = named.get("freqs"), named.get("key_mask")
-    scale = attrs.scale if attrs.scale is not None else D ** -0.5
-    out = native.cache_attention_block(
-        context.native, qkv, k_cache, v_cache, start, positions, heads=attrs.heads,
-        kv_heads=attrs.kv_heads, dims=dims, traditional=attrs.traditional, base=attrs.base,
-        rope_scale=attrs.rope_scale, scale=scale, freqs=freqs, key_mask=key_mask)
-    if out is not None:
-        return tuple(out)
-    heads = qkv.reshape(B, T, attrs.heads + 2 * attrs.kv_heads, D).transpose(0, 2, 1, 3)
-    q, k, v = mx.split(heads, [attrs.heads, attrs.heads + attrs.kv_heads], axis=1)
-    rope = dict(traditional=attrs.traditional, scale=attrs.rope_scale, offset=positions)
-    if freqs is None:
-        q, k = (mx.fast.rope(a, dims, base=attrs.base, **rope) for a in (q, k))
-    else:
-        q, k = (mx.fast.rope(a, dims, base=None, freqs=freqs, **rope) for a in (q, k))
-    sdpa = [q, k, v, k_cache, v_cache, start] + ([key_mask] if key_mask is not None else [])
-    out, k_cache, v_cache = kv_cache_sdpa_update(
-        sdpa, KVCacheSdpaAttrs(scale=scale, layout="BHTD"), context)
-    return out.transpose(0, 2, 1, 3).reshape(B, T, attrs.heads * D), k_cache, v_cache

@@ -69,6 +69,16 @@ def sample(operands, attrs):
     draw_key, next_key = mx.random.split(key)
     if attrs.temperature == 0:
         return mx.argmax(logits, axis=-1).astype(mx.int32), next_key
+    ids = mx.random.categorical(filter_logits(logits, attrs), axis=-1, key=draw_key)
+    return ids.astype(mx.int32), next_key
+
+
+def filter_logits(logits: mx.array, attrs: SampleAttrs) -> mx.array:
+    """The tempered, filtered logits ``sample`` draws from (``temperature``
+    above 0): float32 logits ``[..., V]`` divided by the temperature, -inf
+    on the tokens a filter drops. Speculative decoding's accept/reject rule
+    (:mod:`mlxprog.llm.speculative`) takes its target distribution from
+    here, so that it keeps the one ``sample`` draws from."""
     logits = logits.astype(mx.float32) * (1 / attrs.temperature)
     keep = None
     if attrs.top_k is not None and attrs.top_k < logits.shape[-1]:
@@ -83,10 +93,7 @@ def sample(operands, attrs):
     if attrs.min_p > 0:
         likely = logits - logits.max(axis=-1, keepdims=True) >= math.log(attrs.min_p)
         keep = likely if keep is None else keep & likely
-    if keep is not None:
-        logits = mx.where(keep, logits, -mx.inf)
-    ids = mx.random.categorical(logits, axis=-1, key=draw_key)
-    return ids.astype(mx.int32), next_key
+    return logits if keep is None else mx.where(keep, logits, -mx.inf)
 
 
 class RepetitionPenaltyAttrs(Attrs):

@@ -20,10 +20,12 @@ import mlx.core as mx
 from ..arrays import AVal, is_floating, name_of
 from ..native import kernels as native
 from .activations import fast_swiglu
-from .attention import (
+from .attention import _check_operand_count
+from .attention_block import (
     KVCacheAttentionBlockAttrs,
     _check_kv_cache_attention_block,
-    _check_operand_count,
+    check_cache,
+    head_dim,
     kv_cache_attention_block,
 )
 from .index import clamp_integer
@@ -54,7 +56,7 @@ class TransformerLayerAttrs(KVCacheAttentionBlockAttrs):
     def operand_names(self, count: int) -> list[str]:
         """The operand names of an instruction with ``count`` operands (the
         key mask is there when one more operand is)."""
-        names = [*_BEFORE_CACHES, "k_cache", "v_cache", "offset", "positions"]
+        names = [*_BEFORE_CACHES, *self.cache_names(), "offset", "positions"]
         names += ["freqs"] if self.freqs else []
         return names + (["key_mask"] if count > len(names) else [])
 
@@ -102,7 +104,7 @@ def _check_transformer_layer(avals: list[AVal], attrs: TransformerLayerAttrs) ->
     _check_operand_count(avals, names, "transformer_layer"
                          + (" with freqs" if attrs.freqs else ""))
     named = dict(zip(names, avals))
-    h, k_cache = named["h"], named["k_cache"]
+    h = named["h"]
     if len(h.shape) != 3 or not is_floating(h.dtype) or h.dtype == mx.float64:
         raise ValueError(f"h must be a float16, bfloat16 or float32 [B, T, hidden], found {h}")
     hidden = h.shape[2]
@@ -110,9 +112,7 @@ def _check_transformer_layer(avals: list[AVal], attrs: TransformerLayerAttrs) ->
         if named[norm].shape != (hidden,) or not is_floating(named[norm].dtype):
             raise ValueError(f"{norm} must be a float [{hidden}] (h's last axis), "
                              f"found {named[norm]}")
-    if len(k_cache.shape) != 4:
-        raise ValueError(f"k_cache must be [B, kv_heads, S, D], found {k_cache}")
-    head_dim = k_cache.shape[3]
+    head_dim = check_cache(named, attrs)[3]
     gate_up_rows = named["gate_up_w"].shape[0] if named["gate_up_w"].shape else 0
     if gate_up_rows % 2 or not gate_up_rows:
         raise ValueError(f"gate_up_w's rows hold the gate, then up: an even, nonzero count, "
@@ -138,24 +138,26 @@ def _native_transformer_layer(avals, attrs: TransformerLayerAttrs) -> bool:
     named = dict(zip(attrs.operand_names(len(avals)), avals))
     return not native.transformer_layer_uncovered_reason(
         named["h"], named["input_norm"], named["post_norm"], _projections(named),
-        named["k_cache"], named["v_cache"], group_size=attrs.group_size, bits=attrs.bits,
-        numerics=attrs.numerics)
+        [named[n] for n in attrs.cache_names()], group_size=attrs.group_size, bits=attrs.bits,
+        numerics=attrs.numerics, **attrs.quantization())
 
 
-@register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(19, 21), outputs=3,
+@register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(19, 25),
+             outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_transformer_layer, native_coverage=_native_transformer_layer,
              context=True)
 def transformer_layer(operands, attrs, context):
     """A llama-style decoder layer on the hidden states ``h`` ``[B, T,
     hidden]``. Results: the layer's output hidden states ``[B, T, hidden]``,
-    the new k_cache and v_cache. It computes, with ``qmm`` being
+    then the new cache (k_cache and v_cache, or with ``kv_bits`` the
+    quantized cache's six arrays). It computes, with ``qmm`` being
     ``quantized_matmul`` (``transpose``, the ``group_size``, ``bits`` and
     ``numerics`` attributes):
 
     1. ``x = fast_rms_norm(h, input_norm)``;
-    2. ``attn, k_cache, v_cache = kv_cache_attention_block(qmm(x, qkv), k_cache,
-       v_cache, offset, positions[, freqs][, key_mask])`` (the attention
-       attributes are that op's);
+    2. ``attn, *cache = kv_cache_attention_block(qmm(x, qkv), *cache, offset,
+       positions[, freqs][, key_mask])`` (the attention attributes, the
+       cache's ``kv_bits`` and ``kv_group_size`` too, are that op's);
     3. ``h = h + qmm(attn, o)``, ``x = fast_rms_norm(h, post_norm)``;
     4. result ``h + qmm(fast_swiglu(qmm(x, gate_up)), down)``, gate_up's
        rows being the gate's, then up's.
@@ -164,28 +166,31 @@ def transformer_layer(operands, attrs, context):
     (``[(heads + 2 kv_heads) D, ...]``), o_w, o_scales, o_biases, post_norm,
     gate_up_w, gate_up_scales, gate_up_biases (``[2 I, ...]``), down_w,
     down_scales, down_biases, then the attention block's k_cache, v_cache
-    ``[B, kv_heads, S, D]``, offset, positions, freqs (with ``freqs=true``)
-    and an optional key_mask. The norm weights are cast to h's dtype.
+    ``[B, kv_heads, S, D]`` (or its quantized cache's six arrays), offset,
+    positions, freqs (with ``freqs=true``) and an optional key_mask. The
+    norm weights are cast to h's dtype.
 
-    On the CPU with native kernels (float32 h and caches; ``numerics="int8"``
-    needs 4- or 8-bit codes) the layer is one graph node; elsewhere the ops
+    On the CPU with native kernels (float32 h and caches, or a quantized
+    cache; ``numerics="int8"`` needs 4- or 8-bit codes) the layer is one
+    graph node; elsewhere the ops
     above run one by one (an int8 choice that cannot be honoured is counted
     in ``exe.stats.numerics_fallbacks`` by the matmuls)."""
     named = dict(zip(attrs.operand_names(len(operands)), operands))
-    h, k_cache, v_cache = named["h"], named["k_cache"], named["v_cache"]
-    T, S = h.shape[1], k_cache.shape[2]
+    h = named["h"]
+    caches = [named[n] for n in attrs.cache_names()]
+    T, S, D = h.shape[1], caches[0].shape[2], head_dim(caches, attrs)
     projections = _projections(named)
     positions = named["positions"]
     result = native.transformer_layer(
-        context.native, h, named["input_norm"], named["post_norm"], projections, k_cache, v_cache,
+        context.native, h, named["input_norm"], named["post_norm"], projections, caches,
         start=clamp_integer(named["offset"], 0, S - T, mx.int32),
         positions=_int32_positions(positions if positions.ndim == 1 else positions.reshape(-1)),
-        heads=attrs.heads,
-        kv_heads=attrs.kv_heads, dims=attrs.rope_dims or k_cache.shape[3],
+        heads=attrs.heads, kv_heads=attrs.kv_heads, dims=attrs.rope_dims or D,
         traditional=attrs.traditional, base=attrs.base, rope_scale=attrs.rope_scale,
-        scale=attrs.scale if attrs.scale is not None else k_cache.shape[3] ** -0.5,
+        scale=attrs.scale if attrs.scale is not None else D ** -0.5,
         eps=attrs.eps, group_size=attrs.group_size, bits=attrs.bits, numerics=attrs.numerics,
-        freqs=named.get("freqs"), key_mask=named.get("key_mask"))
+        freqs=named.get("freqs"), key_mask=named.get("key_mask"), **attrs.quantization(),
+        kv_hadamard=attrs.kv_hadamard)
     if result is not None:
         return tuple(result)
     norm, matmul = NormAttrs(eps=attrs.eps), attrs.matmul_attrs()
@@ -195,7 +200,7 @@ def transformer_layer(operands, attrs, context):
 
     x = fast_rms_norm([h, named["input_norm"].astype(h.dtype)], norm, context)
     block = [qmm(x, "qkv")] + operands[len(_BEFORE_CACHES):]
-    attn, k_cache, v_cache = kv_cache_attention_block(block, attrs.block_attrs(), context)
+    attn, *caches = kv_cache_attention_block(block, attrs.block_attrs(), context)
     h, x = fast_add_rms_norm([h, qmm(attn, "o"), named["post_norm"].astype(h.dtype)], norm,
                              context)
-    return h + qmm(fast_swiglu([qmm(x, "gate_up")], None, context), "down"), k_cache, v_cache
+    return (h + qmm(fast_swiglu([qmm(x, "gate_up")], None, context), "down"), *caches)

@@ -156,8 +156,9 @@ def test_metrics_are_prometheus_text(make_server):
     status, headers, body = get(server, "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
     text = body.decode()
-    stats = server.scheduler.stats()
+    stats = server.endpoints.stats()
     assert text == prometheus_text(stats, True)
+    assert "# TYPE mlxprog_embedding_requests_total counter\n" in text
     assert "# TYPE mlxprog_requests_total counter\nmlxprog_requests_total 1\n" in text
     assert "mlxprog_rows_decoding 0\n" in text and "mlxprog_ready 1\n" in text
     assert stats["prompt_tokens"] == 3 and stats["generated_tokens"] == 3

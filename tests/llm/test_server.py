@@ -130,7 +130,9 @@ def test_health_and_models(server, client):
                                    "max_batch", "max_waiting", "failures")} == {
         "status": "ok", "model": MODEL_ID, "prefilling": 0, "running": 0, "waiting": 0,
         "max_batch": MAX_BATCH, "max_waiting": 64, "failures": 0}
-    assert set(health) == {"status", "model", *server.scheduler.stats()}
+    assert set(health) == {"status", "model", *server.scheduler.stats(),
+                           *server.embedder.stats()}
+    assert health["embedding_requests"] == health["embedding_failures"] == 0
     status, _, body = request(server, "GET", "/v1/models")
     models = json.loads(body)
     assert status == 200 and models["object"] == "list"
@@ -142,8 +144,8 @@ def test_health_and_models(server, client):
 
 
 def test_unknown_routes_and_methods(server):
-    assert_error(*request(server, "POST", "/v1/embeddings", {}), 404, "there is no POST "
-                 "/v1/embeddings; this server has POST /v1/chat/completions")
+    assert_error(*request(server, "POST", "/v1/audio/speech", {}), 404, "there is no POST "
+                 "/v1/audio/speech; this server has POST /v1/chat/completions")
     status, headers, body = request(server, "GET", "/v1/chat/completions")
     assert_error(status, headers, body, 405, "GET is not allowed on /v1/chat/completions")
     assert headers["Allow"] == "POST"
@@ -481,6 +483,9 @@ def test_bad_chat_requests(server, client, fields, message, param):
      "request), got 2", "prompt"),
     ({"prompt": [1, "a"]}, "prompt must be a string or a list of token ids", "prompt"),
     ({"prompt": [10**6]}, "prompt token 0 is 1000000, outside the vocabulary", "prompt"),
+    # JSON's "\ud800" escape: a lone surrogate, which no tokenizer takes.
+    ({"prompt": "a\ud800"}, "the text is not valid Unicode: it holds '\\ud800' (an unpaired "
+     "surrogate) at character 1", "prompt"),
     ({"prompt": "x", "logprobs": 21}, "logprobs must be at most 20", "logprobs"),
     ({"prompt": "x", "logprobs": -1}, "logprobs must be at least 0", "logprobs"),
     ({"prompt": "x", "logprobs": True}, "logprobs must be a valid integer", "logprobs"),

@@ -57,7 +57,7 @@ def test_kernel_window_and_softcap_match_reference(ext, isa, heads, window, soft
             # The last mask hides keys 0..11: with a small window early queries see none.
             for key_mask in (None, mx.array(rng.random((B, S)) > 0.4),
                              mx.array(np.arange(S)[None, :].repeat(B, 0) >= 12)):
-                got = ext.cache_attention(q, k, v, mx.array([start], mx.int32), key_mask,
+                got = ext.cache_attention(q, [k, v], mx.array([start], mx.int32), key_mask,
                                           scale=0.3, window=window, softcap=softcap)
                 want = reference(q, k, v, start, key_mask, 0.3, window, softcap)
                 np.testing.assert_allclose(f64(got), want, rtol=1e-4, atol=1e-5)
@@ -67,7 +67,7 @@ def test_kernel_rejects_negative_settings(ext):
     q = k = v = mx.ones((1, 1, 1, 8))
     for settings in ({"window": -1}, {"softcap": -1.0}, {"softcap": float("nan")}):
         with pytest.raises(ValueError, match="window and softcap must be >= 0"):
-            ext.cache_attention(q, k, v, mx.array([0], mx.int32), None, scale=1.0, **settings)
+            ext.cache_attention(q, [k, v], mx.array([0], mx.int32), None, scale=1.0, **settings)
 
 
 def test_kernel_softcap_of_non_finite_scores_matches_mlx(ext, isa):
@@ -75,7 +75,7 @@ def test_kernel_softcap_of_non_finite_scores_matches_mlx(ext, isa):
     q = mx.concatenate([mx.full((1, 1, 1, 8), float("nan")), mx.full((1, 1, 1, 8), float("inf"))],
                        axis=1)
     k, v = mx.ones((1, 1, 4, 8)), mx.arange(32, dtype=mx.float32).reshape(1, 1, 4, 8)
-    got = np.array(ext.cache_attention(q, k, v, mx.array([3], mx.int32), None, scale=1.0,
+    got = np.array(ext.cache_attention(q, [k, v], mx.array([3], mx.int32), None, scale=1.0,
                                        softcap=2.0))
     assert np.isnan(got[0, 0]).all()
     np.testing.assert_allclose(got[0, 1], np.array(v).mean(axis=2)[0], rtol=1e-6)

@@ -251,7 +251,7 @@ def test_cache_attention_matches_reference(ext, isa, heads):
             masks = [None, mx.array(rng.random((B, S)) > 0.4),
                      mx.array(np.arange(S)[None, :].repeat(B, 0) >= 12)]  # row 0..11 unseen
             for key_mask in masks:
-                got = ext.cache_attention(q, k, v, mx.array([start], mx.int32), key_mask,
+                got = ext.cache_attention(q, [k, v], mx.array([start], mx.int32), key_mask,
                                           scale=0.3)
                 want = reference_attention(q, k, v, start, key_mask, 0.3)
                 np.testing.assert_allclose(f64(got), want, rtol=1e-4, atol=1e-5)
@@ -475,7 +475,7 @@ def test_norm_rope_attention_in_shapeless_compile(ext):
     def f(q):
         q = ext.rope(ext.rms_norm(q, w, eps=1e-5), start, dims=32, traditional=False,
                      base=10000.0, scale=1.0)
-        return ext.cache_attention(q, k, v, start, None, scale=0.2)
+        return ext.cache_attention(q, [k, v], start, None, scale=0.2)
 
     def reference(q):
         q = mx.fast.rope(mx.fast.rms_norm(q, w, 1e-5), 32, traditional=False, base=10000.0,
@@ -506,7 +506,7 @@ def test_cache_attention_peaked_and_long(ext, isa):
     q = mx.array(rng.standard_normal((1, 4, 1, 16)).astype(np.float32) * 6)
     k = mx.array(rng.standard_normal((1, 2, 300, 16)).astype(np.float32) * 6)
     v = mx.array(rng.standard_normal((1, 2, 300, 16)).astype(np.float32))
-    got = ext.cache_attention(q, k, v, mx.array([299], mx.int32), None, scale=1.0)
+    got = ext.cache_attention(q, [k, v], mx.array([299], mx.int32), None, scale=1.0)
     np.testing.assert_allclose(f64(got), reference_attention(q, k, v, 299, None, 1.0),
                                rtol=1e-4, atol=1e-5)
 
@@ -607,7 +607,7 @@ def test_cache_attention_non_finite_scores_give_nan_like_mlx(ext, isa):
                        axis=1)
     k = mx.ones((1, 1, 4, 8))
     v = mx.ones((1, 1, 4, 8))
-    got = np.array(ext.cache_attention(q, k, v, mx.array([3], mx.int32), None, scale=1.0))
+    got = np.array(ext.cache_attention(q, [k, v], mx.array([3], mx.int32), None, scale=1.0))
     ref = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0))
     assert np.isnan(ref).all() and np.isnan(got).all()
 

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
+from mlxprog.ops.quantized_attention import quantize_cache
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
-def shapes(B, T, H, Hkv, D, S, hidden, width, bits, group_size):
-    """name -> (shape, dtype) of every operand but the offsets."""
+def shapes(B, T, H, Hkv, D, S, hidden, width, bits, group_size, kv=None):
+    """name -> (shape, dtype) of every operand but the offsets; ``kv``
+    (kv_bits, kv_group_size, kv_hadamard): a quantized cache's six arrays."""
     def packed(name, rows, features):
         return {f"{name}_w": ((rows, features * bits // 32), "uint32"),
                 f"{name}_scales": ((rows, features // group_size), "float16"),
@@ -29,8 +31,21 @@ def shapes(B, T, H, Hkv, D, S, hidden, width, bits, group_size):
     out["post_norm"] = ((hidden,), "bfloat16")
     out.update(packed("gate_up", 2 * width, hidden))
     out.update(packed("down", hidden, width))
-    out["k_cache"] = out["v_cache"] = ((B, Hkv, S, D), "float32")
+    if kv is None:
+        out["k_cache"] = out["v_cache"] = ((B, Hkv, S, D), "float32")
+        return out
+    kv_bits, kv_group_size, _ = kv
+    for kind in "kv":
+        out[f"{kind}_values"] = ((B, Hkv, S, D * kv_bits // 32), "uint32")
+        out[f"{kind}_scales"] = out[f"{kind}_biases"] = ((B, Hkv, S, D // kv_group_size),
+                                                         "float32")
     return out
+
+
+def cache_attrs(case) -> dict:
+    """The layer's cache attributes for ``case`` (its ``kv``, if any)."""
+    return {} if "kv" not in case else dict(zip(("kv_bits", "kv_group_size", "kv_hadamard"),
+                                                case["kv"]))
 
 
 def weights(rng, case) -> dict[str, mx.array]:
@@ -54,13 +69,13 @@ def layer_program(case, *, freqs=False, key_mask=True, **attrs) -> mp.Program:
     b = mp.ProgramBuilder("layer")
     named = {name: b.input(name, shape, dtype) for name, (shape, dtype) in shapes(
         B, T, H, Hkv, D, S, case["hidden"], case["width"], case["bits"],
-        case["group_size"]).items()}
+        case["group_size"], case.get("kv")).items()}
     rest = [b.input("offset", (), "int32"), b.input("positions", (B,), "int32")]
     rest += [b.input("freqs", (D // 2,), "float32")] if freqs else []
     rest += [b.input("key_mask", (B, S), "bool")] if key_mask else []
     outs = b.transformer_layer(*named.values(), *rest, heads=H, kv_heads=Hkv,
                                group_size=case["group_size"], bits=case["bits"], freqs=freqs,
-                               **attrs)
+                               **cache_attrs(case), **attrs)
     return b.build(list(outs))
 
 
@@ -71,7 +86,7 @@ def separate_program(case, *, freqs=False, key_mask=True, numerics="exact", eps=
     b = mp.ProgramBuilder("separate")
     n = {name: b.input(name, shape, dtype) for name, (shape, dtype) in shapes(
         B, T, H, Hkv, D, S, case["hidden"], case["width"], case["bits"],
-        case["group_size"]).items()}
+        case["group_size"], case.get("kv")).items()}
     rest = [b.input("offset", (), "int32"), b.input("positions", (B,), "int32")]
     rest += [b.input("freqs", (D // 2,), "float32")] if freqs else []
     rest += [b.input("key_mask", (B, S), "bool")] if key_mask else []
@@ -83,12 +98,14 @@ def separate_program(case, *, freqs=False, key_mask=True, numerics="exact", eps=
                                   **quant)
 
     x = b.fast_rms_norm(n["h"], n["input_norm"], eps=eps)
-    attn, kc, vc = b.kv_cache_attention_block(qmm(x, "qkv"), n["k_cache"], n["v_cache"], *rest,
-                                              heads=H, kv_heads=Hkv, freqs=freqs, **block)
+    caches = [v for name, v in n.items() if name[0] in "kv" and name[1] == "_"]
+    attn, *caches = b.kv_cache_attention_block(qmm(x, "qkv"), *caches, *rest, heads=H,
+                                               kv_heads=Hkv, freqs=freqs, **cache_attrs(case),
+                                               **block)
     h, x = b.fast_add_rms_norm(n["h"], qmm(attn, "o"), b.astype(n["post_norm"],
                                                                   dtype="float32"), eps=eps)
     out = b.add(h, qmm(b.fast_swiglu(qmm(x, "gate_up")), "down"))
-    return b.build([out, kc, vc])
+    return b.build([out, *caches])
 
 
 def arguments(rng, case, offset, positions, freqs=False, key_mask=True) -> list[mx.array]:
@@ -96,10 +113,16 @@ def arguments(rng, case, offset, positions, freqs=False, key_mask=True) -> list[
     w = weights(rng, case)
     args = {"h": mx.array(rng.standard_normal((B, case["T"], case["hidden"]))
                           .astype(np.float32)), **w}
-    for name in ("k_cache", "v_cache"):
-        args[name] = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    for kind in "kv":
+        cache = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+        if "kv" not in case:
+            args[f"{kind}_cache"] = cache
+            continue
+        parts = quantize_cache(cache, *case["kv"])
+        args.update({f"{kind}_{part}": a for part, a in zip(("values", "scales", "biases"),
+                                                           parts)})
     order = list(shapes(B, case["T"], case["H"], Hkv, D, S, case["hidden"], case["width"],
-                        case["bits"], case["group_size"]))
+                        case["bits"], case["group_size"], case.get("kv")))
     out = [args[name] for name in order]
     out += [mx.array(offset, mx.int32), mx.array(positions, mx.int32)]
     if freqs:
@@ -121,6 +144,9 @@ CASES = [
     (dict(B=3, T=1, H=2, Hkv=2, D=16, S=6, hidden=64, width=64, bits=4, group_size=32),
      dict(offset=1, positions=[4, 1, 2], key_mask=False, traditional=True, base=500.0,
           rope_scale=0.5, scale=0.3, eps=1e-3)),
+    (dict(SMOL, S=70, kv=(8, 64, True)), dict(offset=66, positions=[66])),     # an 8-bit cache
+    (dict(B=2, T=3, H=4, Hkv=2, D=32, S=8, hidden=64, width=128, bits=8, group_size=64,
+          kv=(4, 32, False)), dict(offset=2, positions=[2, 0])),              # 4-bit, a prefill
 ]
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 import mlx.core as mx
 
+from ..cache import CacheLayout
 from ..config import Checkpoint, ModelConfig, ModelError, Quantization, infer_quantization
 from ..config import is_int, metadata_value
 
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from ...builder import ProgramBuilder, Value
     from ..spec import ModelSpec, Shard
     from ..tokenizer import Tokenizer
+
+    #: One layer's keys (or values) as the decoder passes them: a float cache
+    #: array, or a quantized cache's (values, scales, biases).
+    LayerCache = Value | tuple[Value, ...]
 
 
 # -- tensor-parallel splits ---------------------------------------------------
@@ -500,13 +505,44 @@ class Decoder:
     :meth:`logits`."""
 
     def __init__(self, root: ProgramBuilder, spec: ModelSpec, shard: Shard,
-                 numerics: str = "exact"):
+                 numerics: str = "exact", kv: CacheLayout | None = None):
         self.root = root
         self.spec = spec
         self.shard = shard
         self.numerics = numerics
+        #: The KV cache's layout (None: float32, unbounded).
+        self.kv = kv
         self.c = spec.config
         self._captures: dict[str, Value] = {}
+
+    @property
+    def float_cache(self) -> bool:
+        """Whether the caches hold float keys and values (else each layer's
+        keys and values are a quantized cache's (values, scales, biases))."""
+        return self.kv is None or not self.kv.quantized
+
+    def cache_operands(self, k_cache: LayerCache, v_cache: LayerCache) -> list[Value]:
+        """A layer's keys and values as the cache ops take them: k_cache and
+        v_cache, or a quantized cache's six arrays (see
+        :meth:`cache_attributes`)."""
+        return [a for c in (k_cache, v_cache) for a in (c if isinstance(c, tuple) else (c,))]
+
+    def cache_pair(self, arrays: Sequence[Value]) -> tuple[LayerCache, LayerCache]:
+        """A layer's keys and values from the cache arrays an op returns (the
+        inverse of :meth:`cache_operands`)."""
+        if self.float_cache:
+            return arrays[0], arrays[1]
+        return tuple(arrays[:3]), tuple(arrays[3:])
+
+    def cache_attributes(self) -> dict[str, int | bool]:
+        """The cache ops' attributes for this cache: none for a float cache,
+        ``kv_bits`` and ``kv_group_size`` for a quantized one, which holds
+        its groups' Walsh-Hadamard transforms (``kv_hadamard``; see
+        :class:`~mlxprog.llm.CacheLayout`)."""
+        if self.float_cache:
+            return {}
+        return dict(kv_bits=self.kv.kv_bits, kv_group_size=self.kv.kv_group_size,
+                    kv_hadamard=True)
 
     def weight(self, name: str) -> Value:
         """The capture of logical weight ``name`` (declared on first use)."""
@@ -593,15 +629,24 @@ class Decoder:
                             base=c.rope_theta if base is None else base, scale=scale, **extra)
 
     def attend(self, sb, q: Value, k: Value, v: Value, T, cache_offset, key_mask,
-               k_cache: Value, v_cache: Value, **settings: Any) -> tuple[Value, Value, Value]:
+               k_cache: LayerCache, v_cache: LayerCache,
+               **settings: Any) -> tuple[Value, LayerCache, LayerCache]:
         """q, k, v [B, heads, T, D] (q and k rotated) written into the caches
-        at ``cache_offset`` and attended (``kv_cache_sdpa_update``; settings:
-        its ``scale``, ``softcap``, ``window``): [B, T, heads * D] and the new
-        caches."""
+        at ``cache_offset`` and attended (``kv_cache_sdpa_update``, or
+        ``quantized_kv_cache_sdpa_update`` where the caches are quantized:
+        then ``k_cache`` and ``v_cache`` are each the (values, scales,
+        biases) arrays; settings: the op's ``scale``, ``softcap``,
+        ``window``): [B, T, heads * D] and the new caches."""
         settings = {k: v for k, v in settings.items() if v is not None}
-        attn, k_cache, v_cache = sb.kv_cache_sdpa_update(
-            q, k, v, k_cache, v_cache, cache_offset, key_mask, layout="BHTD", **settings)
-        return self.merge_heads(sb, attn, self.shard.num_heads, T), k_cache, v_cache
+        caches = self.cache_operands(k_cache, v_cache)
+        if self.float_cache:
+            attn, *new = sb.kv_cache_sdpa_update(q, k, v, *caches, cache_offset, key_mask,
+                                                 layout="BHTD", **settings)
+        else:
+            attn, *new = sb.quantized_kv_cache_sdpa_update(
+                q, k, v, *caches, cache_offset, key_mask, bits=self.kv.kv_bits,
+                group_size=self.kv.kv_group_size, hadamard=True, **settings)
+        return (self.merge_heads(sb, attn, self.shard.num_heads, T), *self.cache_pair(new))
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
               caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
@@ -610,21 +655,83 @@ class Decoder:
         raise NotImplementedError
 
     def logits(self, sb, h: Value) -> Value:
-        """The logits of the final hidden states ``h`` [B, hidden]."""
+        """The logits of the final hidden states ``h`` [B, hidden] (or [B, T, hidden])."""
         head = "embed_tokens" if self.c.tie_embeddings else "lm_head"
         return self.linear(sb, head, h)
 
     def forward(self, sb, tokens: Value, T, rope_offset, cache_offset, key_mask,
-                caches: Sequence[Value], last_index: Value | None = None
-                ) -> tuple[Value, tuple[Value, ...]]:
+                caches: Sequence[Value], last_index: Value | None = None,
+                every_position: bool = False) -> tuple[Value, tuple[Value, ...]]:
         """Logits [B, V] after token ``last_index`` (per row) of the T tokens
-        (None: the one token), and the new caches."""
+        (None: the one token), or with ``every_position`` [B, T, V] after
+        each of them (a speculative verify step), and the new caches
+        (program order, as ``caches``).
+
+        With a quantized cache, each layer's keys and values reach
+        :meth:`trunk` (and :meth:`attend`) as tuples of their arrays. With a
+        rotating one (``max_kv_size`` W, ``keep``), ``cache_offset`` counts
+        every slot written so far, and the caches have W + 1 slots once it
+        reaches W: from then on a decode step writes its token into the
+        spare slot W (the attention ops write at the offset clamped to it)
+        and then over the oldest slot past the kept ones, slot
+        ``keep + (cache_offset - W) % (W - keep)``, which the step's
+        attention no longer sees; slots rewritten so far are seen whatever
+        ``key_mask`` says of them (it marks the batch's left padding, which
+        the rotation overwrites). Keys are stored rotated, so the slots'
+        order does not matter to attention. A prefill never wraps: it writes
+        below W (a prompt fits the rotating cache)."""
+        layer_caches = self.layer_caches(caches)
+        rotates = self.kv is not None and self.kv.rotating and T == 1
+        if rotates:
+            cache_offset, key_mask, slot = self._rotation(sb, cache_offset, key_mask)
         h, new_caches = self.trunk(sb, self.embed(sb, tokens), T, rope_offset, cache_offset,
-                                   key_mask, caches)
+                                   key_mask, layer_caches)
+        new_caches = self.flat_caches(new_caches)
+        if rotates:
+            # Copied from where the ops wrote it: the spare slot once wrapped,
+            # else the slot itself (then the copy changes nothing).
+            written = sb.reshape(cache_offset, shape=[1])
+            new_caches = tuple(sb.put_slice(c, sb.take(c, written, axis=2), slot,
+                                            dynamic_axes=[2])
+                               for c in new_caches)
+        if every_position:
+            return self.logits(sb, h), new_caches
         if last_index is not None:
             h = sb.take_along_axis(h, sb.reshape(last_index, shape=["B", 1, 1]), axis=1)
         h = sb.reshape(h, shape=["B", self.c.hidden_size])
         return self.logits(sb, h), new_caches
+
+    def layer_caches(self, caches: Sequence[Value]) -> Sequence[LayerCache]:
+        """The caches (program order) as :meth:`trunk` takes them: ``k.0,
+        v.0, k.1, ...``, each a Value, or with a quantized cache a tuple of
+        its arrays."""
+        if self.float_cache:
+            return caches
+        n = len(self.kv.parts)
+        return [tuple(caches[i:i + n]) for i in range(0, len(caches), n)]
+
+    @staticmethod
+    def flat_caches(caches: Sequence[LayerCache]) -> tuple[Value, ...]:
+        """The caches :meth:`trunk` returns in program order (the inverse of
+        :meth:`layer_caches`)."""
+        return tuple(a for c in caches for a in (c if isinstance(c, tuple) else (c,)))
+
+    def _rotation(self, sb, cache_offset: Value, key_mask: Value) -> tuple[Value, Value, Value]:
+        """A rotating cache's decode step at ``cache_offset`` (the slots
+        written so far; see :meth:`forward`): the offset the attention ops
+        write at, the key mask they use, and the slot the token lands in."""
+        size, keep = self.kv.max_kv_size, self.kv.keep
+        past = cache_offset - size  # rotations done before this step (once wrapped)
+        wrapped = sb.greater_equal(cache_offset, size)
+        slot = sb.select(wrapped, sb.remainder(sb.max(past, 0), size - keep) + keep,
+                        cache_offset)
+        slots = sb.iota(shape=["B", "S"], dtype="int32", axis=1)
+        rewritten = sb.logical_and(
+            sb.logical_and(sb.greater_equal(slots, keep), sb.less(slots, size)),
+            sb.less(slots - keep, past))
+        evicted = sb.logical_and(wrapped, sb.equal(slots, slot))
+        mask = sb.logical_and(sb.logical_or(key_mask, rewritten), sb.logical_not(evicted))
+        return sb.min(cache_offset, size), mask, slot
 
     def pick(self, sb, logits: Value, key: Value, sampling) -> tuple[Value, Value]:
         """The next tokens from ``logits`` by ``sampling``, and the next key."""

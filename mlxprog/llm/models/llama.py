@@ -26,6 +26,7 @@ from .base import (COLUMNS_BY_HEADS, COLUMNS_BY_INTERMEDIATE, ROWS_BY_HEADS,
 
 if TYPE_CHECKING:
     from ...builder import Value
+    from .base import LayerCache
 
 
 def _q_out(c: ModelConfig) -> int:
@@ -230,7 +231,8 @@ class LlamaDecoder(Decoder):
         return q, k, v
 
     def attention(self, sb, i: int, x: Value, T, rope_offset, cache_offset, key_mask,
-                  k_cache: Value, v_cache: Value) -> tuple[Value, Value, Value]:
+                  k_cache: LayerCache, v_cache: LayerCache
+                  ) -> tuple[Value, LayerCache, LayerCache]:
         """Layer ``i``'s attention of the normed ``x`` (before the output
         projection): [B, T, heads * D] and the new caches."""
         p = f"layers.{i}.self_attn"
@@ -253,15 +255,18 @@ class LlamaDecoder(Decoder):
         return [sb.constant(list(c.rope_freqs), "float32")] if c.rope_freqs is not None else []
 
     def attention_block(self, sb, qkv: Value, rope_offset, cache_offset, key_mask,
-                        k_cache: Value, v_cache: Value) -> tuple[Value, Value, Value]:
+                        k_cache: LayerCache, v_cache: LayerCache
+                        ) -> tuple[Value, LayerCache, LayerCache]:
         """Attention from the fused projection's output ``qkv`` [B, T,
         (heads + 2 kv_heads) D]: one ``kv_cache_attention_block`` (heads,
         RoPE, cache writes and attention in one node on the CPU) giving
         [B, T, heads * D] and the new caches."""
-        return sb.kv_cache_attention_block(
-            qkv, k_cache, v_cache, cache_offset, rope_offset, *self.rope_freqs_operand(sb),
-            key_mask, heads=self.shard.num_heads, kv_heads=self.shard.num_kv_heads,
-            **self.rope_attributes())
+        attn, *caches = sb.kv_cache_attention_block(
+            qkv, *self.cache_operands(k_cache, v_cache), cache_offset, rope_offset,
+            *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
+            kv_heads=self.shard.num_kv_heads, **self.rope_attributes(),
+            **self.cache_attributes())
+        return (attn, *self.cache_pair(caches))
 
     def mlp(self, sb, i: int, x: Value) -> Value:
         """Layer ``i``'s SwiGLU MLP of the normed ``x`` (before the ranks'
@@ -288,7 +293,8 @@ class LlamaDecoder(Decoder):
         return sb.fast_add_rms_norm(h, y, weight, eps=self.c.norm_eps)
 
     def layer(self, sb, i: int, h: Value, x: Value, T, rope_offset, cache_offset, key_mask,
-              k_cache: Value, v_cache: Value) -> tuple[Value, Value, Value, Value]:
+              k_cache: LayerCache, v_cache: LayerCache
+              ) -> tuple[Value, Value, LayerCache, LayerCache]:
         """Transformer layer ``i`` on the hidden states ``h`` [B, T, hidden]
         and ``x``, their norm by the layer's input norm: ``h`` plus the
         attention, the MLP's output (left for the caller to add with the
@@ -318,8 +324,8 @@ class LlamaDecoder(Decoder):
         return quant.pop()
 
     def transformer_layer(self, sb, i: int, quant: Quantization, h: Value, rope_offset,
-                          cache_offset, key_mask, k_cache: Value,
-                          v_cache: Value) -> tuple[Value, Value, Value]:
+                          cache_offset, key_mask, k_cache: LayerCache,
+                          v_cache: LayerCache) -> tuple[Value, LayerCache, LayerCache]:
         """Layer ``i`` as one ``transformer_layer`` op (see
         :meth:`whole_layer`): the layer's hidden states and new caches."""
         p = f"layers.{i}"
@@ -327,13 +333,15 @@ class LlamaDecoder(Decoder):
                        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
                                     "mlp.down_proj")
                        for part in ("weight", "scales", "biases")]
-        return sb.transformer_layer(
+        h, *caches = sb.transformer_layer(
             h, self.weight(f"{p}.input_layernorm.weight"), *projections[:6],
-            self.weight(f"{p}.post_attention_layernorm.weight"), *projections[6:], k_cache,
-            v_cache, cache_offset, rope_offset, *self.rope_freqs_operand(sb), key_mask,
-            heads=self.shard.num_heads, kv_heads=self.shard.num_kv_heads,
-            **self.rope_attributes(), eps=self.c.norm_eps, group_size=quant.group_size,
-            bits=quant.bits, **({} if self.numerics == "exact" else {"numerics": self.numerics}))
+            self.weight(f"{p}.post_attention_layernorm.weight"), *projections[6:],
+            *self.cache_operands(k_cache, v_cache), cache_offset, rope_offset,
+            *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
+            kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
+            group_size=quant.group_size, bits=quant.bits, **self.cache_attributes(),
+            **({} if self.numerics == "exact" else {"numerics": self.numerics}))
+        return (h, *self.cache_pair(caches))
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
               caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:

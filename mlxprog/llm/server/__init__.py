@@ -1,16 +1,17 @@
 """An OpenAI-compatible HTTP server for one loaded model (``mlxprog serve``).
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions``
-(streamed as server-sent events, or one JSON answer), ``GET /v1/models``,
-``GET /health``, ``GET /metrics``; see docs/serving.md for the fields and
-the behaviour.
+(streamed as server-sent events, or one JSON answer), ``POST
+/v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``; see
+docs/serving.md for the fields and the behaviour.
 
 Two threads share the work. uvicorn runs the Starlette app on one asyncio
 event loop: a handler (:mod:`.routes`) validates a request (:mod:`.schemas`),
 submits a :class:`~mlxprog.llm.scheduler.Job` to the
 :class:`~mlxprog.llm.scheduler.Scheduler` and awaits the job's pieces,
 which it renders as OpenAI's answers (:mod:`.rendering`, :mod:`.responses`).
-The scheduler's thread runs the model (see :mod:`mlxprog.llm.scheduler`).
+The scheduler's thread runs the model (see :mod:`mlxprog.llm.scheduler`);
+embeddings run on a third thread, beside it (:mod:`.embeddings`).
 Rows leave the batch when they finish or when their client goes away.
 
 The connections are uvicorn's HTTP/1.1 protocol with deadlines
@@ -46,6 +47,7 @@ from ..generate import DEFAULT_MAX_LENGTH, LLM, load
 from ..scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, DEFAULT_PREFILL_CHUNK,
                          DEFAULT_PROMPT_CACHE_SIZE, Scheduler)
 from .connections import Connection, Guard, default_max_connections
+from .embeddings import Embedder
 from .middleware import CORS, AccessLog, APIKey, log
 from .routes import Endpoints
 
@@ -129,9 +131,12 @@ class Server:
         self.model_id = model_id or model_name(llm)
         self.scheduler = Scheduler(llm, max_batch, prompt_cache_size, prefill_chunk,
                                    max_waiting)
+        #: The thread that runs ``/v1/embeddings`` (beside the scheduler's batch).
+        self.embedder = Embedder(llm, max_waiting)
         self.url: str | None = None
         #: The endpoints the app routes to.
-        self.endpoints = Endpoints(llm, self.scheduler, self.model_id, request_timeout)
+        self.endpoints = Endpoints(llm, self.scheduler, self.model_id, request_timeout,
+                                   self.embedder)
         self.app = Starlette(routes=self.endpoints.routes(),
                              middleware=self._middleware(api_key, origins),
                              exception_handlers=self.endpoints.exception_handlers())
@@ -191,6 +196,7 @@ class Server:
                   f"/health says when ready; Ctrl-C stops", file=sys.stderr, flush=True)
             signalled.wait()
             self.scheduler.close()  # before saying so
+            self.embedder.close()
             print(f"mlxprog serve: {signal.Signals(signals[0]).name}, stopping: new requests "
                   f"get 503, running ones have {self.shutdown_grace:g} s to finish (Ctrl-C "
                   "again: now)", file=sys.stderr, flush=True)
@@ -216,8 +222,10 @@ class Server:
         ``[DONE]``), and the server stops listening. Returns once it has."""
         self.stopping = True
         self.scheduler.close()
+        self.embedder.close()
         if self._uvicorn is None or not self._thread.is_alive():  # never served, or stopped
             self.scheduler.stop()
+            self.embedder.stop()
             return
         asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop).result()
         self._thread.join()
@@ -229,8 +237,10 @@ class Server:
         :data:`SHUTDOWN_FLUSH` seconds to send them; the connections still
         answering are then cut off, and uvicorn stops."""
         scheduler = self.scheduler
-        await self._until(lambda: not scheduler.busy, self.shutdown_grace)
+        await self._until(lambda: not (scheduler.busy or self.embedder.busy),
+                          self.shutdown_grace)
         await asyncio.to_thread(scheduler.stop)
+        await asyncio.to_thread(self.embedder.stop)
         connections = self._guard.open
         await self._until(lambda: not any(c.answering for c in connections), SHUTDOWN_FLUSH)
         for connection in [c for c in connections if c.answering]:
@@ -289,6 +299,7 @@ class Server:
                                 http=functools.partial(Connection, guard=self._guard),
                                 ws="none", timeout_graceful_shutdown=SHUTDOWN_FLUSH)
         self.scheduler.start()
+        self.embedder.start()
         return sock, uvicorn.Server(config)
 
 
@@ -306,9 +317,15 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
           model_id: str | None = None, native: bool | None = None,
           numerics: str | None = None, api_key: str | None = None,
           allowed_origins: Sequence[str] = (), shutdown_grace: float = SHUTDOWN_GRACE,
-          chat_template: str | Path | None = None, extra_eos_tokens: Sequence[str] = ()) -> None:
+          chat_template: str | Path | None = None, extra_eos_tokens: Sequence[str] = (),
+          kv_bits: int | None = None, kv_group_size: int | None = None,
+          max_kv_size: int | None = None, keep: int | None = None,
+          adapter_path: str | Path | None = None,
+          draft_model: str | Path | None = None) -> None:
     """Load ``model`` (see :func:`~mlxprog.llm.load` for ``native``,
-    ``numerics``, ``chat_template`` and ``extra_eos_tokens``) and serve it
+    ``numerics``, ``chat_template``, ``extra_eos_tokens``, the KV cache's
+    ``kv_bits``, ``kv_group_size``, ``max_kv_size`` and ``keep``, the
+    LoRA adapter ``adapter_path`` and the speculative ``draft_model``) and serve it
     until Ctrl-C or SIGTERM, logging one line per request on stderr (see
     :class:`Server` for the other settings)."""
     # Checked before the model loads, which takes a while.
@@ -323,7 +340,9 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
         log.propagate = False
     try:
         llm = load(model, max_length=max_length, native=native, numerics=numerics,
-                   chat_template=chat_template, extra_eos_tokens=extra_eos_tokens)
+                   chat_template=chat_template, extra_eos_tokens=extra_eos_tokens,
+                   kv_bits=kv_bits, kv_group_size=kv_group_size, max_kv_size=max_kv_size,
+                   keep=keep, adapter_path=adapter_path, draft_model=draft_model)
         Server(llm, model_id=model_id, max_batch=max_batch, prompt_cache_size=prompt_cache_size,
                prefill_chunk=prefill_chunk, max_waiting=max_waiting, api_key=api_key,
                allowed_origins=allowed_origins, shutdown_grace=shutdown_grace).run(host, port)

@@ -1,4 +1,5 @@
-"""The scheduler's stats in Prometheus' text exposition format (``GET /metrics``)."""
+"""The server's stats (the scheduler's and the embedder's) in Prometheus'
+text exposition format (``GET /metrics``)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,20 @@ _METRICS = {
                             "Bytes of MLX arrays alive."),
     "cache_memory_bytes": ("mlxprog_mlx_cache_memory_bytes", "gauge",
                            "Bytes of freed buffers MLX keeps for reuse."),
+    "embedding_waiting": ("mlxprog_embedding_requests_waiting", "gauge",
+                          "Embedding requests waiting for the embedder."),
+    "embedding_running": ("mlxprog_embedding_requests_running", "gauge",
+                          "Embedding requests being embedded (0 or 1)."),
+    "embedding_requests": ("mlxprog_embedding_requests_total", "counter",
+                           "Embedding requests answered."),
+    "embedding_tokens": ("mlxprog_embedding_tokens_total", "counter", "Input tokens embedded."),
+    "embedding_failures": ("mlxprog_embedding_failures_total", "counter",
+                           "Unexpected errors while embedding."),
 }
 
 
 def prometheus_text(stats: dict[str, float], ready: bool) -> str:
-    """``stats`` (:meth:`~mlxprog.llm.scheduler.Scheduler.stats`) and
+    """``stats`` (the server's: the scheduler's and the embedder's) and
     whether the server is ready, in Prometheus' text exposition format."""
     lines = ["# HELP mlxprog_ready Whether the server serves (1) or builds its programs (0).",
              "# TYPE mlxprog_ready gauge", f"mlxprog_ready {int(ready)}"]

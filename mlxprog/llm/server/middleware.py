@@ -21,7 +21,7 @@ log = logging.getLogger("mlxprog.serve")
 
 class AccessLog:
     """One log line per request: method, path, status, seconds, the tokens
-    when it generated, and why it ended early if it did (the client
+    when it generated (or embedded), and why it ended early if it did (the client
     disconnected, the server stopped, ...)."""
 
     def __init__(self, app: ASGIApp):
@@ -43,7 +43,9 @@ class AccessLog:
         finally:
             usage = scope.get("mlxprog.usage")
             tokens = ""
-            if usage:
+            if usage and "completion_tokens" not in usage:  # embeddings generate nothing
+                tokens = f": {usage['prompt_tokens']} input tokens"
+            elif usage:
                 cached = usage["prompt_tokens_details"]["cached_tokens"]
                 tokens = (f": {usage['prompt_tokens']} prompt tokens ({cached} cached), "
                           f"{usage['completion_tokens']} generated")

@@ -6,6 +6,7 @@ errors of every kind are answered in OpenAI's shape."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 import uuid
@@ -22,10 +23,13 @@ from starlette.types import Receive
 from ..engine import Piece
 from ..generate import LLM, GenerationOptions, Prompt
 from ..scheduler import APIError, Job, Scheduler
+from .embeddings import Embedder, EmbeddingJob
 from .metrics import prometheus_text
 from .rendering import Output, TokenText, usage
 from .responses import EventStream, error_response, event, json_response
-from .schemas import ChatCompletionBody, CompletionBody, GenerationBody, invalid, shown
+from .schemas import (
+    ChatCompletionBody, CompletionBody, EmbeddingBody, GenerationBody, invalid, shown,
+)
 
 #: OpenAI's default ``max_tokens`` for (legacy) completions; chat completions
 #: default to what the KV cache has room for.
@@ -34,8 +38,8 @@ DEFAULT_COMPLETION_TOKENS = 16
 #: takes well under it); more is a 413.
 MAX_BODY_BYTES = 16 * 2**20
 
-ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-             "GET /health", "GET /metrics")
+ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings",
+             "GET /v1/models", "GET /health", "GET /metrics")
 
 T = TypeVar("T")
 
@@ -51,14 +55,16 @@ async def _disconnected(receive: Receive) -> None:
 
 
 class Endpoints:
-    """The endpoints serving ``llm`` through ``scheduler`` under the name
-    ``model_id``: :meth:`routes` and :meth:`exception_handlers` make the
-    Starlette app. A request's body must arrive within ``request_timeout``
-    seconds."""
+    """The endpoints serving ``llm`` through ``scheduler`` (and its
+    embeddings through ``embedder``) under the name ``model_id``:
+    :meth:`routes` and :meth:`exception_handlers` make the Starlette app. A
+    request's body must arrive within ``request_timeout`` seconds."""
 
-    def __init__(self, llm: LLM, scheduler: Scheduler, model_id: str, request_timeout: float):
+    def __init__(self, llm: LLM, scheduler: Scheduler, model_id: str, request_timeout: float,
+                 embedder: Embedder):
         self.llm = llm
         self.scheduler = scheduler
+        self.embedder = embedder
         self.model_id = model_id
         self.request_timeout = request_timeout
         self.created = int(time.time())
@@ -69,6 +75,7 @@ class Endpoints:
         return [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model:path}", self._model, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
@@ -162,6 +169,28 @@ class Endpoints:
 
         return EventStream(events(), job, output)
 
+    async def _embeddings(self, request: HTTPRequest) -> Response:
+        """OpenAI's embeddings: one ``embedding`` per input, in input order,
+        as numbers or (``encoding_format`` ``"base64"``) little-endian
+        float32 bytes; computed on the :class:`Embedder`'s thread."""
+        body = await self._body(request, EmbeddingBody)
+        body.check_dimensions(self.llm.config.hidden_size)
+        job = EmbeddingJob(body.input, body.pooling, asyncio.get_running_loop())
+        self.embedder.submit(job)
+        answer = await self._or_disconnect(request, job, job.result())
+        request.scope["mlxprog.usage"] = {"prompt_tokens": answer.tokens,
+                                          "total_tokens": answer.tokens}
+        if body.encoding_format == "base64":
+            vectors = [base64.b64encode(v.astype("<f4").tobytes()).decode()
+                       for v in answer.vectors]
+        else:
+            vectors = answer.vectors.tolist()
+        return json_response({
+            "object": "list", "model": self.model_id,
+            "data": [{"object": "embedding", "index": i, "embedding": v}
+                     for i, v in enumerate(vectors)],
+            "usage": request.scope["mlxprog.usage"]})
+
     async def _models(self, request: HTTPRequest) -> Response:
         return json_response({"object": "list", "data": [self._model_card()]})
 
@@ -174,16 +203,20 @@ class Endpoints:
 
     async def _health(self, request: HTTPRequest) -> Response:
         """``status`` "ok" (200) once the server serves, "loading" (503)
-        while it builds its programs; the model, and the scheduler's
-        :meth:`~mlxprog.llm.scheduler.Scheduler.stats`."""
+        while it builds its programs; the model, and the :meth:`stats`."""
         ready = self.scheduler.ready.is_set()
         return json_response({"status": "ok" if ready else "loading", "model": self.model_id,
-                              **self.scheduler.stats()}, 200 if ready else 503)
+                              **self.stats()}, 200 if ready else 503)
 
     async def _metrics(self, request: HTTPRequest) -> Response:
-        """The scheduler's stats in Prometheus' text format."""
-        return Response(prometheus_text(self.scheduler.stats(), self.scheduler.ready.is_set()),
+        """The :meth:`stats` in Prometheus' text format."""
+        return Response(prometheus_text(self.stats(), self.scheduler.ready.is_set()),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def stats(self) -> dict[str, float]:
+        """The scheduler's :meth:`~mlxprog.llm.scheduler.Scheduler.stats`
+        and the embedder's :meth:`~mlxprog.llm.server.embeddings.Embedder.stats`."""
+        return {**self.scheduler.stats(), **self.embedder.stats()}
 
     def _model_card(self) -> dict[str, Any]:
         # OpenAI's fields, then the quantized matmuls' numerics (clients

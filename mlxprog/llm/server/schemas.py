@@ -14,7 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..config import ModelError
 from ..generate import MAX_TOP_LOGPROBS, GenerationOptions
+from ..programs import POOLINGS
 from ..scheduler import APIError
+from ..speculative import (
+    DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
+)
 
 #: OpenAI's default temperature; 0 is greedy.
 DEFAULT_TEMPERATURE = 1.0
@@ -123,6 +127,10 @@ class GenerationBody(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, Any] | None = None
+    # Speculative decoding (mlxprog's; see GenerationOptions).
+    draft: Literal[DRAFTS] | None = None
+    num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
+    prompt_lookup_ngram: int | None = Field(None, ge=1, le=MAX_LOOKUP_NGRAM)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -158,7 +166,9 @@ class GenerationBody(BaseModel):
                 temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
                 top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k,
                 min_p=self.min_p or 0.0, repetition_penalty=self.repetition_penalty,
-                stop=self.stop)
+                stop=self.stop, draft=self.draft,
+                num_draft_tokens=self.num_draft_tokens or DEFAULT_DRAFT_TOKENS,
+                prompt_lookup_ngram=self.prompt_lookup_ngram or DEFAULT_LOOKUP_NGRAM)
         except ModelError as e:  # the options' own rules, past the checks above
             name = str(e).split()[0]
             raise APIError(400, str(e), name if name in type(self).model_fields else None) from None
@@ -228,3 +238,66 @@ class CompletionBody(GenerationBody):
             raise APIError(400, "suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
             raise APIError(400, f"best_of must be 1, got {self.best_of}", "best_of")
+
+
+#: The most inputs one ``/v1/embeddings`` request may hold (OpenAI's limit).
+MAX_EMBEDDING_INPUTS = 2048
+
+
+class EmbeddingBody(BaseModel):
+    """A ``POST /v1/embeddings`` body: ``input`` is a text, a list of texts,
+    a list of token ids, or a list of such lists (held as a list of texts
+    and token-id lists, at most :data:`MAX_EMBEDDING_INPUTS`, none empty);
+    ``encoding_format`` ``"float"`` (lists of numbers) or ``"base64"``
+    (little-endian float32 bytes, as OpenAI's); ``dimensions``, if given,
+    must be the model's hidden size (the route checks it: a decoder's
+    embeddings cannot be shortened). ``pooling`` (an extension, as
+    llama-server's ``--pooling``) is ``"mean"`` (default) or ``"last"``."""
+
+    model_config = _STRICT
+    model: str | None = None
+    input: list[str | list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    pooling: str = "mean"
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _inputs(cls, value: Any) -> Any:
+        if isinstance(value, str) or (isinstance(value, list) and value
+                                      and all(type(v) is int for v in value)):
+            value = [value]  # one input
+        if not isinstance(value, list) or not value:
+            raise ValueError("must be a string, a list of strings, a list of token ids or a "
+                             f"list of token-id lists, not empty; got {shown(value)}")
+        if len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"holds {len(value)} inputs; at most {MAX_EMBEDDING_INPUTS} per "
+                             "request")
+        for i, item in enumerate(value):
+            if not (isinstance(item, str) or (isinstance(item, list)
+                                              and all(type(v) is int for v in item))):
+                raise ValueError(f"item {i} must be a string or a list of integer token ids, "
+                                 f"got {shown(item)}")
+            if not item:
+                raise ValueError(f"item {i} is empty")
+        return value
+
+    @field_validator("pooling")
+    @classmethod
+    def _pooling(cls, value: str) -> str:
+        if value not in POOLINGS:
+            raise ValueError(f"must be one of {', '.join(map(repr, POOLINGS))}, got "
+                             f"{shown(value)}")
+        return value
+
+    def check_supported(self) -> None:
+        """Every field is checked by its type and validators; ``dimensions``
+        against the model by :meth:`check_dimensions`."""
+
+    def check_dimensions(self, hidden_size: int) -> None:
+        """``dimensions``, if given, must be the model's ``hidden_size``."""
+        if self.dimensions is not None and self.dimensions != hidden_size:
+            raise APIError(400, f"dimensions must be {hidden_size}, this model's embedding size "
+                           f"(its embeddings cannot be shortened), got {self.dimensions}",
+                           "dimensions")

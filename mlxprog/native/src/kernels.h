@@ -68,6 +68,21 @@ struct RopeProblem {
 // window > 0) and key_mask[b, j] (when given); a query that sees no key gets
 // zeros. Scores are q . k * scale, capped at softcap * tanh(score / softcap)
 // when softcap > 0. float32 throughout.
+//
+// A quantized cache (kv_bits 4 or 8) holds its keys and values as MLX's
+// affine quantization along D (see QuantizedRows) in k_quantized and
+// v_quantized instead of k and v; the quantized kernel takes work items
+// (batch, KV head, query position), so that every query head of a group
+// reads one dequantized copy of each key and value. With kv_hadamard the
+// cache holds the quantization of each group's Walsh-Hadamard transform (see
+// Kernels::hadamard): the kernel transforms the queries to match and its
+// results back (H H = group_size I, so q . k = (H q / group_size) . (H k)).
+struct QuantizedRows {
+  const uint8_t* codes;  // D * bits / 8 bytes a row: codes packed little-endian
+  const float* scales;   // D / group_size a row: value = scale * code + bias
+  const float* biases;
+};
+
 struct AttentionProblem {
   const float* q;
   const float* k;
@@ -79,6 +94,10 @@ struct AttentionProblem {
   float scale;
   int64_t window;           // sliding window in keys; 0: every key up to the query's
   float softcap;            // 0: scores uncapped
+  int kv_bits;              // 0: float32 k and v; 4 or 8: k_quantized, v_quantized
+  int64_t kv_group_size;
+  bool kv_hadamard;
+  QuantizedRows k_quantized, v_quantized;
 };
 
 // SwiGLU over the two halves of each row of x (rows x 2I, float32): out[r,
@@ -208,6 +227,14 @@ struct Kernels {
   // Query rows [i0, i1) of an attention, a row being a (batch, head, query
   // position) triple in q's order.
   void (*attention)(const AttentionProblem& p, int64_t i0, int64_t i1);
+  // Items [i0, i1) of an attention over a quantized cache, an item being a
+  // (batch, KV head, query position) triple: the query heads of that group.
+  void (*attention_quantized)(const AttentionProblem& p, int64_t i0, int64_t i1);
+  // The unnormalized Walsh-Hadamard transform (Sylvester's order: butterflies
+  // of distance 1, 2, 4, ...) of each group of `group` floats (a power of
+  // two) of x, n floats, in place. Adds and subtracts only, in a fixed
+  // order: every table, and the ops' MLX form, give the same bits.
+  void (*hadamard)(float* x, int64_t n, int64_t group);
   // The block rows [m0, m1) x columns [n0, n1) of a float32 GEMM, with
   // `work` scratch of gemm_workspace(n1 - n0) floats. `packed_b`: B already
   // packed by sgemm_pack_b (then n0 is a multiple of 32), or null.

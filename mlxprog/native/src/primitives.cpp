@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -493,44 +494,139 @@ mx::array rope(const mx::array& x, const mx::array& offsets, int dims, bool trad
 
 // -- attention over a KV cache ------------------------------------------------------------
 
+// A KV cache's layout: float32 keys and values (kv_bits 0), or MLX's affine
+// quantization of them (kv_bits 4 or 8, groups of kv_group_size features),
+// with hadamard of each group's Walsh-Hadamard transform (AttentionProblem).
+struct CacheFormat {
+  int kv_bits = 0;
+  int kv_group_size = 0;
+  bool hadamard = false;
+
+  bool quantized() const { return kv_bits != 0; }
+  // The arrays a cache is: k and v, or the codes, scales and biases of each.
+  size_t arrays() const { return quantized() ? 6 : 2; }
+  bool operator==(const CacheFormat& o) const {
+    return kv_bits == o.kv_bits && kv_group_size == o.kv_group_size && hadamard == o.hadamard;
+  }
+};
+
+// MLX's affine quantization (mx.quantize, bit for bit) of `rows` rows of D
+// floats in groups of `group_size`: each group's scale and bias put its
+// extreme value of larger magnitude exactly on a code; codes are packed
+// little-endian, D * bits / 8 bytes a row.
+void quantize_rows(const float* x, int64_t rows, int64_t D, int bits, int64_t group_size,
+                   uint8_t* codes, float* scales, float* biases) {
+  const float n_bins = static_cast<float>((1 << bits) - 1), eps = 1e-7f;
+  const int64_t groups = D / group_size;
+  for (int64_t g = 0; g < rows * groups; ++g) {
+    const float* w = x + g * group_size;
+    float w_min = std::numeric_limits<float>::infinity(), w_max = -w_min;
+    for (int64_t j = 0; j < group_size; ++j) {
+      w_max = std::max(w_max, w[j]);
+      w_min = std::min(w_min, w[j]);
+    }
+    const bool low_edge = std::abs(w_min) > std::abs(w_max);
+    float scale = std::max((w_max - w_min) / n_bins, eps);
+    scale = low_edge ? scale : -scale;
+    const float edge = low_edge ? w_min : w_max;
+    const float q0 = std::rint(edge / scale);
+    float bias = 0.f;
+    if (q0 != 0.f) {
+      scale = edge / q0;
+      bias = edge;
+    }
+    uint8_t* out = codes + g * group_size * bits / 8;
+    for (int64_t j = 0; j < group_size; ++j) {
+      const float q = std::min(std::max(std::rint((w[j] - bias) / scale), 0.f), n_bins);
+      const auto code = static_cast<uint8_t>(q);
+      if (bits == 8)
+        out[j] = code;
+      else if (j % 2 == 0)
+        out[j / 2] = code;
+      else
+        out[j / 2] |= static_cast<uint8_t>(code << 4);
+    }
+    scales[g] = scale;
+    biases[g] = bias;
+  }
+}
+
+// A cache's arrays as the attention kernels read them: `arrays` holds k and
+// v, or k's codes, scales, biases and v's (row-contiguous data pointers).
+void set_cache(AttentionProblem& p, const CacheFormat& format, const void* const* arrays) {
+  p.kv_bits = format.kv_bits;
+  p.kv_group_size = format.kv_group_size;
+  p.kv_hadamard = format.hadamard;
+  if (!format.quantized()) {
+    p.k = static_cast<const float*>(arrays[0]);
+    p.v = static_cast<const float*>(arrays[1]);
+    return;
+  }
+  for (int kind = 0; kind < 2; ++kind) {
+    QuantizedRows& rows = kind ? p.v_quantized : p.k_quantized;
+    rows.codes = static_cast<const uint8_t*>(arrays[3 * kind]);
+    rows.scales = static_cast<const float*>(arrays[3 * kind + 1]);
+    rows.biases = static_cast<const float*>(arrays[3 * kind + 2]);
+  }
+}
+
+// Run the attention kernel of p's cache format on the pool: work items are
+// query rows (float), or (batch, KV head, query position) (quantized).
+void run_attention(const AttentionProblem& p) {
+  const Kernels& kernels = *active_kernels;
+  if (p.kv_bits == 0) {
+    ThreadPool::instance().parallel_for(p.B * p.H * p.T, 1, [&](int64_t i0, int64_t i1) {
+      kernels.attention(p, i0, i1);
+    });
+    return;
+  }
+  ThreadPool::instance().parallel_for(p.B * p.H_kv * p.T, 1, [&](int64_t i0, int64_t i1) {
+    kernels.attention_quantized(p, i0, i1);
+  });
+}
+
+// The head dim of a cache whose first array is `k` (quantized: packed codes).
+int64_t cache_head_dim(const mx::array& k, const CacheFormat& format) {
+  return format.quantized() ? k.shape(3) * 32 / format.kv_bits : k.shape(3);
+}
+
 class CacheAttention : public CpuPrimitive {
  public:
   CacheAttention(mx::Stream stream, float scale, bool has_key_mask, int64_t window,
-                 float softcap)
+                 float softcap, CacheFormat format)
       : CpuPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask), window_(window),
-        softcap_(softcap) {}
+        softcap_(softcap), format_(format) {}
 
-  // inputs: q [B, H, T, D], k and v [B, H_kv, S, D] (float32), start (int32,
-  // one element), and key_mask [B, S] (bool) when has_key_mask.
+  // inputs: q [B, H, T, D] (float32), the cache's arrays (k and v [B, H_kv,
+  // S, D] float32, or of each the codes [B, H_kv, S, D * bits / 32] uint32
+  // and the scales and biases [B, H_kv, S, D / group_size] float32), start
+  // (int32, one element), and key_mask [B, S] (bool) when has_key_mask.
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    std::optional<mx::array> key_mask;
-    if (has_key_mask_) key_mask = inputs[4];
-    enqueue(out, [q = inputs[0], k = inputs[1], v = inputs[2], start = inputs[3], key_mask,
-                  scale = scale_, window = window_,
-                  softcap = softcap_](mx::array& out) mutable {
-      std::vector<uint8_t> keep_q, keep_k, keep_v, keep_s, keep_m;
+    enqueue(out, [inputs, scale = scale_, has_key_mask = has_key_mask_, window = window_,
+                  softcap = softcap_, format = format_](mx::array& out) mutable {
+      const size_t n = format.arrays();
+      std::vector<std::vector<uint8_t>> keep(inputs.size());
+      std::vector<const void*> cache(n);
+      for (size_t i = 0; i < n; ++i) cache[i] = contiguous_data(inputs[1 + i], keep[1 + i]);
+      const mx::array& q = inputs[0];
       AttentionProblem p{};
-      p.q = static_cast<const float*>(contiguous_data(q, keep_q));
-      p.k = static_cast<const float*>(contiguous_data(k, keep_k));
-      p.v = static_cast<const float*>(contiguous_data(v, keep_v));
-      p.key_mask = key_mask ? static_cast<const uint8_t*>(contiguous_data(*key_mask, keep_m))
-                            : nullptr;
+      p.q = static_cast<const float*>(contiguous_data(q, keep[0]));
+      set_cache(p, format, cache.data());
+      p.key_mask = has_key_mask ? static_cast<const uint8_t*>(
+                                      contiguous_data(inputs[n + 2], keep[n + 2]))
+                                : nullptr;
       p.out = out.data<float>();
       p.B = q.shape(0);
       p.H = q.shape(1);
       p.T = q.shape(2);
       p.D = q.shape(3);
-      p.H_kv = k.shape(1);
-      p.S = k.shape(2);
-      p.start = *static_cast<const int32_t*>(contiguous_data(start, keep_s));
+      p.H_kv = inputs[1].shape(1);
+      p.S = inputs[1].shape(2);
+      p.start = *static_cast<const int32_t*>(contiguous_data(inputs[n + 1], keep[n + 1]));
       p.scale = scale;
       p.window = window;
       p.softcap = softcap;
-      const Kernels& kernels = *active_kernels;
-      // Work items: (batch, head, query position) triples.
-      ThreadPool::instance().parallel_for(p.B * p.H * p.T, 1, [&](int64_t i0, int64_t i1) {
-        kernels.attention(p, i0, i1);
-      });
+      run_attention(p);
     });
   }
 
@@ -539,7 +635,7 @@ class CacheAttention : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CacheAttention*>(&other);
     return o && o->scale_ == scale_ && o->has_key_mask_ == has_key_mask_ &&
-           o->window_ == window_ && o->softcap_ == softcap_;
+           o->window_ == window_ && o->softcap_ == softcap_ && o->format_ == format_;
   }
 
  private:
@@ -547,18 +643,50 @@ class CacheAttention : public CpuPrimitive {
   bool has_key_mask_;
   int64_t window_;
   float softcap_;
+  CacheFormat format_;
 };
 
-mx::array cache_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+// The cache format of `caches` (two float32 arrays, or six of a quantized
+// cache with kv_bits 4 or 8), checked; `where` names the caller.
+CacheFormat cache_format(const std::vector<mx::array>& caches, int kv_bits, int kv_group_size,
+                         bool kv_hadamard, const char* where) {
+  const CacheFormat format{kv_bits, kv_group_size, kv_hadamard};
+  const std::string at = std::string("mlxprog native ") + where + ": ";
+  if (kv_bits != 0 && kv_bits != 4 && kv_bits != 8)
+    throw std::invalid_argument(at + "kv_bits must be 0 (float caches), 4 or 8");
+  if (kv_hadamard && !format.quantized())
+    throw std::invalid_argument(at + "kv_hadamard is a quantized cache's setting");
+  if (format.quantized() && kv_group_size != 32 && kv_group_size != 64 && kv_group_size != 128)
+    throw std::invalid_argument(at + "kv_group_size must be 32, 64 or 128");
+  if (caches.size() != format.arrays())
+    throw std::invalid_argument(at + (format.quantized()
+                                          ? "a quantized cache is six arrays"
+                                          : "a float cache is two arrays, k and v"));
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const bool codes = format.quantized() && i % 3 == 0;
+    if (caches[i].ndim() != 4 || caches[i].dtype() != (codes ? mx::uint32 : mx::float32))
+      throw std::invalid_argument(at + "cache arrays are [B, H_kv, S, ...], float32 (codes: "
+                                  "uint32)");
+  }
+  return format;
+}
+
+mx::array cache_attention(const mx::array& q, const std::vector<mx::array>& caches,
                           const mx::array& start, std::optional<mx::array> key_mask,
-                          float scale, int64_t window, float softcap) {
+                          float scale, int64_t window, float softcap, int kv_bits,
+                          int kv_group_size, bool kv_hadamard) {
   if (window < 0 || !(softcap >= 0.f))
     throw std::invalid_argument("cache_attention: window and softcap must be >= 0 (0: none)");
-  std::vector<mx::array> inputs = {q, k, v, start};
+  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
+                                          "cache_attention");
+  std::vector<mx::array> inputs = {q};
+  inputs.insert(inputs.end(), caches.begin(), caches.end());
+  inputs.push_back(start);
   if (key_mask) inputs.push_back(*key_mask);
   return mx::array(q.shape(), mx::float32,
                    std::make_shared<CacheAttention>(mx::default_stream(mx::Device::cpu), scale,
-                                                    key_mask.has_value(), window, softcap),
+                                                    key_mask.has_value(), window, softcap,
+                                                    format),
                    inputs);
 }
 
@@ -627,14 +755,45 @@ struct AttentionBlock {
   bool traditional;
   float scale;
   const uint8_t* key_mask;      // B x S, or null
+  CacheFormat format;
 };
 
+// Write the T new keys or values of every (batch row b, KV head h) into
+// cache array(s) `cache` (set_cache's order: k or v, or its codes, scales,
+// biases) at slots start..start + T - 1: token t's D floats are at
+// rows + b * b_stride + h * h_stride + t * t_stride.
+void write_cache_rows(const AttentionBlock& c, const float* rows, int64_t b_stride,
+                      int64_t h_stride, int64_t t_stride, void* const* cache) {
+  const int64_t D = c.D, groups = c.format.quantized() ? D / c.format.kv_group_size : 0;
+  std::vector<float> transformed(c.format.hadamard ? D : 0);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H_kv; ++h)
+      for (int64_t t = 0; t < c.T; ++t) {
+        const float* row = rows + b * b_stride + h * h_stride + t * t_stride;
+        const int64_t slot = (b * c.H_kv + h) * c.S + c.start + t;
+        if (!c.format.quantized()) {
+          std::memcpy(static_cast<float*>(cache[0]) + slot * D, row, D * sizeof(float));
+          continue;
+        }
+        if (c.format.hadamard) {
+          std::memcpy(transformed.data(), row, D * sizeof(float));
+          active_kernels->hadamard(transformed.data(), D, c.format.kv_group_size);
+          row = transformed.data();
+        }
+        quantize_rows(row, 1, D, c.format.kv_bits, c.format.kv_group_size,
+                      static_cast<uint8_t*>(cache[0]) + slot * D * c.format.kv_bits / 8,
+                      static_cast<float*>(cache[1]) + slot * groups,
+                      static_cast<float*>(cache[2]) + slot * groups);
+      }
+}
+
 // From the fused projection qkv [B, T, (H + 2 H_kv) D]: q and k heads
-// rotated, k and v written into the caches [B, H_kv, S, D] (already holding
-// the old entries) at slot start, attention into out [B, T, H D].
-void run_attention_block(const AttentionBlock& c, const float* x, float* k_cache,
-                         float* v_cache, float* out) {
-  const int64_t B = c.B, T = c.T, H = c.H, H_kv = c.H_kv, S = c.S, D = c.D;
+// rotated, k and v written into the cache (`cache`: its arrays in set_cache's
+// order, already holding the old entries) at slot start, attention into out
+// [B, T, H D].
+void run_attention_block(const AttentionBlock& c, const float* x, void* const* cache,
+                         float* out) {
+  const int64_t B = c.B, T = c.T, H = c.H, H_kv = c.H_kv, D = c.D;
   const int64_t F = (H + 2 * H_kv) * D;
   // Heads out of the token-major projection: q [B, H, T, D] and the new keys
   // [B, H_kv, T, D], rotated in place; values go straight into the cache.
@@ -644,12 +803,11 @@ void run_attention_block(const AttentionBlock& c, const float* x, float* k_cache
       const float* row = x + (b * T + t) * F;
       for (int64_t h = 0; h < H; ++h)
         std::memcpy(&q[((b * H + h) * T + t) * D], row + h * D, D * sizeof(float));
-      for (int64_t h = 0; h < H_kv; ++h) {
+      for (int64_t h = 0; h < H_kv; ++h)
         std::memcpy(&k[((b * H_kv + h) * T + t) * D], row + (H + h) * D, D * sizeof(float));
-        std::memcpy(v_cache + ((b * H_kv + h) * S + c.start + t) * D, row + (H + H_kv + h) * D,
-                    D * sizeof(float));
-      }
     }
+  const size_t half = c.format.arrays() / 2;  // the values' arrays follow the keys'
+  write_cache_rows(c, x + (H + H_kv) * D, T * F, D, F, cache + half);
   const Kernels& kernels = *active_kernels;
   for (const std::pair<float*, int64_t>& heads :
        {std::pair<float*, int64_t>{q.data(), H}, std::pair<float*, int64_t>{k.data(), H_kv}}) {
@@ -670,14 +828,11 @@ void run_attention_block(const AttentionBlock& c, const float* x, float* k_cache
     ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256),
                                         [&](int64_t r0, int64_t r1) { kernels.rope(r, r0, r1); });
   }
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H_kv; ++h)
-      std::memcpy(k_cache + ((b * H_kv + h) * S + c.start) * D, &k[(b * H_kv + h) * T * D],
-                  T * D * sizeof(float));
+  write_cache_rows(c, k.data(), H_kv * T * D, T * D, D, cache);
   AttentionProblem a{};
   a.q = q.data();
-  a.k = k_cache;
-  a.v = v_cache;
+  std::vector<const void*> readable(cache, cache + c.format.arrays());
+  set_cache(a, c.format, readable.data());
   a.key_mask = c.key_mask;
   // One token: [B, H, 1, D] is already [B, 1, H D]; else a scratch in head
   // order, then tokens first.
@@ -688,12 +843,10 @@ void run_attention_block(const AttentionBlock& c, const float* x, float* k_cache
   a.T = T;
   a.D = D;
   a.H_kv = H_kv;
-  a.S = S;
+  a.S = c.S;
   a.start = c.start;
   a.scale = c.scale;
-  ThreadPool::instance().parallel_for(B * H * T, 1, [&](int64_t i0, int64_t i1) {
-    kernels.attention(a, i0, i1);
-  });
+  run_attention(a);
   if (T != 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
@@ -708,26 +861,31 @@ struct BlockSettings {
   bool traditional;
   float base, rope_scale, scale;
   bool has_freqs, has_key_mask;
+  CacheFormat format;
 
   bool operator==(const BlockSettings& o) const {
     return heads == o.heads && kv_heads == o.kv_heads && dims == o.dims &&
            traditional == o.traditional && base == o.base && rope_scale == o.rope_scale &&
-           scale == o.scale && has_freqs == o.has_freqs && has_key_mask == o.has_key_mask;
+           scale == o.scale && has_freqs == o.has_freqs && has_key_mask == o.has_key_mask &&
+           format == o.format;
   }
 };
 
-// An attention block's operands after qkv: the caches, start (int32, one
-// element: the clamped cache slot of token 0), positions (int32, one or B:
-// the RoPE position of token 0), then freqs [dims / 2] and key_mask [B, S]
-// (bool) where the settings say; `first` is the index of k_cache.
+// An attention block's operands after qkv: the cache's arrays (two, or six
+// of a quantized cache), start (int32, one element: the clamped cache slot
+// of token 0), positions (int32, one or B: the RoPE position of token 0),
+// then freqs [dims / 2] and key_mask [B, S] (bool) where the settings say;
+// `first` is the index of the cache's first array.
 struct BlockOperands {
-  mx::array k_cache, v_cache, start, positions;
+  std::vector<mx::array> caches;
+  mx::array start, positions;
   std::optional<mx::array> freqs, key_mask;
 
   BlockOperands(const BlockSettings& s, const std::vector<mx::array>& inputs, size_t first)
-      : k_cache(inputs[first]), v_cache(inputs[first + 1]), start(inputs[first + 2]),
-        positions(inputs[first + 3]) {
-    size_t next = first + 4;
+      : caches(inputs.begin() + first, inputs.begin() + first + s.format.arrays()),
+        start(inputs[first + s.format.arrays()]),
+        positions(inputs[first + s.format.arrays() + 1]) {
+    size_t next = first + s.format.arrays() + 2;
     if (s.has_freqs) freqs = inputs[next++];
     if (s.has_key_mask) key_mask = inputs[next++];
   }
@@ -735,28 +893,41 @@ struct BlockOperands {
 
 // Buffers that an AttentionBlock's pointers may point into.
 struct BlockScratch {
-  std::vector<uint8_t> start, positions, freqs, key_mask, k, v;
+  std::vector<uint8_t> start, positions, freqs, key_mask;
+  std::vector<std::vector<uint8_t>> caches;
   std::vector<float> inv_freqs;
 };
 
-// The outputs' caches, filled with the old ones where the buffers were not
-// donated (`k_shared`, `v_shared`), and the block's sizes and settings for
-// T tokens.
+// Give each output cache (outputs[1..]) the input cache's buffer where it
+// may be donated (see share_or_allocate); which ones were shared.
+std::vector<bool> share_caches(const std::vector<mx::array>& inputs, size_t first,
+                               std::vector<mx::array>& outputs, const mx::Stream& stream) {
+  std::vector<bool> shared(outputs.size() - 1);
+  for (size_t i = 0; i < shared.size(); ++i)
+    shared[i] = share_or_allocate(inputs[first + i], outputs[1 + i], outputs.size(), stream);
+  return shared;
+}
+
+// The outputs' caches (`cache_out`), filled with the old ones where their
+// buffers were not donated (`shared`), and the block's sizes and settings
+// for T tokens.
 AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, int64_t T,
-                             bool k_shared, bool v_shared, mx::array& k_out, mx::array& v_out,
+                             const std::vector<bool>& shared, std::vector<mx::array>& cache_out,
                              BlockScratch& scratch) {
-  if (!k_shared)
-    std::memcpy(k_out.data<void>(), contiguous_data(in.k_cache, scratch.k), k_out.nbytes());
-  if (!v_shared)
-    std::memcpy(v_out.data<void>(), contiguous_data(in.v_cache, scratch.v), v_out.nbytes());
+  scratch.caches.resize(in.caches.size());
+  for (size_t i = 0; i < in.caches.size(); ++i)
+    if (!shared[i])
+      std::memcpy(cache_out[i].data<void>(), contiguous_data(in.caches[i], scratch.caches[i]),
+                  cache_out[i].nbytes());
   scratch.inv_freqs = rope_inv_freqs(s.dims, s.base, s.rope_scale, in.freqs, scratch.freqs);
+  const mx::array& k_cache = in.caches[0];
   AttentionBlock block{};
-  block.B = in.k_cache.shape(0);
+  block.B = k_cache.shape(0);
   block.T = T;
   block.H = s.heads;
   block.H_kv = s.kv_heads;
-  block.S = in.k_cache.shape(2);
-  block.D = in.k_cache.shape(3);
+  block.S = k_cache.shape(2);
+  block.D = cache_head_dim(k_cache, s.format);
   block.start = *static_cast<const int32_t*>(contiguous_data(in.start, scratch.start));
   block.positions = static_cast<const int32_t*>(contiguous_data(in.positions, scratch.positions));
   block.n_positions = static_cast<int64_t>(in.positions.size());
@@ -767,18 +938,52 @@ AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, in
   block.key_mask = in.key_mask ? static_cast<const uint8_t*>(
                                      contiguous_data(*in.key_mask, scratch.key_mask))
                                : nullptr;
+  block.format = s.format;
   return block;
 }
 
-std::vector<mx::array> block_inputs(std::vector<mx::array> inputs, const mx::array& k_cache,
-                                    const mx::array& v_cache, const mx::array& start,
-                                    const mx::array& positions,
+// The writable data of the output caches, in set_cache's order.
+std::vector<void*> cache_pointers(std::vector<mx::array>& cache_out) {
+  std::vector<void*> pointers;
+  for (mx::array& a : cache_out) pointers.push_back(a.data<void>());
+  return pointers;
+}
+
+// Weak copies of outputs[1..] (the caches), for a task that fills them.
+std::vector<mx::array> weak_caches(std::vector<mx::array>& outputs) {
+  std::vector<mx::array> caches;
+  for (size_t i = 1; i < outputs.size(); ++i)
+    caches.push_back(mx::array::unsafe_weak_copy(outputs[i]));
+  return caches;
+}
+
+std::vector<mx::array> block_inputs(std::vector<mx::array> inputs,
+                                    const std::vector<mx::array>& caches,
+                                    const mx::array& start, const mx::array& positions,
                                     const std::optional<mx::array>& freqs,
                                     const std::optional<mx::array>& key_mask) {
-  for (const mx::array& a : {k_cache, v_cache, start, positions}) inputs.push_back(a);
+  inputs.insert(inputs.end(), caches.begin(), caches.end());
+  inputs.push_back(start);
+  inputs.push_back(positions);
   if (freqs) inputs.push_back(*freqs);
   if (key_mask) inputs.push_back(*key_mask);
   return inputs;
+}
+
+// The shapes and dtypes of a block's outputs: `first` (the attention's or
+// the layer's), then the caches as they came in.
+std::vector<mx::array> make_block_outputs(const mx::Shape& first,
+                                          const std::vector<mx::array>& caches,
+                                          std::shared_ptr<mx::Primitive> primitive,
+                                          std::vector<mx::array> inputs) {
+  std::vector<mx::Shape> shapes = {first};
+  std::vector<mx::Dtype> dtypes = {mx::float32};
+  for (const mx::array& c : caches) {
+    shapes.push_back(c.shape());
+    dtypes.push_back(c.dtype());
+  }
+  return mx::array::make_arrays(std::move(shapes), dtypes, std::move(primitive),
+                                std::move(inputs));
 }
 
 class CacheAttentionBlock : public mx::Primitive {
@@ -786,23 +991,21 @@ class CacheAttentionBlock : public mx::Primitive {
   CacheAttentionBlock(mx::Stream stream, const BlockSettings& settings)
       : mx::Primitive(stream), settings_(settings) {}
 
-  // inputs: qkv [B, T, (H + 2 H_kv) D], then the BlockOperands (all floats
-  // float32). outputs: attention [B, T, H D], the new k_cache and v_cache.
+  // inputs: qkv [B, T, (H + 2 H_kv) D] (float32), then the BlockOperands.
+  // outputs: attention [B, T, H D], then the new cache arrays.
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const bool k_shared = share_or_allocate(inputs[1], outputs[1], outputs.size(), stream());
-    const bool v_shared = share_or_allocate(inputs[2], outputs[2], outputs.size(), stream());
+    const std::vector<bool> shared = share_caches(inputs, 1, outputs, stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
     mx::cpu::get_command_encoder(stream()).dispatch(
-        [qkv = inputs[0], operands = BlockOperands(settings_, inputs, 1), k_shared, v_shared,
-         out = mx::array::unsafe_weak_copy(outputs[0]),
-         k_out = mx::array::unsafe_weak_copy(outputs[1]),
-         v_out = mx::array::unsafe_weak_copy(outputs[2]), settings = settings_]() mutable {
+        [qkv = inputs[0], operands = BlockOperands(settings_, inputs, 1), shared,
+         out = mx::array::unsafe_weak_copy(outputs[0]), cache_out = weak_caches(outputs),
+         settings = settings_]() mutable {
           BlockScratch scratch;
           std::vector<uint8_t> keep_x;
-          const AttentionBlock block = prepare_block(settings, operands, qkv.shape(1), k_shared,
-                                                     v_shared, k_out, v_out, scratch);
+          const AttentionBlock block = prepare_block(settings, operands, qkv.shape(1), shared,
+                                                     cache_out, scratch);
           run_attention_block(block, static_cast<const float*>(contiguous_data(qkv, keep_x)),
-                              k_out.data<float>(), v_out.data<float>(), out.data<float>());
+                              cache_pointers(cache_out).data(), out.data<float>());
         });
   }
 
@@ -813,8 +1016,11 @@ class CacheAttentionBlock : public mx::Primitive {
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     const mx::Shape& x = inputs[0].shape();
-    return {{x[0], x[1], settings_.heads * inputs[1].shape(3)}, inputs[1].shape(),
-            inputs[2].shape()};
+    std::vector<mx::Shape> shapes = {
+        {x[0], x[1], settings_.heads * static_cast<int>(cache_head_dim(inputs[1],
+                                                                        settings_.format))}};
+    for (size_t i = 0; i < settings_.format.arrays(); ++i) shapes.push_back(inputs[1 + i].shape());
+    return shapes;
   }
 
   const char* name() const override { return "MlxprogCacheAttentionBlock"; }
@@ -828,20 +1034,26 @@ class CacheAttentionBlock : public mx::Primitive {
   BlockSettings settings_;
 };
 
-std::vector<mx::array> cache_attention_block(const mx::array& qkv, const mx::array& k_cache,
-                                             const mx::array& v_cache, const mx::array& start,
-                                             const mx::array& positions, int heads, int kv_heads,
-                                             int dims, bool traditional, float base,
-                                             float rope_scale, float scale,
+std::vector<mx::array> cache_attention_block(const mx::array& qkv,
+                                             const std::vector<mx::array>& caches,
+                                             const mx::array& start, const mx::array& positions,
+                                             int heads, int kv_heads, int dims, bool traditional,
+                                             float base, float rope_scale, float scale,
                                              std::optional<mx::array> freqs,
-                                             std::optional<mx::array> key_mask) {
-  const BlockSettings settings{heads,      kv_heads, dims,  traditional,        base,
-                               rope_scale, scale,    freqs.has_value(), key_mask.has_value()};
-  const mx::Shape out_shape = {qkv.shape(0), qkv.shape(1), heads * k_cache.shape(3)};
-  return mx::array::make_arrays(
-      {out_shape, k_cache.shape(), v_cache.shape()}, {mx::float32, mx::float32, mx::float32},
+                                             std::optional<mx::array> key_mask, int kv_bits,
+                                             int kv_group_size, bool kv_hadamard) {
+  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
+                                          "cache_attention_block");
+  const BlockSettings settings{heads,  kv_heads,          dims,
+                               traditional, base,         rope_scale,
+                               scale,  freqs.has_value(), key_mask.has_value(),
+                               format};
+  const mx::Shape out_shape = {qkv.shape(0), qkv.shape(1),
+                               heads * static_cast<int>(cache_head_dim(caches[0], format))};
+  return make_block_outputs(
+      out_shape, caches,
       std::make_shared<CacheAttentionBlock>(mx::default_stream(mx::Device::cpu), settings),
-      block_inputs({qkv}, k_cache, v_cache, start, positions, freqs, key_mask));
+      block_inputs({qkv}, caches, start, positions, freqs, key_mask));
 }
 
 // -- a whole transformer layer -------------------------------------------------------------
@@ -867,21 +1079,19 @@ class TransformerLayer : public mx::Primitive {
   // BlockOperands. outputs: the layer's h [B, T, hidden], the new k_cache
   // and v_cache.
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const bool k_shared = share_or_allocate(inputs[kBlock], outputs[1], outputs.size(), stream());
-    const bool v_shared = share_or_allocate(inputs[kBlock + 1], outputs[2], outputs.size(), stream());
+    const std::vector<bool> shared = share_caches(inputs, kBlock, outputs, stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
     mx::cpu::get_command_encoder(stream()).dispatch(
-        [inputs, operands = BlockOperands(block_, inputs, kBlock), k_shared, v_shared,
-         h_out = mx::array::unsafe_weak_copy(outputs[0]),
-         k_out = mx::array::unsafe_weak_copy(outputs[1]),
-         v_out = mx::array::unsafe_weak_copy(outputs[2]), block_settings = block_, eps = eps_,
-         group_size = group_size_, bits = bits_, int8 = int8_]() mutable {
+        [inputs, operands = BlockOperands(block_, inputs, kBlock), shared,
+         h_out = mx::array::unsafe_weak_copy(outputs[0]), cache_out = weak_caches(outputs),
+         block_settings = block_, eps = eps_, group_size = group_size_, bits = bits_,
+         int8 = int8_]() mutable {
           BlockScratch scratch;
           const mx::array& h_in = inputs[0];
           const int64_t T = h_in.shape(1), hidden = h_in.shape(2);
           const int64_t M = h_in.shape(0) * T;
-          const AttentionBlock block = prepare_block(block_settings, operands, T, k_shared,
-                                                     v_shared, k_out, v_out, scratch);
+          const AttentionBlock block = prepare_block(block_settings, operands, T, shared,
+                                                     cache_out, scratch);
           const int64_t F = (block.H + 2 * block.H_kv) * block.D, A = block.H * block.D;
           const int64_t G = inputs[9].shape(0), I = G / 2;  // gate/up rows, MLP width
           std::vector<std::vector<uint8_t>> keep(inputs.size());
@@ -897,8 +1107,7 @@ class TransformerLayer : public mx::Primitive {
           run_rms_norm(static_cast<const float*>(data(0)), data(1), dtype_of(inputs[1]), M, hidden,
                        eps, x.data());
           run_qmm(x.data(), DType::f32, M, hidden, F, matrix(2), true, int8, qkv.data());
-          run_attention_block(block, qkv.data(), k_out.data<float>(), v_out.data<float>(),
-                              attn.data());
+          run_attention_block(block, qkv.data(), cache_pointers(cache_out).data(), attn.data());
           run_qmm(attn.data(), DType::f32, M, A, hidden, matrix(5), true, int8, y.data());
           const float* h0 = static_cast<const float*>(data(0));
           for (int64_t i = 0; i < M * hidden; ++i) h[i] = h0[i] + y[i];
@@ -920,7 +1129,9 @@ class TransformerLayer : public mx::Primitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape(), inputs[kBlock].shape(), inputs[kBlock + 1].shape()};
+    std::vector<mx::Shape> shapes = {inputs[0].shape()};
+    for (size_t i = 0; i < block_.format.arrays(); ++i) shapes.push_back(inputs[kBlock + i].shape());
+    return shapes;
   }
 
   const char* name() const override { return "MlxprogTransformerLayer"; }
@@ -931,7 +1142,7 @@ class TransformerLayer : public mx::Primitive {
            o->bits_ == bits_ && o->int8_ == int8_;
   }
 
-  static constexpr size_t kBlock = 15;  // the index of k_cache among the inputs
+  static constexpr size_t kBlock = 15;  // the index of the cache's first array among the inputs
 
  private:
   BlockSettings block_;
@@ -944,34 +1155,37 @@ std::vector<mx::array> transformer_layer(
     const mx::array& h, const mx::array& input_norm, const std::vector<mx::array>& qkv,
     const std::vector<mx::array>& o, const mx::array& post_norm,
     const std::vector<mx::array>& gate_up, const std::vector<mx::array>& down,
-    const mx::array& k_cache, const mx::array& v_cache, const mx::array& start,
-    const mx::array& positions, int heads, int kv_heads, int dims, bool traditional, float base,
-    float rope_scale, float scale, float eps, int group_size, int bits, bool int8,
-    std::optional<mx::array> freqs, std::optional<mx::array> key_mask) {
+    const std::vector<mx::array>& caches, const mx::array& start, const mx::array& positions,
+    int heads, int kv_heads, int dims, bool traditional, float base, float rope_scale,
+    float scale, float eps, int group_size, int bits, bool int8, std::optional<mx::array> freqs,
+    std::optional<mx::array> key_mask, int kv_bits, int kv_group_size, bool kv_hadamard) {
   for (const auto* m : {&qkv, &o, &gate_up, &down})
     if (m->size() != 3 || (*m)[0].dtype() != mx::uint32 || (*m)[0].ndim() != 2)
       throw std::invalid_argument(
           "mlxprog native transformer_layer: each projection is (w uint32 [N, K], scales, "
           "biases)");
-  if (h.ndim() != 3 || h.dtype() != mx::float32 || k_cache.dtype() != mx::float32 ||
-      v_cache.dtype() != mx::float32)
+  if (h.ndim() != 3 || h.dtype() != mx::float32)
     throw std::invalid_argument(
-        "mlxprog native transformer_layer: h [B, T, hidden] and the caches must be float32");
+        "mlxprog native transformer_layer: h must be a float32 [B, T, hidden]");
   if (int8 && bits != 4 && bits != 8)
     throw std::invalid_argument("mlxprog native transformer_layer: int8 numerics need 4 or 8 bits");
-  const BlockSettings settings{heads,      kv_heads, dims,  traditional,        base,
-                               rope_scale, scale,    freqs.has_value(), key_mask.has_value()};
+  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
+                                          "transformer_layer");
+  const BlockSettings settings{heads,  kv_heads,          dims,
+                               traditional, base,         rope_scale,
+                               scale,  freqs.has_value(), key_mask.has_value(),
+                               format};
   std::vector<mx::array> inputs = {h, input_norm};
   inputs.insert(inputs.end(), qkv.begin(), qkv.end());
   inputs.insert(inputs.end(), o.begin(), o.end());
   inputs.push_back(post_norm);
   inputs.insert(inputs.end(), gate_up.begin(), gate_up.end());
   inputs.insert(inputs.end(), down.begin(), down.end());
-  return mx::array::make_arrays(
-      {h.shape(), k_cache.shape(), v_cache.shape()}, {mx::float32, mx::float32, mx::float32},
+  return make_block_outputs(
+      h.shape(), caches,
       std::make_shared<TransformerLayer>(mx::default_stream(mx::Device::cpu), settings, eps,
                                          group_size, bits, int8),
-      block_inputs(std::move(inputs), k_cache, v_cache, start, positions, freqs, key_mask));
+      block_inputs(std::move(inputs), caches, start, positions, freqs, key_mask));
 }
 
 }  // namespace
@@ -996,33 +1210,76 @@ NB_MODULE(_mlxprog_native, m) {
         nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("freqs").none() = nb::none(),
         "Rotary embedding of x [B, ..., T, D] at positions offsets[b] + t.");
-  m.def("cache_attention", &mlxprog::cache_attention, nb::arg("q"), nb::arg("k"),
-        nb::arg("v"), nb::arg("start"), nb::arg("key_mask").none() = nb::none(), nb::kw_only(),
+  m.def("cache_attention", &mlxprog::cache_attention, nb::arg("q"), nb::arg("caches"),
+        nb::arg("start"), nb::arg("key_mask").none() = nb::none(), nb::kw_only(),
         nb::arg("scale"), nb::arg("window") = 0, nb::arg("softcap") = 0.f,
-        "Attention of q [B, H, T, D] over caches [B, H_kv, S, D]: query t sees key j "
-        "when j <= start + t, j > start + t - window (window > 0) and key_mask[b, j]; "
-        "scores capped at softcap * tanh(s / softcap) when softcap > 0; a query that sees "
-        "no key gets zeros.");
+        nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
+        "Attention of q [B, H, T, D] over a cache: caches = [k, v] ([B, H_kv, S, D] "
+        "float32), or with kv_bits 4 or 8 the codes, scales and biases of k, then of v "
+        "(MLX's affine quantization in groups of kv_group_size; with kv_hadamard, of each "
+        "group's Walsh-Hadamard transform, see hadamard). Query t sees key j when "
+        "j <= start + t, j > start + t - window (window > 0) and key_mask[b, j]; scores "
+        "capped at softcap * tanh(s / softcap) when softcap > 0; a query that sees no key "
+        "gets zeros.");
   m.def("cache_attention_block", &mlxprog::cache_attention_block, nb::arg("qkv"),
-        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("start"), nb::arg("positions"),
-        nb::kw_only(), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"),
-        nb::arg("traditional"), nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
+        nb::arg("caches"), nb::arg("start"), nb::arg("positions"), nb::kw_only(),
+        nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"),
+        nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
+        nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
         "A fused attention block: q, k, v heads of qkv [B, T, (H + 2 H_kv) D], q and k "
-        "rotated at positions[b] + t, k and v written into the caches [B, H_kv, S, D] at "
-        "slot start, attention as cache_attention; returns (out [B, T, H D], k_cache, "
-        "v_cache).");
+        "rotated at positions[b] + t, k and v written into the cache (as cache_attention's "
+        "caches; quantized as mx.quantize does) at slot start, attention as "
+        "cache_attention; returns [out [B, T, H D], *caches].");
   m.def("transformer_layer", &mlxprog::transformer_layer, nb::arg("h"), nb::arg("input_norm"),
         nb::arg("qkv"), nb::arg("o"), nb::arg("post_norm"), nb::arg("gate_up"), nb::arg("down"),
-        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("start"), nb::arg("positions"),
-        nb::kw_only(), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"),
-        nb::arg("traditional"), nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
-        nb::arg("eps"), nb::arg("group_size"), nb::arg("bits"), nb::arg("int8") = false,
+        nb::arg("caches"), nb::arg("start"), nb::arg("positions"), nb::kw_only(),
+        nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"),
+        nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"), nb::arg("eps"),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("int8") = false,
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
+        nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
         "A llama-style layer: x = rms_norm(h, input_norm); the attention block of "
         "qmm(x, qkv) (as cache_attention_block); h += qmm(attention, o); x = rms_norm(h, "
         "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "
-        "(w, scales, biases), transpose; returns (h, k_cache, v_cache).");
+        "(w, scales, biases), transpose; returns [h, *caches].");
+  m.def("hadamard", [](const mx::array& x, int group_size) {
+        // For tests: the kernels' transform against the ops' MLX form.
+        if (x.dtype() != mx::float32 || x.ndim() != 2 || group_size < 1 ||
+            (group_size & (group_size - 1)) || x.shape(1) % group_size != 0)
+          throw std::invalid_argument("hadamard: float32 [rows, D], group_size a power of two "
+                                      "dividing D");
+        mx::array xc = mx::contiguous(x);
+        xc.eval();
+        std::vector<float> out(xc.data<float>(), xc.data<float>() + x.size());
+        mlxprog::active_kernels->hadamard(out.data(), static_cast<int64_t>(out.size()),
+                                          group_size);
+        return mx::array(out.begin(), x.shape(), mx::float32);
+      }, nb::arg("x"), nb::arg("group_size"),
+      "The unnormalized Walsh-Hadamard transform of each group of group_size features of "
+      "the rows of x, as the quantized caches store them (for tests).");
+  m.def("quantize_rows", [](const mx::array& x, int bits, int group_size) {
+        // For tests: the kernels' cache quantization against mx.quantize.
+        if (x.dtype() != mx::float32 || x.ndim() != 2 || (bits != 4 && bits != 8) ||
+            (group_size != 32 && group_size != 64 && group_size != 128) ||
+            x.shape(1) % group_size != 0)
+          throw std::invalid_argument("quantize_rows: float32 [rows, D], 4 or 8 bits, "
+                                      "group_size 32, 64 or 128 dividing D");
+        mx::array xc = mx::contiguous(x);
+        xc.eval();
+        const int rows = x.shape(0), D = x.shape(1), groups = D / group_size;
+        std::vector<uint32_t> codes(static_cast<size_t>(rows) * D * bits / 32);
+        std::vector<float> scales(static_cast<size_t>(rows) * groups), biases(scales.size());
+        mlxprog::quantize_rows(xc.data<float>(), rows, D, bits, group_size,
+                               reinterpret_cast<uint8_t*>(codes.data()), scales.data(),
+                               biases.data());
+        return std::vector<mx::array>{
+            mx::array(codes.begin(), {rows, D * bits / 32}, mx::uint32),
+            mx::array(scales.begin(), {rows, groups}, mx::float32),
+            mx::array(biases.begin(), {rows, groups}, mx::float32)};
+      }, nb::arg("x"), nb::arg("bits"), nb::arg("group_size"),
+      "MLX's affine quantization of the rows of x as the cache kernels write it: "
+      "[codes, scales, biases] (for tests against mx.quantize).");
   mlxprog::bind_gemm_conv(m);
   mlxprog::bind_window(m);
   m.def("isa", [] { return std::string(mlxprog::active_kernels->isa); },

@@ -1,0 +1,257 @@
+"""Attention over a quantized KV cache: keys and values stored as MLX's
+affine quantization (packed codes, one scale and one bias per group of
+``group_size`` features), written and read without ever holding the cache
+in floats.
+
+A quantized cache is six arrays per layer, each with the cache's slots on
+axis 2, so a host that grows, trims or joins caches along that axis treats
+them as it treats float caches: ``k_values`` ``[B, H_kv, S, D * bits / 32]``
+(uint32), ``k_scales`` and ``k_biases`` ``[B, H_kv, S, D / group_size]``
+(float32), and the same three for the values. The cache ops that take one
+(this module's op, ``kv_cache_attention_block`` and ``transformer_layer``
+with ``kv_bits``) name and check those operands with :func:`cache_names`
+and :func:`check_quantized_cache`.
+
+With ``hadamard`` a cache holds the quantization of each group's
+Walsh-Hadamard transform (:func:`hadamard_groups`) rather than of the
+features themselves: an orthogonal change of basis (up to a factor) that
+spreads a few large features over their group, so that the group's scale
+no longer follows its largest feature alone. Scores and the weighted sum
+of values are the same in either basis (``H H = group_size I``), but the
+rounding is much smaller: 4-bit keys of SmolLM2-135M lose several times
+less (docs/llm.md, "KV cache").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import mlx.core as mx
+from pydantic import Field
+
+from ..arrays import AVal
+from ..native import kernels as native
+from .attention import _causal_keep, _check_attention, _check_key_mask, _check_operand_count
+from .attrs import Attrs, PositiveSize
+from .index import clamp_integer
+from .positions import _check_offset
+from .registry import register_op
+
+#: The per-slot arrays of one quantized cache (keys or values), in operand order.
+PARTS = ("values", "scales", "biases")
+
+#: The code widths and group sizes a quantized cache takes.
+KVBits = Literal[4, 8]
+KVGroupSize = Literal[32, 64, 128]
+
+
+def cache_names(quantized: bool) -> list[str]:
+    """The operand names of a KV cache: ``k_cache, v_cache``, or quantized
+    ``k_values, k_scales, k_biases, v_values, v_scales, v_biases``."""
+    if not quantized:
+        return ["k_cache", "v_cache"]
+    return [f"{kind}_{part}" for kind in "kv" for part in PARTS]
+
+
+def check_quantized_cache(named: dict[str, AVal], bits: int, group_size: int
+                          ) -> tuple[int, int, int, int]:
+    """The six arrays of a quantized cache (named as :func:`cache_names`)
+    with one ``[B, H_kv, S]`` and the widths of ``bits``-bit codes in groups
+    of ``group_size``; returns ``(B, H_kv, S, D)``, D the head dim the codes
+    hold. ValueError names the array that does not fit."""
+    values = named["k_values"]
+    if len(values.shape) != 4 or values.dtype != mx.uint32:
+        raise ValueError(f"k_values must be uint32 [B, H_kv, S, D * {bits} / 32] (packed "
+                         f"{bits}-bit codes), found {values}")
+    batch, kv_heads, slots, packed = values.shape
+    dim = packed * 32 // bits
+    if dim % group_size:
+        raise ValueError(f"k_values holds {dim} features a head, which do not split into "
+                         f"groups of {group_size}")
+    widths = {"values": packed, "scales": dim // group_size, "biases": dim // group_size}
+    for name in cache_names(True):
+        part = name.split("_", 1)[1]
+        shape = (batch, kv_heads, slots, widths[part])
+        dtype = mx.uint32 if part == "values" else mx.float32
+        if tuple(named[name].shape) != shape or named[name].dtype != dtype:
+            raise ValueError(f"{name} must be {AVal(shape, dtype)} for {bits}-bit keys/values "
+                             f"of head dim {dim} in groups of {group_size}, found {named[name]}")
+    return batch, kv_heads, slots, dim
+
+
+def hadamard_groups(x: mx.array, group_size: int) -> mx.array:
+    """The unnormalized Walsh-Hadamard transform of each group of
+    ``group_size`` features (a power of two) along x's last axis, in
+    Sylvester's order (``H_2n = [[H_n, H_n], [H_n, -H_n]]``, entries +-1):
+    butterflies of distance 1, 2, 4, ..., adds and subtracts only, in the
+    order the native kernels take, so both give the same bits. Applying it
+    twice multiplies by ``group_size``."""
+    shape = x.shape
+    distance = 1
+    while distance < group_size:
+        pairs = x.reshape(*shape[:-1], shape[-1] // (2 * distance), 2, distance)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        x = mx.stack([a + b, a - b], axis=-2).reshape(shape)
+        distance *= 2
+    return x
+
+
+def quantize_cache(x: mx.array, bits: int, group_size: int, hadamard: bool) -> list[mx.array]:
+    """Keys or values ``[..., D]`` (float32) as a quantized cache stores
+    them: [codes, scales, biases] of x, or with ``hadamard`` of its groups'
+    transform."""
+    if hadamard:
+        x = hadamard_groups(x, group_size)
+    return list(mx.quantize(x, group_size=group_size, bits=bits))
+
+
+def dequantize_cache(parts: list[mx.array], bits: int, group_size: int,
+                     hadamard: bool) -> mx.array:
+    """The keys or values a quantized cache's [codes, scales, biases] hold
+    (the inverse of :func:`quantize_cache`, up to its rounding)."""
+    x = mx.dequantize(*parts, group_size=group_size, bits=bits)
+    return hadamard_groups(x, group_size) * (1 / group_size) if hadamard else x
+
+
+class QuantizedKVCacheSdpaAttrs(Attrs):
+    """The attributes of ``quantized_kv_cache_sdpa_update``."""
+
+    bits: KVBits
+    group_size: KVGroupSize
+    hadamard: bool = False
+    """The cache holds each group's Walsh-Hadamard transform (see the module
+    docstring), quantized."""
+    scale: float | None = None
+    softcap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """Cap the attention scores at ``softcap * tanh(score / softcap)``."""
+    window: PositiveSize | None = None
+    """Sliding-window attention: a query sees only the last ``window`` slots up
+    to and including its own."""
+
+
+_NEW = ["q", "new_k", "new_v"]
+
+
+def _operand_names(count: int) -> list[str]:
+    """The operand names of an instruction with ``count`` operands (the key
+    mask is there when one more operand is)."""
+    names = _NEW + cache_names(True) + ["offset"]
+    return names + (["key_mask"] if count > len(names) else [])
+
+
+def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -> None:
+    """q and the new keys/values as in ``kv_cache_sdpa_update`` (``BHTD``);
+    caches of the packed width and group count of ``bits`` and
+    ``group_size``, of the new keys' batch, heads and head dim; an integer
+    offset and the optional key mask."""
+    names = _operand_names(len(avals))
+    _check_operand_count(avals, names, "quantized_kv_cache_sdpa_update")
+    ops = dict(zip(names, avals))
+    q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
+    _check_attention(q, new_k, new_v, "BHTD", ("q", "new_k", "new_v"))
+    batch, kv_heads, slots, dim = check_quantized_cache(ops, attrs.bits, attrs.group_size)
+    if (batch, kv_heads, dim) != (new_k.shape[0], new_k.shape[1], new_k.shape[3]):
+        raise ValueError(f"new keys/values {new_k} do not fit a cache of {batch} rows, "
+                         f"{kv_heads} heads of dim {dim}")
+    if new_k.shape[2] > slots:
+        raise ValueError(f"{new_k.shape[2]} new tokens do not fit a cache of {slots}")
+    _check_offset(ops["offset"], "offset")
+    if "key_mask" in ops:
+        _check_key_mask(ops["key_mask"], batch, slots)
+
+
+def _native_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -> bool:
+    """Whether the native quantized-cache attention kernel computes this
+    instruction (with or without ``hadamard``)."""
+    named = dict(zip(_operand_names(len(avals)), avals))
+    return native.covers_cache_attention(named["q"], [named[n] for n in cache_names(True)],
+                                         attrs.bits, attrs.group_size)
+
+
+@register_op("quantized_kv_cache_sdpa_update", attrs=QuantizedKVCacheSdpaAttrs,
+             operands=(10, 11), outputs=7, check=_check_quantized_sdpa,
+             native_coverage=_native_quantized_sdpa, context=True)
+def quantized_kv_cache_sdpa_update(operands, attrs, context):
+    """``kv_cache_sdpa_update`` (``BHTD`` layout) over a quantized cache:
+    quantize the new keys and values (MLX's affine quantization, ``bits`` 4
+    or 8, one float32 scale and bias per ``group_size`` features), write them
+    into the caches at ``offset`` (clamped to ``[0, S - T]``) and attend with
+    the scores and the weighted sum computed from the packed codes (the
+    cache is never dequantized whole). Results: the attention output ``[B,
+    H, T, D]`` (q's dtype), then the new ``k_values, k_scales, k_biases,
+    v_values, v_scales, v_biases``.
+
+    Operands: q ``[B, H, T, D]``, new_k and new_v ``[B, H_kv, T, D]``, the six
+    caches (``*_values`` ``[B, H_kv, S, D * bits / 32]`` uint32, ``*_scales``
+    and ``*_biases`` ``[B, H_kv, S, D / group_size]`` float32), offset (an
+    integer scalar) and an optional key_mask ``[B, S]``. Query i sees key j
+    when ``j <= offset + i`` and ``key_mask[b, j]``, with a ``window`` also
+    ``j > offset + i - window``; rows that see no key give zeros. ``softcap``
+    caps the scores as in ``kv_cache_sdpa_update``; ``scale`` defaults to
+    ``1 / sqrt(D)``. Keys and values carry the quantization's rounding (at
+    most half a step, ``scale / 2``, per feature). With ``hadamard`` the
+    cache holds the quantization of ``hadamard_groups(k)`` (and of v's) as
+    the module docstring says: the op transforms the new keys and values so
+    before quantizing them, and q and the result to match. On the CPU with
+    native kernels (float32 q) a kernel dequantizes blocks of keys and
+    values once for all the query heads of a group as it attends."""
+    q, new_k, new_v, *caches, offset = operands[:10]
+    key_mask = operands[10] if len(operands) > 10 else None
+    slots, tokens = caches[0].shape[2], new_k.shape[2]
+    start = clamp_integer(offset.reshape(1), 0, slots - tokens, mx.int32)
+    written = write_quantized(caches, new_k, new_v, start, attrs)
+    window = None if attrs.window is None else min(attrs.window, slots)
+    scale = attrs.scale if attrs.scale is not None else q.shape[3] ** -0.5
+    out = native.cache_attention(context.native, q, written, start, key_mask, scale, window,
+                                 attrs.softcap, attrs.bits, attrs.group_size, attrs.hadamard)
+    if out is None:
+        keep = _causal_keep(tokens, slots, start, key_mask, window)
+        out = _attend(q, written, keep, scale, attrs, has_key_mask=key_mask is not None)
+    return (out, *written)
+
+
+def write_quantized(caches: list[mx.array], new_k: mx.array, new_v: mx.array,
+                    start: mx.array, attrs: QuantizedKVCacheSdpaAttrs) -> list[mx.array]:
+    """The six cache arrays with ``new_k`` and ``new_v`` (``[B, H_kv, T,
+    D]``) quantized (:func:`quantize_cache`) and written at slot ``start``."""
+    written = []
+    for new, parts in ((new_k, caches[:3]), (new_v, caches[3:])):
+        quantized = quantize_cache(new.astype(mx.float32), attrs.bits, attrs.group_size,
+                                   attrs.hadamard)
+        for cache, part in zip(parts, quantized):
+            written.append(mx.slice_update(cache, part, start, axes=(2,)))
+    return written
+
+
+def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
+            attrs: QuantizedKVCacheSdpaAttrs, has_key_mask: bool) -> mx.array:
+    """Softmax attention of q over the quantized caches under ``keep``
+    (``[T, S]`` or ``[B, 1, T, S]``) with MLX's ``quantized_matmul``,
+    grouped-query heads as ``[B, H_kv, H / H_kv, T, D]`` so the caches need
+    no copies; with ``hadamard`` in the transformed basis (q transformed and
+    divided by the group size, a power of two; the result transformed
+    back)."""
+    b, heads, t, d = q.shape
+    kv_heads = caches[0].shape[1]
+    group = heads // kv_heads
+    quant = dict(group_size=attrs.group_size, bits=attrs.bits)
+    dtype, q = q.dtype, q.astype(mx.float32)
+    if attrs.hadamard:
+        q = hadamard_groups(q, attrs.group_size) * (1 / attrs.group_size)
+    qg = (q * scale).reshape(b, kv_heads, group, t, d)
+    k_parts = [mx.expand_dims(c, 2) for c in caches[:3]]
+    v_parts = [mx.expand_dims(c, 2) for c in caches[3:]]
+    scores = mx.quantized_matmul(qg, *k_parts, transpose=True, **quant)
+    if attrs.softcap is not None:
+        scores = mx.tanh(scores / attrs.softcap) * attrs.softcap
+    grouped_keep = keep if keep.ndim == 2 else mx.expand_dims(keep, 2)
+    scores = mx.where(grouped_keep, scores, mx.finfo(scores.dtype).min)
+    probs = mx.softmax(scores, axis=-1, precise=True)
+    out = mx.quantized_matmul(probs, *v_parts, transpose=False, **quant)
+    out = out.reshape(b, heads, t, d)
+    if attrs.hadamard:
+        out = hadamard_groups(out, attrs.group_size) * (1 / attrs.group_size)
+    out = out.astype(dtype)
+    if not has_key_mask:
+        return out
+    return mx.where(mx.any(keep, axis=-1, keepdims=True), out, mx.zeros((), out.dtype))
