@@ -1,7 +1,7 @@
 """Speculative decoding on SmolLM2-135M-Instruct (Q4_1 GGUF), side by side
-with plain decoding, on copy-heavy prompts (a completion that copies a
-function with a change; chat requests for a code edit and for a paragraph
-with the names changed, which the 135M model mostly rewrites rather than
+with plain decoding, on copy-heavy prompts (completions that copy a
+function with a change and a paragraph with the names changed; a chat
+request for a code edit, which the 135M model mostly rewrites rather than
 copies) and an open-ended one.
 
 - ``plain``: greedy decoding, one decode step a token (``draft="none"``);
@@ -58,11 +58,13 @@ PROMPTS = {
     # A completion the model writes by copying the function above it.
     "copy-code": (f"# version 1\n{CODE}\n# version 2: the same function, with total renamed to "
                   "revenue\n", False),
-    # Chat requests to copy with changes: SmolLM2-135M rewrites more than it copies.
+    # A completion that repeats a paragraph with the names changed (as far as
+    # the 135M model does: it copies the start, then goes its own way).
+    "names": (f"Original:\n{PARAGRAPH}\n\nThe same paragraph with Alice renamed to Carol "
+              "and Bob renamed to Dave:\n", False),
+    # A chat request to copy with a change: SmolLM2-135M rewrites more than it copies.
     "chat-code": ("Rename the variable `total` to `revenue` in this Python function and show "
                   f"the whole function:\n\n```python\n{CODE}```", True),
-    "chat-names": ("Repeat this paragraph exactly, changing the names Alice to Carol and Bob "
-                   f"to Dave:\n\n{PARAGRAPH}", True),
     "open-ended": ("Write a short story about a lighthouse keeper who finds a message in a "
                    "bottle.", True),
 }

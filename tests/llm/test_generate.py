@@ -21,11 +21,10 @@ import threading
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 import family_checks
-from llm_fixtures import CHAT_PROMPT, smollm_path, write_gguf, write_hf
+from llm_fixtures import CHAT_PROMPT, mlx_lm_llama, smollm_path, write_gguf, write_hf
 from llm_reference import KVCache, ReferenceModel, greedy_generate
 
 import mlxprog as mp
@@ -200,27 +199,8 @@ def test_greedy_tokens_match_reference(tiny):
 
 @pytest.mark.parametrize("kind", ["hf", "hf-q"])
 def test_hf_loader_matches_mlx_lm_llama(llms, model_paths, kind):
-    mlx_lm_llama = pytest.importorskip("mlx_lm.models.llama",
-                                       reason="mlx-lm (test-only dependency) is not installed")
     llm = llms[kind]
-    c = llm.config
-    model = mlx_lm_llama.Model(mlx_lm_llama.ModelArgs(
-        model_type="llama", hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
-        intermediate_size=c.intermediate_size, num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.norm_eps,
-        vocab_size=c.vocab_size, rope_theta=c.rope_theta,
-        tie_word_embeddings=c.tie_embeddings))
-    quantization = llm.checkpoint.quantization
-
-    def quantized(path: str, module) -> dict | bool:
-        q = quantization.get(path.removeprefix("model."))
-        return q is not None and {"group_size": q.group_size, "bits": q.bits}
-
-    nn.quantize(model, class_predicate=quantized)
-    stored = {}  # the checkpoint's tensors under their file names (model.*, lm_head.*)
-    for file in weight_files(model_paths[kind]):
-        stored.update(mx.load(str(file)))
-    model.load_weights(list(stored.items()))  # strict: every parameter, nothing extra
+    model = mlx_lm_llama(llm, weight_files(model_paths[kind]))
 
     prompt = llm.tokenizer.encode(PROMPT)
     continuation = greedy_generate(ReferenceModel(llm.checkpoint), prompt, 4).tokens
