@@ -7,8 +7,10 @@ ZFNet-512, fed ``arange(n)/n`` as the backend tests do) and the
 
 Per model: import + compile time (mlxprog's ``prepare``: import, validate,
 JSON round-trip, compile) and onnxruntime's session creation; one warm-up
-call each (tracing, kernel compilation), then ``--runs`` calls each,
-alternating, median time per call (the best call of each is printed too:
+call each (tracing, kernel compilation), then ``--rounds`` rounds of a
+block of calls per runtime (an untimed one, which waits out the other
+runtime's spinning thread pool, then ``--runs`` timed ones), the median
+time per call (the best call of each is printed too:
 on a loaded machine a sub-millisecond call sometimes waits a scheduler tick,
 about 4 ms); the outputs are compared (max abs diff) and the ratio is
 mlxprog / onnxruntime medians (above 1: mlxprog is slower). A
@@ -16,7 +18,8 @@ model mlxprog cannot import is listed with the reason. onnxruntime gets the
 model as it is, or where it no longer implements its opset, the model as
 mlxprog imports it (converted to opset 13).
 
-    python benchmarks/onnx.py [--runs 5] [--only REGEX] [--threads N] [--markdown]
+    python benchmarks/onnx.py [--runs 5] [--rounds 3] [--only REGEX] [--threads N]
+                              [--markdown]
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def median_time(fn, runs: int) -> float:
     return statistics.median(times)
 
 
-def bench(name, model, inputs, runs, threads):
+def bench(name, model, inputs, runs, rounds, threads):
     import onnxruntime as ort
 
     from mlxprog.onnx.backend import MlxprogBackend
@@ -131,9 +134,16 @@ def bench(name, model, inputs, runs, threads):
                               if np.asarray(a).size else 0.0
                               for a, b in zip(ours, theirs))
     ours_t, theirs_t = [], []
-    for _ in range(runs):  # alternating, so drift in the machine's load hits both
-        ours_t.append(median_time(lambda: rep.run(inputs), 1))
-        theirs_t.append(median_time(lambda: session.run(None, feed), 1))
+    # Blocks of calls, the runtimes alternating block by block (so drift in the
+    # machine's load hits both). Call by call, each runtime's thread pool,
+    # still spinning after its call, took the cores from the other's next one
+    # (AlexNet: mlxprog 37.8 ms against 17.5 alone); each block's first call
+    # takes that, untimed.
+    calls = ((lambda: rep.run(inputs), ours_t), (lambda: session.run(None, feed), theirs_t))
+    for _ in range(rounds):
+        for call, times in calls:
+            call()
+            times += [median_time(call, 1) for _ in range(runs)]
     row["mlxprog_ms"] = 1e3 * statistics.median(ours_t)
     row["ort_ms"] = 1e3 * statistics.median(theirs_t)
     row["mlxprog_min_ms"] = 1e3 * min(ours_t)
@@ -144,7 +154,10 @@ def bench(name, model, inputs, runs, threads):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="timed calls per model and runtime")
+    parser.add_argument("--runs", type=int, default=5,
+                        help="timed calls per model, runtime and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of one block of calls per runtime")
     parser.add_argument("--only", default="", help="regex on the model name (light/resnet50, "
                         "pytorch-converted/Conv2d, ...)")
     parser.add_argument("--threads", type=int, default=0,
@@ -158,7 +171,7 @@ def main() -> None:
         for name, model, inputs in source:
             if args.only and not re.search(args.only, name):
                 continue
-            row = bench(name, model, inputs, args.runs, args.threads)
+            row = bench(name, model, inputs, args.runs, args.rounds, args.threads)
             rows.append(row)
             if "error" in row:
                 print(f"{name:45s} skipped: {row['error']}", flush=True)
