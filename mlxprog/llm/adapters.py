@@ -33,7 +33,6 @@ layout (llama.cpp's converter), so the update's rows are permuted alike.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Mapping
@@ -45,7 +44,9 @@ import mlx.core as mx
 
 from ..arrays import name_of
 from ..runtime.binding import weights_file_problem
-from .config import Checkpoint, ModelConfig, Quantization, SettingError, is_int
+from .config import (
+    Checkpoint, ModelConfig, ModelError, Quantization, SettingError, is_int, read_json_object,
+)
 from .models import family_of
 from .models.base import Source, expand
 
@@ -127,11 +128,9 @@ def load_adapter(path: str | Path) -> Adapter:
         raise _error(f"{path}: no {ADAPTER_CONFIG} (an mlx-lm or PEFT adapter directory "
                      "has one)")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise _error(f"{config_path}: cannot read JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise _error(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+        config = read_json_object(config_path)
+    except ModelError as e:  # reported under adapter_path
+        raise _error(str(e)) from None
     found = [kind for kind, name in WEIGHTS_FILES.items() if (path / name).is_file()]
     if not found:
         extra = (" (adapter_model.bin, PyTorch's pickle format, is not read: save the "

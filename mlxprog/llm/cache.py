@@ -186,6 +186,12 @@ def kv_cache_layout(num_layers: int, num_kv_heads: int, head_dim: int, max_lengt
                        0 if keep is None else keep)
 
 
+def widened(caches: Sequence[mx.array], width: int) -> tuple[mx.array, ...]:
+    """``caches`` (any layout's arrays, slots on axis 2) with empty slots
+    added after their last to make ``width``."""
+    return tuple(mx.pad(x, [(0, 0), (0, 0), (0, width - x.shape[2]), (0, 0)]) for x in caches)
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of two token sequences."""
     n = 0

@@ -18,6 +18,7 @@ form: ``.weight`` is the packed ``uint32`` array of shape ``(out, in * bits /
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,6 +196,19 @@ def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx
         raise ModelError(f"{name}: packed weight {tuple(packed.shape)} with scales "
                          f"{tuple(scales.shape)} is not an MLX quantization of a {shape} matrix")
     return Quantization(bits=bits, group_size=group_size)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (a model's or an adapter's
+    config); a :class:`ModelError` naming the file if it cannot be read or
+    holds anything but an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: cannot read JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ModelError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def metadata_value(value: Any) -> Any:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
 import mlx.core as mx
 
-from .cache import common_prefix
+from .cache import common_prefix, widened
 from .config import ModelError
 from .programs import DecodeInputs, LogitsOutputs, PrefillInputs, VerifyInputs
 from .speculative import Draft, Drafter, drafter_for, judge
@@ -418,13 +418,11 @@ class Engine:
         begun = []
         for start, members in groups.items():
             chunks = self._chunks(start, max(len(r.ids) for r, _ in members) - start)
-            size = min(_round_up(start + sum(padded for _, padded in chunks), llm.cache_step),
-                       llm.cache_slots)
+            size = llm.cache_width(start + sum(padded for _, padded in chunks))
             caches = []
             for request, cached in members:
                 if start:
-                    grow = [(0, 0), (0, 0), (0, size - start), (0, 0)]
-                    caches.append([mx.pad(x[:, :, :start], grow) for x in cached])
+                    caches.append(list(widened([x[:, :, :start] for x in cached], size)))
                 else:
                     # The layout's KV heads: this rank's, when the model is split.
                     caches.append(list(layout.empty(1, size)))
@@ -704,10 +702,9 @@ class Engine:
         llm = self.llm
         if self.offset + 1 > llm.cache_slots:
             self._trim()  # each row has room, so some slots are padding everywhere
-        width = min(_round_up(self.offset + tokens, llm.cache_step), llm.cache_slots)
+        width = llm.cache_width(self.offset + tokens)
         if width > self.width:
-            grow = [(0, 0), (0, 0), (0, width - self.width), (0, 0)]
-            self.caches = tuple(mx.pad(x, grow) for x in self.caches)
+            self.caches = widened(self.caches, width)
             self._key_mask = None
         elif width < self.width:
             self.caches = tuple(x[:, :, :width] for x in self.caches)

@@ -24,7 +24,7 @@ import mlx.core as mx
 from .. import native as native_kernels
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
-from .cache import PromptCache, kv_cache_layout
+from .cache import PromptCache, kv_cache_layout, widened
 from .config import (
     AUTO_NUMERICS, NUMERICS, Checkpoint, ModelError, SettingError, is_int, resolve_numerics,
 )
@@ -357,6 +357,11 @@ class LLM:
         size = self.cache_layout.max_kv_size
         return self.max_length if size is None else size + 1
 
+    def cache_width(self, slots: int) -> int:
+        """How wide the KV caches get to hold ``slots`` slots: the next
+        multiple of ``cache_step``, at most :attr:`cache_slots`."""
+        return min(-(-slots // self.cache_step) * self.cache_step, self.cache_slots)
+
     @property
     def prompt_limit(self) -> int:
         """The most tokens a prompt may have: ``max_length - 1`` (one slot
@@ -547,8 +552,7 @@ class LLM:
             # The loop's caches cannot grow: room for every token it may make.
             n, max_new = request.length, request.budget - 1
             size = min(max(engine.width, n + max_new), self.cache_slots)
-            caches = tuple(mx.pad(x, [(0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)])
-                           for x in engine.caches)
+            caches = widened(engine.caches, size)
 
             def emit(tokens: mx.array) -> mx.array:  # the decode loop's runtime_call
                 on_text(request.take(tokens.item(), None, []).text)

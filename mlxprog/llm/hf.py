@@ -9,7 +9,6 @@ tensors) stay quantized.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..runtime.binding import weights_file_problem
-from .config import Checkpoint, ModelConfig, ModelError
+from .config import Checkpoint, ModelConfig, ModelError, read_json_object
 from .models import family_for_model_type, family_of
 from .models.base import HFConfig, load_checkpoint_tensors
 from .tokenizer import Tokenizer
@@ -29,12 +28,7 @@ def load_hf(directory: str | Path) -> Checkpoint:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ModelError(f"{directory}: not a Hugging Face model directory (no config.json)")
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{config_path}: cannot read JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ModelError(f"{config_path}: expected a JSON object, got {type(raw).__name__}")
+    raw = read_json_object(config_path)
     family_for_model_type(raw.get("model_type"))  # an unsupported type fails before the tokenizer
     tokenizer = Tokenizer.from_hf(directory)
     try:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import mlx.core as mx
 
 from ..ops.sampling import RepetitionPenaltyAttrs, SampleAttrs, filter_logits, repetition_penalty
+from .cache import widened
 from .config import ModelError, SettingError
 from .programs import DecodeInputs, LogitsOutputs, Picking, PrefillInputs, VerifyInputs
 
@@ -265,13 +266,11 @@ class DraftModel:
 
     def _room(self, slots: int) -> None:
         """Caches of at least ``slots`` slots (in ``cache_step`` steps)."""
-        llm = self.llm
-        width = min(-(-slots // llm.cache_step) * llm.cache_step, llm.cache_slots)
+        width = self.llm.cache_width(slots)
         if not self.caches:
-            self.caches = llm.cache_layout.empty(1, width)
+            self.caches = self.llm.cache_layout.empty(1, width)
         elif width > self.caches[0].shape[2]:
-            grow = [(0, 0), (0, 0), (0, width - self.caches[0].shape[2]), (0, 0)]
-            self.caches = tuple(mx.pad(x, grow) for x in self.caches)
+            self.caches = widened(self.caches, width)
 
     def _mask(self) -> mx.array:
         return mx.ones((1, self.caches[0].shape[2]), dtype=mx.bool_)

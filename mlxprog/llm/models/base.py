@@ -521,19 +521,6 @@ class Decoder:
         keys and values are a quantized cache's (values, scales, biases))."""
         return self.kv is None or not self.kv.quantized
 
-    def cache_operands(self, k_cache: LayerCache, v_cache: LayerCache) -> list[Value]:
-        """A layer's keys and values as the cache ops take them: k_cache and
-        v_cache, or a quantized cache's six arrays (see
-        :meth:`cache_attributes`)."""
-        return [a for c in (k_cache, v_cache) for a in (c if isinstance(c, tuple) else (c,))]
-
-    def cache_pair(self, arrays: Sequence[Value]) -> tuple[LayerCache, LayerCache]:
-        """A layer's keys and values from the cache arrays an op returns (the
-        inverse of :meth:`cache_operands`)."""
-        if self.float_cache:
-            return arrays[0], arrays[1]
-        return tuple(arrays[:3]), tuple(arrays[3:])
-
     def cache_attributes(self) -> dict[str, int | bool]:
         """The cache ops' attributes for this cache: none for a float cache,
         ``kv_bits`` and ``kv_group_size`` for a quantized one, which holds
@@ -638,7 +625,7 @@ class Decoder:
         biases) arrays; settings: the op's ``scale``, ``softcap``,
         ``window``): [B, T, heads * D] and the new caches."""
         settings = {k: v for k, v in settings.items() if v is not None}
-        caches = self.cache_operands(k_cache, v_cache)
+        caches = self.flat_caches((k_cache, v_cache))
         if self.float_cache:
             attn, *new = sb.kv_cache_sdpa_update(q, k, v, *caches, cache_offset, key_mask,
                                                  layout="BHTD", **settings)
@@ -646,7 +633,7 @@ class Decoder:
             attn, *new = sb.quantized_kv_cache_sdpa_update(
                 q, k, v, *caches, cache_offset, key_mask, bits=self.kv.kv_bits,
                 group_size=self.kv.kv_group_size, hadamard=True, **settings)
-        return (self.merge_heads(sb, attn, self.shard.num_heads, T), *self.cache_pair(new))
+        return (self.merge_heads(sb, attn, self.shard.num_heads, T), *self.layer_caches(new))
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
               caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
@@ -704,7 +691,8 @@ class Decoder:
     def layer_caches(self, caches: Sequence[Value]) -> Sequence[LayerCache]:
         """The caches (program order) as :meth:`trunk` takes them: ``k.0,
         v.0, k.1, ...``, each a Value, or with a quantized cache a tuple of
-        its arrays."""
+        its arrays (also one layer's keys and values from the cache arrays
+        an op returns)."""
         if self.float_cache:
             return caches
         n = len(self.kv.parts)
@@ -713,7 +701,8 @@ class Decoder:
     @staticmethod
     def flat_caches(caches: Sequence[LayerCache]) -> tuple[Value, ...]:
         """The caches :meth:`trunk` returns in program order (the inverse of
-        :meth:`layer_caches`)."""
+        :meth:`layer_caches`; also one layer's keys and values as the cache
+        ops take them)."""
         return tuple(a for c in caches for a in (c if isinstance(c, tuple) else (c,)))
 
     def _rotation(self, sb, cache_offset: Value, key_mask: Value) -> tuple[Value, Value, Value]:

@@ -262,11 +262,11 @@ class LlamaDecoder(Decoder):
         RoPE, cache writes and attention in one node on the CPU) giving
         [B, T, heads * D] and the new caches."""
         attn, *caches = sb.kv_cache_attention_block(
-            qkv, *self.cache_operands(k_cache, v_cache), cache_offset, rope_offset,
+            qkv, *self.flat_caches((k_cache, v_cache)), cache_offset, rope_offset,
             *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(),
             **self.cache_attributes())
-        return (attn, *self.cache_pair(caches))
+        return (attn, *self.layer_caches(caches))
 
     def mlp(self, sb, i: int, x: Value) -> Value:
         """Layer ``i``'s SwiGLU MLP of the normed ``x`` (before the ranks'
@@ -336,12 +336,12 @@ class LlamaDecoder(Decoder):
         h, *caches = sb.transformer_layer(
             h, self.weight(f"{p}.input_layernorm.weight"), *projections[:6],
             self.weight(f"{p}.post_attention_layernorm.weight"), *projections[6:],
-            *self.cache_operands(k_cache, v_cache), cache_offset, rope_offset,
+            *self.flat_caches((k_cache, v_cache)), cache_offset, rope_offset,
             *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
             group_size=quant.group_size, bits=quant.bits, **self.cache_attributes(),
             **({} if self.numerics == "exact" else {"numerics": self.numerics}))
-        return (h, *self.cache_pair(caches))
+        return (h, *self.layer_caches(caches))
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
               caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:

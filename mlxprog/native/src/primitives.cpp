@@ -831,8 +831,7 @@ void run_attention_block(const AttentionBlock& c, const float* x, void* const* c
   write_cache_rows(c, k.data(), H_kv * T * D, T * D, D, cache);
   AttentionProblem a{};
   a.q = q.data();
-  std::vector<const void*> readable(cache, cache + c.format.arrays());
-  set_cache(a, c.format, readable.data());
+  set_cache(a, c.format, cache);
   a.key_mask = c.key_mask;
   // One token: [B, H, 1, D] is already [B, 1, H D]; else a scratch in head
   // order, then tokens first.
