@@ -703,8 +703,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
             raise ProgramError(f"--file {args.file}: no line to embed (every line is blank)")
     llm = _load(args, model, max_length=args.max_length)
     try:
-        vectors = llm.embed(llm.embedding_ids(inputs), pooling=args.pooling,
-                            normalize=args.normalize)
+        vectors = llm.embed(inputs, pooling=args.pooling, normalize=args.normalize)
     except EmbeddingInputError as exc:
         if exc.tokens is None:
             raise

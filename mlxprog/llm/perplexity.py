@@ -35,7 +35,6 @@ from typing import Sequence, Union
 
 import mlx.core as mx
 
-from ..arrays import name_of
 from ..builder import ProgramBuilder
 from ..format.program import Program
 from ..runtime.executable import Executable
@@ -44,7 +43,7 @@ from .config import Checkpoint, ModelError, is_int, resolve_numerics
 from .generate import LLM
 from .model_files import load_checkpoint
 from .models import family_of
-from .programs import cache_names
+from .programs import cache_names, declare_caches
 from .spec import ModelSpec
 
 DEFAULT_CHUNK = 256
@@ -97,9 +96,7 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     rope_offset = b.input("rope_offset", ["B"], "int32")
     cache_offset = b.input("cache_offset", [], "int32")
     key_mask = b.input("key_mask", ["B", cache_length], "bool")
-    specs = kv.part_specs() * (2 * c.num_layers)
-    caches = [b.input(name, ["B", c.num_kv_heads, cache_length, width], name_of(dtype))
-              for name, (width, dtype) in zip(cache_names(c.num_layers, kv.parts), specs)]
+    caches = declare_caches(b, c, c.num_kv_heads, cache_length, kv)
     h, new_caches = model.trunk(b, model.embed(b, tokens), chunk, rope_offset, cache_offset,
                                 key_mask, model.layer_caches(caches))
     new_caches = model.flat_caches(new_caches)

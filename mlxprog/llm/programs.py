@@ -192,6 +192,18 @@ class ProgramValues(Generic[A]):
         return dict(zip(self.names_for(num_layers, parts), self.values()))
 
 
+def declare_caches(b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
+                   slots: int | str, kv: CacheLayout) -> tuple[Value, ...]:
+    """Declare a model's cache inputs on ``b`` in program order
+    (:func:`cache_names`): ``[B, num_kv_heads, slots, width]`` each, float32
+    or, with a quantized ``kv`` layout, its arrays
+    (:meth:`CacheLayout.part_specs <mlxprog.llm.CacheLayout.part_specs>`)."""
+    names = cache_names(config.num_layers, kv.parts)
+    specs = kv.part_specs() * (2 * config.num_layers)
+    return tuple(b.input(name, ["B", num_kv_heads, slots, width], name_of(dtype))
+                 for name, (width, dtype) in zip(names, specs))
+
+
 def _input(shape: Sequence[int | str], dtype: str):
     """A field declaring a program input of this shape and dtype (metadata
     only: the field has no default)."""
@@ -214,12 +226,8 @@ class ProgramInputs(ProgramValues[A]):
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == CACHES:
-                parts = ("",) if kv is None else kv.parts
-                specs = ([(config.head_dim, mx.float32)] if kv is None else kv.part_specs())
-                names = cache_names(config.num_layers, parts)
-                values[f.name] = tuple(
-                    b.input(name, ["B", num_kv_heads, "S", width], name_of(dtype))
-                    for name, (width, dtype) in zip(names, specs * (2 * config.num_layers)))
+                values[f.name] = declare_caches(b, config, num_kv_heads, "S",
+                                                kv or CacheLayout.of(config))
             else:
                 values[f.name] = b.input(f.name, list(f.metadata["shape"]), f.metadata["dtype"])
         return cls(**values)
