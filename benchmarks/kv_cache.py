@@ -58,6 +58,13 @@ def main() -> None:
     parser.add_argument("--score-tokens", type=int, default=None,
                         help="score each text's first N tokens (default: all of it)")
     args = parser.parse_args()
+    if any(context < 2 for context in args.contexts):
+        parser.error(f"--contexts: each must be at least 2 tokens, got {args.contexts}")
+    if args.score_tokens is not None and args.score_tokens < 2:
+        parser.error(f"--score-tokens must be at least 2, got {args.score_tokens}")
+    for text in args.texts:
+        if not text.is_file():
+            parser.error(f"--texts: {text} is not a file")
 
     checkpoint = mlxprog.llm.load_checkpoint(args.model)
     max_length = max(args.contexts, default=0) + args.tokens + 8
@@ -105,6 +112,7 @@ def main() -> None:
         row += [f"{score:.4f} ({ratio:.4f}x)" for score, ratio in zip(scores[name], ratios)]
         row += [f"{sum(ratios) / len(ratios):.4f}x"] if len(texts) > 1 else []
         print(" | ".join(row))
+
 
 if __name__ == "__main__":
     main()
