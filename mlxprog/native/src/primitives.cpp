@@ -870,6 +870,18 @@ struct BlockSettings {
   }
 };
 
+// The settings of an attention block (alone, or inside a transformer layer),
+// its cache checked against kv_bits, kv_group_size and kv_hadamard
+// (cache_format); `where` names the op.
+BlockSettings block_settings(const std::vector<mx::array>& caches, int heads, int kv_heads,
+                             int dims, bool traditional, float base, float rope_scale,
+                             float scale, bool has_freqs, bool has_key_mask, int kv_bits,
+                             int kv_group_size, bool kv_hadamard, const char* where) {
+  return {heads, kv_heads,  dims,      traditional,  base,
+          rope_scale, scale, has_freqs, has_key_mask,
+          cache_format(caches, kv_bits, kv_group_size, kv_hadamard, where)};
+}
+
 // An attention block's operands after qkv: the cache's arrays (two, or six
 // of a quantized cache), start (int32, one element: the clamped cache slot
 // of token 0), positions (int32, one or B: the RoPE position of token 0),
@@ -1041,14 +1053,13 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv,
                                              std::optional<mx::array> freqs,
                                              std::optional<mx::array> key_mask, int kv_bits,
                                              int kv_group_size, bool kv_hadamard) {
-  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
-                                          "cache_attention_block");
-  const BlockSettings settings{heads,  kv_heads,          dims,
-                               traditional, base,         rope_scale,
-                               scale,  freqs.has_value(), key_mask.has_value(),
-                               format};
-  const mx::Shape out_shape = {qkv.shape(0), qkv.shape(1),
-                               heads * static_cast<int>(cache_head_dim(caches[0], format))};
+  const BlockSettings settings =
+      block_settings(caches, heads, kv_heads, dims, traditional, base, rope_scale, scale,
+                     freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size, kv_hadamard,
+                     "cache_attention_block");
+  const mx::Shape out_shape = {
+      qkv.shape(0), qkv.shape(1),
+      heads * static_cast<int>(cache_head_dim(caches[0], settings.format))};
   return make_block_outputs(
       out_shape, caches,
       std::make_shared<CacheAttentionBlock>(mx::default_stream(mx::Device::cpu), settings),
@@ -1168,12 +1179,10 @@ std::vector<mx::array> transformer_layer(
         "mlxprog native transformer_layer: h must be a float32 [B, T, hidden]");
   if (int8 && bits != 4 && bits != 8)
     throw std::invalid_argument("mlxprog native transformer_layer: int8 numerics need 4 or 8 bits");
-  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
-                                          "transformer_layer");
-  const BlockSettings settings{heads,  kv_heads,          dims,
-                               traditional, base,         rope_scale,
-                               scale,  freqs.has_value(), key_mask.has_value(),
-                               format};
+  const BlockSettings settings =
+      block_settings(caches, heads, kv_heads, dims, traditional, base, rope_scale, scale,
+                     freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size, kv_hadamard,
+                     "transformer_layer");
   std::vector<mx::array> inputs = {h, input_norm};
   inputs.insert(inputs.end(), qkv.begin(), qkv.end());
   inputs.insert(inputs.end(), o.begin(), o.end());
