@@ -1,6 +1,8 @@
 """KV-cache memory, quality and decode speed of SmolLM2-135M-Instruct (Q4_1
-GGUF): the float32 cache side by side with the 8- and 4-bit quantized ones,
-at 1k and 4k tokens of context, in one run.
+GGUF): the float32 cache side by side with the 8- and 4-bit quantized ones
+(each with its default float window of the last 16 tokens, ``kv_recent``)
+and the 4-bit one without that window ("4-bit/0"), at 1k and 4k tokens of
+context, in one run.
 
 Quality is the perplexity of tests/data/declaration_constitution.txt (2,185
 tokens, scored in one window: every token attends to every one before it
@@ -94,8 +96,11 @@ def main() -> None:
           f"native kernels: {mlxprog.native.status()} | {platform.machine()}, "
           f"{os.cpu_count()} CPUs | load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    # The quantized layouts keep the last 16 tokens in float (the default
+    # kv_recent); "4-bit/0" is the 4-bit cache without that window.
     layouts = {"float32": {}, "8-bit": dict(kv_bits=8, kv_group_size=args.group_size),
-               "4-bit": dict(kv_bits=4, kv_group_size=args.group_size)}
+               "4-bit": dict(kv_bits=4, kv_group_size=args.group_size),
+               "4-bit/0": dict(kv_bits=4, kv_group_size=args.group_size, kv_recent=0)}
     llms = {name: mlxprog.llm.LLM(checkpoint, max_length=max_length, **kv)
             for name, kv in layouts.items()}
     speeds: dict[str, dict[int, float]] = {name: {} for name in layouts}

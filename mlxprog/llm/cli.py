@@ -244,7 +244,7 @@ def _runtime_options(parser: argparse.ArgumentParser) -> None:
 #: parameter (and ``argparse`` dest) -> the flag.
 SETTING_FLAGS = {"chat_template": "--chat-template", "extra_eos_tokens": "--extra-eos-token",
                  "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size",
-                 "max_kv_size": "--max-kv-size", "keep": "--kv-keep",
+                 "kv_recent": "--kv-recent", "max_kv_size": "--max-kv-size", "keep": "--kv-keep",
                  "adapter_path": "--adapter-path", "draft_model": "--draft-model"}
 
 
@@ -283,8 +283,9 @@ def _model_settings(parser: argparse.ArgumentParser) -> None:
 
 
 def _kv_cache_settings(parser: argparse.ArgumentParser) -> None:
-    """The quantized KV cache's flags (``kv_bits``, ``kv_group_size`` of
-    :func:`~mlxprog.llm.load`), for the commands that run a model's cache."""
+    """The quantized KV cache's flags (``kv_bits``, ``kv_group_size``,
+    ``kv_recent`` of :func:`~mlxprog.llm.load`), for the commands that run a
+    model's cache."""
     parser.add_argument("--kv-bits", type=_number(int, lambda v: v in (4, 8), "4 or 8"),
                         default=None, metavar="BITS",
                         help="store the KV cache's keys and values quantized to 4 or 8 bits "
@@ -294,6 +295,11 @@ def _kv_cache_settings(parser: argparse.ArgumentParser) -> None:
                         default=None, metavar="N",
                         help="features sharing one scale and bias in the quantized KV cache "
                         "(default 32 with 4 bits, 64 with 8; needs --kv-bits)")
+    parser.add_argument("--kv-recent", dest="kv_recent", type=_at_least(0), default=None,
+                        metavar="N",
+                        help="the last N tokens' keys and values the quantized KV cache also "
+                        "keeps in float, read unrounded by each query (default 16, 0: none; "
+                        "needs --kv-bits)")
 
 
 def _settings_of(args: argparse.Namespace) -> dict[str, Any]:

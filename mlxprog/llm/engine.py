@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
 import mlx.core as mx
 
-from .cache import common_prefix, widened
+from .cache import common_prefix
 from .config import ModelError
 from .programs import DecodeInputs, LogitsOutputs, PrefillInputs, VerifyInputs
 from .speculative import Draft, Drafter, drafter_for, judge
@@ -422,7 +422,8 @@ class Engine:
             caches = []
             for request, cached in members:
                 if start:
-                    caches.append(list(widened([x[:, :, :start] for x in cached], size)))
+                    caches.append(list(layout.widened(
+                        layout.map_slots(cached, lambda x: x[:, :, :start]), size)))
                 else:
                     # The layout's KV heads: this rank's, when the model is split.
                     caches.append(list(layout.empty(1, size)))
@@ -465,7 +466,10 @@ class Engine:
                                 dtype=mx.int32),
             rope_offset=mx.array([at] * len(rows), dtype=mx.int32),
             cache_offset=mx.array(at, dtype=mx.int32),
-            key_mask=mx.ones((len(rows), prefill.caches[0].shape[2]), dtype=mx.bool_),
+            # The rows' own slots: their padding, never attended by their
+            # tokens, is kept out of a quantized cache's float window too.
+            key_mask=mx.arange(prefill.caches[0].shape[2])[None, :]
+            < mx.array([[len(r.ids)] for r in rows]),
             key=self._step_key, caches=prefill.caches,
         ).by_name()))
         prefill.caches, prefill.done = out.caches, prefill.done + step
@@ -480,7 +484,8 @@ class Engine:
             if request.finished:
                 self._store(request, out.caches, i)
             else:
-                self._join(request, tuple(x[i:i + 1, :, :len(request.ids)] for x in out.caches))
+                self._join(request, llm.cache_layout.map_slots(
+                    [x[i:i + 1] for x in out.caches], lambda x: x[:, :, :len(request.ids)]))
         self._keep(prefill, [i for i in range(len(rows)) if i not in picked])
         return pieces
 
@@ -514,19 +519,20 @@ class Engine:
 
     def _join(self, request: Request, caches: tuple[mx.array, ...]) -> None:
         """Add a prefilled row holding ``request.length`` tokens."""
-        n = request.length
+        n, layout = request.length, self.llm.cache_layout
         if not self.rows:
             self.caches, self.offset = caches, n
         else:
             if n > self.offset:  # shift the batch right to line the rows up
                 shift = n - self.offset
-                self.caches = tuple(mx.pad(x, [(0, 0), (0, 0), (shift, 0), (0, 0)])
-                                    for x in self.caches)
+                self.caches = layout.shifted(
+                    self.caches, shift, lambda x: mx.pad(x, [(0, 0), (0, 0), (shift, 0), (0, 0)]))
                 for row in self.rows:
                     row.pad += shift
                 self.offset = n
             place = [(0, 0), (0, 0), (self.offset - n, self.width - self.offset), (0, 0)]
-            self.caches = tuple(mx.concatenate([x, mx.pad(new, place)], axis=0)
+            caches = layout.shifted(caches, self.offset - n, lambda x: mx.pad(x, place))
+            self.caches = tuple(mx.concatenate([x, new], axis=0)
                                 for x, new in zip(self.caches, caches))
         request.pad = self.offset - n
         self.rows.append(request)
@@ -674,14 +680,13 @@ class Engine:
         if row.prompt_cache is None or self.wrapped:
             return
         kept = min(row.fed, len(row.read))
-        start = row.pad
+        start, end = row.pad, row.pad + len(row.ids) + kept
         # Copies: a slice shares its array's buffer, so a stored slice of the
         # batch's caches would keep all of them alive (every row, every slot)
         # as long as the prompt cache keeps the entry.
-        row.prompt_cache.store(
-            row.ids + row.read[:kept],
-            [mx.contiguous(x[index:index + 1, :, start:start + len(row.ids) + kept])
-             for x in caches])
+        stored = self.llm.cache_layout.shifted([x[index:index + 1] for x in caches], -start,
+                                               lambda x: x[:, :, start:end])
+        row.prompt_cache.store(row.ids + row.read[:kept], [mx.contiguous(x) for x in stored])
 
     def _trim(self) -> None:
         """Drop the leading slots that are padding in every row (none once a
@@ -689,7 +694,8 @@ class Engine:
         holds)."""
         unused = 0 if self.wrapped else min(r.pad for r in self.rows)
         if unused:
-            self.caches = tuple(x[:, :, unused:] for x in self.caches)
+            self.caches = self.llm.cache_layout.shifted(self.caches, -unused,
+                                                        lambda x: x[:, :, unused:])
             self.offset -= unused
             for row in self.rows:
                 row.pad -= unused
@@ -704,10 +710,10 @@ class Engine:
             self._trim()  # each row has room, so some slots are padding everywhere
         width = llm.cache_width(self.offset + tokens)
         if width > self.width:
-            self.caches = widened(self.caches, width)
+            self.caches = llm.cache_layout.widened(self.caches, width)
             self._key_mask = None
         elif width < self.width:
-            self.caches = tuple(x[:, :, :width] for x in self.caches)
+            self.caches = llm.cache_layout.map_slots(self.caches, lambda x: x[:, :, :width])
             self._key_mask = None
 
     def key_mask(self) -> mx.array:

@@ -24,7 +24,7 @@ import mlx.core as mx
 from .. import native as native_kernels
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
-from .cache import PromptCache, kv_cache_layout, widened
+from .cache import PromptCache, kv_cache_layout
 from .config import (
     AUTO_NUMERICS, NUMERICS, Checkpoint, ModelError, SettingError, is_int, resolve_numerics,
 )
@@ -238,7 +238,10 @@ class LLM:
     ``kv_bits`` 4 or 8 stores keys and values quantized in groups of
     ``kv_group_size`` features (default 32 with 4 bits, 64 with 8), about
     3.6x (8-bit) or 5.3x (4-bit) less memory than float32 for a head dim of
-    64; ``max_kv_size`` bounds it to that many
+    64, and keeps the last ``kv_recent`` tokens' keys and values in float
+    too (default 16, 0: none), which each query reads unrounded (SmolLM2's
+    4-bit cache on four texts: +6.2% perplexity without, +0.3% with);
+    ``max_kv_size`` bounds it to that many
     tokens, the first ``keep`` (default 4) and the most recent, so that
     generation goes on past it (a rotating cache; prompts must fit it).
     Out-of-range values raise :class:`~mlxprog.llm.config.SettingError`
@@ -253,7 +256,7 @@ class LLM:
                  chat_template: str | Path | ChatTemplate | None = None,
                  extra_eos_tokens: Sequence[str] = (), kv_bits: int | None = None,
                  kv_group_size: int | None = None, max_kv_size: int | None = None,
-                 keep: int | None = None):
+                 keep: int | None = None, kv_recent: int | None = None):
         if not is_int(max_length) or max_length < 2:
             raise ModelError(f"max_length must be at least 2, got {max_length!r}")
         if not is_int(cache_step) or cache_step < 1:
@@ -290,7 +293,7 @@ class LLM:
         #: The KV cache's layout: its shape, quantization and bound.
         self.cache_layout = kv_cache_layout(self.config.num_layers, shard.num_kv_heads,
                                             self.config.head_dim, max_length, kv_bits,
-                                            kv_group_size, max_kv_size, keep)
+                                            kv_group_size, max_kv_size, keep, kv_recent)
         self._captures = self.spec.captures(checkpoint, self.world_size, self.rank)
         if self.world_size > 1:
             # The sliced captures are copies: without the whole model's
@@ -552,7 +555,7 @@ class LLM:
             # The loop's caches cannot grow: room for every token it may make.
             n, max_new = request.length, request.budget - 1
             size = min(max(engine.width, n + max_new), self.cache_slots)
-            caches = widened(engine.caches, size)
+            caches = self.cache_layout.widened(engine.caches, size)
 
             def emit(tokens: mx.array) -> mx.array:  # the decode loop's runtime_call
                 on_text(request.take(tokens.item(), None, []).text)
@@ -682,7 +685,7 @@ def load(model: str | Path | None = None, max_length: int | None = None,
          extra_eos_tokens: Sequence[str] = (), kv_bits: int | None = None,
          kv_group_size: int | None = None, max_kv_size: int | None = None,
          keep: int | None = None, adapter_path: str | Path | None = None,
-         draft_model: str | Path | None = None) -> LLM:
+         draft_model: str | Path | None = None, kv_recent: int | None = None) -> LLM:
     """Load a model (a ``.gguf`` file or Hugging Face directory; None: the
     default SmolLM2-135M-Instruct, installed on first use) for generation;
     see :class:`LLM` for ``max_length`` (None: 2048), ``cache_step``,
@@ -695,7 +698,7 @@ def load(model: str | Path | None = None, max_length: int | None = None,
     ``chat_template`` (a Jinja string or file replacing the model's) and
     ``extra_eos_tokens`` (token texts that end generation) are as in
     :class:`LLM`, and so are the KV cache's settings ``kv_bits``,
-    ``kv_group_size``, ``max_kv_size`` and ``keep`` (an exported directory's
+    ``kv_group_size``, ``kv_recent``, ``max_kv_size`` and ``keep`` (an exported directory's
     programs have a float cache and take none of them). ``adapter_path``, a
     LoRA adapter directory in mlx-lm's or PEFT's format, is fused into the
     model's weights as it loads (see :mod:`~mlxprog.llm.adapters`; a bad or
@@ -708,7 +711,7 @@ def load(model: str | Path | None = None, max_length: int | None = None,
     # Read and compiled before the model loads, which takes a while.
     template = None if chat_template is None else ChatTemplate.of(chat_template)
     kv_settings = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, max_kv_size=max_kv_size,
-                       keep=keep)
+                       keep=keep, kv_recent=kv_recent)
     if model is not None and is_exported(model):
         given = [name for name, value in kv_settings.items() if value is not None]
         if given:

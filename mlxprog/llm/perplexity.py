@@ -181,8 +181,9 @@ def _score_segment(score: Executable, llm: LLM, ids: list[int], chunk: int,
                    cache_length: int) -> list[float]:
     """The log-probability of each of ``ids[1:]`` after the tokens before it
     in the segment, from an empty cache."""
-    caches = list(llm.cache_layout.empty(1, cache_length))
-    names = cache_names(llm.config.num_layers, llm.cache_layout.parts)
+    layout = llm.cache_layout
+    caches = list(layout.empty(1, cache_length))
+    names = cache_names(llm.config.num_layers, layout.parts, bool(layout.kv_recent))
     # Every slot may be attended: causal attention hides the later ones.
     key_mask = mx.ones((1, cache_length), dtype=mx.bool_)
     out: list[float] = []

@@ -77,7 +77,7 @@ import mlx.core as mx
 from ..arrays import name_of
 from ..builder import ProgramBuilder, Value
 from ..format.program import Program
-from .cache import QUANTIZED_PARTS, CacheLayout
+from .cache import QUANTIZED_PARTS, RECENT_PARTS, CacheLayout
 from .config import ModelConfig, ModelError, is_int
 from .models import family_of
 from .models.base import Decoder
@@ -113,31 +113,46 @@ V = TypeVar("V", bound="ProgramValues")
 CACHES = "caches"  # the field standing for the per-layer KV caches
 
 
-def cache_names(num_layers: int, parts: Sequence[str] = ("",)) -> list[str]:
+def cache_names(num_layers: int, parts: Sequence[str] = ("",), recent: bool = False
+                ) -> list[str]:
     """The per-layer cache names in program order: ``k_cache.0``, ``v_cache.0``,
     ``k_cache.1``, ...; with a quantized cache's ``parts``
     (:attr:`CacheLayout.parts <mlxprog.llm.CacheLayout.parts>`) each is
     several arrays: ``k_cache.0.values``, ``k_cache.0.scales``,
-    ``k_cache.0.biases``, ``v_cache.0.values``, ..."""
-    return [f"{kind}_cache.{i}" + (f".{part}" if part else "")
-            for i in range(num_layers) for kind in ("k", "v") for part in parts]
+    ``k_cache.0.biases``, ``v_cache.0.values``, ...; with a float window
+    (``recent``) each layer's end with ``recent_cache.0.keys``,
+    ``recent_cache.0.values``, and ``recent_cache.slots`` follows the last
+    layer's."""
+    window = [f"recent_cache.{{}}.{part}" for part in RECENT_PARTS[:2]] if recent else []
+    names = [name for i in range(num_layers)
+             for name in [f"{kind}_cache.{i}" + (f".{part}" if part else "")
+                          for kind in ("k", "v") for part in parts]
+             + [w.format(i) for w in window]]
+    return names + (["recent_cache.slots"] if recent else [])
 
 
-def _cache_parts(caches: Sequence[Any]) -> tuple[str, ...]:
-    """The parts of each layer's keys (or values) among ``caches`` (Values,
-    arrays or anything else standing for them, program order): a quantized
-    cache starts with its packed uint32 codes, a float cache with float keys."""
+def _cache_arrangement(caches: Sequence[Any]) -> tuple[tuple[str, ...], bool, int]:
+    """The parts of each layer's keys (or values) among ``caches`` (arrays,
+    program order), whether the cache has a float window, and its layers:
+    a quantized cache starts with its packed uint32 codes (a float cache
+    with float keys), and a layer's window follows its values' arrays in
+    float32 where the next layer's uint32 codes would be."""
     dtype = getattr(caches[0], "dtype", None) if caches else None
-    quantized = isinstance(dtype, mx.Dtype) and dtype == mx.uint32
-    return QUANTIZED_PARTS if quantized else ("",)
+    if not (isinstance(dtype, mx.Dtype) and dtype == mx.uint32):
+        return ("",), False, len(caches) // 2
+    after = 2 * len(QUANTIZED_PARTS)
+    if len(caches) > after and caches[after].dtype == mx.float32:
+        return QUANTIZED_PARTS, True, (len(caches) - 1) // (after + 2)
+    return QUANTIZED_PARTS, False, len(caches) // after
 
 
 @functools.cache
-def _names(cls: type, num_layers: int, parts: tuple[str, ...] = ("",)) -> tuple[str, ...]:
+def _names(cls: type, num_layers: int, parts: tuple[str, ...] = ("",),
+           recent: bool = False) -> tuple[str, ...]:
     # Cached: the decode loop on the host names every input of every step.
     names: list[str] = []
     for f in fields(cls):
-        names += cache_names(num_layers, parts) if f.name == CACHES else [f.name]
+        names += cache_names(num_layers, parts, recent) if f.name == CACHES else [f.name]
     return tuple(names)
 
 
@@ -152,12 +167,13 @@ class ProgramValues(Generic[A]):
     """
 
     @classmethod
-    def names_for(cls, num_layers: int, parts: Sequence[str] = ("",)) -> tuple[str, ...]:
+    def names_for(cls, num_layers: int, parts: Sequence[str] = ("",),
+                  recent: bool = False) -> tuple[str, ...]:
         """The names of the values in program order, for a model of
         ``num_layers`` layers whose keys and values are each the arrays
-        ``parts`` (see :func:`cache_names`): the programs' input names, for
-        inputs."""
-        return _names(cls, num_layers, tuple(parts))
+        ``parts``, with a float window or not (see :func:`cache_names`): the
+        programs' input names, for inputs."""
+        return _names(cls, num_layers, tuple(parts), recent)
 
     @classmethod
     def of(cls: type[V], values: Sequence[Any]) -> V:
@@ -166,7 +182,11 @@ class ProgramValues(Generic[A]):
         leave."""
         declared = fields(cls)
         n_caches = len(values) - (len(declared) - 1)
-        if n_caches < 0 or n_caches % 2:
+        # With a float window: a quantized cache's arrays and the window's two
+        # a layer, then its slots.
+        per_layer = 2 * len(QUANTIZED_PARTS) + 2
+        windowed = n_caches > 1 and n_caches % per_layer == 1
+        if n_caches < 0 or (n_caches % 2 and not windowed):
             raise ModelError(f"{cls.__name__} takes {len(declared) - 1} values and a k and v "
                              f"cache per layer, got {len(values)} values")
         given = iter(values)
@@ -187,9 +207,8 @@ class ProgramValues(Generic[A]):
     def by_name(self) -> dict[str, A]:
         """The values by name: an executable's keyword arguments, for inputs."""
         caches = getattr(self, CACHES, ())  # a program may take no caches
-        parts = _cache_parts(caches)
-        num_layers = len(caches) // (2 * len(parts))
-        return dict(zip(self.names_for(num_layers, parts), self.values()))
+        parts, recent, num_layers = _cache_arrangement(caches)
+        return dict(zip(self.names_for(num_layers, parts, recent), self.values()))
 
 
 def declare_caches(b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
@@ -197,11 +216,18 @@ def declare_caches(b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
     """Declare a model's cache inputs on ``b`` in program order
     (:func:`cache_names`): ``[B, num_kv_heads, slots, width]`` each, float32
     or, with a quantized ``kv`` layout, its arrays
-    (:meth:`CacheLayout.part_specs <mlxprog.llm.CacheLayout.part_specs>`)."""
-    names = cache_names(config.num_layers, kv.parts)
-    specs = kv.part_specs() * (2 * config.num_layers)
-    return tuple(b.input(name, ["B", num_kv_heads, slots, width], name_of(dtype))
-                 for name, (width, dtype) in zip(names, specs))
+    (:meth:`CacheLayout.part_specs <mlxprog.llm.CacheLayout.part_specs>`),
+    each layer's then followed by its float window's keys and values, and
+    the window's slots after the last layer's (``kv_recent``)."""
+    layer = [(["B", num_kv_heads, slots, width], name_of(dtype))
+             for width, dtype in kv.part_specs() * 2]
+    window = []
+    if kv.kv_recent:
+        layer += [(["B", num_kv_heads, kv.kv_recent, config.head_dim], "float32")] * 2
+        window = [(["B", kv.kv_recent], "int32")]
+    names = cache_names(config.num_layers, kv.parts, bool(kv.kv_recent))
+    return tuple(b.input(name, shape, dtype)
+                 for name, (shape, dtype) in zip(names, layer * config.num_layers + window))
 
 
 def _input(shape: Sequence[int | str], dtype: str):

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import mlx.core as mx
 
 from ..ops.sampling import RepetitionPenaltyAttrs, SampleAttrs, filter_logits, repetition_penalty
-from .cache import widened
 from .config import ModelError, SettingError
 from .programs import DecodeInputs, LogitsOutputs, Picking, PrefillInputs, VerifyInputs
 
@@ -270,7 +269,7 @@ class DraftModel:
         if not self.caches:
             self.caches = self.llm.cache_layout.empty(1, width)
         elif width > self.caches[0].shape[2]:
-            self.caches = widened(self.caches, width)
+            self.caches = self.llm.cache_layout.widened(self.caches, width)
 
     def _mask(self) -> mx.array:
         return mx.ones((1, self.caches[0].shape[2]), dtype=mx.bool_)

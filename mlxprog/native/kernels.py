@@ -210,24 +210,44 @@ def _cache_settings(kv_bits: int | None, kv_group_size: int | None,
     return dict(kv_bits=kv_bits or 0, kv_group_size=kv_group_size or 0, kv_hadamard=kv_hadamard)
 
 
+def covers_recent(recent: Sequence[AVal] | None, geometry: tuple[int, int, int, int] | None,
+                  kv_bits: int | None) -> bool:
+    """Whether the native attention reads this float window of a quantized
+    cache of ``geometry`` (``(B, H_kv, S, D)``, :func:`cache_geometry`):
+    none, or with ``kv_bits`` the ring ``k_recent, v_recent`` (float32 ``[B,
+    H_kv, R, D]``) and ``recent_slots`` (int32 ``[B, R]``), R >= 1."""
+    if recent is None:
+        return True
+    if kv_bits is None or geometry is None or len(recent) != 3 or len(recent[0][0]) != 4:
+        return False
+    B, H_kv, _, D = geometry
+    R = recent[0][0][2]
+    rows = ((B, H_kv, R, D), mx.float32)
+    return R >= 1 and [(tuple(s), d) for s, d in recent] == [rows, rows, ((B, R), mx.int32)]
+
+
 def covers_cache_attention(q: AVal, caches: Sequence[AVal], kv_bits: int | None = None,
-                           kv_group_size: int | None = None) -> bool:
+                           kv_group_size: int | None = None,
+                           recent: Sequence[AVal] | None = None) -> bool:
     """Whether the native attention computes this case: float32 queries
     ``[B, H, T, D]`` over a cache :func:`cache_geometry` reads, of q's B and
-    D, with H a multiple of H_kv (the ``BHTD`` layout, no sinks)."""
+    D, with H a multiple of H_kv (the ``BHTD`` layout, no sinks), and a
+    float window ``recent`` (the ring) :func:`covers_recent` reads."""
     (q_shape, q_dtype) = q
     geometry = cache_geometry(caches, kv_bits, kv_group_size)
     if geometry is None or q_dtype != mx.float32 or len(q_shape) != 4 or 0 in q_shape:
         return False
     B, H, T, D = q_shape
-    return geometry[0] == B and geometry[3] == D and H % geometry[1] == 0
+    return (geometry[0] == B and geometry[3] == D and H % geometry[1] == 0
+            and covers_recent(recent, geometry, kv_bits))
 
 
 def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
                     start: mx.array, key_mask: mx.array | None, scale: float,
                     window: int | None = None, softcap: float | None = None,
                     kv_bits: int | None = None, kv_group_size: int | None = None,
-                    kv_hadamard: bool = False) -> mx.array | None:
+                    kv_hadamard: bool = False,
+                    recent: Sequence[mx.array] | None = None) -> mx.array | None:
     """Attention of queries ``[B, H, T, D]`` over a cache (``caches``: k and
     v ``[B, H_kv, S, D]``, or a quantized cache's six arrays, see
     :func:`cache_geometry`; with ``kv_hadamard`` quantized from each group's
@@ -235,11 +255,27 @@ def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
     with a ``window`` also ``j > start + t - window``, and ``key_mask[b,
     j]``; a query that sees no key gets zeros. Scores ``s = q . k * scale``
     are capped at ``softcap * tanh(s / softcap)`` when ``softcap`` is given.
-    None where the kernel does not apply."""
+
+    ``recent``: a quantized cache's float window of R tokens, ``(k_recent,
+    v_recent, recent_slots, new_k, new_v)``: the ring (see
+    :func:`covers_recent`) and the step's new keys and values (float32
+    ``[B, H_kv, T, D]``), all in the cache's basis (with ``kv_hadamard``
+    each group's transform). Query t (slot ``p = start + t``) reads a key and
+    value j it sees with ``p - j < R`` from ``new_k``/``new_v`` when ``j >=
+    start``, else from the ring's entry ``j % R`` when ``recent_slots[b, j %
+    R] == j``, else dequantized. The ring itself is not updated here.
+
+    The output ``[B, H, T, D]``, or None where the kernel does not apply."""
     native = active(setting)
+    ring = None if recent is None else [AVal.of(a) for a in recent[:3]]
     if native is None or not covers_cache_attention(
-            AVal.of(q), [AVal.of(c) for c in caches], kv_bits, kv_group_size):
+            AVal.of(q), [AVal.of(c) for c in caches], kv_bits, kv_group_size, ring):
         return None
+    if recent is not None:
+        new_rows = AVal((*recent[0].shape[:2], q.shape[2], q.shape[3]), mx.float32)
+        if len(recent) != 5 or any(AVal.of(a) != new_rows for a in recent[3:]):
+            return None
+        recent = list(recent)
     record(setting, "kv_cache_sdpa_update" if kv_bits is None
            else "quantized_kv_cache_sdpa_update")
     if key_mask is not None and key_mask.dtype != mx.bool_:
@@ -247,18 +283,22 @@ def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
     # The kernel reads 0 as no window (every key up to the query's) and no cap.
     return native.cache_attention(q, list(caches), _int32_vector(start), key_mask,
                                   scale=scale, window=window or 0, softcap=softcap or 0.0,
-                                  **_cache_settings(kv_bits, kv_group_size, kv_hadamard))
+                                  **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
+                                  recent=recent)
 
 
 def covers_cache_attention_block(qkv: AVal, caches: Sequence[AVal], kv_bits: int | None = None,
-                                 kv_group_size: int | None = None) -> bool:
+                                 kv_group_size: int | None = None,
+                                 recent: Sequence[AVal] | None = None) -> bool:
     """Whether the native attention block computes this case: float32 qkv
     ``[B, T, F]`` with T >= 1 over a cache :func:`cache_geometry` reads, of
-    qkv's B; the op checks how F splits into heads."""
+    qkv's B, with a float window ``recent`` :func:`covers_recent` reads;
+    the op checks how F splits into heads."""
     (x_shape, x_dtype) = qkv
     geometry = cache_geometry(caches, kv_bits, kv_group_size)
     return (geometry is not None and x_dtype == mx.float32 and len(x_shape) == 3
-            and 0 not in x_shape and x_shape[0] == geometry[0])
+            and 0 not in x_shape and x_shape[0] == geometry[0]
+            and covers_recent(recent, geometry, kv_bits))
 
 
 def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.array],
@@ -266,14 +306,25 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
                           dims: int, traditional: bool, base: float, rope_scale: float,
                           scale: float, freqs: mx.array | None, key_mask: mx.array | None,
                           kv_bits: int | None = None, kv_group_size: int | None = None,
-                          kv_hadamard: bool = False) -> list[mx.array] | None:
+                          kv_hadamard: bool = False,
+                          recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
     """The native ``kv_cache_attention_block`` (``start``: the clamped int32
     cache slot, ``positions``: int32 RoPE start positions, one or per row;
     ``caches``: see :func:`cache_geometry` and :func:`cache_attention`): the
-    output, then the new cache arrays; or None where it does not apply."""
+    output, then the new cache arrays; or None where it does not apply.
+
+    ``recent``: a quantized cache's float window, the ring ``(k_recent,
+    v_recent, recent_slots)`` (:func:`covers_recent`), read as
+    :func:`cache_attention` reads it with the block's own new keys (after
+    RoPE) and values; then the results end with the updated ring: in row
+    b, each new slot ``s >= start`` among the R up to the row's last new
+    token that ``key_mask`` keeps, if the mask keeps ``s``, goes into entry
+    ``s % R`` (its key and value in the cache's basis, and ``s``); without
+    a mask, the step's last ``min(T, R)`` tokens."""
     native = active(setting)
     if native is None or not covers_cache_attention_block(
-            AVal.of(qkv), [AVal.of(c) for c in caches], kv_bits, kv_group_size):
+            AVal.of(qkv), [AVal.of(c) for c in caches], kv_bits, kv_group_size,
+            _avals(recent)):
         return None
     if freqs is not None and freqs.dtype != mx.float32:
         return None
@@ -283,17 +334,20 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
     return native.cache_attention_block(
         qkv, list(caches), start, positions, heads=heads, kv_heads=kv_heads, dims=dims,
         traditional=traditional, base=base, rope_scale=rope_scale, scale=scale, freqs=freqs,
-        key_mask=key_mask, **_cache_settings(kv_bits, kv_group_size, kv_hadamard))
+        key_mask=key_mask, **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
+        recent=None if recent is None else list(recent))
 
 
 def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVal,
                                        projections: dict[str, list[AVal]],
                                        caches: Sequence[AVal], *, group_size: int, bits: int,
                                        numerics: str, kv_bits: int | None = None,
-                                       kv_group_size: int | None = None) -> str:
+                                       kv_group_size: int | None = None,
+                                       recent: Sequence[AVal] | None = None) -> str:
     """Why the native transformer layer cannot compute this case ("" when
     it can): it needs float32 h ``[B, T, hidden]``, a cache
-    :func:`cache_geometry` reads, float norm weights, and projections the
+    :func:`cache_geometry` reads, a float window ``recent`` (if any)
+    :func:`covers_recent` reads, float norm weights, and projections the
     native quantized matmul covers (4- or 8-bit codes in int8 numerics);
     the op checks how the shapes fit."""
     if h[1] != mx.float32 or len(h[0]) != 3 or 0 in h[0]:
@@ -302,6 +356,10 @@ def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVa
             AVal((h[0][0], h[0][1], 1), mx.float32), caches, kv_bits, kv_group_size):
         return ("the native layer needs a float32 cache [B, kv_heads, S, D] or a 4- or 8-bit "
                 f"quantized one, found {', '.join(map(str, caches))}")
+    if not covers_recent(recent, cache_geometry(caches, kv_bits, kv_group_size), kv_bits):
+        return ("the native layer needs a float window of a quantized cache [B, kv_heads, S, "
+                "D]: k_recent and v_recent float32 [B, kv_heads, R, D], recent_slots int32 "
+                f"[B, R], found {', '.join(map(str, recent))}")
     if input_norm[1] not in FLOATS or post_norm[1] not in FLOATS:
         return "the native layer needs float16, bfloat16 or float32 norm weights"
     if numerics == "int8" and bits not in Q8_BITS:
@@ -321,12 +379,15 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
                       scale: float, eps: float, group_size: int, bits: int, numerics: str,
                       freqs: mx.array | None, key_mask: mx.array | None,
                       kv_bits: int | None = None, kv_group_size: int | None = None,
-                      kv_hadamard: bool = False) -> list[mx.array] | None:
+                      kv_hadamard: bool = False,
+                      recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
     """The native ``transformer_layer`` (``start``: the clamped int32 cache
     slot, ``positions``: int32 RoPE start positions; ``projections``: the
     (w, scales, biases) of qkv, o, gate_up and down; ``caches``: see
     :func:`cache_geometry` and :func:`cache_attention`): h, then the new
-    cache arrays; or None where it does not apply."""
+    cache arrays, then with a float window ``recent`` (as
+    :func:`cache_attention_block` takes it) the updated ring; or None where
+    it does not apply."""
     native = active(setting)
     if native is None or (freqs is not None and freqs.dtype != mx.float32):
         return None
@@ -334,7 +395,7 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
     if transformer_layer_uncovered_reason(
             AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals,
             [AVal.of(c) for c in caches], group_size=group_size, bits=bits, numerics=numerics,
-            kv_bits=kv_bits, kv_group_size=kv_group_size):
+            kv_bits=kv_bits, kv_group_size=kv_group_size, recent=_avals(recent)):
         return None
     record(setting, "transformer_layer")
     if key_mask is not None and key_mask.dtype != mx.bool_:
@@ -345,7 +406,8 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
         kv_heads=kv_heads, dims=dims, traditional=traditional, base=base,
         rope_scale=rope_scale, scale=scale, eps=eps, group_size=group_size, bits=bits,
         int8=numerics == "int8", freqs=freqs, key_mask=key_mask,
-        **_cache_settings(kv_bits, kv_group_size, kv_hadamard))
+        **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
+        recent=None if recent is None else list(recent))
 
 
 def covers_matmul(a: AVal, b: AVal) -> bool:
@@ -430,6 +492,11 @@ def conv(setting: Setting, x: mx.array, w: mx.array, *, stride: list[int],
     return native.conv(x, w, stride=list(stride), pad_low=[lo for lo, _ in padding],
                        pad_high=[hi for _, hi in padding], dilation=list(kernel_dilation),
                        groups=groups, bias=bias, residual=residual, activation=activation)
+
+
+def _avals(arrays: Sequence[mx.array] | None) -> list[AVal] | None:
+    """The avals of ``arrays``, or None."""
+    return None if arrays is None else [AVal.of(a) for a in arrays]
 
 
 def _int32_vector(a: mx.array) -> mx.array:

@@ -22,11 +22,13 @@ from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
 from .positions import _check_offset, _int32_positions
 from .quantized_attention import (
+    RECENT_NAMES,
     KVBits,
     KVGroupSize,
     QuantizedKVCacheSdpaAttrs,
     cache_names,
     check_quantized_cache,
+    check_recent,
     quantized_kv_cache_sdpa_update,
 )
 from .registry import register_op
@@ -52,6 +54,11 @@ class KVCacheAttentionBlockAttrs(Attrs):
     kv_hadamard: bool = False
     """The quantized cache holds each group's Walsh-Hadamard transform (as
     ``quantized_kv_cache_sdpa_update`` with ``hadamard``; with ``kv_bits``)."""
+    kv_recent: PositiveSize | None = None
+    """The quantized cache's float window of this many tokens (as
+    ``quantized_kv_cache_sdpa_update`` with ``recent``; with ``kv_bits``):
+    three more cache operands and results, ``k_recent, v_recent,
+    recent_slots``."""
 
     @model_validator(mode="after")
     def _heads_in_groups(self):
@@ -59,13 +66,25 @@ class KVCacheAttentionBlockAttrs(Attrs):
             raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
         if self.rope_dims is not None and self.rope_dims % 2:
             raise ValueError(f"rope_dims must be even, found {self.rope_dims}")
-        if self.kv_hadamard and self.kv_bits is None:
-            raise ValueError("kv_hadamard is a setting of the quantized cache: give kv_bits too")
+        for setting in ("kv_hadamard", "kv_recent"):
+            if getattr(self, setting) and self.kv_bits is None:
+                raise ValueError(f"{setting} is a setting of the quantized cache: give kv_bits "
+                                 "too")
         return self
 
     def cache_names(self) -> list[str]:
-        """The cache's operand names (and the results after the first)."""
-        return cache_names(self.kv_bits is not None)
+        """The cache's operand names (and the results after the first), the
+        float window's included."""
+        return cache_names(self.kv_bits is not None) + (list(RECENT_NAMES) if self.kv_recent
+                                                        else [])
+
+    def split_cache(self, values: list) -> tuple[list, list | None]:
+        """The cache's arrays (or avals) in :meth:`cache_names` order as
+        (the cache, the float window's or None), as the native kernels take
+        them."""
+        if not self.kv_recent:
+            return values, None
+        return values[:-len(RECENT_NAMES)], values[-len(RECENT_NAMES):]
 
     def quantization(self) -> dict[str, int | None]:
         """The cache's quantization, as the native kernels' coverage rules
@@ -99,6 +118,8 @@ def check_cache(named: dict[str, AVal], attrs: KVCacheAttentionBlockAttrs
     if geometry[1] != attrs.kv_heads:
         raise ValueError(f"the caches hold {geometry[1]} heads, attribute kv_heads is "
                          f"{attrs.kv_heads}")
+    if attrs.kv_recent:
+        check_recent(named, geometry[0], geometry[1], geometry[3], attrs.kv_recent)
     return tuple(geometry)
 
 
@@ -110,7 +131,8 @@ def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBl
     names = _block_operand_names(avals, attrs)
     _check_operand_count(avals, names, "kv_cache_attention_block"
                          + (" with freqs" if attrs.freqs else "")
-                         + (" with kv_bits" if attrs.kv_bits is not None else ""))
+                         + (" with kv_bits" if attrs.kv_bits is not None else "")
+                         + (" with kv_recent" if attrs.kv_recent else ""))
     ops = dict(zip(names, avals))
     qkv = ops["qkv"]
     B, _, S, D = check_cache(ops, attrs)
@@ -140,8 +162,9 @@ def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBl
 def _native_kv_cache_attention_block(avals, attrs: KVCacheAttentionBlockAttrs) -> bool:
     """Whether the native attention-block kernel computes this instruction."""
     named = dict(zip(_block_operand_names(avals, attrs), avals))
-    return native.covers_cache_attention_block(
-        named["qkv"], [named[n] for n in attrs.cache_names()], **attrs.quantization())
+    cache, ring = attrs.split_cache([named[n] for n in attrs.cache_names()])
+    return native.covers_cache_attention_block(named["qkv"], cache, **attrs.quantization(),
+                                               recent=ring)
 
 
 def head_dim(caches: list, attrs: KVCacheAttentionBlockAttrs) -> int:
@@ -150,7 +173,7 @@ def head_dim(caches: list, attrs: KVCacheAttentionBlockAttrs) -> int:
     return width if attrs.kv_bits is None else width * 32 // attrs.kv_bits
 
 
-@register_op("kv_cache_attention_block", attrs=KVCacheAttentionBlockAttrs, operands=(5, 11),
+@register_op("kv_cache_attention_block", attrs=KVCacheAttentionBlockAttrs, operands=(5, 14),
              outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_kv_cache_attention_block,
              native_coverage=_native_kv_cache_attention_block, context=True)
@@ -175,8 +198,10 @@ def kv_cache_attention_block(operands, attrs, context):
     (as ``quantized_kv_cache_sdpa_update`` takes, whose rule, with
     ``hadamard`` as ``kv_hadamard`` says, then replaces
     ``kv_cache_sdpa_update``'s; qkv float32), and six new cache arrays in
-    the results. On the CPU with native kernels (float32) it is one graph
-    node instead of about eight."""
+    the results; with ``kv_recent`` too the float window's three arrays
+    after them, in the operands and the results (``recent`` of
+    ``quantized_kv_cache_sdpa_update``). On the CPU with native kernels
+    (float32) it is one graph node instead of about eight."""
     named = dict(zip(_block_operand_names(operands, attrs), operands))
     qkv = named["qkv"]
     caches = [named[n] for n in attrs.cache_names()]
@@ -187,11 +212,12 @@ def kv_cache_attention_block(operands, attrs, context):
     positions = _int32_positions(named["positions"].reshape(-1))
     freqs, key_mask = named.get("freqs"), named.get("key_mask")
     scale = attrs.scale if attrs.scale is not None else D ** -0.5
+    cache, ring = attrs.split_cache(caches)
     out = native.cache_attention_block(
-        context.native, qkv, caches, start, positions, heads=attrs.heads,
+        context.native, qkv, cache, start, positions, heads=attrs.heads,
         kv_heads=attrs.kv_heads, dims=dims, traditional=attrs.traditional, base=attrs.base,
         rope_scale=attrs.rope_scale, scale=scale, freqs=freqs, key_mask=key_mask,
-        **attrs.quantization(), kv_hadamard=attrs.kv_hadamard)
+        **attrs.quantization(), kv_hadamard=attrs.kv_hadamard, recent=ring)
     if out is not None:
         return tuple(out)
     heads = qkv.reshape(B, T, attrs.heads + 2 * attrs.kv_heads, D).transpose(0, 2, 1, 3)
@@ -210,5 +236,6 @@ def kv_cache_attention_block(operands, attrs, context):
         out, *caches = quantized_kv_cache_sdpa_update(
             [q, k, v, *caches, start, *masked],
             QuantizedKVCacheSdpaAttrs(bits=attrs.kv_bits, group_size=attrs.kv_group_size,
-                                      hadamard=attrs.kv_hadamard, scale=scale), context)
+                                      hadamard=attrs.kv_hadamard, scale=scale,
+                                      recent=attrs.kv_recent), context)
     return (out.transpose(0, 2, 1, 3).reshape(B, T, attrs.heads * D), *caches)

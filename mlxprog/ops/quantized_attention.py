@@ -20,11 +20,28 @@ no longer follows its largest feature alone. Scores and the weighted sum
 of values are the same in either basis (``H H = group_size I``), but the
 rounding is much smaller: 4-bit keys of SmolLM2-135M lose several times
 less (docs/llm.md, "KV cache").
+
+With a float window of ``recent`` tokens (what KIVI calls the
+full-precision residual), each query reads the keys and values of the
+last ``recent`` slots up to its own unrounded: the step's own new ones, or
+those a ring of three more arrays per layer keeps from earlier steps
+(:data:`RECENT_NAMES`, checked by :func:`check_recent`): ``k_recent`` and
+``v_recent`` ``[B, H_kv, R, D]`` (float32, in the cache's basis: each
+group's transform with ``hadamard``) and ``recent_slots`` ``[B, R]``
+(int32), the slot each entry holds (-1: none), the entry of slot ``s``
+at ``s % R``. An entry whose slot no longer matches (its slot rewritten
+since, as after a speculative step's rejected tokens) is not read, so a
+host that moves a cache's slots must move the entries with them (the
+ring turned and the slots changed by as much) or set their slots to -1.
+The most recent keys carry most of a query's attention: SmolLM2's
+perplexity with 4-bit keys and values moves by +0.3% instead of +6.2% (the
+mean of four texts; docs/llm.md, "KV cache").
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import itertools
+from typing import Annotated, Literal, NamedTuple
 
 import mlx.core as mx
 from pydantic import Field
@@ -39,6 +56,9 @@ from .registry import register_op
 
 #: The per-slot arrays of one quantized cache (keys or values), in operand order.
 PARTS = ("values", "scales", "biases")
+
+#: The float window's arrays (the ring), in operand order after the cache's.
+RECENT_NAMES = ("k_recent", "v_recent", "recent_slots")
 
 #: The code widths and group sizes a quantized cache takes.
 KVBits = Literal[4, 8]
@@ -79,6 +99,21 @@ def check_quantized_cache(named: dict[str, AVal], bits: int, group_size: int
     return batch, kv_heads, slots, dim
 
 
+def check_recent(named: dict[str, AVal], batch: int, kv_heads: int, dim: int,
+                 recent: int) -> None:
+    """The float window's arrays (named as :data:`RECENT_NAMES`) for a cache
+    of ``batch`` rows and ``kv_heads`` heads of dim ``dim``, ``recent``
+    entries; ValueError names the array that does not fit."""
+    shapes = {"k_recent": ((batch, kv_heads, recent, dim), mx.float32),
+              "v_recent": ((batch, kv_heads, recent, dim), mx.float32),
+              "recent_slots": ((batch, recent), mx.int32)}
+    for name, (shape, dtype) in shapes.items():
+        if tuple(named[name].shape) != shape or named[name].dtype != dtype:
+            raise ValueError(f"{name} must be {AVal(shape, dtype)} for a float window of "
+                             f"{recent} tokens over a cache of {batch} rows, {kv_heads} heads "
+                             f"of dim {dim}, found {named[name]}")
+
+
 def hadamard_groups(x: mx.array, group_size: int) -> mx.array:
     """The unnormalized Walsh-Hadamard transform of each group of
     ``group_size`` features (a power of two) along x's last axis, in
@@ -96,13 +131,20 @@ def hadamard_groups(x: mx.array, group_size: int) -> mx.array:
     return x
 
 
+def cache_basis(x: mx.array, group_size: int, hadamard: bool) -> mx.array:
+    """Keys or values ``[..., D]`` as float32 in the basis a quantized cache
+    (and its float window) holds them: with ``hadamard`` each group's
+    transform."""
+    x = x.astype(mx.float32)
+    return hadamard_groups(x, group_size) if hadamard else x
+
+
 def quantize_cache(x: mx.array, bits: int, group_size: int, hadamard: bool) -> list[mx.array]:
     """Keys or values ``[..., D]`` (float32) as a quantized cache stores
     them: [codes, scales, biases] of x, or with ``hadamard`` of its groups'
     transform."""
-    if hadamard:
-        x = hadamard_groups(x, group_size)
-    return list(mx.quantize(x, group_size=group_size, bits=bits))
+    return list(mx.quantize(cache_basis(x, group_size, hadamard), group_size=group_size,
+                            bits=bits))
 
 
 def dequantize_cache(parts: list[mx.array], bits: int, group_size: int,
@@ -127,15 +169,20 @@ class QuantizedKVCacheSdpaAttrs(Attrs):
     window: PositiveSize | None = None
     """Sliding-window attention: a query sees only the last ``window`` slots up
     to and including its own."""
+    recent: PositiveSize | None = None
+    """A float window of this many tokens (see the module docstring): three
+    more operands after the caches, ``k_recent, v_recent, recent_slots``,
+    and their new values as three more results."""
 
 
 _NEW = ["q", "new_k", "new_v"]
 
 
-def _operand_names(count: int) -> list[str]:
+def _operand_names(count: int, attrs: QuantizedKVCacheSdpaAttrs) -> list[str]:
     """The operand names of an instruction with ``count`` operands (the key
     mask is there when one more operand is)."""
-    names = _NEW + cache_names(True) + ["offset"]
+    ring = list(RECENT_NAMES) if attrs.recent else []
+    names = _NEW + cache_names(True) + ring + ["offset"]
     return names + (["key_mask"] if count > len(names) else [])
 
 
@@ -144,8 +191,9 @@ def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -
     caches of the packed width and group count of ``bits`` and
     ``group_size``, of the new keys' batch, heads and head dim; an integer
     offset and the optional key mask."""
-    names = _operand_names(len(avals))
-    _check_operand_count(avals, names, "quantized_kv_cache_sdpa_update")
+    names = _operand_names(len(avals), attrs)
+    _check_operand_count(avals, names, "quantized_kv_cache_sdpa_update"
+                         + (" with recent" if attrs.recent else ""))
     ops = dict(zip(names, avals))
     q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
     _check_attention(q, new_k, new_v, "BHTD", ("q", "new_k", "new_v"))
@@ -153,6 +201,8 @@ def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -
     if (batch, kv_heads, dim) != (new_k.shape[0], new_k.shape[1], new_k.shape[3]):
         raise ValueError(f"new keys/values {new_k} do not fit a cache of {batch} rows, "
                          f"{kv_heads} heads of dim {dim}")
+    if attrs.recent:
+        check_recent(ops, batch, kv_heads, dim, attrs.recent)
     if new_k.shape[2] > slots:
         raise ValueError(f"{new_k.shape[2]} new tokens do not fit a cache of {slots}")
     _check_offset(ops["offset"], "offset")
@@ -163,13 +213,15 @@ def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -
 def _native_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -> bool:
     """Whether the native quantized-cache attention kernel computes this
     instruction (with or without ``hadamard``)."""
-    named = dict(zip(_operand_names(len(avals)), avals))
+    named = dict(zip(_operand_names(len(avals), attrs), avals))
+    ring = [named[n] for n in RECENT_NAMES] if attrs.recent else None
     return native.covers_cache_attention(named["q"], [named[n] for n in cache_names(True)],
-                                         attrs.bits, attrs.group_size)
+                                         attrs.bits, attrs.group_size, recent=ring)
 
 
 @register_op("quantized_kv_cache_sdpa_update", attrs=QuantizedKVCacheSdpaAttrs,
-             operands=(10, 11), outputs=7, check=_check_quantized_sdpa,
+             operands=(10, 14), outputs=lambda attrs, n: 10 if attrs.recent else 7,
+             check=_check_quantized_sdpa,
              native_coverage=_native_quantized_sdpa, context=True)
 def quantized_kv_cache_sdpa_update(operands, attrs, context):
     """``kv_cache_sdpa_update`` (``BHTD`` layout) over a quantized cache:
@@ -194,43 +246,118 @@ def quantized_kv_cache_sdpa_update(operands, attrs, context):
     the module docstring says: the op transforms the new keys and values so
     before quantizing them, and q and the result to match. On the CPU with
     native kernels (float32 q) a kernel dequantizes blocks of keys and
-    values once for all the query heads of a group as it attends."""
-    q, new_k, new_v, *caches, offset = operands[:10]
-    key_mask = operands[10] if len(operands) > 10 else None
+    values once for all the query heads of a group as it attends.
+
+    With ``recent`` (R) the cache has a float window (the module docstring):
+    operands ``k_recent, v_recent, recent_slots`` after the six caches.
+    Query t (slot ``p = start + t``, ``start`` the clamped offset) reads a
+    key j it sees with ``p - j < R`` unrounded: this step's new key and value
+    when ``j >= start``, else the ring's entry ``j % R`` when
+    ``recent_slots[b, j % R] == j``; other keys quantized. The step then
+    writes its last ``min(T, R)`` keys and values (in the cache's basis)
+    and their slots into the ring, those the key mask keeps (a row's last
+    kept token and the ``R - 1`` slots before it), the three new ring arrays
+    being the last three results."""
+    named = dict(zip(_operand_names(len(operands), attrs), operands))
+    q, new_k, new_v, key_mask = named["q"], named["new_k"], named["new_v"], named.get("key_mask")
+    caches = [named[n] for n in cache_names(True)]
     slots, tokens = caches[0].shape[2], new_k.shape[2]
-    start = clamp_integer(offset.reshape(1), 0, slots - tokens, mx.int32)
+    start = clamp_integer(named["offset"].reshape(1), 0, slots - tokens, mx.int32)
+    new_k, new_v = (cache_basis(x, attrs.group_size, attrs.hadamard) for x in (new_k, new_v))
     written = write_quantized(caches, new_k, new_v, start, attrs)
+    ring = RecentWindow(*(named[n] for n in RECENT_NAMES), new_k, new_v) if attrs.recent \
+        else None
     window = None if attrs.window is None else min(attrs.window, slots)
     scale = attrs.scale if attrs.scale is not None else q.shape[3] ** -0.5
     out = native.cache_attention(context.native, q, written, start, key_mask, scale, window,
-                                 attrs.softcap, attrs.bits, attrs.group_size, attrs.hadamard)
+                                 attrs.softcap, attrs.bits, attrs.group_size, attrs.hadamard,
+                                 recent=None if ring is None else list(ring))
     if out is None:
         keep = _causal_keep(tokens, slots, start, key_mask, window)
-        out = _attend(q, written, keep, scale, attrs, has_key_mask=key_mask is not None)
-    return (out, *written)
+        out = _attend(q, written, keep, scale, attrs, has_key_mask=key_mask is not None,
+                      ring=ring, start=start)
+    if ring is None:
+        return (out, *written)
+    return (out, *written, *ring.updated(start, key_mask))
+
+
+class RecentWindow(NamedTuple):
+    """A step's float window: the ring (``k_recent``, ``v_recent``,
+    ``recent_slots``, see the module docstring) and the step's new keys and
+    values ``[B, H_kv, T, D]`` in the cache's basis."""
+
+    k_recent: mx.array
+    v_recent: mx.array
+    recent_slots: mx.array
+    new_k: mx.array
+    new_v: mx.array
+
+    def updated(self, start: mx.array, key_mask: mx.array | None
+                ) -> tuple[mx.array, mx.array, mx.array]:
+        """The ring after a step writing at slot ``start`` (shape ``[1]``):
+        of the R slots up to row b's last new token its ``key_mask`` keeps,
+        each new one (``s >= start``) the mask keeps goes into entry ``s %
+        R``; the other entries stay (without a mask: the step's last ``min(T,
+        R)`` tokens; a right-padded prompt's padding is never written)."""
+        size, tokens = self.recent_slots.shape[1], self.new_k.shape[2]
+        steps = mx.arange(tokens, dtype=mx.int32)
+        kept = (mx.ones((1, tokens), dtype=mx.bool_) if key_mask is None
+                else mx.take(key_mask.astype(mx.bool_), start + steps, axis=1))
+        last = start + mx.max(mx.where(kept, steps, -1), axis=1, keepdims=True)  # [B, 1]
+        entry = mx.arange(size, dtype=mx.int32)
+        slot = last - mx.remainder(last - entry, size)  # the newest slot <= last at entry i
+        token = mx.clip(slot - start, 0, tokens - 1)
+        fresh = (slot >= start) & mx.take_along_axis(
+            mx.broadcast_to(kept, (slot.shape[0], tokens)), token, axis=1)
+        rows = fresh[:, None, :, None]
+        index = token[:, None, :, None]
+        return (mx.where(rows, mx.take_along_axis(self.new_k, index, axis=2), self.k_recent),
+                mx.where(rows, mx.take_along_axis(self.new_v, index, axis=2), self.v_recent),
+                mx.where(fresh, slot, self.recent_slots))
+
+    def coverage(self, keep: mx.array, start: mx.array) -> tuple[mx.array, ...]:
+        """Which keys each query reads unrounded, under ``keep`` (``[B, T,
+        S]``): ``(covered [B, T, S], ring_keep [B, T, R], new_keep [B, T,
+        T])``, the slots read from the window, then the ring's entries and
+        the new tokens each query reads."""
+        tags, (batch, tokens, slots) = self.recent_slots, keep.shape
+        size = tags.shape[1]
+        keys = mx.arange(slots, dtype=mx.int32)
+        queries = mx.arange(tokens, dtype=mx.int32)[:, None] + start
+        in_ring = (mx.take(tags, keys % size, axis=1) == keys) & (keys < start)
+        covered = keep & (queries - keys < size) & ((keys >= start) | in_ring[:, None, :])
+        entry = mx.arange(size, dtype=mx.int32)
+        valid = (tags >= 0) & (tags < start) & (mx.remainder(tags, size) == entry)
+        at_tags = mx.broadcast_to(mx.clip(tags, 0, slots - 1)[:, None, :], (batch, tokens, size))
+        ring_keep = mx.take_along_axis(covered, at_tags, axis=2) & valid[:, None, :]
+        new_keep = mx.take(covered, start + mx.arange(tokens, dtype=mx.int32), axis=2)
+        return covered, ring_keep, new_keep
 
 
 def write_quantized(caches: list[mx.array], new_k: mx.array, new_v: mx.array,
                     start: mx.array, attrs: QuantizedKVCacheSdpaAttrs) -> list[mx.array]:
     """The six cache arrays with ``new_k`` and ``new_v`` (``[B, H_kv, T,
-    D]``) quantized (:func:`quantize_cache`) and written at slot ``start``."""
+    D]``, float32 in the cache's basis: :func:`cache_basis`) quantized and
+    written at slot ``start``."""
     written = []
     for new, parts in ((new_k, caches[:3]), (new_v, caches[3:])):
-        quantized = quantize_cache(new.astype(mx.float32), attrs.bits, attrs.group_size,
-                                   attrs.hadamard)
+        quantized = mx.quantize(new, group_size=attrs.group_size, bits=attrs.bits)
         for cache, part in zip(parts, quantized):
             written.append(mx.slice_update(cache, part, start, axes=(2,)))
     return written
 
 
 def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
-            attrs: QuantizedKVCacheSdpaAttrs, has_key_mask: bool) -> mx.array:
+            attrs: QuantizedKVCacheSdpaAttrs, has_key_mask: bool,
+            ring: RecentWindow | None = None, start: mx.array | None = None) -> mx.array:
     """Softmax attention of q over the quantized caches under ``keep``
     (``[T, S]`` or ``[B, 1, T, S]``) with MLX's ``quantized_matmul``,
     grouped-query heads as ``[B, H_kv, H / H_kv, T, D]`` so the caches need
     no copies; with ``hadamard`` in the transformed basis (q transformed and
     divided by the group size, a power of two; the result transformed
-    back)."""
+    back). With a float window (``ring``, the step writing at ``start``) the
+    keys it covers are scored from it instead, one softmax over the
+    quantized keys, the ring's and the new ones together."""
     b, heads, t, d = q.shape
     kv_heads = caches[0].shape[1]
     group = heads // kv_heads
@@ -241,13 +368,26 @@ def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
     qg = (q * scale).reshape(b, kv_heads, group, t, d)
     k_parts = [mx.expand_dims(c, 2) for c in caches[:3]]
     v_parts = [mx.expand_dims(c, 2) for c in caches[3:]]
-    scores = mx.quantized_matmul(qg, *k_parts, transpose=True, **quant)
+    keys = [mx.quantized_matmul(qg, *k_parts, transpose=True, **quant)]
+    if ring is None:
+        masks = [keep if keep.ndim == 2 else mx.expand_dims(keep, 2)]
+    else:
+        seen = mx.broadcast_to(keep if keep.ndim == 2 else keep[:, 0], (b, *keep.shape[-2:]))
+        covered, ring_keep, new_keep = ring.coverage(seen, start)
+        float_rows = (mx.expand_dims(ring.k_recent, 2), mx.expand_dims(ring.new_k, 2))
+        keys += [qg @ k.swapaxes(-1, -2) for k in float_rows]
+        masks = [m[:, None, None] for m in (seen & ~covered, ring_keep, new_keep)]
     if attrs.softcap is not None:
-        scores = mx.tanh(scores / attrs.softcap) * attrs.softcap
-    grouped_keep = keep if keep.ndim == 2 else mx.expand_dims(keep, 2)
-    scores = mx.where(grouped_keep, scores, mx.finfo(scores.dtype).min)
+        keys = [mx.tanh(k / attrs.softcap) * attrs.softcap for k in keys]
+    masked = [mx.where(m, k, mx.finfo(k.dtype).min) for k, m in zip(keys, masks)]
+    scores = masked[0] if len(masked) == 1 else mx.concatenate(masked, axis=-1)
     probs = mx.softmax(scores, axis=-1, precise=True)
-    out = mx.quantized_matmul(probs, *v_parts, transpose=False, **quant)
+    ends = list(itertools.accumulate(k.shape[-1] for k in keys))[:-1]
+    probs = mx.split(probs, ends, axis=-1) if ends else [probs]
+    out = mx.quantized_matmul(probs[0], *v_parts, transpose=False, **quant)
+    if ring is not None:
+        for p, v in zip(probs[1:], (ring.v_recent, ring.new_v)):
+            out = out + p @ mx.expand_dims(v, 2)
     out = out.reshape(b, heads, t, d)
     if attrs.hadamard:
         out = hadamard_groups(out, attrs.group_size) * (1 / attrs.group_size)

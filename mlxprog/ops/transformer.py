@@ -136,13 +136,14 @@ def _projections(named: dict) -> dict[str, list]:
 def _native_transformer_layer(avals, attrs: TransformerLayerAttrs) -> bool:
     """Whether the native layer kernel computes this instruction."""
     named = dict(zip(attrs.operand_names(len(avals)), avals))
+    cache, ring = attrs.split_cache([named[n] for n in attrs.cache_names()])
     return not native.transformer_layer_uncovered_reason(
-        named["h"], named["input_norm"], named["post_norm"], _projections(named),
-        [named[n] for n in attrs.cache_names()], group_size=attrs.group_size, bits=attrs.bits,
-        numerics=attrs.numerics, **attrs.quantization())
+        named["h"], named["input_norm"], named["post_norm"], _projections(named), cache,
+        group_size=attrs.group_size, bits=attrs.bits, numerics=attrs.numerics,
+        **attrs.quantization(), recent=ring)
 
 
-@register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(19, 25),
+@register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(19, 28),
              outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_transformer_layer, native_coverage=_native_transformer_layer,
              context=True)
@@ -166,7 +167,8 @@ def transformer_layer(operands, attrs, context):
     (``[(heads + 2 kv_heads) D, ...]``), o_w, o_scales, o_biases, post_norm,
     gate_up_w, gate_up_scales, gate_up_biases (``[2 I, ...]``), down_w,
     down_scales, down_biases, then the attention block's k_cache, v_cache
-    ``[B, kv_heads, S, D]`` (or its quantized cache's six arrays), offset,
+    ``[B, kv_heads, S, D]`` (or its quantized cache's six arrays, and with
+    ``kv_recent`` its float window's three; the results likewise), offset,
     positions, freqs (with ``freqs=true``) and an optional key_mask. The
     norm weights are cast to h's dtype.
 
@@ -181,8 +183,9 @@ def transformer_layer(operands, attrs, context):
     T, S, D = h.shape[1], caches[0].shape[2], head_dim(caches, attrs)
     projections = _projections(named)
     positions = named["positions"]
+    cache, ring = attrs.split_cache(caches)
     result = native.transformer_layer(
-        context.native, h, named["input_norm"], named["post_norm"], projections, caches,
+        context.native, h, named["input_norm"], named["post_norm"], projections, cache,
         start=clamp_integer(named["offset"], 0, S - T, mx.int32),
         positions=_int32_positions(positions if positions.ndim == 1 else positions.reshape(-1)),
         heads=attrs.heads, kv_heads=attrs.kv_heads, dims=attrs.rope_dims or D,
@@ -190,7 +193,7 @@ def transformer_layer(operands, attrs, context):
         scale=attrs.scale if attrs.scale is not None else D ** -0.5,
         eps=attrs.eps, group_size=attrs.group_size, bits=attrs.bits, numerics=attrs.numerics,
         freqs=named.get("freqs"), key_mask=named.get("key_mask"), **attrs.quantization(),
-        kv_hadamard=attrs.kv_hadamard)
+        kv_hadamard=attrs.kv_hadamard, recent=ring)
     if result is not None:
         return tuple(result)
     norm, matmul = NormAttrs(eps=attrs.eps), attrs.matmul_attrs()

@@ -349,7 +349,11 @@ def test_prompt_cache_of_another_layout_is_rejected_at_store(plain):
 # The server
 
 
-@pytest.mark.parametrize("kv", [dict(kv_bits=8, kv_group_size=32), dict(kv_bits=4, max_kv_size=48)])
+# Without a float window: a prefix reused from a prompt cache then holds the
+# numbers a fresh prefill writes (a window's ring holds only the stored
+# sequence's last tokens: see test_prompt_cache_reuse_with_a_float_window).
+@pytest.mark.parametrize("kv", [dict(kv_bits=8, kv_group_size=32, kv_recent=0),
+                                dict(kv_bits=4, max_kv_size=48, kv_recent=0)])
 def test_the_server_serves_each_layout(model_path, kv):
     """Concurrent requests decode in one batch over the layout's cache and
     answer as the LLM does alone; a repeated prompt reuses the prompt cache
@@ -387,3 +391,109 @@ def test_the_server_serves_each_layout(model_path, kv):
                 complete(list(range(5, 60)))
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------------
+# The quantized cache's float window (kv_recent)
+
+
+def test_kv_recent_defaults_with_kv_bits_and_is_checked(model_path):
+    assert llm_with(model_path, kv_bits=4).cache_layout.kv_recent == 16
+    windowless = llm_with(model_path, kv_bits=8, kv_group_size=32, kv_recent=0)
+    assert windowless.cache_layout.kv_recent == 0
+    assert llm_with(model_path).cache_layout.kv_recent == 0
+    with pytest.raises(SettingError, match="kv_recent: is a setting of the quantized cache"):
+        llm_with(model_path, kv_recent=8)
+    with pytest.raises(SettingError, match="kv_recent: must be an integer >= 0"):
+        llm_with(model_path, kv_bits=4, kv_recent=-1)
+
+
+def test_a_window_as_long_as_the_text_scores_as_the_float_cache(model_path, plain):
+    # Every key within the window: each query reads all its keys unrounded.
+    reference = perplexity(plain, TEXT, chunk=8)
+    for native in (False, True):
+        llm = llm_with(model_path, kv_bits=4, kv_recent=MAX_LENGTH, native=native)
+        scored = perplexity(llm, TEXT, chunk=8)
+        np.testing.assert_allclose(scored.logprobs, reference.logprobs, atol=2e-4)
+    # A short window scores between the quantized cache and the float one.
+    windowless = perplexity(llm_with(model_path, kv_bits=4, kv_recent=0), TEXT, chunk=8)
+    windowed = perplexity(llm_with(model_path, kv_bits=4, kv_recent=8), TEXT, chunk=8)
+
+    def error(scored):
+        return np.abs(np.array(scored.logprobs) - np.array(reference.logprobs)).mean()
+    assert error(windowed) < error(windowless)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_window_follows_batches_speculation_and_prompt_caches(model_path, native):
+    """Greedy tokens with a 4-bit cache and its window are the same alone,
+    in a batch whose rows join at other lengths (their slots shifted, the
+    window's entries with them), decoded speculatively (rejected drafts'
+    entries go unread) and continuing from a prompt cache holding the whole
+    sequence so far (its window saved with it)."""
+    llm = llm_with(model_path, kv_bits=4, native=native)
+    prompts = [PROMPT, "the lazy dog sleeps on the warm mat all day", "a"]
+    alone = [llm.generate(p, max_tokens=24, chat=False).tokens for p in prompts]
+    batched = llm.generate_batch(prompts, max_tokens=24, chat=False)
+    assert [g.tokens for g in batched] == alone
+    options = GenerationOptions(max_tokens=24, draft="prompt-lookup", num_draft_tokens=3)
+    repeat = PROMPT + " " + PROMPT + " " + PROMPT
+    assert llm.generate(repeat, options=options, chat=False).tokens == llm.generate(
+        repeat, max_tokens=24, chat=False).tokens
+    cache = llm.prompt_cache()
+    first = llm.generate(PROMPT, max_tokens=10, chat=False, prompt_cache=cache)
+    follow = cache.tokens + llm.tokenizer.encode(" the dog")
+    fresh = llm.generate(follow, max_tokens=10, chat=False).tokens
+    assert llm.generate(follow, max_tokens=10, chat=False, prompt_cache=cache).tokens == fresh
+    assert first.stats.cached_tokens == 0
+
+
+def test_prompt_cache_reuse_with_a_float_window(model_path, tmp_path):
+    """A saved prompt cache keeps its window; a file saved with another
+    window (or none) loads with an empty one; a prefix shorter than the
+    stored sequence finds the window's entries stale and reads those keys
+    quantized (valid output, not bit-for-bit a fresh prefill's)."""
+    llm = llm_with(model_path, kv_bits=4)
+    cache = llm.cache_prompt(PROMPT, chat=False)
+    names = llm.cache_layout.array_names()
+    tags = np.array(cache.caches[names.index("recent.slots")])
+    n = len(cache)
+    np.testing.assert_array_equal(np.sort(tags[0]), np.arange(n - 16, n))
+    path = tmp_path / "window.safetensors"
+    cache.save(path)
+    other = llm_with(model_path, kv_bits=4, kv_recent=4)
+    loaded = other.load_prompt_cache(path)
+    assert loaded.layout == other.cache_layout
+    assert (np.array(loaded.caches[other.cache_layout.array_names().index(
+        "recent.slots")]) == -1).all()
+    prompt = cache.tokens + llm.tokenizer.encode(" the")
+    assert len(other.generate(prompt, max_tokens=4, chat=False, prompt_cache=loaded).tokens) == 4
+    windowless = llm_with(model_path, kv_bits=4, kv_recent=0).load_prompt_cache(path)
+    assert len(windowless.caches) == 2 * 3 * llm.config.num_layers
+    assert len(cache.caches) == (2 * 3 + 2) * llm.config.num_layers + 1
+    with pytest.raises(ModelError, match="made by a model of .*; this model has"):
+        llm_with(model_path, kv_bits=8, kv_group_size=32).load_prompt_cache(path)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_wrapped_rotating_cache_drops_the_window_entries_it_overwrites(model_path, native):
+    """Once a rotating cache wraps, each step's token goes from the spare
+    slot to the oldest slot past the kept ones: the window's entry for that
+    slot (its earlier token's float keys) must go, or later steps would read
+    the old token's keys for the new one."""
+    from mlxprog.llm.engine import Engine
+
+    size, keep = 12, 2
+    llm = llm_with(model_path, kv_bits=4, max_kv_size=size, keep=keep, kv_recent=32,
+                   native=native)
+    request = llm.request("the quick", GenerationOptions(max_tokens=40, chat=False))
+    engine = Engine(llm)
+    engine.add(request)
+    while engine.offset < size + 6:
+        engine.step()
+    assert engine.wrapped
+    tags = np.array(engine.caches[llm.cache_layout.array_names().index("recent.slots")])[0]
+    rewritten = {keep + (c - size) % (size - keep) for c in range(size, engine.offset)}
+    stale = [t for t in tags if t >= 0 and t != size and t in rewritten]
+    assert not stale, (tags, sorted(rewritten))
+    assert tags.max() == size  # the spare slot: the newest token's entry

@@ -528,8 +528,9 @@ class Decoder:
         :class:`~mlxprog.llm.CacheLayout`)."""
         if self.float_cache:
             return {}
+        window = {"kv_recent": self.kv.kv_recent} if self.kv.kv_recent else {}
         return dict(kv_bits=self.kv.kv_bits, kv_group_size=self.kv.kv_group_size,
-                    kv_hadamard=True)
+                    kv_hadamard=True, **window)
 
     def weight(self, name: str) -> Value:
         """The capture of logical weight ``name`` (declared on first use)."""
@@ -622,17 +623,19 @@ class Decoder:
         at ``cache_offset`` and attended (``kv_cache_sdpa_update``, or
         ``quantized_kv_cache_sdpa_update`` where the caches are quantized:
         then ``k_cache`` and ``v_cache`` are each the (values, scales,
-        biases) arrays; settings: the op's ``scale``, ``softcap``,
-        ``window``): [B, T, heads * D] and the new caches."""
+        biases) arrays, the float window's after the values' if any;
+        settings: the op's ``scale``, ``softcap``, ``window``): [B, T, heads
+        * D] and the new caches."""
         settings = {k: v for k, v in settings.items() if v is not None}
         caches = self.flat_caches((k_cache, v_cache))
         if self.float_cache:
             attn, *new = sb.kv_cache_sdpa_update(q, k, v, *caches, cache_offset, key_mask,
                                                  layout="BHTD", **settings)
         else:
+            window = {"recent": self.kv.kv_recent} if self.kv.kv_recent else {}
             attn, *new = sb.quantized_kv_cache_sdpa_update(
                 q, k, v, *caches, cache_offset, key_mask, bits=self.kv.kv_bits,
-                group_size=self.kv.kv_group_size, hadamard=True, **settings)
+                group_size=self.kv.kv_group_size, hadamard=True, **window, **settings)
         return (self.merge_heads(sb, attn, self.shard.num_heads, T), *self.layer_caches(new))
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
@@ -670,17 +673,24 @@ class Decoder:
         layer_caches = self.layer_caches(caches)
         rotates = self.kv is not None and self.kv.rotating and T == 1
         if rotates:
-            cache_offset, key_mask, slot = self._rotation(sb, cache_offset, key_mask)
+            cache_offset, key_mask, slot, wrapped = self._rotation(sb, cache_offset, key_mask)
         h, new_caches = self.trunk(sb, self.embed(sb, tokens), T, rope_offset, cache_offset,
                                    key_mask, layer_caches)
         new_caches = self.flat_caches(new_caches)
         if rotates:
             # Copied from where the ops wrote it: the spare slot once wrapped,
-            # else the slot itself (then the copy changes nothing).
+            # else the slot itself (then the copy changes nothing); a float
+            # window's entry for the slot the copy overwrites is then stale.
             written = sb.reshape(cache_offset, shape=[1])
-            new_caches = tuple(sb.put_slice(c, sb.take(c, written, axis=2), slot,
-                                            dynamic_axes=[2])
-                               for c in new_caches)
+
+            def copied(c: Value) -> Value:
+                return sb.put_slice(c, sb.take(c, written, axis=2), slot, dynamic_axes=[2])
+
+            def fresh(tags: Value) -> Value:
+                stale = sb.logical_and(wrapped, sb.equal(tags, slot))
+                return sb.select(stale, sb.constant(-1, "int32"), tags)
+
+            new_caches = self.kv.map_slots(new_caches, copied, tags=fresh)
         if every_position:
             return self.logits(sb, h), new_caches
         if last_index is not None:
@@ -691,24 +701,34 @@ class Decoder:
     def layer_caches(self, caches: Sequence[Value]) -> Sequence[LayerCache]:
         """The caches (program order) as :meth:`trunk` takes them: ``k.0,
         v.0, k.1, ...``, each a Value, or with a quantized cache a tuple of
-        its arrays (also one layer's keys and values from the cache arrays
-        an op returns)."""
+        its arrays; with a float window each layer's values are followed by
+        its window's keys and values and the window's slots, the operands
+        the cache ops take after the keys' (also one layer's keys and
+        values from the cache arrays an op returns)."""
         if self.float_cache:
             return caches
-        n = len(self.kv.parts)
-        return [tuple(caches[i:i + n]) for i in range(0, len(caches), n)]
+        n, per_layer = len(self.kv.parts), len(self.kv.layer_names(0))
+        tags = tuple(caches[-1:]) if self.kv.kv_recent else ()
+        layers = caches[:len(caches) - len(tags)]
+        return [part for i in range(0, len(layers), per_layer)
+                for part in (tuple(layers[i:i + n]), tuple(layers[i + n:i + per_layer]) + tags)]
 
-    @staticmethod
-    def flat_caches(caches: Sequence[LayerCache]) -> tuple[Value, ...]:
+    def flat_caches(self, caches: Sequence[LayerCache]) -> tuple[Value, ...]:
         """The caches :meth:`trunk` returns in program order (the inverse of
-        :meth:`layer_caches`; also one layer's keys and values as the cache
-        ops take them)."""
-        return tuple(a for c in caches for a in (c if isinstance(c, tuple) else (c,)))
+        :meth:`layer_caches`, the window's slots the last layer's; also one
+        layer's keys and values as the cache ops take them)."""
+        if self.float_cache or not self.kv.kv_recent:
+            return tuple(a for c in caches for a in (c if isinstance(c, tuple) else (c,)))
+        # Every layer's op writes the same slots: the last one's stand for all.
+        return tuple(a for k, v in zip(caches[0::2], caches[1::2])
+                     for a in (*k, *v[:-1])) + (caches[-1][-1],)
 
-    def _rotation(self, sb, cache_offset: Value, key_mask: Value) -> tuple[Value, Value, Value]:
+    def _rotation(self, sb, cache_offset: Value, key_mask: Value
+                  ) -> tuple[Value, Value, Value, Value]:
         """A rotating cache's decode step at ``cache_offset`` (the slots
         written so far; see :meth:`forward`): the offset the attention ops
-        write at, the key mask they use, and the slot the token lands in."""
+        write at, the key mask they use, the slot the token lands in, and
+        whether the cache has wrapped."""
         size, keep = self.kv.max_kv_size, self.kv.keep
         past = cache_offset - size  # rotations done before this step (once wrapped)
         wrapped = sb.greater_equal(cache_offset, size)
@@ -720,7 +740,7 @@ class Decoder:
             sb.less(slots - keep, past))
         evicted = sb.logical_and(wrapped, sb.equal(slots, slot))
         mask = sb.logical_and(sb.logical_or(key_mask, rewritten), sb.logical_not(evicted))
-        return sb.min(cache_offset, size), mask, slot
+        return sb.min(cache_offset, size), mask, slot, wrapped
 
     def pick(self, sb, logits: Value, key: Value, sampling) -> tuple[Value, Value]:
         """The next tokens from ``logits`` by ``sampling``, and the next key."""

@@ -321,10 +321,10 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
           kv_bits: int | None = None, kv_group_size: int | None = None,
           max_kv_size: int | None = None, keep: int | None = None,
           adapter_path: str | Path | None = None,
-          draft_model: str | Path | None = None) -> None:
+          draft_model: str | Path | None = None, kv_recent: int | None = None) -> None:
     """Load ``model`` (see :func:`~mlxprog.llm.load` for ``native``,
     ``numerics``, ``chat_template``, ``extra_eos_tokens``, the KV cache's
-    ``kv_bits``, ``kv_group_size``, ``max_kv_size`` and ``keep``, the
+    ``kv_bits``, ``kv_group_size``, ``kv_recent``, ``max_kv_size`` and ``keep``, the
     LoRA adapter ``adapter_path`` and the speculative ``draft_model``) and serve it
     until Ctrl-C or SIGTERM, logging one line per request on stderr (see
     :class:`Server` for the other settings)."""
@@ -342,7 +342,8 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
         llm = load(model, max_length=max_length, native=native, numerics=numerics,
                    chat_template=chat_template, extra_eos_tokens=extra_eos_tokens,
                    kv_bits=kv_bits, kv_group_size=kv_group_size, max_kv_size=max_kv_size,
-                   keep=keep, adapter_path=adapter_path, draft_model=draft_model)
+                   keep=keep, adapter_path=adapter_path, draft_model=draft_model,
+                   kv_recent=kv_recent)
         Server(llm, model_id=model_id, max_batch=max_batch, prompt_cache_size=prompt_cache_size,
                prefill_chunk=prefill_chunk, max_waiting=max_waiting, api_key=api_key,
                allowed_origins=allowed_origins, shutdown_grace=shutdown_grace).run(host, port)

@@ -83,6 +83,22 @@ struct QuantizedRows {
   const float* biases;
 };
 
+// A quantized cache's float window of recent tokens (KIVI's full-precision
+// residual): a query at slot pos reads each key and value of the last R slots
+// up to pos (j > pos - R) in float instead of dequantized: this step's own
+// new row where j >= start, else the ring's entry j % R while that entry
+// still holds slot j (slots[b, j % R] == j; -1 or any other slot: the cache's
+// row). Rows are in the cache's basis (with kv_hadamard, each group's
+// transform), as the rows that the cache quantizes. R = 0: no window.
+struct RecentRows {
+  int64_t R;
+  const float* k_recent;  // [B, H_kv, R, D]
+  const float* v_recent;
+  const int32_t* slots;   // [B, R]: the slot each entry holds
+  const float* new_k;     // [B, H_kv, T, D]: this step's keys and values
+  const float* new_v;
+};
+
 struct AttentionProblem {
   const float* q;
   const float* k;
@@ -98,6 +114,7 @@ struct AttentionProblem {
   int64_t kv_group_size;
   bool kv_hadamard;
   QuantizedRows k_quantized, v_quantized;
+  RecentRows recent;        // quantized caches only
 };
 
 // SwiGLU over the two halves of each row of x (rows x 2I, float32): out[r,

@@ -570,6 +570,18 @@ void set_cache(AttentionProblem& p, const CacheFormat& format, const void* const
   }
 }
 
+// A quantized cache's float window as the kernel reads it (RecentRows), of R
+// entries: `arrays` holds k_recent, v_recent, recent_slots, then the step's
+// new keys and values (row-contiguous data pointers).
+void set_recent(AttentionProblem& p, int64_t R, const void* const* arrays) {
+  p.recent = {R,
+              static_cast<const float*>(arrays[0]),
+              static_cast<const float*>(arrays[1]),
+              static_cast<const int32_t*>(arrays[2]),
+              static_cast<const float*>(arrays[3]),
+              static_cast<const float*>(arrays[4])};
+}
+
 // Run the attention kernel of p's cache format on the pool: work items are
 // query rows (float), or (batch, KV head, query position) (quantized).
 void run_attention(const AttentionProblem& p) {
@@ -593,17 +605,21 @@ int64_t cache_head_dim(const mx::array& k, const CacheFormat& format) {
 class CacheAttention : public CpuPrimitive {
  public:
   CacheAttention(mx::Stream stream, float scale, bool has_key_mask, int64_t window,
-                 float softcap, CacheFormat format)
+                 float softcap, CacheFormat format, bool has_recent)
       : CpuPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask), window_(window),
-        softcap_(softcap), format_(format) {}
+        softcap_(softcap), format_(format), has_recent_(has_recent) {}
 
   // inputs: q [B, H, T, D] (float32), the cache's arrays (k and v [B, H_kv,
   // S, D] float32, or of each the codes [B, H_kv, S, D * bits / 32] uint32
   // and the scales and biases [B, H_kv, S, D / group_size] float32), start
-  // (int32, one element), and key_mask [B, S] (bool) when has_key_mask.
+  // (int32, one element), key_mask [B, S] (bool) when has_key_mask, and a
+  // quantized cache's float window when has_recent: k_recent, v_recent [B,
+  // H_kv, R, D] (float32), recent_slots [B, R] (int32), new_k, new_v [B,
+  // H_kv, T, D] (float32), see RecentRows.
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     enqueue(out, [inputs, scale = scale_, has_key_mask = has_key_mask_, window = window_,
-                  softcap = softcap_, format = format_](mx::array& out) mutable {
+                  softcap = softcap_, format = format_,
+                  has_recent = has_recent_](mx::array& out) mutable {
       const size_t n = format.arrays();
       std::vector<std::vector<uint8_t>> keep(inputs.size());
       std::vector<const void*> cache(n);
@@ -626,6 +642,13 @@ class CacheAttention : public CpuPrimitive {
       p.scale = scale;
       p.window = window;
       p.softcap = softcap;
+      if (has_recent) {
+        const size_t first = n + 2 + (has_key_mask ? 1 : 0);
+        const void* ring[5];
+        for (size_t i = 0; i < 5; ++i)
+          ring[i] = contiguous_data(inputs[first + i], keep[first + i]);
+        set_recent(p, inputs[first].shape(2), ring);
+      }
       run_attention(p);
     });
   }
@@ -635,7 +658,8 @@ class CacheAttention : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CacheAttention*>(&other);
     return o && o->scale_ == scale_ && o->has_key_mask_ == has_key_mask_ &&
-           o->window_ == window_ && o->softcap_ == softcap_ && o->format_ == format_;
+           o->window_ == window_ && o->softcap_ == softcap_ && o->format_ == format_ &&
+           o->has_recent_ == has_recent_;
   }
 
  private:
@@ -644,6 +668,7 @@ class CacheAttention : public CpuPrimitive {
   int64_t window_;
   float softcap_;
   CacheFormat format_;
+  bool has_recent_;
 };
 
 // The cache format of `caches` (two float32 arrays, or six of a quantized
@@ -671,10 +696,32 @@ CacheFormat cache_format(const std::vector<mx::array>& caches, int kv_bits, int 
   return format;
 }
 
+// Check a quantized cache's float window (`ring`: k_recent, v_recent [B,
+// H_kv, R, D] float32 and recent_slots [B, R] int32, R >= 1) against the
+// cache whose first array is `k`; `where` names the caller.
+void check_recent(const std::vector<mx::array>& ring, const mx::array& k,
+                  const CacheFormat& format, const char* where) {
+  const std::string at = std::string("mlxprog native ") + where + ": ";
+  if (!format.quantized())
+    throw std::invalid_argument(at + "a float window of recent tokens needs a quantized cache");
+  if (ring.size() != 3)
+    throw std::invalid_argument(at + "the float window is three arrays: k_recent, v_recent, "
+                                "recent_slots");
+  const int R = ring[0].ndim() == 4 ? ring[0].shape(2) : 0;
+  const mx::Shape rows = {k.shape(0), k.shape(1), R, static_cast<int>(cache_head_dim(k, format))};
+  if (R < 1 || ring[0].shape() != rows || ring[1].shape() != rows ||
+      ring[0].dtype() != mx::float32 || ring[1].dtype() != mx::float32)
+    throw std::invalid_argument(at + "k_recent and v_recent must be float32 [B, H_kv, R, D] "
+                                "of the cache's B, H_kv and D, R >= 1");
+  if (ring[2].shape() != mx::Shape{k.shape(0), R} || ring[2].dtype() != mx::int32)
+    throw std::invalid_argument(at + "recent_slots must be int32 [B, R]");
+}
+
 mx::array cache_attention(const mx::array& q, const std::vector<mx::array>& caches,
                           const mx::array& start, std::optional<mx::array> key_mask,
                           float scale, int64_t window, float softcap, int kv_bits,
-                          int kv_group_size, bool kv_hadamard) {
+                          int kv_group_size, bool kv_hadamard,
+                          std::optional<std::vector<mx::array>> recent) {
   if (window < 0 || !(softcap >= 0.f))
     throw std::invalid_argument("cache_attention: window and softcap must be >= 0 (0: none)");
   const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
@@ -683,10 +730,24 @@ mx::array cache_attention(const mx::array& q, const std::vector<mx::array>& cach
   inputs.insert(inputs.end(), caches.begin(), caches.end());
   inputs.push_back(start);
   if (key_mask) inputs.push_back(*key_mask);
+  if (recent) {
+    if (recent->size() != 5)
+      throw std::invalid_argument("mlxprog native cache_attention: recent is k_recent, "
+                                  "v_recent, recent_slots, new_k, new_v");
+    check_recent({(*recent)[0], (*recent)[1], (*recent)[2]}, caches[0], format,
+                 "cache_attention");
+    const mx::array& k = (*recent)[0];
+    const mx::Shape rows = {k.shape(0), k.shape(1), q.ndim() == 4 ? q.shape(2) : 0, k.shape(3)};
+    for (size_t i = 3; i < 5; ++i)
+      if ((*recent)[i].shape() != rows || (*recent)[i].dtype() != mx::float32)
+        throw std::invalid_argument("mlxprog native cache_attention: new_k and new_v must be "
+                                    "float32 [B, H_kv, T, D]");
+    inputs.insert(inputs.end(), recent->begin(), recent->end());
+  }
   return mx::array(q.shape(), mx::float32,
                    std::make_shared<CacheAttention>(mx::default_stream(mx::Device::cpu), scale,
                                                     key_mask.has_value(), window, softcap,
-                                                    format),
+                                                    format, recent.has_value()),
                    inputs);
 }
 
@@ -756,58 +817,78 @@ struct AttentionBlock {
   float scale;
   const uint8_t* key_mask;      // B x S, or null
   CacheFormat format;
+  int64_t R;                    // a quantized cache's float window (RecentRows); 0: none
 };
 
-// Write the T new keys or values of every (batch row b, KV head h) into
+// Write the T new keys or values [B, H_kv, T, D] (in the cache's basis) into
 // cache array(s) `cache` (set_cache's order: k or v, or its codes, scales,
-// biases) at slots start..start + T - 1: token t's D floats are at
-// rows + b * b_stride + h * h_stride + t * t_stride.
-void write_cache_rows(const AttentionBlock& c, const float* rows, int64_t b_stride,
-                      int64_t h_stride, int64_t t_stride, void* const* cache) {
+// biases) at slots start..start + T - 1.
+void write_cache_rows(const AttentionBlock& c, const float* rows, void* const* cache) {
   const int64_t D = c.D, groups = c.format.quantized() ? D / c.format.kv_group_size : 0;
-  std::vector<float> transformed(c.format.hadamard ? D : 0);
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t h = 0; h < c.H_kv; ++h)
-      for (int64_t t = 0; t < c.T; ++t) {
-        const float* row = rows + b * b_stride + h * h_stride + t * t_stride;
-        const int64_t slot = (b * c.H_kv + h) * c.S + c.start + t;
-        if (!c.format.quantized()) {
-          std::memcpy(static_cast<float*>(cache[0]) + slot * D, row, D * sizeof(float));
-          continue;
-        }
-        if (c.format.hadamard) {
-          std::memcpy(transformed.data(), row, D * sizeof(float));
-          active_kernels->hadamard(transformed.data(), D, c.format.kv_group_size);
-          row = transformed.data();
-        }
-        quantize_rows(row, 1, D, c.format.kv_bits, c.format.kv_group_size,
-                      static_cast<uint8_t*>(cache[0]) + slot * D * c.format.kv_bits / 8,
-                      static_cast<float*>(cache[1]) + slot * groups,
-                      static_cast<float*>(cache[2]) + slot * groups);
+  for (int64_t head = 0; head < c.B * c.H_kv; ++head) {
+    const float* src = rows + head * c.T * D;  // a head's T rows are adjacent, in the cache too
+    const int64_t slot = head * c.S + c.start;
+    if (!c.format.quantized()) {
+      std::memcpy(static_cast<float*>(cache[0]) + slot * D, src, c.T * D * sizeof(float));
+      continue;
+    }
+    quantize_rows(src, c.T, D, c.format.kv_bits, c.format.kv_group_size,
+                  static_cast<uint8_t*>(cache[0]) + slot * D * c.format.kv_bits / 8,
+                  static_cast<float*>(cache[1]) + slot * groups,
+                  static_cast<float*>(cache[2]) + slot * groups);
+  }
+}
+
+// The float window after the step (`ring`: k_recent, v_recent, recent_slots,
+// holding the step's input window), row by row: of the R slots up to the
+// row's last new token that key_mask keeps (all T without a mask), each new
+// one (s >= start) that the mask keeps goes into entry s % R, its key and
+// value rows (new_k, new_v [B, H_kv, T, D], in the cache's basis) and s;
+// without a mask, the step's last min(T, R) tokens. Masked tokens (a
+// right-padded prompt's padding) never go in.
+void update_recent(const AttentionBlock& c, const float* new_k, const float* new_v,
+                   void* const* ring) {
+  const int64_t R = c.R, D = c.D;
+  for (int64_t b = 0; b < c.B; ++b) {
+    const uint8_t* kept = c.key_mask ? c.key_mask + b * c.S : nullptr;
+    int64_t last = c.start + c.T - 1;
+    while (kept && last >= c.start && !kept[last]) --last;
+    for (int64_t slot = std::max(c.start, last - R + 1); slot <= last; ++slot) {
+      if (kept && !kept[slot]) continue;
+      static_cast<int32_t*>(ring[2])[b * R + slot % R] = static_cast<int32_t>(slot);
+      for (int64_t head = b * c.H_kv; head < (b + 1) * c.H_kv; ++head) {
+        const int64_t from = (head * c.T + slot - c.start) * D, to = (head * R + slot % R) * D;
+        std::memcpy(static_cast<float*>(ring[0]) + to, new_k + from, D * sizeof(float));
+        std::memcpy(static_cast<float*>(ring[1]) + to, new_v + from, D * sizeof(float));
       }
+    }
+  }
 }
 
 // From the fused projection qkv [B, T, (H + 2 H_kv) D]: q and k heads
 // rotated, k and v written into the cache (`cache`: its arrays in set_cache's
-// order, already holding the old entries) at slot start, attention into out
-// [B, T, H D].
+// order, already holding the old entries; with a float window (c.R > 0) then
+// k_recent, v_recent and recent_slots, holding the input window, which the
+// attention reads and update_recent then updates) at slot start, attention
+// into out [B, T, H D].
 void run_attention_block(const AttentionBlock& c, const float* x, void* const* cache,
                          float* out) {
   const int64_t B = c.B, T = c.T, H = c.H, H_kv = c.H_kv, D = c.D;
   const int64_t F = (H + 2 * H_kv) * D;
   // Heads out of the token-major projection: q [B, H, T, D] and the new keys
-  // [B, H_kv, T, D], rotated in place; values go straight into the cache.
-  std::vector<float> q(B * H * T * D), k(B * H_kv * T * D);
+  // and values [B, H_kv, T, D]; q and k are rotated in place.
+  std::vector<float> q(B * H * T * D), k(B * H_kv * T * D), v(B * H_kv * T * D);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const float* row = x + (b * T + t) * F;
       for (int64_t h = 0; h < H; ++h)
         std::memcpy(&q[((b * H + h) * T + t) * D], row + h * D, D * sizeof(float));
-      for (int64_t h = 0; h < H_kv; ++h)
+      for (int64_t h = 0; h < H_kv; ++h) {
         std::memcpy(&k[((b * H_kv + h) * T + t) * D], row + (H + h) * D, D * sizeof(float));
+        std::memcpy(&v[((b * H_kv + h) * T + t) * D], row + (H + H_kv + h) * D,
+                    D * sizeof(float));
+      }
     }
-  const size_t half = c.format.arrays() / 2;  // the values' arrays follow the keys'
-  write_cache_rows(c, x + (H + H_kv) * D, T * F, D, F, cache + half);
   const Kernels& kernels = *active_kernels;
   for (const std::pair<float*, int64_t>& heads :
        {std::pair<float*, int64_t>{q.data(), H}, std::pair<float*, int64_t>{k.data(), H_kv}}) {
@@ -828,10 +909,22 @@ void run_attention_block(const AttentionBlock& c, const float* x, void* const* c
     ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 8, 256),
                                         [&](int64_t r0, int64_t r1) { kernels.rope(r, r0, r1); });
   }
-  write_cache_rows(c, k.data(), H_kv * T * D, T * D, D, cache);
+  // The new keys and values in the cache's basis, as the cache quantizes
+  // them and the float window holds them.
+  if (c.format.hadamard)
+    for (float* rows : {k.data(), v.data()})
+      kernels.hadamard(rows, B * H_kv * T * D, c.format.kv_group_size);
+  const size_t half = c.format.arrays() / 2;  // the values' arrays follow the keys'
+  write_cache_rows(c, k.data(), cache);
+  write_cache_rows(c, v.data(), cache + half);
   AttentionProblem a{};
   a.q = q.data();
   set_cache(a, c.format, cache);
+  void* const* ring = cache + c.format.arrays();
+  if (c.R > 0) {
+    const void* recent[5] = {ring[0], ring[1], ring[2], k.data(), v.data()};
+    set_recent(a, c.R, recent);
+  }
   a.key_mask = c.key_mask;
   // One token: [B, H, 1, D] is already [B, 1, H D]; else a scratch in head
   // order, then tokens first.
@@ -846,6 +939,7 @@ void run_attention_block(const AttentionBlock& c, const float* x, void* const* c
   a.start = c.start;
   a.scale = c.scale;
   run_attention(a);
+  if (c.R > 0) update_recent(c, k.data(), v.data(), ring);
   if (T != 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
@@ -861,42 +955,53 @@ struct BlockSettings {
   float base, rope_scale, scale;
   bool has_freqs, has_key_mask;
   CacheFormat format;
+  bool has_recent;  // a quantized cache's float window (RecentRows)
+
+  // The arrays the block carries from step to step: the cache's, then the
+  // float window's k_recent, v_recent and recent_slots.
+  size_t carried() const { return format.arrays() + (has_recent ? 3 : 0); }
 
   bool operator==(const BlockSettings& o) const {
     return heads == o.heads && kv_heads == o.kv_heads && dims == o.dims &&
            traditional == o.traditional && base == o.base && rope_scale == o.rope_scale &&
            scale == o.scale && has_freqs == o.has_freqs && has_key_mask == o.has_key_mask &&
-           format == o.format;
+           format == o.format && has_recent == o.has_recent;
   }
 };
 
 // The settings of an attention block (alone, or inside a transformer layer),
 // its cache checked against kv_bits, kv_group_size and kv_hadamard
-// (cache_format); `where` names the op.
-BlockSettings block_settings(const std::vector<mx::array>& caches, int heads, int kv_heads,
-                             int dims, bool traditional, float base, float rope_scale,
-                             float scale, bool has_freqs, bool has_key_mask, int kv_bits,
-                             int kv_group_size, bool kv_hadamard, const char* where) {
-  return {heads, kv_heads,  dims,      traditional,  base,
-          rope_scale, scale, has_freqs, has_key_mask,
-          cache_format(caches, kv_bits, kv_group_size, kv_hadamard, where)};
+// (cache_format) and its float window, if any, against the cache
+// (check_recent); `where` names the op.
+BlockSettings block_settings(const std::vector<mx::array>& caches,
+                             const std::optional<std::vector<mx::array>>& recent, int heads,
+                             int kv_heads, int dims, bool traditional, float base,
+                             float rope_scale, float scale, bool has_freqs, bool has_key_mask,
+                             int kv_bits, int kv_group_size, bool kv_hadamard,
+                             const char* where) {
+  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard, where);
+  if (recent) check_recent(*recent, caches[0], format, where);
+  return {heads,        kv_heads, dims,   traditional, base, rope_scale, scale, has_freqs,
+          has_key_mask, format,   recent.has_value()};
 }
 
 // An attention block's operands after qkv: the cache's arrays (two, or six
-// of a quantized cache), start (int32, one element: the clamped cache slot
-// of token 0), positions (int32, one or B: the RoPE position of token 0),
-// then freqs [dims / 2] and key_mask [B, S] (bool) where the settings say;
-// `first` is the index of the cache's first array.
+// of a quantized cache), with a float window its three arrays (`ring`),
+// start (int32, one element: the clamped cache slot of token 0), positions
+// (int32, one or B: the RoPE position of token 0), then freqs [dims / 2] and
+// key_mask [B, S] (bool) where the settings say; `first` is the index of
+// the cache's first array.
 struct BlockOperands {
-  std::vector<mx::array> caches;
+  std::vector<mx::array> caches, ring;
   mx::array start, positions;
   std::optional<mx::array> freqs, key_mask;
 
   BlockOperands(const BlockSettings& s, const std::vector<mx::array>& inputs, size_t first)
       : caches(inputs.begin() + first, inputs.begin() + first + s.format.arrays()),
-        start(inputs[first + s.format.arrays()]),
-        positions(inputs[first + s.format.arrays() + 1]) {
-    size_t next = first + s.format.arrays() + 2;
+        ring(inputs.begin() + first + s.format.arrays(), inputs.begin() + first + s.carried()),
+        start(inputs[first + s.carried()]),
+        positions(inputs[first + s.carried() + 1]) {
+    size_t next = first + s.carried() + 2;
     if (s.has_freqs) freqs = inputs[next++];
     if (s.has_key_mask) key_mask = inputs[next++];
   }
@@ -909,8 +1014,9 @@ struct BlockScratch {
   std::vector<float> inv_freqs;
 };
 
-// Give each output cache (outputs[1..]) the input cache's buffer where it
-// may be donated (see share_or_allocate); which ones were shared.
+// Give each carried output (outputs[1..]: the cache's arrays, then the float
+// window's) the input's buffer where it may be donated (see
+// share_or_allocate); which ones were shared.
 std::vector<bool> share_caches(const std::vector<mx::array>& inputs, size_t first,
                                std::vector<mx::array>& outputs, const mx::Stream& stream) {
   std::vector<bool> shared(outputs.size() - 1);
@@ -919,16 +1025,18 @@ std::vector<bool> share_caches(const std::vector<mx::array>& inputs, size_t firs
   return shared;
 }
 
-// The outputs' caches (`cache_out`), filled with the old ones where their
-// buffers were not donated (`shared`), and the block's sizes and settings
-// for T tokens.
+// The outputs' carried arrays (`cache_out`: the cache's, then the float
+// window's), filled with the old ones where their buffers were not donated
+// (`shared`), and the block's sizes and settings for T tokens.
 AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, int64_t T,
                              const std::vector<bool>& shared, std::vector<mx::array>& cache_out,
                              BlockScratch& scratch) {
-  scratch.caches.resize(in.caches.size());
-  for (size_t i = 0; i < in.caches.size(); ++i)
+  std::vector<mx::array> carried = in.caches;
+  carried.insert(carried.end(), in.ring.begin(), in.ring.end());
+  scratch.caches.resize(carried.size());
+  for (size_t i = 0; i < carried.size(); ++i)
     if (!shared[i])
-      std::memcpy(cache_out[i].data<void>(), contiguous_data(in.caches[i], scratch.caches[i]),
+      std::memcpy(cache_out[i].data<void>(), contiguous_data(carried[i], scratch.caches[i]),
                   cache_out[i].nbytes());
   scratch.inv_freqs = rope_inv_freqs(s.dims, s.base, s.rope_scale, in.freqs, scratch.freqs);
   const mx::array& k_cache = in.caches[0];
@@ -950,17 +1058,19 @@ AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, in
                                      contiguous_data(*in.key_mask, scratch.key_mask))
                                : nullptr;
   block.format = s.format;
+  block.R = in.ring.empty() ? 0 : in.ring[0].shape(2);
   return block;
 }
 
-// The writable data of the output caches, in set_cache's order.
+// The writable data of the output caches, in set_cache's order, then of the
+// float window's arrays.
 std::vector<void*> cache_pointers(std::vector<mx::array>& cache_out) {
   std::vector<void*> pointers;
   for (mx::array& a : cache_out) pointers.push_back(a.data<void>());
   return pointers;
 }
 
-// Weak copies of outputs[1..] (the caches), for a task that fills them.
+// Weak copies of outputs[1..] (the carried arrays), for a task that fills them.
 std::vector<mx::array> weak_caches(std::vector<mx::array>& outputs) {
   std::vector<mx::array> caches;
   for (size_t i = 1; i < outputs.size(); ++i)
@@ -968,12 +1078,14 @@ std::vector<mx::array> weak_caches(std::vector<mx::array>& outputs) {
   return caches;
 }
 
+// `inputs` followed by the BlockOperands (`carried`: the cache's arrays,
+// then the float window's).
 std::vector<mx::array> block_inputs(std::vector<mx::array> inputs,
-                                    const std::vector<mx::array>& caches,
+                                    const std::vector<mx::array>& carried,
                                     const mx::array& start, const mx::array& positions,
                                     const std::optional<mx::array>& freqs,
                                     const std::optional<mx::array>& key_mask) {
-  inputs.insert(inputs.end(), caches.begin(), caches.end());
+  inputs.insert(inputs.end(), carried.begin(), carried.end());
   inputs.push_back(start);
   inputs.push_back(positions);
   if (freqs) inputs.push_back(*freqs);
@@ -981,15 +1093,23 @@ std::vector<mx::array> block_inputs(std::vector<mx::array> inputs,
   return inputs;
 }
 
+// The arrays a block carries: the cache's, then its float window's, if any.
+std::vector<mx::array> carried_arrays(const std::vector<mx::array>& caches,
+                                      const std::optional<std::vector<mx::array>>& recent) {
+  std::vector<mx::array> carried = caches;
+  if (recent) carried.insert(carried.end(), recent->begin(), recent->end());
+  return carried;
+}
+
 // The shapes and dtypes of a block's outputs: `first` (the attention's or
-// the layer's), then the caches as they came in.
+// the layer's), then the carried arrays as they came in.
 std::vector<mx::array> make_block_outputs(const mx::Shape& first,
-                                          const std::vector<mx::array>& caches,
+                                          const std::vector<mx::array>& carried,
                                           std::shared_ptr<mx::Primitive> primitive,
                                           std::vector<mx::array> inputs) {
   std::vector<mx::Shape> shapes = {first};
   std::vector<mx::Dtype> dtypes = {mx::float32};
-  for (const mx::array& c : caches) {
+  for (const mx::array& c : carried) {
     shapes.push_back(c.shape());
     dtypes.push_back(c.dtype());
   }
@@ -1003,7 +1123,8 @@ class CacheAttentionBlock : public mx::Primitive {
       : mx::Primitive(stream), settings_(settings) {}
 
   // inputs: qkv [B, T, (H + 2 H_kv) D] (float32), then the BlockOperands.
-  // outputs: attention [B, T, H D], then the new cache arrays.
+  // outputs: attention [B, T, H D], then the new cache arrays (and float
+  // window's).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const std::vector<bool> shared = share_caches(inputs, 1, outputs, stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
@@ -1030,7 +1151,7 @@ class CacheAttentionBlock : public mx::Primitive {
     std::vector<mx::Shape> shapes = {
         {x[0], x[1], settings_.heads * static_cast<int>(cache_head_dim(inputs[1],
                                                                         settings_.format))}};
-    for (size_t i = 0; i < settings_.format.arrays(); ++i) shapes.push_back(inputs[1 + i].shape());
+    for (size_t i = 0; i < settings_.carried(); ++i) shapes.push_back(inputs[1 + i].shape());
     return shapes;
   }
 
@@ -1052,18 +1173,20 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv,
                                              float base, float rope_scale, float scale,
                                              std::optional<mx::array> freqs,
                                              std::optional<mx::array> key_mask, int kv_bits,
-                                             int kv_group_size, bool kv_hadamard) {
+                                             int kv_group_size, bool kv_hadamard,
+                                             std::optional<std::vector<mx::array>> recent) {
   const BlockSettings settings =
-      block_settings(caches, heads, kv_heads, dims, traditional, base, rope_scale, scale,
-                     freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size, kv_hadamard,
-                     "cache_attention_block");
+      block_settings(caches, recent, heads, kv_heads, dims, traditional, base, rope_scale,
+                     scale, freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size,
+                     kv_hadamard, "cache_attention_block");
   const mx::Shape out_shape = {
       qkv.shape(0), qkv.shape(1),
       heads * static_cast<int>(cache_head_dim(caches[0], settings.format))};
+  const std::vector<mx::array> carried = carried_arrays(caches, recent);
   return make_block_outputs(
-      out_shape, caches,
+      out_shape, carried,
       std::make_shared<CacheAttentionBlock>(mx::default_stream(mx::Device::cpu), settings),
-      block_inputs({qkv}, caches, start, positions, freqs, key_mask));
+      block_inputs({qkv}, carried, start, positions, freqs, key_mask));
 }
 
 // -- a whole transformer layer -------------------------------------------------------------
@@ -1086,8 +1209,8 @@ class TransformerLayer : public mx::Primitive {
   // the packed (w, scales, biases) of the qkv projection, then of the output
   // projection, the post-attention norm's weight, the packed gate/up
   // projection (gate, then up rows) and the down projection; then the
-  // BlockOperands. outputs: the layer's h [B, T, hidden], the new k_cache
-  // and v_cache.
+  // BlockOperands. outputs: the layer's h [B, T, hidden], the new cache
+  // arrays (and float window's).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const std::vector<bool> shared = share_caches(inputs, kBlock, outputs, stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
@@ -1140,7 +1263,7 @@ class TransformerLayer : public mx::Primitive {
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     std::vector<mx::Shape> shapes = {inputs[0].shape()};
-    for (size_t i = 0; i < block_.format.arrays(); ++i) shapes.push_back(inputs[kBlock + i].shape());
+    for (size_t i = 0; i < block_.carried(); ++i) shapes.push_back(inputs[kBlock + i].shape());
     return shapes;
   }
 
@@ -1168,7 +1291,8 @@ std::vector<mx::array> transformer_layer(
     const std::vector<mx::array>& caches, const mx::array& start, const mx::array& positions,
     int heads, int kv_heads, int dims, bool traditional, float base, float rope_scale,
     float scale, float eps, int group_size, int bits, bool int8, std::optional<mx::array> freqs,
-    std::optional<mx::array> key_mask, int kv_bits, int kv_group_size, bool kv_hadamard) {
+    std::optional<mx::array> key_mask, int kv_bits, int kv_group_size, bool kv_hadamard,
+    std::optional<std::vector<mx::array>> recent) {
   for (const auto* m : {&qkv, &o, &gate_up, &down})
     if (m->size() != 3 || (*m)[0].dtype() != mx::uint32 || (*m)[0].ndim() != 2)
       throw std::invalid_argument(
@@ -1180,20 +1304,21 @@ std::vector<mx::array> transformer_layer(
   if (int8 && bits != 4 && bits != 8)
     throw std::invalid_argument("mlxprog native transformer_layer: int8 numerics need 4 or 8 bits");
   const BlockSettings settings =
-      block_settings(caches, heads, kv_heads, dims, traditional, base, rope_scale, scale,
-                     freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size, kv_hadamard,
-                     "transformer_layer");
+      block_settings(caches, recent, heads, kv_heads, dims, traditional, base, rope_scale,
+                     scale, freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size,
+                     kv_hadamard, "transformer_layer");
   std::vector<mx::array> inputs = {h, input_norm};
   inputs.insert(inputs.end(), qkv.begin(), qkv.end());
   inputs.insert(inputs.end(), o.begin(), o.end());
   inputs.push_back(post_norm);
   inputs.insert(inputs.end(), gate_up.begin(), gate_up.end());
   inputs.insert(inputs.end(), down.begin(), down.end());
+  const std::vector<mx::array> carried = carried_arrays(caches, recent);
   return make_block_outputs(
-      h.shape(), caches,
+      h.shape(), carried,
       std::make_shared<TransformerLayer>(mx::default_stream(mx::Device::cpu), settings, eps,
                                          group_size, bits, int8),
-      block_inputs(std::move(inputs), caches, start, positions, freqs, key_mask));
+      block_inputs(std::move(inputs), carried, start, positions, freqs, key_mask));
 }
 
 }  // namespace
@@ -1222,23 +1347,34 @@ NB_MODULE(_mlxprog_native, m) {
         nb::arg("start"), nb::arg("key_mask").none() = nb::none(), nb::kw_only(),
         nb::arg("scale"), nb::arg("window") = 0, nb::arg("softcap") = 0.f,
         nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
+        nb::arg("recent").none() = nb::none(),
         "Attention of q [B, H, T, D] over a cache: caches = [k, v] ([B, H_kv, S, D] "
         "float32), or with kv_bits 4 or 8 the codes, scales and biases of k, then of v "
         "(MLX's affine quantization in groups of kv_group_size; with kv_hadamard, of each "
         "group's Walsh-Hadamard transform, see hadamard). Query t sees key j when "
         "j <= start + t, j > start + t - window (window > 0) and key_mask[b, j]; scores "
         "capped at softcap * tanh(s / softcap) when softcap > 0; a query that sees no key "
-        "gets zeros.");
+        "gets zeros. recent (a quantized cache's float window): [k_recent, v_recent "
+        "[B, H_kv, R, D] float32, recent_slots [B, R] int32, new_k, new_v [B, H_kv, T, D] "
+        "float32], all in the cache's basis: query t (slot p = start + t) reads key and "
+        "value j with p - j < R from new_k/new_v (j >= start) or from the ring's entry "
+        "j % R when recent_slots[b, j % R] == j, else dequantized.");
   m.def("cache_attention_block", &mlxprog::cache_attention_block, nb::arg("qkv"),
         nb::arg("caches"), nb::arg("start"), nb::arg("positions"), nb::kw_only(),
         nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"),
         nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
         nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
+        nb::arg("recent").none() = nb::none(),
         "A fused attention block: q, k, v heads of qkv [B, T, (H + 2 H_kv) D], q and k "
         "rotated at positions[b] + t, k and v written into the cache (as cache_attention's "
         "caches; quantized as mx.quantize does) at slot start, attention as "
-        "cache_attention; returns [out [B, T, H D], *caches].");
+        "cache_attention; returns [out [B, T, H D], *caches]. recent: a quantized cache's "
+        "float window [k_recent, v_recent, recent_slots] (as cache_attention's, the new "
+        "rows being the block's own), read as cache_attention reads it; then, in each row, "
+        "the new tokens among the R slots up to the row's last one key_mask keeps go into "
+        "entry slot % R where the mask keeps them; returns [out, *caches, k_recent, "
+        "v_recent, recent_slots].");
   m.def("transformer_layer", &mlxprog::transformer_layer, nb::arg("h"), nb::arg("input_norm"),
         nb::arg("qkv"), nb::arg("o"), nb::arg("post_norm"), nb::arg("gate_up"), nb::arg("down"),
         nb::arg("caches"), nb::arg("start"), nb::arg("positions"), nb::kw_only(),
@@ -1247,10 +1383,12 @@ NB_MODULE(_mlxprog_native, m) {
         nb::arg("group_size"), nb::arg("bits"), nb::arg("int8") = false,
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
         nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
+        nb::arg("recent").none() = nb::none(),
         "A llama-style layer: x = rms_norm(h, input_norm); the attention block of "
         "qmm(x, qkv) (as cache_attention_block); h += qmm(attention, o); x = rms_norm(h, "
         "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "
-        "(w, scales, biases), transpose; returns [h, *caches].");
+        "(w, scales, biases), transpose; returns [h, *caches], with recent (as "
+        "cache_attention_block's) [h, *caches, k_recent, v_recent, recent_slots].");
   m.def("hadamard", [](const mx::array& x, int group_size) {
         // For tests: the kernels' transform against the ops' MLX form.
         if (x.dtype() != mx::float32 || x.ndim() != 2 || group_size < 1 ||
