@@ -497,3 +497,38 @@ def test_a_wrapped_rotating_cache_drops_the_window_entries_it_overwrites(model_p
     stale = [t for t in tags if t >= 0 and t != size and t in rewritten]
     assert not stale, (tags, sorted(rewritten))
     assert tags.max() == size  # the spare slot: the newest token's entry
+
+
+def test_the_server_serves_a_cache_with_a_float_window(model_path):
+    """Concurrent requests over a 4-bit cache with its window answer as the
+    LLM does alone (their rows join the batch at other lengths); a request
+    continuing a finished one (as a chat's next turn does) reuses its stored
+    sequence, window and all, and answers as a fresh prefill would."""
+    import openai
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlxprog.llm.server import Server
+
+    llm = llm_with(model_path, kv_bits=4)
+    prompts = [llm.prompt_ids(p, chat=False)
+               for p in (PROMPT, "the lazy dog sleeps on the warm mat all day")]
+    alone = [llm.generate(p, max_tokens=20, chat=False).tokens for p in prompts]
+    server = Server(llm, model_id="tiny")
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                               timeout=60)
+
+        def complete(ids):
+            return client.completions.create(model="tiny", prompt=ids, max_tokens=20,
+                                             temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(complete, prompts)) == [llm.tokenizer.decode(t) for t in alone]
+        follow = prompts[0] + alone[0] + prompts[1][:3]
+        before = server.scheduler.stats()["prompt_tokens"]
+        assert complete(follow) == llm.generate(follow, max_tokens=20, chat=False).text
+        # Only the new tokens were prefilled (and the last reply token, never fed).
+        assert server.scheduler.stats()["prompt_tokens"] - before <= 4
+    finally:
+        server.stop()
