@@ -181,27 +181,22 @@ class CacheLayout:
         layer = ["slots"] * (2 * len(self.parts)) + (["ring", "ring"] if self.kv_recent else [])
         return layer * self.num_layers + (["tags"] if self.kv_recent else [])
 
-    def empty(self, batch: int, slots: int) -> tuple[mx.array, ...]:
-        """Zeroed caches of ``batch`` rows and ``slots`` slots, in program
-        order (an empty float window: every slot -1)."""
-        layer = [mx.zeros((batch, self.num_kv_heads, slots, width), dtype=dtype)
-                 for width, dtype in self.part_specs() * 2]
-        window = self.empty_window(batch)
-        return tuple(layer + window[:2]) * self.num_layers + tuple(window[2:])
-
-    def empty_window(self, batch: int) -> list[mx.array]:
-        """An empty float window (:data:`RECENT_PARTS`) of ``batch`` rows:
-        one layer's keys and values, then the slots (every one -1: no
-        entry); none without ``kv_recent``."""
-        if not self.kv_recent:
-            return []
-        ring = mx.zeros((batch, self.num_kv_heads, self.kv_recent, self.head_dim))
-        return [ring, ring, mx.full((batch, self.kv_recent), -1, dtype=mx.int32)]
-
     def slot_specs(self, slots: int) -> list[tuple[tuple[int, ...], mx.Dtype]]:
         """The shape (one row) and dtype of each array of a cache of
         ``slots`` slots, in program order."""
-        return [(tuple(x.shape), x.dtype) for x in self.empty(1, slots)]
+        layer = [((1, self.num_kv_heads, slots, width), dtype)
+                 for width, dtype in self.part_specs() * 2]
+        window = []
+        if self.kv_recent:
+            layer += [((1, self.num_kv_heads, self.kv_recent, self.head_dim), mx.float32)] * 2
+            window = [((1, self.kv_recent), mx.int32)]
+        return layer * self.num_layers + window
+
+    def empty(self, batch: int, slots: int) -> tuple[mx.array, ...]:
+        """Zeroed caches of ``batch`` rows and ``slots`` slots, in program
+        order (an empty float window: every slot -1, no entry)."""
+        return tuple(mx.full((batch, *shape[1:]), -1 if role == "tags" else 0, dtype=dtype)
+                     for (shape, dtype), role in zip(self.slot_specs(slots), self._roles()))
 
     def slot_arrays(self, caches: Sequence[mx.array]) -> list[mx.array]:
         """The arrays of ``caches`` (program order) indexed by slot: each
@@ -367,13 +362,10 @@ class PromptCache:
             kinds = [dequantize_cache(kinds[i:i + n], *quant) for i in range(0, len(kinds), n)]
         if layout.quantized:
             quant = (layout.kv_bits, layout.kv_group_size, True)
-            kinds = [quantize_cache(c, *quant) for c in kinds]
-        else:
-            kinds = [[c] for c in kinds]
+            kinds = [part for c in kinds for part in quantize_cache(c, *quant)]
         # The window starts empty: its entries are of another layout's.
-        window = layout.empty_window(1)
-        caches = [a for i in range(0, len(kinds), 2)
-                  for a in (*kinds[i], *kinds[i + 1], *window[:2])] + window[2:]
+        converted = iter(kinds)
+        caches = layout.map_slots(layout.empty(1, 0), lambda _: next(converted))
         return PromptCache(layout, self.tokens, caches)
 
     def save(self, path: str | Path) -> None:
