@@ -267,7 +267,7 @@ def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
 
     The output ``[B, H, T, D]``, or None where the kernel does not apply."""
     native = active(setting)
-    ring = None if recent is None else [AVal.of(a) for a in recent[:3]]
+    ring = _avals(None if recent is None else recent[:3])
     if native is None or not covers_cache_attention(
             AVal.of(q), [AVal.of(c) for c in caches], kv_bits, kv_group_size, ring):
         return None

@@ -23,7 +23,7 @@ import pytest
 
 import mlxprog as mp
 from mlxprog.native import Setting, kernels
-from mlxprog.ops.quantized_attention import hadamard_groups
+from mlxprog.ops.quantized_attention import cache_basis
 
 from test_cache_attention_window_softcap import f64
 from test_quantized_cache_attention import assert_same, cache_inputs, random_cache
@@ -34,8 +34,7 @@ QUANTIZATIONS = [(8, 32, False), (4, 64, False), (4, 32, True), (8, 64, True)]
 def basis(x: np.ndarray, group_size: int, hadamard: bool) -> np.ndarray:
     """float32 rows ``[..., D]`` in the cache's basis (the ops' MLX transform,
     which the kernels match bit for bit)."""
-    x = mx.array(x.astype(np.float32))
-    return np.array(hadamard_groups(x, group_size) if hadamard else x)
+    return np.array(cache_basis(mx.array(x.astype(np.float32)), group_size, hadamard))
 
 
 def original(rows: np.ndarray, group_size: int, hadamard: bool) -> np.ndarray:
