@@ -216,18 +216,14 @@ def declare_caches(b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
     """Declare a model's cache inputs on ``b`` in program order
     (:func:`cache_names`): ``[B, num_kv_heads, slots, width]`` each, float32
     or, with a quantized ``kv`` layout, its arrays
-    (:meth:`CacheLayout.part_specs <mlxprog.llm.CacheLayout.part_specs>`),
+    (:meth:`CacheLayout.slot_specs <mlxprog.llm.CacheLayout.slot_specs>`:
     each layer's then followed by its float window's keys and values, and
-    the window's slots after the last layer's (``kv_recent``)."""
-    layer = [(["B", num_kv_heads, slots, width], name_of(dtype))
-             for width, dtype in kv.part_specs() * 2]
-    window = []
-    if kv.kv_recent:
-        layer += [(["B", num_kv_heads, kv.kv_recent, config.head_dim], "float32")] * 2
-        window = [(["B", kv.kv_recent], "int32")]
+    the window's slots after the last layer's)."""
     names = cache_names(config.num_layers, kv.parts, bool(kv.kv_recent))
-    return tuple(b.input(name, shape, dtype)
-                 for name, (shape, dtype) in zip(names, layer * config.num_layers + window))
+    # The layout's shapes, with the program's batch and this rank's KV heads.
+    return tuple(b.input(name, ["B", num_kv_heads, *shape[2:]] if len(shape) == 4
+                         else ["B", *shape[1:]], name_of(dtype))
+                 for name, (shape, dtype) in zip(names, kv.slot_specs(slots)))
 
 
 def _input(shape: Sequence[int | str], dtype: str):
