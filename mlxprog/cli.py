@@ -1,5 +1,6 @@
-"""The ``mlxprog`` command line: run, validate and inspect programs, list ops,
-print the JSON Schema, convert ONNX models (``import-onnx``).
+"""The ``mlxprog`` command line: run, validate and inspect programs (``inspect``
+summarises GGUF model files too), list ops, print the JSON Schema, convert
+ONNX models (``import-onnx``).
 
 Exit status: 0 on success; 1 when the program, its inputs or its files are
 invalid or running it fails (the message is one ``error: ...`` line on stderr);
@@ -39,7 +40,7 @@ from .format.program import Instruction, Program
 from .format.schema import full_schema
 from .llm.cli import add_commands as add_llm_commands
 from .ops.registry import all_ops
-from .runtime.binding import weights_file_problem
+from .runtime.binding import GGUF_MAGIC, weights_file_problem
 from .runtime.executable import compile as compile_program
 from .runtime.plan import describe as describe_plan
 from .validate import SymbolicProgram, validate
@@ -182,11 +183,12 @@ def _parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=_cmd_validate)
 
     inspect = commands.add_parser(
-        "inspect", help="summarise a program",
+        "inspect", help="summarise a program or a GGUF model file",
         description="Show a program's inputs, captures, constants, op histogram and "
-        "inferred output shapes.",
+        "inferred output shapes; or a GGUF model file's architecture, size, tokenizer and "
+        "tensor types (from its header: no tensor data is read).",
     )
-    inspect.add_argument("program", help="program file (.json)")
+    inspect.add_argument("program", help="program file (.json) or GGUF model file")
     inspect.set_defaults(handler=_cmd_inspect)
 
     ops = commands.add_parser("ops", help="list the registered ops",
@@ -355,6 +357,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    if _is_gguf(args.program):
+        from .ggml.gguf_file import describe, open_gguf
+
+        with open_gguf(args.program, strict_types=False) as model:
+            print(describe(model))
+        return 0
     program = Program.load(args.program)
     validated = validate(program)
     print(f"program: {program.name or '(unnamed)'}")
@@ -399,6 +407,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         for op, (covered, total) in sorted(coverage.items()):
             print(f"  {op}: {covered} of {total} instruction(s)")
     return 0
+
+
+def _is_gguf(path: str) -> bool:
+    """Whether ``path`` is a regular file that starts as GGUF files do
+    (whatever its suffix)."""
+    if not Path(path).is_file():
+        return False  # the program reader says what is wrong with it
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
 
 
 def _native_coverage(block, counts: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:

@@ -36,6 +36,12 @@ class BindingError(ProgramError):
     capture, a symbolic dimension bound inconsistently."""
 
 
+class ModelError(ProgramError):
+    """A model file or directory cannot be loaded: it is missing, of an
+    unsupported type or architecture, or its contents are inconsistent
+    (a GGUF file's header, metadata or tensors included)."""
+
+
 class UnboundError(BindingError):
     """A capture or a ``runtime_call`` callback that the program names was not
     given. ``kind`` is ``"capture"`` or ``"callback"`` and ``name`` its name;

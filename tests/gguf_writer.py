@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -364,7 +364,9 @@ def _read_checkpoint(hf_dir: Path) -> dict[str, np.ndarray]:
 
 def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = None,
                        tokenizer_metadata: Mapping[str, Any] | None = None,
-                       sliding_window_pattern: bool = False) -> Path:
+                       sliding_window_pattern: bool = False,
+                       stored: Callable[[str, np.ndarray], tuple[np.ndarray, Any]] | None = None
+                       ) -> Path:
     """A float32 GGUF file at ``out_path`` of the tiny Hugging Face
     checkpoint in ``hf_dir`` (``config.json`` and ``*.safetensors``),
     converted as llama.cpp's ``convert_hf_to_gguf.py`` would (see the module
@@ -374,7 +376,10 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
     ``vocab_size`` with the config's BOS/EOS ids; default for gemma2/3);
     ``tokenizer_metadata`` replaces either. ``sliding_window_pattern``
     writes ``attention.sliding_window_pattern`` (which llama.cpp reads but
-    its converter does not write for gemma2/3). Returns ``out_path``."""
+    its converter does not write for gemma2/3). ``stored(gguf_name, data)``,
+    when given, returns what to store for each converted tensor: (raw
+    bytes, their GGMLQuantizationType) to write another type (llama.cpp's
+    quantizer's role), or (float32 data, None). Returns ``out_path``."""
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     hp = json.loads((hf_dir / "config.json").read_text())
     if "text_config" in hp:
@@ -451,7 +456,11 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
         if new_name is None:
             raise ValueError(f"{hf_dir}: cannot map tensor {name!r} for "
                              f"{gguf.MODEL_ARCH_NAMES[arch]}")
-        writer.add_tensor(new_name, np.ascontiguousarray(data, dtype=np.float32))
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        raw_type = None
+        if stored is not None:
+            data, raw_type = stored(new_name, data)
+        writer.add_tensor(new_name, data, raw_dtype=raw_type)
     for name, data in extra.items():
         writer.add_tensor(name, data)
 

@@ -43,9 +43,12 @@ from typing import Any, Literal
 import mlx.core as mx
 
 from ..arrays import name_of
+from ..ggml import types as ggml_types
+from ..ggml.dequantize import dequantize as dequantize_blocks
 from ..runtime.binding import weights_file_problem
 from .config import (
-    Checkpoint, ModelConfig, ModelError, Quantization, SettingError, is_int, read_json_object,
+    Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization, SettingError, is_int,
+    read_json_object,
 )
 from .models import family_of
 from .models.base import Source, expand
@@ -332,8 +335,12 @@ def apply_adapter(checkpoint: Checkpoint, adapter: Adapter, source: Source) -> C
         for key, value in fuse(checkpoint, name, delta).items():
             weights[key] = value
             names[key] = names.get(key, key) + ADAPTED
+    # A layer kept in GGUF blocks comes back as float16 (see fuse).
+    quantization = {name: q for name, q in checkpoint.quantization.items()
+                    if not (name in updates and isinstance(q, GGMLQuantization))}
     mx.eval(list(weights[k] for name in updates for k in _arrays(checkpoint, name)))
-    return replace(checkpoint, weights=weights, source_names=names, adapter_path=adapter.path)
+    return replace(checkpoint, weights=weights, source_names=names, adapter_path=adapter.path,
+                   quantization=quantization)
 
 
 def fuse(checkpoint: Checkpoint, name: str, delta: mx.array) -> dict[str, mx.array]:
@@ -341,11 +348,15 @@ def fuse(checkpoint: Checkpoint, name: str, delta: mx.array) -> dict[str, mx.arr
     with the float32 ``delta`` added to its weight: ``.weight`` in its
     dtype, or for a quantized layer ``.weight``, ``.scales`` and
     ``.biases`` of ``dequantize(W) + delta`` quantized with the layer's
-    bits and group size."""
+    bits and group size. A layer kept in a GGUF file's blocks (of a GGML
+    type MLX cannot re-quantize into) becomes a float16 ``.weight``."""
     weight = checkpoint.weights[f"{name}.weight"]
     quant = checkpoint.quantization.get(name)
     if quant is None:
         return {f"{name}.weight": (weight.astype(mx.float32) + delta).astype(weight.dtype)}
+    if isinstance(quant, GGMLQuantization):
+        dense = dequantize_blocks(quant.type, weight)
+        return {f"{name}.weight": (dense + delta).astype(mx.float16)}
     scales, biases = (checkpoint.weights[f"{name}.{p}"] for p in ("scales", "biases"))
     dense = mx.dequantize(weight, scales, biases, group_size=quant.group_size, bits=quant.bits)
     packed, new_scales, new_biases = requantize(dense.astype(mx.float32) + delta, scales,
@@ -403,7 +414,8 @@ def _pack(codes: mx.array, bits: int) -> mx.array:
 
 
 def _arrays(checkpoint: Checkpoint, name: str) -> list[str]:
-    parts = ("weight", "scales", "biases") if name in checkpoint.quantization else ("weight",)
+    quant = checkpoint.quantization.get(name)
+    parts = ("weight", "scales", "biases") if isinstance(quant, Quantization) else ("weight",)
     return [f"{name}.{p}" for p in parts]
 
 
@@ -425,6 +437,9 @@ def _projections(config: ModelConfig) -> dict[str, list[tuple[str, tuple[int, in
 def _in_features(checkpoint: Checkpoint, name: str) -> int:
     weight = checkpoint.weights[f"{name}.weight"]
     quant = checkpoint.quantization.get(name)
+    if isinstance(quant, GGMLQuantization):
+        t = ggml_types.BY_NAME[quant.type]
+        return weight.shape[1] // t.block_bytes * t.block
     return weight.shape[1] if quant is None else weight.shape[1] * 32 // quant.bits
 
 

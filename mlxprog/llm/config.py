@@ -13,7 +13,10 @@ ones. A quantized layer (embedding or projection) keeps MLX's quantized
 form: ``.weight`` is the packed ``uint32`` array of shape ``(out, in * bits /
 32)``, with ``.scales`` and ``.biases`` of shape ``(out, in / group_size)``;
 ``Checkpoint.quantization`` maps the layer name (the weight name without
-``.weight``) to its bits and group size.
+``.weight``) to its bits and group size. A layer of a GGUF file whose GGML
+type MLX's format cannot hold keeps the file's own blocks: ``.weight`` is
+``uint8 (out, row_bytes)``, and its quantization a
+:class:`GGMLQuantization` naming the type.
 """
 
 from __future__ import annotations
@@ -25,18 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ..errors import ProgramError
+from ..errors import ModelError
+from ..ggml import types as ggml_types
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 _QUANT_BITS = (2, 3, 4, 5, 6, 8)
 _QUANT_GROUP_SIZES = (32, 64, 128)
-
-
-class ModelError(ProgramError):
-    """A model file or directory cannot be loaded: it is missing, of an
-    unsupported type or architecture, or its contents are inconsistent."""
 
 
 class SettingError(ModelError):
@@ -157,6 +156,34 @@ class Quantization:
     bits: int
     group_size: int
 
+    def stored_columns(self, part: str, start: int, end: int) -> tuple[int, int]:
+        """The columns of stored array ``part`` (``weight``, ``scales``,
+        ``biases``) that hold logical columns [start, end) (whole groups)."""
+        if part == "weight":
+            return start * self.bits // 32, end * self.bits // 32
+        return start // self.group_size, end // self.group_size
+
+
+@dataclass(frozen=True)
+class GGMLQuantization:
+    """A layer kept in a GGUF file's own blocks of GGML type ``type`` (a
+    block type of :mod:`mlxprog.ggml.types`): its ``.weight`` is ``uint8
+    (out, row_bytes)``, read by the ``ggml_matmul`` / ``ggml_dequantize``
+    ops."""
+
+    type: str
+
+    @property
+    def group_size(self) -> int:
+        """The elements of a block: the columns a split keeps together."""
+        return ggml_types.BY_NAME[self.type].block
+
+    def stored_columns(self, part: str, start: int, end: int) -> tuple[int, int]:
+        """The byte columns of the weight that hold logical columns
+        [start, end) (whole blocks)."""
+        t = ggml_types.BY_NAME[self.type]
+        return t.row_bytes(start), t.row_bytes(end)
+
 
 @dataclass
 class Checkpoint:
@@ -172,7 +199,7 @@ class Checkpoint:
     path: Path
     config: ModelConfig
     weights: dict[str, mx.array]
-    quantization: dict[str, Quantization]
+    quantization: dict[str, Quantization | GGMLQuantization]
     tokenizer: Tokenizer
     source_names: dict[str, str] = field(default_factory=dict)
     adapter_path: Path | None = None

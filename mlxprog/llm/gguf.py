@@ -1,12 +1,11 @@
-"""Load GGUF files (llama.cpp's format) with ``mx.load``.
+"""Load GGUF files (llama.cpp's format) with mlxprog's own reader
+(:mod:`mlxprog.ggml.gguf_file`), keeping every quantized tensor quantized
+(how each GGML type is kept: :mod:`mlxprog.ggml.tensors`).
 
-MLX reads GGUF's Q4_0, Q4_1 and Q8_0 tensors as MLX-quantized triples
-(``name.weight`` packed ``uint32``, ``name.scales``, ``name.biases``), which
-are kept as they are; bits and group size are inferred per tensor. The
-``general.architecture`` picks the family (:mod:`mlxprog.llm.models`),
-which parses the metadata and maps llama.cpp's tensor names
-(``blk.N.attn_q``, ...) to its logical ones through its weight table.
-Tensors that hold settings (``rope_freqs``, ...) go into the config.
+The ``general.architecture`` picks the family (:mod:`mlxprog.llm.models`),
+which parses the metadata and maps llama.cpp's tensor names (``blk.N.attn_q``,
+...) to its logical ones through its weight table. Tensors that hold
+settings (``rope_freqs``, ...) go into the config.
 """
 
 from __future__ import annotations
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..runtime.binding import weights_file_problem
+from ..ggml.gguf_file import open_gguf
+from ..ggml.tensors import float_tensor, read_tensors
 from .config import Checkpoint, ModelError, metadata_value
 from .models import family_for_gguf
 from .models.base import GGUFMetadata, load_checkpoint_tensors
@@ -28,20 +28,17 @@ def load_gguf(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
-    problem = weights_file_problem(path)
-    if problem is not None:
-        raise ModelError(f"cannot read GGUF file {path}: {problem}")
-    try:
-        tensors, metadata = mx.load(str(path), return_metadata=True)
-    except (RuntimeError, ValueError) as e:
-        raise ModelError(f"cannot read GGUF file {path}: {e}") from e
-    try:
-        family = family_for_gguf(metadata_value(metadata.get("general.architecture")))
-        settings = {name: tensors.pop(name) for name in family.gguf_setting_tensors
-                    if name in tensors}
-        tokenizer = Tokenizer.from_gguf_metadata(metadata)
-        config = family.config_from_gguf(GGUFMetadata(metadata, set(tensors), tokenizer,
-                                                      settings))
-    except ModelError as e:
-        raise ModelError(f"{path}: {e}") from None
-    return load_checkpoint_tensors(family, config, tensors, "gguf", str(path), path, tokenizer)
+    with open_gguf(path) as gguf:
+        try:
+            family = family_for_gguf(metadata_value(gguf.metadata.get("general.architecture")))
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
+            settings = {name: float_tensor(gguf, gguf.tensors[name])
+                        for name in family.gguf_setting_tensors if name in gguf.tensors}
+            names = set(gguf.tensors) - set(settings)
+            config = family.config_from_gguf(GGUFMetadata(gguf.metadata, names, tokenizer,
+                                                          settings))
+        except ModelError as e:
+            raise ModelError(f"{path}: {e}") from None
+        tensors, block_types = read_tensors(gguf, names, on_gpu=mx.default_device() != mx.cpu)
+    return load_checkpoint_tensors(family, config, tensors, "gguf", str(path), path, tokenizer,
+                                   block_types)

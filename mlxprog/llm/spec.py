@@ -123,12 +123,8 @@ class ModelSpec:
             return 0, start, end
         quant = self.quantization.get(layer)
         if quant is not None:
-            # Packed weights hold bits/32 words per column, scales and biases
-            # one column per group; the split keeps whole groups (see _shard).
-            if part == "weight":
-                start, end = start * quant.bits // 32, end * quant.bits // 32
-            else:
-                start, end = start // quant.group_size, end // quant.group_size
+            # The split keeps whole groups (see _shard).
+            start, end = quant.stored_columns(part, start, end)
         return 1, start, end
 
 

@@ -94,6 +94,60 @@ def quantized_matmul_int8(setting: Setting, x: mx.array, w: mx.array, scales: mx
                                             group_size=group_size, bits=bits, int8=True), ""
 
 
+def covers_ggml(x: AVal | None, blocks: AVal, ggml_type) -> bool:
+    """Whether the native GGML kernels compute this case: ``blocks`` uint8
+    ``[..., row_bytes]`` of whole blocks of ``ggml_type`` (a
+    :class:`~mlxprog.ggml.types.GGMLType`), and for a matmul (``x`` given)
+    ``blocks`` 2-D and a float ``x [..., K]`` with K its rows' length and
+    no empty axis."""
+    shape, dtype = blocks
+    if dtype != mx.uint8 or not shape or shape[-1] % ggml_type.block_bytes or 0 in shape:
+        return False
+    if x is None:
+        return True
+    k = shape[-1] // ggml_type.block_bytes * ggml_type.block
+    x_shape, x_dtype = x
+    return (len(shape) == 2 and x_dtype in FLOATS and len(x_shape) >= 1
+            and x_shape[-1] == k and 0 not in x_shape)
+
+
+def _with_codebooks(native, ggml_type):
+    """The extension, once the IQ types' codebooks are set in it (taken from
+    the gguf package on first need: :mod:`mlxprog.ggml.codebooks`)."""
+    global _codebooks_set
+    if ggml_type.name.startswith("IQ") and not _codebooks_set:
+        from ..ggml.codebooks import codebooks
+
+        for name, table in codebooks().items():
+            native.set_codebook(name, mx.array(table))
+        _codebooks_set = True
+    return native
+
+
+_codebooks_set = False
+
+
+def ggml_matmul(setting: Setting, x: mx.array, w: mx.array, ggml_type, *,
+                int8: bool) -> mx.array | None:
+    """``x @ dequantize(w).T`` on the native GGML kernel of ``ggml_type``
+    (int8: llama.cpp's numerics), or None where it does not apply."""
+    native = active(setting)
+    if native is None or not covers_ggml(AVal.of(x), AVal.of(w), ggml_type):
+        return None
+    record(setting, "ggml_matmul")
+    return _with_codebooks(native, ggml_type).ggml_matmul(x, w, type=ggml_type.id, int8=int8)
+
+
+def ggml_dequantize(setting: Setting, blocks: mx.array, ggml_type) -> mx.array | None:
+    """Rows of ``ggml_type`` blocks as float32 on the native kernel, or None
+    where it does not apply."""
+    native = active(setting)
+    if native is None or not covers_ggml(None, AVal.of(blocks), ggml_type):
+        return None
+    record(setting, "ggml_dequantize")
+    return _with_codebooks(native, ggml_type).ggml_dequantize(blocks, type=ggml_type.id)
+
+
 def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
     """Whether the native RMS norm computes this case: float x of rank >= 1
     with a non-empty last axis, and a weight ``[D]`` of x's dtype."""

@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     distributed,
     elementwise,
     fft,
+    ggml,
     index,
     linalg,
     norms,

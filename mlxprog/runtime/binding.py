@@ -18,7 +18,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..arrays import AVal, exact_array, name_of, numpy_dtype
-from ..errors import BindingError, UnboundError
+from ..errors import BindingError, ModelError, UnboundError
+from ..ggml.tensors import load_gguf_tensors
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,14 @@ def load_weights(paths: str | Path | Sequence[str | Path]) -> dict[str, mx.array
         problem = weights_file_problem(path)
         if problem is not None:
             raise BindingError(f"cannot read weights file {str(path)!r}: {problem}")
+        if Path(path).suffix.lower() == ".gguf":
+            # mlxprog's own reader: it keeps every GGML type as the model
+            # loader does (mx.load expands or refuses most of them).
+            try:
+                weights.update(load_gguf_tensors(path)[0])
+            except ModelError as exc:
+                raise BindingError(str(exc)) from None
+            continue
         try:
             loaded = mx.load(str(path))
         except Exception as exc:  # MLX raises bare RuntimeError/ValueError for bad files

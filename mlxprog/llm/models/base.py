@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 import mlx.core as mx
 
+from ...ggml import types as ggml_types
 from ..cache import CacheLayout
-from ..config import Checkpoint, ModelConfig, ModelError, Quantization, infer_quantization
+from ..config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization
+from ..config import infer_quantization
 from ..config import is_int, metadata_value
 
 if TYPE_CHECKING:
@@ -172,18 +174,23 @@ def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
 
 
 def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[str, mx.array],
-                 source: Source, where: str, ignored: Sequence[re.Pattern] = ()
-                 ) -> tuple[dict[str, mx.array], dict[str, str], dict[str, Quantization]]:
+                 source: Source, where: str, ignored: Sequence[re.Pattern] = (),
+                 block_types: Mapping[str, str] | None = None
+                 ) -> tuple[dict[str, mx.array], dict[str, str],
+                            dict[str, Quantization | GGMLQuantization]]:
     """The logical weights of ``config`` read from a file's ``tensors`` (named
     as in ``source``): (weights, the stored name each came from, the
     quantization of every quantized layer). Rows are cut and transforms
     applied as the table says; every array's shape is checked against the
     table. Stored tensors no entry reads are an error, except those matching
     ``ignored`` and those of entries the config leaves out (a tied model's
-    stored ``lm_head``). ``where`` names the file in errors."""
+    stored ``lm_head``). ``block_types`` names the GGML block type of each
+    stored tensor kept in a GGUF file's blocks (``uint8 [rows, row_bytes]``).
+    ``where`` names the file in errors."""
     weights: dict[str, mx.array] = {}
     names: dict[str, str] = {}
-    quantization: dict[str, Quantization] = {}
+    quantization: dict[str, Quantization | GGMLQuantization] = {}
+    block_types = block_types or {}
     missing: list[str] = []
     read: set[str] = set()
     for e in expand(table, config, source):
@@ -206,6 +213,10 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
                     value = value[rows[0]:rows[1]]
                     label = f"{key}[{rows[0]}:{rows[1]}]"
                 if transform is not None:
+                    if key in block_types:
+                        raise ModelError(f"{where}: {key} is stored as {block_types[key]} "
+                                         f"blocks, but {e.name} is changed at load "
+                                         f"({transform.name}): store it as a float type")
                     value, label = transform.apply(value), f"{label}:{transform.name}"
                 found[part] = (value, label)
         has_bias = e.weight.matrix and e.weight.bias(config)
@@ -223,7 +234,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
             continue
         for part, (value, label) in found.items():
             weights[f"{e.name}.{part}"], names[f"{e.name}.{part}"] = value, label
-        _check_shapes(e.name, found, shape, quantization, where)
+        _check_shapes(e.name, found, shape, quantization, where,
+                      block_types.get(f"{e.stored}.weight"))
     if missing:
         raise ModelError(f"{where}: missing weight(s) {_some(missing)} that the "
                          f"{config.architecture} config needs")
@@ -250,11 +262,23 @@ def _absent_entries(table: Sequence[Weight], config: ModelConfig, source: Source
 
 
 def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tuple[int, ...],
-                  quantization: dict[str, Quantization], where: str) -> None:
+                  quantization: dict[str, Quantization | GGMLQuantization], where: str,
+                  block_type: str | None) -> None:
     """The arrays of one entry fit its logical ``shape``; records the
-    quantization of a quantized layer."""
+    quantization of a quantized layer (``block_type``: the GGML type of a
+    weight kept in GGUF blocks)."""
     weight, label = found["weight"]
-    if "scales" in found:
+    if block_type is not None:
+        t = ggml_types.BY_NAME[block_type]
+        if len(shape) != 2:
+            raise ModelError(f"{where}: {label} is {block_type} blocks, but {name} is not a "
+                             "matrix")
+        if shape[1] % t.block or tuple(weight.shape) != (shape[0], t.row_bytes(shape[1])):
+            raise ModelError(f"{where}: {label} holds {block_type} rows of "
+                             f"{tuple(weight.shape)} bytes, expected {shape} values "
+                             f"({shape[0]} rows of {t.row_bytes(shape[1])} bytes)")
+        quantization[name] = GGMLQuantization(block_type)
+    elif "scales" in found:
         if len(shape) != 2:
             raise ModelError(f"{where}: {label} is quantized, but {name} is not a matrix")
         quantization[name] = infer_quantization(
@@ -549,7 +573,10 @@ class Decoder:
         split by input columns), the ranks' partial products are summed
         before the bias is added, so the bias counts once."""
         quant = self.spec.quantization.get(name)
-        if quant is not None:
+        if isinstance(quant, GGMLQuantization):
+            y = sb.ggml_matmul(x, self.weight(f"{name}.weight"), type=quant.type,
+                               numerics=self.numerics)
+        elif quant is not None:
             # "exact" is the op's default: such programs stay as they were.
             numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
             y = sb.quantized_matmul(x, self.weight(f"{name}.weight"),
@@ -568,7 +595,10 @@ class Decoder:
     def embed(self, sb, tokens: Value) -> Value:
         """The float32 embeddings of ``tokens``."""
         quant = self.spec.quantization.get("embed_tokens")
-        if quant is None:
+        if isinstance(quant, GGMLQuantization):
+            rows = sb.ggml_dequantize(sb.take(self.weight("embed_tokens.weight"), tokens, axis=0),
+                                      type=quant.type)
+        elif quant is None:
             rows = sb.take(self.weight("embed_tokens.weight"), tokens, axis=0)
         else:
             parts = [sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
@@ -751,10 +781,12 @@ class Decoder:
 
 
 def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mapping[str, mx.array],
-                            source: Source, where: str, path, tokenizer: Tokenizer) -> Checkpoint:
-    """A :class:`Checkpoint` of ``family`` from a file's ``tensors``."""
+                            source: Source, where: str, path, tokenizer: Tokenizer,
+                            block_types: Mapping[str, str] | None = None) -> Checkpoint:
+    """A :class:`Checkpoint` of ``family`` from a file's ``tensors``
+    (``block_types``: see :func:`read_weights`)."""
     ignored = family.hf_ignored if source == "hf" else ()
     weights, names, quantization = read_weights(family.weights(config), config, tensors,
-                                                source, where, ignored)
+                                                source, where, ignored, block_types)
     return Checkpoint(path=path, config=config, weights=weights, quantization=quantization,
                       tokenizer=tokenizer, source_names=names)

@@ -314,8 +314,10 @@ class LlamaDecoder(Decoder):
         names = [f"{p}.self_attn.qkv_proj", f"{p}.self_attn.o_proj", f"{p}.mlp.gate_up_proj",
                  f"{p}.mlp.down_proj"]
         quant = {self.spec.quantization.get(name) for name in names}
+        # The op reads MLX's affine quantization (not GGUF's own blocks).
         if (not self.fused_attention or self.shard.world_size > 1 or len(quant) != 1
-                or None in quant or any(name not in self.spec.fused for name in names[::2])
+                or not isinstance(next(iter(quant)), Quantization)
+                or any(name not in self.spec.fused for name in names[::2])
                 or any(self.has(f"{name}.bias") for name in names)):
             return None
         gate_rows = self.spec.local_shape(f"{p}.mlp.gate_proj.weight", self.shard)[0]

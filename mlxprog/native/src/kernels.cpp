@@ -10,26 +10,26 @@
 
 namespace mlxprog {
 
-namespace portable {
+namespace kernels_portable {
 extern const Kernels table;
 }
 #if defined(__x86_64__) || defined(_M_X64)
-namespace avx2 {
+namespace kernels_avx2 {
 extern const Kernels table;
 }
 #endif
 #if MLXPROG_HAVE_AVXVNNI
-namespace avxvnni {
+namespace kernels_avxvnni {
 extern const Kernels table;
 }
 #endif
 #if MLXPROG_HAVE_AVX512VNNI
-namespace avx512vnni {
+namespace kernels_avx512vnni {
 extern const Kernels table;
 }
 #endif
 #if MLXPROG_HAVE_DOTPROD
-namespace dotprod {
+namespace kernels_dotprod {
 extern const Kernels table;
 }
 #endif
@@ -58,23 +58,23 @@ int usable_tables(const Kernels* out[5]) {
 #if MLXPROG_HAVE_AVX512VNNI
   if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw"))
-    out[n++] = &avx512vnni::table;
+    out[n++] = &kernels_avx512vnni::table;
 #endif
 #if MLXPROG_HAVE_AVXVNNI
-  if (avx2 && __builtin_cpu_supports("avxvnni")) out[n++] = &avxvnni::table;
+  if (avx2 && __builtin_cpu_supports("avxvnni")) out[n++] = &kernels_avxvnni::table;
 #endif
-  if (avx2) out[n++] = &avx2::table;
+  if (avx2) out[n++] = &kernels_avx2::table;
 #endif
 #if defined(__aarch64__) && MLXPROG_HAVE_DOTPROD
-  if (cpu_has_dotprod()) out[n++] = &dotprod::table;
+  if (cpu_has_dotprod()) out[n++] = &kernels_dotprod::table;
 #endif
-  out[n++] = &portable::table;
+  out[n++] = &kernels_portable::table;
   return n;
 }
 
 }  // namespace
 
-const Kernels& portable_kernels() { return portable::table; }
+const Kernels& portable_kernels() { return kernels_portable::table; }
 
 const Kernels* kernels_named(const char* name) {
   const Kernels* tables[5];
@@ -129,8 +129,8 @@ uint16_t float_to_half(float f) {
     if (magnitude < 0x33000000) return sign;           // below half of the smallest
     const uint32_t shift = 126 - (magnitude >> 23);
     const uint32_t mantissa = (magnitude & 0x7FFFFF) | 0x800000;
-    uint32_t result = mantissa >> (shift + 1);
-    const uint32_t rest = mantissa & ((1u << (shift + 1)) - 1), half = 1u << shift;
+    uint32_t result = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rest > half || (rest == half && (result & 1))) ++result;
     return sign | static_cast<uint16_t>(result);
   }

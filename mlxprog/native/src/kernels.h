@@ -1,12 +1,27 @@
-// Kernels of mlxprog's native CPU primitives, free of MLX types.
+// Kernels of mlxprog's native CPU primitives, free of MLX types: the problem
+// each kernel solves and the table of them (Kernels) that a primitive calls.
 //
-// Every kernel exists once per instruction set: kernels_isa.inc is compiled
-// into a portable table (the compiler's baseline: SSE2 on x86-64, NEON on
-// arm64) and, on x86-64, into an AVX2+FMA table with hand-written inner loops
-// and two more that differ only in the int8 matmul's dot products (AVX-VNNI,
-// AVX512-VNNI), on arm64 into a dot-product (sdot) table, where the compiler
-// can build them. select_kernels() picks a table at run time from the CPU's
-// features.
+// One table per instruction set, laid out as ggml-cpu lays out its arch
+// folders. kernels/portable/<family>.h holds a family's plain C++ code,
+// kernels/x86/<family>.h its AVX2 code (with AVX-VNNI or AVX512-VNNI dot
+// products in the int8 matmul where the table is compiled with them) and
+// kernels/arm/<family>.h its NEON code (with sdot where compiled for it).
+// A table file, kernels_<table>.cpp, defines MLXPROG_ISA_NS (its namespace,
+// into which every header it includes puts its own copy of the code) and is
+// compiled with its ISA's flags; it names each family's version it runs:
+//   kernels_portable.cpp    the compiler's baseline (SSE2 on x86-64, NEON on
+//                           arm64, whose quantized matmuls are arm/'s);
+//   kernels_avx2.cpp        AVX2+FMA (x86-64);
+//   kernels_avxvnni.cpp     the AVX2 table with AVX-VNNI dot products;
+//   kernels_avx512vnni.cpp  the AVX2 table with AVX512-VNNI dot products and
+//                           a 512-bit GEMM tile;
+//   kernels_dotprod.cpp     NEON with the dot-product extension (arm64).
+// A family an ISA has no code of runs the portable code, compiled with that
+// table's flags. Where an algorithm is shared and only its inner loops are
+// not (the RMS norm, attention, the GEMM's blocking), the portable header
+// writes it as a template over the loops (a `Vec`, `Loops` or `Tile` type)
+// and the table names the ISA's: portable::rms_norm<x86::Vec>.
+// select_kernels() picks a table at run time from the CPU's features.
 #pragma once
 
 #include <cstddef>
@@ -220,6 +235,24 @@ struct WindowProblem {
   int64_t inner;
 };
 
+// The exact integer matmul's micro-kernel for lanes of type Lane (its
+// blocking driver: primitives/int_matmul_driver.h): c[i * ldc + j] += sum
+// over k < kc of a[k * mr + i] * b[k * nr + j], for an mr x nr tile of lanes
+// (a, b: packed micro-panels), wrapping as unsigned arithmetic does.
+template <class Lane>
+struct IntTile {
+  int64_t mr, nr;
+  void (*micro)(int64_t kc, const Lane* a, const Lane* b, Lane* c, int64_t ldc);
+};
+
+// One tile per lane width: 8- and 16-bit dtypes are computed in uint16
+// lanes, 32-bit ones in uint32, 64-bit ones in uint64.
+struct IntMatmulTiles {
+  IntTile<uint16_t> u16;
+  IntTile<uint32_t> u32;
+  IntTile<uint64_t> u64;
+};
+
 struct Kernels {
   const char* isa;
   // Convert x (M x K, `dtype`) to float32 in the order the qmm kernel reads
@@ -228,7 +261,7 @@ struct Kernels {
                         int group_size, bool transpose, float* xp, float* xsum);
   // Output columns [n0, n1) of a quantized matmul, every row.
   void (*qmm)(const QmmProblem& p, int64_t n0, int64_t n1);
-  // int8 numerics, 4- and 8-bit codes, transpose (see kernels_isa.inc):
+  // int8 numerics, 4- and 8-bit codes, transpose (see kernels/portable/qmm.h):
   // quantize x (M x K, `dtype`) per group to int8 in the order qmm_q8 reads
   // codes, leaving xhat = d * q in `xp` (M x K floats, the same order; qmm_q8
   // reads it as p.x), then output columns [n0, n1).
@@ -270,6 +303,8 @@ struct Kernels {
   void (*window_reduce)(const WindowProblem& p, int64_t r0, int64_t r1);
   // The rows of sgemm's register tile: row blocks split best on its multiples.
   int sgemm_rows;
+  // The exact integer matmul's micro-kernels.
+  IntMatmulTiles int_matmul;
 };
 
 const Kernels& portable_kernels();

@@ -30,6 +30,7 @@
 #include "mlx/primitives.h"
 #include "threadpool.h"
 #include "int_matmul.h"
+#include "quant_matmul.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -1450,6 +1451,7 @@ NB_MODULE(_mlxprog_native, m) {
         return names;
       }, "The kernel tables built here that this CPU runs, best first.");
   mlxprog::bind_int_matmul(m);
+  mlxprog::bind_quants(m, &mlxprog::active_kernels);
   m.def("threads", [] { return mlxprog::ThreadPool::instance().threads(); },
         "The kernels' thread count, the calling thread included.");
 }

@@ -1,0 +1,105 @@
+"""GGUF tensors as MLX arrays, each GGML type kept as its ``storage`` in
+:mod:`.types` says: float types as MLX arrays; the ``"affine"`` types
+re-laid as MLX's affine quantization (``stem.weight`` packed ``uint32``,
+``stem.scales``, ``stem.biases``: the same values, read by the affine
+kernels); every other type as the file's own blocks (``uint8 [rows,
+row_bytes]``), read by the ``ggml_matmul`` / ``ggml_dequantize`` ops. For a
+GPU device (no native kernels there) the block types MLX's affine format
+holds exactly are re-laid as affine too, and the rest are expanded to
+float16 with a one-line notice naming the types and the memory cost.
+
+Both the LLM loader and the weight binding of ``mlxprog.compile(...,
+weights="model.gguf")`` read GGUF files through here, so a program exported
+from a model binds the same arrays the model was built with.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import ModelError
+from . import affine
+from . import types as ggml_types
+from .checks import first_nonfinite_block
+from .dequantize import dequantize
+from .gguf_file import GGUFFile, TensorInfo, open_gguf
+
+
+def load_gguf_tensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """Every tensor of the GGUF file at ``path`` as :func:`read_tensors`
+    keeps it (for the default device), and the block type of each tensor
+    kept as blocks."""
+    with open_gguf(path) as gguf:
+        return read_tensors(gguf, set(gguf.tensors), on_gpu=mx.default_device() != mx.cpu)
+
+
+def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
+                 ) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """The tensors ``names`` of an open file as MLX arrays, each kept as its
+    type's storage says (``on_gpu``: as a GPU device can run them, see the
+    module docstring), and the GGML block type of each tensor kept as
+    blocks. Each tensor's bytes are read once, straight into memory of its
+    own (no mapping of the file stays alive)."""
+    tensors: dict[str, mx.array] = {}
+    block_types: dict[str, str] = {}
+    expanded: dict[str, int] = {}
+    for name, info in gguf.tensors.items():
+        if name not in names:
+            continue
+        t = info.type
+        if t.storage == "float":
+            tensors[name] = float_tensor(gguf, info)
+            continue
+        blocks = gguf.read(name)
+        _check_scales(gguf, info, blocks)
+        if t.storage == "affine" or (on_gpu and t.name in affine.affine_types()):
+            stem = name[:-len(".weight")] if name.endswith(".weight") else name
+            packed, scales, biases, _, _ = affine.to_affine(t.name, blocks)
+            tensors[f"{stem}.weight"] = mx.array(packed)
+            tensors[f"{stem}.scales"] = mx.array(scales)
+            tensors[f"{stem}.biases"] = mx.array(biases)
+        elif on_gpu:
+            tensors[name] = _expanded(t, blocks)
+            expanded[t.name] = expanded.get(t.name, 0) + int(np.prod(info.shape)) * 2
+        else:
+            tensors[name] = mx.array(blocks)
+            block_types[name] = t.name
+        del blocks
+    if expanded:
+        print(f"mlxprog: {', '.join(sorted(expanded))} tensors expanded to float16 for "
+              f"{mx.default_device()} (no quantized kernels there): "
+              f"{sum(expanded.values()) / 2**20:.0f} MiB", file=sys.stderr)
+    return tensors, block_types
+
+
+def float_tensor(gguf: GGUFFile, info: TensorInfo) -> mx.array:
+    """A tensor of a float type (F32, F16, BF16) as an MLX array; any other
+    type dequantized to float32."""
+    data = gguf.read(info.name)
+    if info.type.name == "BF16":
+        return mx.array(data).view(mx.bfloat16)
+    if info.type.storage == "float":
+        return mx.array(data)
+    _check_scales(gguf, info, data)
+    return _expanded(info.type, data).astype(mx.float32)
+
+
+def _expanded(t: ggml_types.GGMLType, blocks: np.ndarray) -> mx.array:
+    """Block rows as float16 (dequantized with MLX ops on the CPU stream)."""
+    with mx.stream(mx.cpu):
+        out = dequantize(t.name, mx.array(blocks)).astype(mx.float16)
+        mx.eval(out)
+    return out
+
+
+def _check_scales(gguf: GGUFFile, info: TensorInfo, blocks: np.ndarray) -> None:
+    """A :class:`ModelError` naming the tensor and block when a block's scale
+    is NaN or infinite (its values would be, silently)."""
+    bad = first_nonfinite_block(info.type, blocks)
+    if bad is not None:
+        raise ModelError(f"{gguf.path}: tensor {info.name!r} ({info.type.name}): block {bad} "
+                         "has a NaN or infinite scale")

@@ -1,0 +1,235 @@
+// portable: attention over a KV cache (AttentionProblem), float or quantized.
+// The algorithm (which keys a query sees, the capped and masked softmax, a
+// quantized cache's blocks of dequantized keys and values and its float
+// window) is written once, over the inner loops of a `Loops` type: the plain
+// C++ AttentionLoops below, or x86/attention.h's AVX2 ones.
+#pragma once
+
+#include <cstring>
+
+#include "kernels/portable/hadamard.h"
+#include "kernels/portable/vec.h"
+
+namespace mlxprog {
+namespace MLXPROG_ISA_NS {
+namespace {
+namespace portable {
+
+struct AttentionLoops {
+  // scores[j] = exp(scores[j] - top) for j < n (masked scores are -inf: 0);
+  // returns their sum.
+  static float softmax_numerators(float* scores, int64_t n, float top) {
+    float total = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = scores[j] == -__builtin_inff() ? 0.f : __builtin_expf(scores[j] - top);
+      scores[j] = e;
+      total += e;
+    }
+    return total;
+  }
+
+  // out = sum_j w[j] * rows[j] over n rows of D floats (zero weights
+  // skipped), or with `accumulate` out += that sum. The output is kept in
+  // registers 64 floats at a time, so consecutive rows do not wait on each
+  // other's stores.
+  static void weighted_rows(const float* w, const float* rows, int64_t n, int64_t D, float* out,
+                            bool accumulate = false) {
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const int64_t width = imin(64, D - d0);
+      float acc[64];
+      for (int64_t d = 0; d < width; ++d) acc[d] = accumulate ? out[d0 + d] : 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        if (w[j] == 0.f) continue;
+        const float* r = rows + j * D + d0;
+        for (int64_t d = 0; d < width; ++d) acc[d] += w[j] * r[d];
+      }
+      for (int64_t d = 0; d < width; ++d) out[d0 + d] = acc[d];
+    }
+  }
+
+  // dots[j] = dot(q, keys[j]) * scale for j < n.
+  static void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float scale,
+                         float* dots) {
+    for (int64_t j = 0; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
+  }
+
+  // Rows [row0, row0 + n) of a quantized cache of D features a row (`bits`
+  // wide codes, groups of `group_size`) as floats, scale * code + bias, into
+  // out (n x D).
+  static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
+                              int64_t row0, int64_t n, float* out) {
+    const int64_t row_bytes = D * bits / 8, groups = D / group_size;
+    for (int64_t r = 0; r < n; ++r) {
+      const uint8_t* codes = c.codes + (row0 + r) * row_bytes;
+      const float* scales = c.scales + (row0 + r) * groups;
+      const float* biases = c.biases + (row0 + r) * groups;
+      float* row = out + r * D;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* src = codes + g * group_size * bits / 8;
+        float* dst = row + g * group_size;
+        const float scale = scales[g], bias = biases[g];
+        for (int64_t i = 0; i < group_size; ++i) {
+          const int code = bits == 8 ? src[i] : (src[i / 2] >> (4 * (i % 2))) & 0x0F;
+          dst[i] = scale * static_cast<float>(code) + bias;
+        }
+      }
+    }
+  }
+};
+
+// What a query saw: keys (its scores are now softmax weights), no key at
+// all (its output is zeros), or a NaN or +inf score (NaN, as a softmax
+// over them gives).
+enum class Seen { keys, nothing, nan };
+
+// A query's n raw scores (q . k * scale) made into its attention weights in
+// place: capped (softcap), masked (key_mask; -inf), softmaxed.
+template <class Loops>
+Seen attention_weights(const AttentionProblem& p, float* scores, int64_t n,
+                       const uint8_t* mask) {
+  if (p.softcap > 0.f)
+    for (int64_t j = 0; j < n; ++j) scores[j] = p.softcap * __builtin_tanhf(scores[j] / p.softcap);
+  float top = -__builtin_inff();
+  bool nan = false;
+  for (int64_t j = 0; j < n; ++j) {
+    if (mask && !mask[j]) scores[j] = -__builtin_inff();
+    nan |= scores[j] != scores[j];
+    top = scores[j] > top ? scores[j] : top;
+  }
+  if (nan || top == __builtin_inff()) return Seen::nan;
+  if (top == -__builtin_inff()) return Seen::nothing;
+  const float norm = 1.f / Loops::softmax_numerators(scores, n, top);
+  for (int64_t j = 0; j < n; ++j) scores[j] *= norm;
+  return Seen::keys;
+}
+
+// One work item per (batch, head, query position).
+template <class Loops>
+void attention(const AttentionProblem& p, int64_t i0, int64_t i1) {
+  const int64_t S = p.S, D = p.D, group = p.H / p.H_kv;
+  // Keys after the last query's position are never seen.
+  const int64_t visible_end = imin(S, p.start + p.T);
+  float* scores = new float[visible_end > 0 ? visible_end : 1];
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t t = i % p.T, h = (i / p.T) % p.H, b = i / (p.T * p.H), kv = h / group;
+    const float* k = p.k + (b * p.H_kv + kv) * S * D;
+    const float* v = p.v + (b * p.H_kv + kv) * S * D;
+    const float* q = p.q + i * D;
+    float* out = p.out + i * D;
+    const int64_t end = imin(S, p.start + t + 1);
+    // The window's first key: keys before it are not scored at all.
+    const int64_t first = p.window > 0 ? p.start + t + 1 - p.window : 0;
+    const int64_t begin = first > 0 ? first : 0;
+    const int64_t n = end > begin ? end - begin : 0;
+    const uint8_t* mask = p.key_mask ? p.key_mask + b * S + begin : nullptr;
+    k += begin * D;
+    v += begin * D;
+    Loops::key_scores(q, k, n, D, p.scale, scores);
+    switch (attention_weights<Loops>(p, scores, n, mask)) {
+      case Seen::nan:
+        for (int64_t d = 0; d < D; ++d) out[d] = __builtin_nanf("");
+        break;
+      case Seen::nothing:
+        for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
+        break;
+      case Seen::keys:
+        Loops::weighted_rows(scores, v, n, D, out);
+    }
+  }
+  delete[] scores;
+}
+
+// Put into `rows` (the dequantized rows of slots [slot0, slot0 + n) of batch
+// b, KV head kv: keys, or values with `values`) the rows that the query at
+// slot `pos` reads from the float window instead (RecentRows): only slots of
+// the last R up to pos can differ, so the loop visits at most R.
+void read_recent(const AttentionProblem& p, bool values, int64_t b, int64_t kv, int64_t pos,
+                 int64_t slot0, int64_t n, float* rows) {
+  const RecentRows& r = p.recent;
+  const int64_t D = p.D, head = b * p.H_kv + kv;
+  for (int64_t j = imax(slot0, pos - r.R + 1); j < imin(slot0 + n, pos + 1); ++j) {
+    const float* row = nullptr;
+    if (j >= p.start)  // written this step: the cache holds it rounded
+      row = (values ? r.new_v : r.new_k) + (head * p.T + j - p.start) * D;
+    else if (r.slots[b * r.R + j % r.R] == j)
+      row = (values ? r.v_recent : r.k_recent) + (head * r.R + j % r.R) * D;
+    if (row) std::memcpy(rows + (j - slot0) * D, row, D * sizeof(float));
+  }
+}
+
+// One work item per (batch, KV head, query position): the group's query
+// heads at that position see the same keys, so each block of keys and of
+// values is dequantized once for all of them (into L1-sized scratch), the
+// float window's rows put in, then scored and summed as the float kernel does.
+template <class Loops>
+void attention_quantized(const AttentionProblem& p, int64_t i0, int64_t i1) {
+  constexpr int64_t kBlock = 64;  // keys dequantized at a time
+  const int64_t S = p.S, D = p.D, group = p.H / p.H_kv;
+  const int64_t visible_end = imin(S, p.start + p.T);
+  // Raw arrays: a std::vector would be instantiated in every table's copy.
+  float* scores = new float[group * (visible_end > 0 ? visible_end : 1)];
+  float* rows = new float[kBlock * D];
+  float* queries = new float[group * D];  // the group's queries, transformed with kv_hadamard
+  Seen* seen = new Seen[group];
+  // 1 / group_size is a power of two: scaling by it rounds nothing.
+  const float unscale = p.kv_hadamard ? 1.f / static_cast<float>(p.kv_group_size) : 1.f;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t t = i % p.T, kv = (i / p.T) % p.H_kv, b = i / (p.T * p.H_kv);
+    const int64_t end = imin(S, p.start + t + 1);
+    const int64_t first = p.window > 0 ? p.start + t + 1 - p.window : 0;
+    const int64_t begin = first > 0 ? first : 0;
+    const int64_t n = end > begin ? end - begin : 0;
+    const int64_t row0 = (b * p.H_kv + kv) * S + begin;  // the first visible slot's row
+    const uint8_t* mask = p.key_mask ? p.key_mask + b * S + begin : nullptr;
+    auto query = [&](int64_t g) { return ((b * p.H + kv * group + g) * p.T + t) * D; };
+    for (int64_t g = 0; g < group; ++g) {
+      float* q = queries + g * D;
+      std::memcpy(q, p.q + query(g), D * sizeof(float));
+      if (p.kv_hadamard) {
+        hadamard(q, D, p.kv_group_size);
+        for (int64_t d = 0; d < D; ++d) q[d] *= unscale;
+      }
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t count = imin(kBlock, n - j0);
+      Loops::dequantize_rows(p.k_quantized, p.kv_bits, p.kv_group_size, D, row0 + j0, count,
+                             rows);
+      if (p.recent.R > 0)
+        read_recent(p, false, b, kv, p.start + t, begin + j0, count, rows);
+      for (int64_t g = 0; g < group; ++g)
+        Loops::key_scores(queries + g * D, rows, count, D, p.scale, &scores[g * n + j0]);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      seen[g] = attention_weights<Loops>(p, &scores[g * n], n, mask);
+      float* out = p.out + query(g);
+      const float fill = seen[g] == Seen::nan ? __builtin_nanf("") : 0.f;
+      for (int64_t d = 0; d < D; ++d) out[d] = fill;
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t count = imin(kBlock, n - j0);
+      Loops::dequantize_rows(p.v_quantized, p.kv_bits, p.kv_group_size, D, row0 + j0, count,
+                             rows);
+      if (p.recent.R > 0)
+        read_recent(p, true, b, kv, p.start + t, begin + j0, count, rows);
+      for (int64_t g = 0; g < group; ++g)
+        if (seen[g] == Seen::keys)
+          Loops::weighted_rows(&scores[g * n + j0], rows, count, D, p.out + query(g), true);
+    }
+    if (p.kv_hadamard)  // the weighted sum of transformed values, transformed back
+      for (int64_t g = 0; g < group; ++g)
+        if (seen[g] == Seen::keys) {
+          float* out = p.out + query(g);
+          hadamard(out, D, p.kv_group_size);
+          for (int64_t d = 0; d < D; ++d) out[d] *= unscale;
+        }
+  }
+  delete[] scores;
+  delete[] rows;
+  delete[] queries;
+  delete[] seen;
+}
+
+}  // namespace portable
+}  // namespace
+}  // namespace MLXPROG_ISA_NS
+}  // namespace mlxprog

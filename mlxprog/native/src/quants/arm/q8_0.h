@@ -1,0 +1,33 @@
+// arm Q8_0 (see portable/q8_0.h): the codes are the block's bytes.
+#pragma once
+
+#include "block32.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+namespace block32 {
+
+// A Q8_0 block's 32 signed codes.
+inline Codes32 q8_0_codes(const uint8_t* block) {
+  return {vld1q_s8(reinterpret_cast<const int8_t*>(block + 2)),
+          vld1q_s8(reinterpret_cast<const int8_t*>(block + 18))};
+}
+
+// A row of Q8_0 blocks to float32, as gguf computes it.
+void dequantize_row_q8_0(const uint8_t* src, float* y, int64_t n) {
+  dequantize_blocks<kQ8_0Bytes>(src, y, n, q8_0_codes, fp16_scale);
+}
+
+// Q8_0 row . q8_0 row.
+float vec_dot_q8_0(int64_t n, const uint8_t* w, const void* x) {
+  return dot_blocks_q8_0<kQ8_0Bytes>(n, w, static_cast<const BlockQ8_0*>(x), q8_0_codes,
+                                     fp16_scale);
+}
+
+}  // namespace block32
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

@@ -1,0 +1,85 @@
+// portable IQ1_M (1.75 bits/weight): per 256, 32 low index bytes, 16 bytes
+// of 4-bit fields (per 8 weights a 3-bit index high, making 11-bit indices
+// into the 2048 x 8 ternary iq1s_grid, and the sign of a shift delta =
+// +-1/8), and four uint16 holding 3-bit scales s (one per 16) in their low
+// 12 bits and the fp16 d in their top nibbles; w = d * (2s + 1) * (grid + delta).
+#pragma once
+
+#include "iq_common.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+
+constexpr int kIq1mBytes = 56;
+
+// The block's fp16 d, gathered from the top nibbles of its scale words.
+inline float iq1_m_d(const uint8_t* block) {
+  const uint32_t s0 = load_u16(block + 48), s1 = load_u16(block + 50);
+  const uint32_t s2 = load_u16(block + 52), s3 = load_u16(block + 54);
+  const uint32_t bits = (s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000);
+  return fp16_to_fp32(static_cast<uint16_t>(bits));
+}
+
+// The scale of the block's h-th 16 weights as the odd factor 2s + 1.
+inline int32_t iq1_m_scale(const uint8_t* block, int h) {
+  return static_cast<int32_t>(2 * ((load_u16(block + 48 + 2 * (h / 4)) >> (3 * (h % 4))) & 7) + 1);
+}
+
+// The 4-bit field of the block's k-th group of 8 weights.
+inline uint32_t iq1_m_field(const uint8_t* block, int k) {
+  return (block[32 + k / 2] >> (4 * (k % 2))) & 15;
+}
+
+// The grid row of the block's k-th group of 8 weights.
+inline const int8_t* iq1_m_row(const int8_t* grid, const uint8_t* block, int k) {
+  return grid + 8 * (block[k] | ((iq1_m_field(block, k) & 7) << 8));
+}
+
+// A row of IQ1_M blocks to float32, as gguf computes it.
+void dequantize_row_iq1_m(const uint8_t* src, float* y, int64_t n) {
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1mBytes) {
+    const float d = iq1_m_d(src);
+    for (int h = 0; h < 16; ++h) {
+      const float dl = d * static_cast<float>(iq1_m_scale(src, h));
+      for (int k = 2 * h; k < 2 * h + 2; ++k, y += 8) {
+        const float delta = iq1_m_field(src, k) & 8 ? -0.125f : 0.125f;
+        write_shifted_grid(dl, iq1_m_row(grid, src, k), delta, y);
+      }
+    }
+  }
+}
+
+// IQ1_M row . q8_K row: per block, the integer sums of grid . q and of the
+// signed shifts (+-1 times each 8 codes' sum), each weighted by 2s + 1, meet
+// in one float: d * (grid part + shift part / 8).
+float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq1mBytes) {
+    const int8_t* q = x[i].qs;
+    int32_t grid_sum = 0, shift_sum = 0;
+    for (int h = 0; h < 16; ++h) {
+      int32_t sub_grid = 0, sub_shift = 0;
+      for (int k = 2 * h; k < 2 * h + 2; ++k, q += 8) {
+        sub_grid += ternary_grid_dot(iq1_m_row(grid, w, k), q);
+        const int32_t codes = code_sum8(q);
+        sub_shift += iq1_m_field(w, k) & 8 ? -codes : codes;
+      }
+      const int32_t scale = iq1_m_scale(w, h);
+      grid_sum += scale * sub_grid;
+      shift_sum += scale * sub_shift;
+    }
+    sum += iq1_m_d(w) * x[i].d *
+           (static_cast<float>(grid_sum) + 0.125f * static_cast<float>(shift_sum));
+  }
+  return sum;
+}
+
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

@@ -1,0 +1,58 @@
+// portable IQ4_XS (4.25 bits/weight): per 256, an fp16 d; per 32, a 6-bit
+// signed scale; 4-bit indices into the 16 non-linear levels kIq4Values.
+// w = (d * scale) * kIq4Values[q].
+#pragma once
+
+#include "kquant_blocks.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+
+// A block's 256 levels in element order: each 32 elements are 16 bytes, the
+// low nibbles the first 16, the high nibbles the next 16.
+inline void unpack_iq4_xs(const kquant::IQ4XS& b, int8_t levels[kquant::kBlock]) {
+  for (int sub = 0; sub < 8; ++sub)
+    for (int l = 0; l < 16; ++l) {
+      levels[32 * sub + l] = kquant::kIq4Values[b.qs[16 * sub + l] & 0x0F];
+      levels[32 * sub + 16 + l] = kquant::kIq4Values[b.qs[16 * sub + l] >> 4];
+    }
+}
+
+// A row of IQ4_XS blocks to float32, as gguf computes it.
+void dequantize_row_iq4_xs(const uint8_t* src, float* y, int64_t n) {
+  const kquant::IQ4XS* blocks = reinterpret_cast<const kquant::IQ4XS*>(src);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i, y += kquant::kBlock) {
+    const float d = load_fp16(blocks[i].d);
+    int8_t scales[8], levels[kquant::kBlock];
+    kquant::iq4_xs_scales(blocks[i], scales);
+    unpack_iq4_xs(blocks[i], levels);
+    for (int sub = 0; sub < 8; ++sub) {
+      const float scale = d * static_cast<float>(scales[sub]);
+      for (int j = 32 * sub; j < 32 * sub + 32; ++j) y[j] = scale * static_cast<float>(levels[j]);
+    }
+  }
+}
+
+// IQ4_XS row . q8_K row: per block d_w * d_x * sum scale * (levels . q8).
+float vec_dot_iq4_xs(int64_t n, const uint8_t* w, const void* xv) {
+  const kquant::IQ4XS* blocks = reinterpret_cast<const kquant::IQ4XS*>(w);
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    int8_t scales[8], levels[kquant::kBlock];
+    kquant::iq4_xs_scales(blocks[i], scales);
+    unpack_iq4_xs(blocks[i], levels);
+    int32_t dot = 0;
+    for (int sub = 0; sub < 8; ++sub)
+      dot += scales[sub] * kquant::code_dot(levels + 32 * sub, x[i].qs + 32 * sub, 32);
+    sum += x[i].d * load_fp16(blocks[i].d) * static_cast<float>(dot);
+  }
+  return sum;
+}
+
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

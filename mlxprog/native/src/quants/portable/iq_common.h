@@ -1,0 +1,96 @@
+// portable: helpers the IQ and ternary types' kernels share (sign patterns,
+// codebook rows, small integer dot products with q8_K codes).
+#pragma once
+
+#include "../common.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+
+constexpr int kSuperBlock = 256;  // elements of every type in this group
+
+// The 8 sign bits of a 7-bit sign index (IQ2_XXS, IQ2_XS, IQ3_XXS): the
+// encoder only stores sign patterns with an even number of minus signs, so
+// the eighth bit is the parity of the other seven (llama.cpp's ksigns table).
+inline uint32_t even_signs(uint32_t index7) {
+  uint32_t parity = index7 ^ (index7 >> 4);
+  parity ^= parity >> 2;
+  parity ^= parity >> 1;
+  return index7 | ((parity & 1) << 7);
+}
+
+// A codebook set from Python (mlxprog/ggml/codebooks.py) as its bytes.
+inline const uint8_t* grid_bytes(const char* name) {
+  return static_cast<const uint8_t*>(codebook(name));
+}
+
+// sum_j grid[j] * (+-q[j]) over `width` values, q[j] negated where bit j of
+// `signs` is set: one grid row against its q8 codes.
+inline int32_t signed_grid_dot(const uint8_t* grid, uint32_t signs, const int8_t* q, int width) {
+  int32_t sum = 0;
+  for (int j = 0; j < width; ++j) {
+    const int32_t sign = 1 - 2 * static_cast<int32_t>((signs >> j) & 1);
+    sum += static_cast<int32_t>(grid[j]) * sign * q[j];
+  }
+  return sum;
+}
+
+// Writes `width` values (scale * grid[j]) * +-1, -1 where bit j of `signs`
+// is set: gguf's operations, and a multiply rather than a branch on random
+// sign bits.
+inline void write_signed_grid(float scale, const uint8_t* grid, uint32_t signs, float* y,
+                              int width) {
+  for (int j = 0; j < width; ++j) {
+    const float sign = 1.0f - 2.0f * static_cast<float>((signs >> j) & 1);
+    y[j] = scale * static_cast<float>(grid[j]) * sign;
+  }
+}
+
+// sum_j grid[j] * q[j] over one 8-wide row of the ternary iq1s_grid
+// (int8 values -1, 0, 1) and its q8 codes.
+inline int32_t ternary_grid_dot(const int8_t* grid, const int8_t* q) {
+  int32_t sum = 0;
+  for (int j = 0; j < 8; ++j) sum += static_cast<int32_t>(grid[j]) * q[j];
+  return sum;
+}
+
+// The sum of 8 q8 codes.
+inline int32_t code_sum8(const int8_t* q) {
+  int32_t sum = 0;
+  for (int j = 0; j < 8; ++j) sum += q[j];
+  return sum;
+}
+
+// Writes the 8 values scale * (grid[j] + delta) of an iq1s_grid row (gguf's
+// order: the shift first, exact, then one rounding).
+inline void write_shifted_grid(float scale, const int8_t* grid, float delta, float* y) {
+  for (int j = 0; j < 8; ++j) y[j] = scale * (static_cast<float>(grid[j]) + delta);
+}
+
+// The little-endian uint32 at p (blocks are byte arrays: no alignment).
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The little-endian uint16 at p.
+inline uint32_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// The sum of a q8_K block's 256 codes (from its per-16 sums).
+inline int32_t q8k_code_sum(const BlockQ8_K& x) {
+  int32_t sum = 0;
+  for (int k = 0; k < kSuperBlock / 16; ++k) sum += x.bsums[k];
+  return sum;
+}
+
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

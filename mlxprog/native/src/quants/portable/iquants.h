@@ -1,0 +1,49 @@
+// portable: the IQ types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+// IQ3_S) and the ternary ones (TQ1_0, TQ2_0): 256-weight super-blocks dotted
+// with q8_K activations, plain C++ (no vector tables: every table resolves
+// these types to the kernels here).
+//
+// The IQ grids are not written here: mlxprog/ggml/codebooks.py builds them
+// from the gguf package and sets them (quants::set_codebook) before any
+// kernel of these types runs. Names and byte layouts (row r of a grid is the
+// `width` bytes at r * width, i.e. llama.cpp's uint64/uint32 grid entries
+// read as little-endian bytes):
+//   "iq2xxs_grid"  256 x 8 uint8 (values 8, 25, 43)          IQ2_XXS
+//   "iq2xs_grid"   512 x 8 uint8 (values 8, 25, 43)          IQ2_XS
+//   "iq2s_grid"   1024 x 8 uint8 (values 8, 25, 43)          IQ2_S
+//   "iq3xxs_grid"  256 x 4 uint8 (values 4, 12, ..., 52, 62)  IQ3_XXS
+//   "iq3s_grid"    512 x 4 uint8 (values 1, 3, ..., 15)      IQ3_S
+//   "iq1s_grid"   2048 x 8 int8  (values -1, 0, 1)           IQ1_S, IQ1_M
+// The 7-bit sign indices' patterns (llama.cpp's ksigns) follow a rule (the
+// eighth sign is the parity of the seven) and are computed (even_signs).
+#include "iq_common.h"
+#include "iq1_m.h"
+#include "iq1_s.h"
+#include "iq2_s.h"
+#include "iq2_xs.h"
+#include "iq2_xxs.h"
+#include "iq3_s.h"
+#include "iq3_xxs.h"
+#include "tq1_0.h"
+#include "tq2_0.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+
+// Registers the group's row dequantizers and q8_K dot products.
+inline void add_iquants(QuantKernels& k) {
+  k.types[static_cast<int>(Type::IQ1_S)] = {dequantize_row_iq1_s, vec_dot_iq1_s};
+  k.types[static_cast<int>(Type::IQ1_M)] = {dequantize_row_iq1_m, vec_dot_iq1_m};
+  k.types[static_cast<int>(Type::IQ2_XXS)] = {dequantize_row_iq2_xxs, vec_dot_iq2_xxs};
+  k.types[static_cast<int>(Type::IQ2_XS)] = {dequantize_row_iq2_xs, vec_dot_iq2_xs};
+  k.types[static_cast<int>(Type::IQ2_S)] = {dequantize_row_iq2_s, vec_dot_iq2_s};
+  k.types[static_cast<int>(Type::IQ3_XXS)] = {dequantize_row_iq3_xxs, vec_dot_iq3_xxs};
+  k.types[static_cast<int>(Type::IQ3_S)] = {dequantize_row_iq3_s, vec_dot_iq3_s};
+  k.types[static_cast<int>(Type::TQ1_0)] = {dequantize_row_tq1_0, vec_dot_tq1_0};
+  k.types[static_cast<int>(Type::TQ2_0)] = {dequantize_row_tq2_0, vec_dot_tq2_0};
+}
+
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

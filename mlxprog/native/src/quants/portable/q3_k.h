@@ -1,0 +1,62 @@
+// portable Q3_K (3.4375 bits/weight): per 256, an fp16 d; per 16, a 6-bit
+// signed scale; 3-bit codes q in -4..3 (two low bits, and a high bit that
+// is set for the codes 0..3). w = (d * scale) * q.
+#pragma once
+
+#include "kquant_blocks.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+
+// A block's 256 codes (-4..3) in element order: the low two bits as Q2_K
+// lays them out, the third bit of element 32k + l being bit k of hmask[l]
+// (a clear bit subtracts 4).
+inline void unpack_q3_k(const kquant::Q3K& b, int8_t codes[kquant::kBlock]) {
+  for (int half = 0; half < 2; ++half)
+    for (int s = 0; s < 4; ++s)
+      for (int l = 0; l < 32; ++l) {
+        const int group = 4 * half + s;
+        const int low = (b.qs[32 * half + l] >> (2 * s)) & 3;
+        const int high = (b.hmask[l] >> group) & 1;
+        codes[32 * group + l] = static_cast<int8_t>(low - (high ? 0 : 4));
+      }
+}
+
+// A row of Q3_K blocks to float32, as gguf computes it.
+void dequantize_row_q3_k(const uint8_t* src, float* y, int64_t n) {
+  const kquant::Q3K* blocks = reinterpret_cast<const kquant::Q3K*>(src);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i, y += kquant::kBlock) {
+    const float d = load_fp16(blocks[i].d);
+    int8_t scales[16], codes[kquant::kBlock];
+    kquant::q3_k_scales(blocks[i].scales, scales);
+    unpack_q3_k(blocks[i], codes);
+    for (int sub = 0; sub < 16; ++sub) {
+      const float scale = d * static_cast<float>(scales[sub]);
+      for (int j = 16 * sub; j < 16 * sub + 16; ++j) y[j] = scale * static_cast<float>(codes[j]);
+    }
+  }
+}
+
+// Q3_K row . q8_K row: per block d_w * d_x * sum scale * (q . q8).
+float vec_dot_q3_k(int64_t n, const uint8_t* w, const void* xv) {
+  const kquant::Q3K* blocks = reinterpret_cast<const kquant::Q3K*>(w);
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    int8_t scales[16], codes[kquant::kBlock];
+    kquant::q3_k_scales(blocks[i].scales, scales);
+    unpack_q3_k(blocks[i], codes);
+    int32_t dot = 0;
+    for (int sub = 0; sub < 16; ++sub)
+      dot += scales[sub] * kquant::code_dot(codes + 16 * sub, x[i].qs + 16 * sub, 16);
+    sum += x[i].d * load_fp16(blocks[i].d) * static_cast<float>(dot);
+  }
+  return sum;
+}
+
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

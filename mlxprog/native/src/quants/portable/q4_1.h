@@ -1,0 +1,42 @@
+// portable Q4_1 (5 bits/weight): per 32, an fp16 scale d, an fp16 minimum m
+// and 16 bytes of 4-bit codes q; w = d * q + m.
+#pragma once
+
+#include "block32.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+namespace block32 {
+
+// A row of Q4_1 blocks to float32, as gguf computes it (d * q rounded, then
+// + m).
+void dequantize_row_q4_1(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kQ4_1Bytes, y += kBlock32) {
+    const float d = load_fp16(src), m = load_fp16(src + 2);
+    int32_t codes[kBlock32];
+    unpack_4bit_codes(src + 4, codes);
+    for (int j = 0; j < kBlock32; ++j) y[j] = rounded_product(d * static_cast<float>(codes[j])) + m;
+  }
+}
+
+// Q4_1 row . q8_1 row: per block d_w * d_x * sum q * q8 + m * s, s being the
+// q8_1 block's d_x * sum q8 (llama.cpp's use of the block sums).
+float vec_dot_q4_1(int64_t n, const uint8_t* w, const void* xv) {
+  const BlockQ8_1* x = static_cast<const BlockQ8_1*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kBlock32; ++i, w += kQ4_1Bytes) {
+    int32_t codes[kBlock32];
+    unpack_4bit_codes(w + 4, codes);
+    sum += static_cast<float>(dot_codes(codes, x[i].qs)) * (load_fp16(w) * x[i].d) +
+           load_fp16(w + 2) * x[i].s;
+  }
+  return sum;
+}
+
+}  // namespace block32
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

@@ -1,0 +1,42 @@
+// portable Q5_0 (5.5 bits/weight): per 32, an fp16 d, a uint32 of fifth
+// bits (bit j for element j) and 16 bytes of low nibbles; q the 5-bit code,
+// w = d * (q - 16).
+#pragma once
+
+#include "block32.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+namespace block32 {
+
+// A row of Q5_0 blocks to float32, as gguf computes it.
+void dequantize_row_q5_0(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kQ5_0Bytes, y += kBlock32) {
+    const float d = load_fp16(src);
+    int32_t codes[kBlock32];
+    unpack_5bit_codes(src + 2, src + 6, codes);
+    for (int j = 0; j < kBlock32; ++j) y[j] = d * static_cast<float>(codes[j] - 16);
+  }
+}
+
+// Q5_0 row . q8_0 row: per block an integer dot of (q - 16) with the q8
+// codes, scaled by d_w * d_x.
+float vec_dot_q5_0(int64_t n, const uint8_t* w, const void* xv) {
+  const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kBlock32; ++i, w += kQ5_0Bytes) {
+    int32_t codes[kBlock32];
+    unpack_5bit_codes(w + 2, w + 6, codes);
+    for (int32_t& c : codes) c -= 16;
+    sum += static_cast<float>(dot_codes(codes, x[i].qs)) * (load_fp16(w) * x[i].d);
+  }
+  return sum;
+}
+
+}  // namespace block32
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

@@ -1,0 +1,45 @@
+// portable TQ2_0 (2.06 bits/weight, ternary): per 256, 64 bytes of 2-bit
+// codes q in {0, 1, 2} (bits 2j of byte 32g + m hold weight 128g + 32j + m),
+// then an fp16 d; w = d * (q - 1).
+#pragma once
+
+#include "iq_common.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+
+constexpr int kTq2Bytes = 66;
+
+// A row of TQ2_0 blocks to float32, as gguf computes it.
+void dequantize_row_tq2_0(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq2Bytes) {
+    const float d = load_fp16(src + 64);
+    for (int g = 0; g < 2; ++g)
+      for (int j = 0; j < 4; ++j, y += 32)
+        for (int m = 0; m < 32; ++m)
+          y[m] = d * static_cast<float>(((src[32 * g + m] >> (2 * j)) & 3) - 1);
+  }
+}
+
+// TQ2_0 row . q8_K row: per block sum (q - 1) * x = sum q * x - sum x in
+// integers, one float product per block.
+float vec_dot_tq2_0(int64_t n, const uint8_t* w, const void* xv) {
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kTq2Bytes) {
+    const int8_t* q8 = x[i].qs;
+    int32_t dot = 0;
+    for (int g = 0; g < 2; ++g)
+      for (int j = 0; j < 4; ++j, q8 += 32)
+        for (int m = 0; m < 32; ++m) dot += ((w[32 * g + m] >> (2 * j)) & 3) * q8[m];
+    sum += load_fp16(w + 64) * x[i].d * static_cast<float>(dot - q8k_code_sum(x[i]));
+  }
+  return sum;
+}
+
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

@@ -1,0 +1,71 @@
+// A C ABI over the quant tables for the tests (tests/native/quants_lib.py
+// builds this file with the tables into a small library, without MLX, and
+// loads it with ctypes; on arm64 the same code runs under an emulator).
+// Each function returns 0, or -1 for an id or ISA it does not know.
+#include <cstring>
+#include <vector>
+
+#include "quants.h"
+
+using namespace mlxprog::quants;
+
+namespace {
+
+// The table named `isa` when this library has it, else null.
+const QuantKernels* named(const char* isa) {
+  const QuantKernels& t = table_for(isa);
+  return std::strcmp(t.isa, isa) == 0 ? &t : nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Whether the table `isa` is built into this library (the caller checks the
+// CPU runs it).
+int mlxprog_quants_has(const char* isa) { return named(isa) ? 1 : 0; }
+
+int mlxprog_quants_dequantize(const char* isa, int type, const uint8_t* src, float* dst,
+                              int64_t n) {
+  const QuantKernels* t = named(isa);
+  TypeKernels k;
+  if (!t || !resolve(*t, type, k)) return -1;
+  k.dequantize_row(src, dst, n);
+  return 0;
+}
+
+int mlxprog_quants_quantize(const char* isa, int activation, const float* x, void* dst,
+                            int64_t n) {
+  const QuantKernels* t = named(isa);
+  if (!t || activation < 0 || activation >= kActivations) return -1;
+  auto quantize = t->quantize_activation[activation] ? t->quantize_activation[activation]
+                                                     : portable_table().quantize_activation[activation];
+  quantize(x, dst, n);
+  return 0;
+}
+
+// The dot product of a row of n weights with x already quantized into the
+// type's activation blocks.
+int mlxprog_quants_vec_dot(const char* isa, int type, int64_t n, const uint8_t* w,
+                           const void* xq, float* out) {
+  const QuantKernels* t = named(isa);
+  TypeKernels k;
+  if (!t || !resolve(*t, type, k)) return -1;
+  *out = k.vec_dot(n, w, xq);
+  return 0;
+}
+
+int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const float* b,
+                           float* out) {
+  const QuantKernels* t = named(isa);
+  if (!t) return -1;
+  *out = (t->dot_f32 ? t->dot_f32 : portable_table().dot_f32)(n, a, b);
+  return 0;
+}
+
+int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes) {
+  set_codebook(name, data, static_cast<size_t>(bytes));
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,156 @@
+// x86: what the 32-element block types share (AVX2). A block's 32 codes are
+// unpacked into one 256-bit vector of bytes; its integer dot with the q8
+// block is eight int32 partial sums, which are converted once and
+// multiply-added with the block's scale into float accumulators: one
+// horizontal sum per row.
+#pragma once
+
+#include "../portable/block32.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+// Names live in the nested namespace `block32`: other groups' helpers share
+// the enclosing namespace in the same table file.
+namespace block32 {
+
+// The little-endian fp16 at p as float (F16C).
+inline float fp16_scale(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// v with `value` or-ed into byte j where bit j of the little-endian uint32
+// at p is set (where_set) or clear (!where_set): the fifth bits of Q5_0 and
+// Q5_1. With AVX512BW+VL one masked byte add (the same as or: v's bytes are
+// nibbles, `value`'s low nibble is 0); with AVX2 the bits are spread to
+// bytes (byte j takes byte j / 8 of the word, then tests bit j % 8).
+template <bool where_set>
+inline __m256i or_where_bits(__m256i v, const uint8_t* p, int8_t value) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  return _mm256_mask_add_epi8(v, _cvtu32_mask32(where_set ? bits : ~bits), v,
+                              _mm256_set1_epi8(value));
+#else
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  const __m256i fill = _mm256_set1_epi8(value);
+  return _mm256_or_si256(v,
+                         where_set ? _mm256_and_si256(set, fill) : _mm256_andnot_si256(set, fill));
+#endif
+}
+
+// A 16-entry int8 table (in both 128-bit lanes) for _mm256_shuffle_epi8.
+inline __m256i byte_table_16(const int8_t* values) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values)));
+}
+
+// p itself, but opaque to the compiler, so that a product passed through
+// here is rounded before a later add instead of fused into an FMA (gguf
+// rounds d * q, then adds m).
+inline __m256 rounded_product(__m256 p) {
+  __asm__("" : "+x"(p));
+  return p;
+}
+
+// Writes the 32 int8 codes times d (x8 per store) to y, plus m when
+// with_min (d * code rounded first), as gguf computes it.
+template <bool with_min>
+inline void store_scaled_codes(__m256i codes, __m256 d, __m256 m, float* y) {
+  const __m128i low = _mm256_castsi256_si128(codes), high = _mm256_extracti128_si256(codes, 1);
+  const __m128i eights[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256 product = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eights[k])));
+    _mm256_storeu_ps(y + 8 * k, with_min ? _mm256_add_ps(rounded_product(product), m) : product);
+  }
+}
+
+// A row of blocks of kBytes to float32: codes(block) the 32 signed codes as
+// bytes, scale(block) the float they are multiplied by.
+template <int kBytes, typename Codes, typename Scale>
+inline void dequantize_blocks(const uint8_t* src, float* y, int64_t n, Codes codes, Scale scale) {
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kBytes, y += kBlock32)
+    store_scaled_codes<false>(codes(src), _mm256_set1_ps(scale(src)), _mm256_setzero_ps(), y);
+}
+
+// A row's dot product with q8_0 blocks for types whose codes are signed
+// bytes (any value: |-128| is 128 as an unsigned byte, and the q8 codes
+// stay within +-127, so no int16 pair sum saturates): per block, the
+// signed byte dot of codes(block) with the q8 codes, scaled by
+// scale(block) * d_x. Two blocks a step into two accumulators (the FMA
+// latency, not the integer work, would bound one chain).
+template <int kBytes, typename Codes, typename Scale>
+inline float dot_signed_blocks(int64_t n, const uint8_t* w, const BlockQ8_0* x, Codes codes,
+                               Scale scale) {
+  const int64_t blocks = n / kBlock32;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 1 < blocks; i += 2, w += 2 * kBytes) {
+    const __m256i dot0 =
+        dot_s8s8(codes(w), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+    const __m256i dot1 = dot_s8s8(
+        codes(w + kBytes), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale(w) * x[i].d), _mm256_cvtepi32_ps(dot0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale(w + kBytes) * x[i + 1].d), _mm256_cvtepi32_ps(dot1),
+                           acc1);
+  }
+  if (i < blocks) {
+    const __m256i dot =
+        dot_s8s8(codes(w), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale(w) * x[i].d), _mm256_cvtepi32_ps(dot), acc0);
+  }
+  return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// A row's dot product with q8_1 blocks for the types w = d * q + m with
+// unsigned codes q (Q4_1, Q5_1: below 32): per block d * d_x * (q . q8)
+// plus m * s_x, the minimum times the q8_1 block's sum. codes(block) gives
+// q, the fp16 d and m are at the block's start.
+template <int kBytes, typename Codes>
+inline float dot_unsigned_blocks_q8_1(int64_t n, const uint8_t* w, const BlockQ8_1* x,
+                                      Codes codes) {
+  const int64_t blocks = n / kBlock32;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float minima = 0.0f;
+  int64_t i = 0;
+  for (; i + 1 < blocks; i += 2, w += 2 * kBytes) {
+    const __m256i dot0 =
+        dot_u8s8_add(_mm256_setzero_si256(), codes(w),
+                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+    const __m256i dot1 =
+        dot_u8s8_add(_mm256_setzero_si256(), codes(w + kBytes),
+                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_scale(w) * x[i].d), _mm256_cvtepi32_ps(dot0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_scale(w + kBytes) * x[i + 1].d),
+                           _mm256_cvtepi32_ps(dot1), acc1);
+    minima += fp16_scale(w + 2) * x[i].s + fp16_scale(w + kBytes + 2) * x[i + 1].s;
+  }
+  if (i < blocks) {
+    const __m256i dot = dot_u8s8_add(_mm256_setzero_si256(), codes(w),
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16_scale(w) * x[i].d), _mm256_cvtepi32_ps(dot), acc0);
+    minima += fp16_scale(w + 2) * x[i].s;
+  }
+  return hsum_ps(_mm256_add_ps(acc0, acc1)) + minima;
+}
+
+// A row of blocks w = d * q + m (Q4_1, Q5_1) to float32: codes(block)
+// gives q as bytes, the fp16 d and m are at the block's start.
+template <int kBytes, typename Codes>
+inline void dequantize_blocks_with_min(const uint8_t* src, float* y, int64_t n, Codes codes) {
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kBytes, y += kBlock32)
+    store_scaled_codes<true>(codes(src), _mm256_set1_ps(fp16_scale(src)),
+                             _mm256_set1_ps(fp16_scale(src + 2)), y);
+}
+
+}  // namespace block32
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

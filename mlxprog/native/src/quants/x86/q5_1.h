@@ -1,0 +1,32 @@
+// x86 Q5_1 (see portable/q5_1.h): codes q as unsigned bytes.
+#pragma once
+
+#include "block32.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+namespace block32 {
+
+// A Q5_1 block's 32 5-bit codes, as unsigned bytes: the low nibble with 0x10
+// where the fifth bit is set.
+inline __m256i q5_1_codes(const uint8_t* block) {
+  return or_where_bits<true>(nibbles_32(block + 8), block + 4, 0x10);
+}
+
+// A row of Q5_1 blocks to float32, as gguf computes it.
+void dequantize_row_q5_1(const uint8_t* src, float* y, int64_t n) {
+  dequantize_blocks_with_min<kQ5_1Bytes>(src, y, n, q5_1_codes);
+}
+
+// Q5_1 row . q8_1 row.
+float vec_dot_q5_1(int64_t n, const uint8_t* w, const void* x) {
+  return dot_unsigned_blocks_q8_1<kQ5_1Bytes>(n, w, static_cast<const BlockQ8_1*>(x), q5_1_codes);
+}
+
+}  // namespace block32
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog

@@ -1,0 +1,131 @@
+"""GGUF files whose weights are GGML block types, as llama.cpp's quantizer
+mixes them: for every family, a tiny checkpoint converted as llama.cpp's
+converter would, each matrix stored as another type (K-quants, IQ types,
+the legacy types, MXFP4), against the same file with those matrices stored
+as float32 (gguf's own dequantization of the blocks): the same logits in
+exact numerics and the same greedy tokens; int8 numerics close to them.
+Also: the blocks stay blocks in memory (or MLX's affine form) and hostile
+scales are refused at load."""
+
+from __future__ import annotations
+
+import itertools
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from family_checks import PROMPT_IDS, TINY_CONFIG, load_tiny, program_logits, write_checkpoint
+from ggml_blocks import blocks_with_std, reference
+from gguf_writer import write_gguf_from_hf
+
+from mlxprog.llm import ModelError
+from mlxprog.llm.config import GGMLQuantization, Quantization
+
+pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
+
+#: Rows of 256 values and more, so that every type's blocks fit (K-quants
+#: and IQ types store 256-value super-blocks).
+SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64)
+CONFIGS = {
+    "llama": dict(TINY_CONFIG, **SIZES, model_type="llama"),
+    "qwen2": dict(TINY_CONFIG, **SIZES, model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(TINY_CONFIG, **SIZES, model_type="qwen3", use_sliding_window=False,
+                  rope_theta=1e6),
+    "gemma2": dict(TINY_CONFIG, **SIZES, model_type="gemma2", tie_word_embeddings=True,
+                   query_pre_attn_scalar=64, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, sliding_window=8),
+    "gemma3_text": dict(TINY_CONFIG, **SIZES, model_type="gemma3_text", sliding_window=8,
+                        sliding_window_pattern=2, query_pre_attn_scalar=64,
+                        rope_local_base_freq=1e4),
+    "phi3": dict(TINY_CONFIG, **SIZES, model_type="phi3", hidden_act="silu",
+                 partial_rotary_factor=1.0),
+}
+
+#: The types a mixture cycles through: what llama.cpp's quantizer writes
+#: for its common file types (and the types it falls back to), then the
+#: rest.
+MIXTURE = ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q3_K", "Q5_K", "Q2_K", "IQ4_XS", "IQ4_NL",
+           "Q4_0", "Q4_1", "Q5_1", "MXFP4", "IQ3_S", "IQ2_XS", "IQ3_XXS", "IQ2_XXS", "IQ2_S",
+           "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
+
+
+def write_pair(config: dict, directory) -> tuple:
+    """The quantized file and its float twin of one tiny checkpoint, and the
+    type each matrix got."""
+    checkpoint = write_checkpoint(directory / "hf", config)
+    rng = np.random.default_rng(len(config["model_type"]))
+    types = itertools.cycle(MIXTURE)
+    chosen: dict[str, str] = {}
+    blocks: dict[str, np.ndarray] = {}
+
+    def quantized(name: str, data: np.ndarray):
+        if data.ndim != 2 or data.shape[1] % 256:
+            return data, None
+        type_name = chosen.setdefault(name, next(types))
+        blocks[name] = blocks_with_std(rng, type_name, data.shape[0], data.shape[1],
+                                       float(np.std(data)))
+        return blocks[name], gguf.GGMLQuantizationType[type_name]
+
+    def dequantized(name: str, data: np.ndarray):
+        if name not in chosen:
+            return data, None
+        return reference(chosen[name], blocks[name]), None
+
+    q_path = write_gguf_from_hf(checkpoint, directory / "model-q.gguf", stored=quantized)
+    f_path = write_gguf_from_hf(checkpoint, directory / "model-f.gguf", stored=dequantized)
+    return q_path, f_path, chosen
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def pair(request, tmp_path_factory):
+    return write_pair(CONFIGS[request.param], tmp_path_factory.mktemp(request.param))
+
+
+def test_blocks_stay_quantized_and_match_their_float_twin(pair):
+    q_path, f_path, chosen = pair
+    quantized = load_tiny(q_path, numerics="exact")
+    kinds = {type(q) for q in quantized.checkpoint.quantization.values()}
+    assert GGMLQuantization in kinds and Quantization in kinds
+    blocks = [q.type for q in quantized.checkpoint.quantization.values()
+              if isinstance(q, GGMLQuantization)]
+    assert len(set(blocks)) >= 3, blocks
+    continuation = [5, 77, 200, 9, 31, 150]
+    want = program_logits(load_tiny(f_path, numerics="exact"), PROMPT_IDS, continuation)
+    got = program_logits(quantized, PROMPT_IDS, continuation)
+    assert np.abs(want).max() > 1  # not trivially small
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+    tokens = quantized.generate(PROMPT_IDS, max_tokens=8).tokens
+    assert tokens == load_tiny(f_path, numerics="exact").generate(PROMPT_IDS,
+                                                                  max_tokens=8).tokens
+
+
+def test_int8_numerics_stay_close(pair):
+    q_path, f_path, _ = pair
+    if mx.default_device() != mx.cpu:
+        pytest.skip("int8 numerics run on the CPU's native kernels")
+    continuation = [5, 77, 200]
+    want = program_logits(load_tiny(f_path, numerics="exact"), PROMPT_IDS, continuation)
+    got = program_logits(load_tiny(q_path, numerics="int8"), PROMPT_IDS, continuation)
+    # 8-bit activations move each logit by a few percent of the largest (up
+    # to 8% in these random tiny models, whose logits are all of one size);
+    # a wrong kernel moves them by as much as they are.
+    assert np.abs(got - want).max() <= 0.12 * np.abs(want).max()
+
+
+def test_nonfinite_scale_is_refused_naming_the_tensor(tmp_path):
+    config = CONFIGS["llama"]
+    checkpoint = write_checkpoint(tmp_path / "hf", config)
+    rng = np.random.default_rng(3)
+
+    def poisoned(name: str, data: np.ndarray):
+        if name != "blk.1.ffn_down.weight":
+            return data, None
+        raw = blocks_with_std(rng, "Q4_K", data.shape[0], data.shape[1], 0.02)
+        raw[3, 0:2] = np.array([np.inf], np.float16).view(np.uint8)  # row 3 of 2 blocks
+        return raw, gguf.GGMLQuantizationType.Q4_K
+
+    path = write_gguf_from_hf(checkpoint, tmp_path / "bad.gguf", stored=poisoned)
+    with pytest.raises(ModelError, match=r"blk\.1\.ffn_down\.weight.*Q4_K.*block 6 "):
+        load_tiny(path)
