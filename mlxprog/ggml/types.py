@@ -94,8 +94,10 @@ _TYPES = (
 BY_NAME: dict[str, GGMLType] = {t.name: t for t in _TYPES}
 #: Every supported type by GGUF id.
 BY_ID: dict[int, GGMLType] = {t.id: t for t in _TYPES}
-#: The names of the types kept as blocks (the ops' ``type`` attribute).
-BLOCK_TYPES: tuple[str, ...] = tuple(t.name for t in _TYPES if t.storage == "blocks")
+#: The names of the block-quantized types (the ops' ``type`` attribute):
+#: every type but the float ones (the ``"affine"`` ones are blocks too in
+#: a file that mixes them with block types).
+BLOCK_TYPES: tuple[str, ...] = tuple(t.name for t in _TYPES if t.storage != "float")
 
 #: Ids GGUF once used or uses for things that are not weight types, with
 #: what they were: named in the reader's error.

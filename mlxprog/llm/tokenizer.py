@@ -1,8 +1,9 @@
 """Tokenizers for llama-family models, built with the ``tokenizers`` library.
 
 :meth:`Tokenizer.from_gguf_metadata` rebuilds the tokenizer a GGUF file's
-``tokenizer.ggml.*`` metadata describes, tokenizing as llama.cpp does: byte-level
-BPE (``tokenizer.ggml.model`` "gpt2"; the pre-tokenizer is chosen by
+``tokenizer.ggml.*`` metadata describes, tokenizing as llama.cpp does (the
+same ids: ``tests/llm/test_tokenizer_parity.py``): byte-level BPE
+(``tokenizer.ggml.model`` "gpt2"; the pre-tokenizer is chosen by
 ``tokenizer.ggml.pre``) or a SentencePiece vocabulary ("llama": Gemma, Llama 2;
 see :func:`_sentencepiece_backend`); :meth:`Tokenizer.from_hf` reads a Hugging
 Face ``tokenizer.json``. Chat templates are rendered with a
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,9 +33,13 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 #: SentencePiece's whitespace symbol (U+2581).
 _SPM_SPACE = "\u2581"
 
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+# The contractions spelt out in both cases, as llama.cpp does, rather than
+# the tokenizer.json's (?i:'s|...): Oniguruma's case folding also takes the
+# long s (U+017F) for an s, so "x'ſa" would split after "'ſ".
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+_QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
@@ -53,14 +58,26 @@ def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
     ])
 
 
-# tokenizer.ggml.pre -> (pre-tokenizer factory, BPE ignore_merges), after llama.cpp.
+@dataclass(frozen=True)
+class _PreTokenizer:
+    """What llama.cpp does for a ``tokenizer.ggml.pre`` of a byte-level BPE:
+    how it splits text before merging, whether a piece that is a vocabulary
+    entry skips the merges, and whether BOS is added when the file has no
+    ``tokenizer.ggml.add_bos_token`` (Llama 3's files have none)."""
+
+    make: Callable[[], pre_tokenizers.PreTokenizer]
+    ignore_merges: bool = False
+    add_bos: bool = False
+
+
 _PRE_TOKENIZERS = {
-    "gpt-2": (_gpt2, False),
-    "smollm": (_digits_then_gpt2, False),
-    "starcoder": (_digits_then_gpt2, False),
-    "refact": (_digits_then_gpt2, False),
-    "llama-bpe": (lambda: _split_then_bytes(_LLAMA3_SPLIT), True),
-    "qwen2": (lambda: _split_then_bytes(_QWEN2_SPLIT), False),
+    "gpt-2": _PreTokenizer(_gpt2),
+    "smollm": _PreTokenizer(_digits_then_gpt2),
+    "starcoder": _PreTokenizer(_digits_then_gpt2),
+    "refact": _PreTokenizer(_digits_then_gpt2),
+    "llama-bpe": _PreTokenizer(lambda: _split_then_bytes(_LLAMA3_SPLIT), ignore_merges=True,
+                               add_bos=True),
+    "qwen2": _PreTokenizer(lambda: _split_then_bytes(_QWEN2_SPLIT)),
 }
 
 
@@ -69,37 +86,42 @@ def _byte_level_backend(metadata: Mapping[str, Any], tokens: list[str],
     """``tokenizer.ggml.model`` "gpt2": byte-level BPE with the merges of
     ``tokenizer.ggml.merges`` and llama.cpp's pre-tokenizer for
     ``tokenizer.ggml.pre``."""
-    pre = metadata_value(metadata.get("tokenizer.ggml.pre"))
-    if pre not in _PRE_TOKENIZERS:
-        raise ModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: "
-                         + ", ".join(sorted(_PRE_TOKENIZERS)))
-    make_pre_tokenizer, ignore_merges = _PRE_TOKENIZERS[pre]
+    pre = _PRE_TOKENIZERS[_pre_tokenizer_name(metadata)]
     try:
         merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
     except KeyError as e:
         raise ModelError(f"GGUF tokenizer metadata lacks {e.args[0]}") from None
     backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                 ignore_merges=ignore_merges))
-    backend.pre_tokenizer = make_pre_tokenizer()
+                                 ignore_merges=pre.ignore_merges))
+    backend.pre_tokenizer = pre.make()
     backend.decoder = decoders.ByteLevel()
     return backend
 
 
-def _sentencepiece_merges(tokens: list[str], scores: list[float],
-                          token_types: list[int]) -> list[tuple[str, str]]:
+def _pre_tokenizer_name(metadata: Mapping[str, Any]) -> str:
+    """``tokenizer.ggml.pre`` of a byte-level BPE, one mlxprog supports."""
+    pre = metadata_value(metadata.get("tokenizer.ggml.pre"))
+    if pre not in _PRE_TOKENIZERS:
+        raise ModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: "
+                         + ", ".join(sorted(_PRE_TOKENIZERS)))
+    return pre
+
+
+def _sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """BPE merges that reproduce llama.cpp's SentencePiece tokenizer: it
     repeatedly merges the adjacent pair whose concatenation is the
     best-scored vocabulary token (leftmost on ties). Every split of a token
     into two vocabulary pieces is a merge, ranked by the token's score;
     ties as Hugging Face's converter orders them (``generate_merges``:
     longer left, then longer right piece, then token and piece ids).
-    Control, unknown, byte and user-defined tokens are not merge results
-    (they are matched whole, or stand for bytes)."""
+    Tokens of every type are merge results, as in llama.cpp, which merges
+    into whatever vocabulary entry a pair spells: a user-defined "▁▁▁"
+    forms from three spaces (written text, with spaces for ``▁``, never
+    matches it whole)."""
     vocab = {t: i for i, t in enumerate(tokens)}
-    mergeable = (_NORMAL, _UNUSED)
     candidates = []
     for i, token in enumerate(tokens):
-        if len(token) < 2 or token_types[i] not in mergeable or vocab[token] != i:
+        if len(token) < 2 or vocab[token] != i:
             continue
         local = [(vocab[token[:k]], vocab[token[k:]], token[:k], token[k:])
                  for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
@@ -132,7 +154,7 @@ def _sentencepiece_backend(metadata: Mapping[str, Any], tokens: list[str],
         unk_id = next((i for i, t in enumerate(token_types) if t == _UNKNOWN), None)
     unk = tokens[int(unk_id)] if unk_id is not None and 0 <= int(unk_id) < len(tokens) else None
     backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                                 merges=_sentencepiece_merges(tokens, scores, token_types),
+                                 merges=_sentencepiece_merges(tokens, scores),
                                  unk_token=unk, fuse_unk=True, byte_fallback=True))
     space_prefix = metadata_value(metadata.get("tokenizer.ggml.add_space_prefix"))
     space_prefix = True if space_prefix is None else bool(space_prefix)
@@ -147,6 +169,60 @@ def _sentencepiece_backend(metadata: Mapping[str, Any], tokens: list[str],
 
 
 _GGUF_MODELS = {"gpt2": _byte_level_backend, "llama": _sentencepiece_backend}
+
+#: Token texts llama.cpp takes for control tokens whatever their type (it
+#: finds the end-of-generation tokens by their text).
+_END_OF_GENERATION_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+})
+#: Fill-in-the-middle token texts llama.cpp takes for control tokens when
+#: the file names no token of that role: key suffixes -> texts.
+_FILL_IN_THE_MIDDLE_TEXTS = {
+    ("fim_pre_token_id", "prefix_token_id"): frozenset({
+        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
+        "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"}),
+    ("fim_suf_token_id", "suffix_token_id"): frozenset({
+        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
+        "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"}),
+    ("fim_mid_token_id", "middle_token_id"): frozenset({
+        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
+        "\u2581<MID>", "<|code_middle|>", "<|middle|>"}),
+    ("fim_pad_token_id",): frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}),
+    ("fim_rep_token_id",): frozenset({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+                                      "<reponame>"}),
+    ("fim_sep_token_id",): frozenset({"<|file_sep|>"}),
+}
+#: Token texts llama.cpp takes for user-defined tokens whatever their type
+#: (gpt-oss's, which it always renders).
+_USER_DEFINED_TEXTS = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+#: Phi-3's special tokens that keep the whitespace after them (the others
+#: take it: ASCII whitespace in llama.cpp, any Unicode whitespace here).
+_PHI3_KEEP_SPACE = frozenset({"<unk>", "<s>", "<|endoftext|>"})
+
+
+def _tokens_found_whole(metadata: Mapping[str, Any], tokens: list[str],
+                        token_types: list[int]) -> dict[int, bool]:
+    """The tokens llama.cpp finds whole in a text before tokenizing the rest
+    (id -> whether special, that is, left out when decoding without special
+    tokens): control and unknown tokens (special), user-defined ones, and
+    tokens it takes for either by their text."""
+    control_texts = set(_END_OF_GENERATION_TEXTS)
+    for keys, texts in _FILL_IN_THE_MIDDLE_TEXTS.items():
+        if all(metadata.get(f"tokenizer.ggml.{key}") is None for key in keys):
+            control_texts |= texts
+    found = {}
+    for i, (text, kind) in enumerate(zip(tokens, token_types)):
+        if text in _USER_DEFINED_TEXTS:
+            found[i] = False
+        elif kind in (_UNKNOWN, _CONTROL) or text in control_texts:
+            found[i] = True
+        elif kind == _USER_DEFINED:
+            found[i] = False
+    return found
+
 
 #: The conversation a chat template given to :func:`~mlxprog.llm.load` must
 #: render (with ``add_generation_prompt``): a system message, then user and
@@ -252,11 +328,15 @@ class Tokenizer:
             raise ModelError(f"GGUF tokenizer metadata: {len(token_types)} token types for "
                              f"{len(tokens)} tokens")
         backend = _GGUF_MODELS[model](metadata, tokens, token_types)
-        backend.add_special_tokens([
-            AddedToken(tokens[i], special=True, normalized=False)
-            for i, t in enumerate(token_types) if t in (_UNKNOWN, _CONTROL)])
-        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
-                            for i, t in enumerate(token_types) if t == _USER_DEFINED])
+        # Phi-3's special tokens take the whitespace after them, as its Hugging
+        # Face tokenizer marks them; llama.cpp knows Phi-3 by the file's name.
+        name = str(metadata_value(metadata.get("general.name")) or "").lower()
+        phi3 = "phi-3" in name or "phi3" in name
+        added = [AddedToken(tokens[i], special=special, normalized=False,
+                            rstrip=phi3 and tokens[i] not in _PHI3_KEEP_SPACE)
+                 for i, special in _tokens_found_whole(metadata, tokens, token_types).items()]
+        backend.add_special_tokens([t for t in added if t.special])
+        backend.add_tokens([t for t in added if not t.special])
 
         def token_id(key: str) -> int | None:
             value = metadata_value(metadata.get(f"tokenizer.ggml.{key}"))
@@ -267,8 +347,10 @@ class Tokenizer:
             return default if value is None else bool(value)
 
         bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
-        # llama.cpp's defaults: SentencePiece vocabularies add BOS, BPE ones not.
-        prefix = [bos] if bos is not None and flag("add_bos_token", model == "llama") else []
+        # llama.cpp's defaults: SentencePiece vocabularies add BOS, BPE ones
+        # only for some pre-tokenizers (Llama 3's).
+        add_bos = model == "llama" or _PRE_TOKENIZERS[_pre_tokenizer_name(metadata)].add_bos
+        prefix = [bos] if bos is not None and flag("add_bos_token", add_bos) else []
         suffix = [eos] if eos is not None and flag("add_eos_token", False) else []
         if prefix or suffix:
             backend.post_processor = processors.TemplateProcessing(

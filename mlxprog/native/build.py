@@ -36,7 +36,8 @@ from typing import Callable, Iterator
 
 MODULE = "_mlxprog_native"
 SOURCE_DIR = Path(__file__).parent
-SOURCE_PATTERNS = ("CMakeLists.txt", "src/*.h", "src/*.cpp", "src/*.inc", "src/quants/*.h",
+SOURCE_PATTERNS = ("CMakeLists.txt", "src/*.h", "src/*.cpp", "src/kernels/*/*.h",
+                   "src/primitives/*.h", "src/primitives/*.cpp", "src/quants/*.h",
                    "src/quants/*.cpp", "src/quants/*/*.h")
 """The files the binary is built from (pyproject.toml's package data lists the
 same): all of them key the build, so a new kernel file is never left out."""

@@ -15,6 +15,7 @@ from typing import Sequence
 import mlx.core as mx
 
 from ..arrays import AVal
+from ..ggml import types as ggml_types
 from . import Setting, active, inactive_reason, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -395,15 +396,17 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
 def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVal,
                                        projections: dict[str, list[AVal]],
                                        caches: Sequence[AVal], *, group_size: int, bits: int,
-                                       numerics: str, kv_bits: int | None = None,
+                                       numerics: str, ggml_parts=None,
+                                       kv_bits: int | None = None,
                                        kv_group_size: int | None = None,
                                        recent: Sequence[AVal] | None = None) -> str:
     """Why the native transformer layer cannot compute this case ("" when
     it can): it needs float32 h ``[B, T, hidden]``, a cache
     :func:`cache_geometry` reads, a float window ``recent`` (if any)
     :func:`covers_recent` reads, float norm weights, and projections the
-    native quantized matmul covers (4- or 8-bit codes in int8 numerics);
-    the op checks how the shapes fit."""
+    native quantized matmul covers (4- or 8-bit codes in int8 numerics) or
+    (``ggml_parts``: each projection's parts' GGML type names) parts the
+    native GGML kernels cover; the op checks how the shapes fit."""
     if h[1] != mx.float32 or len(h[0]) != 3 or 0 in h[0]:
         return f"the native layer needs a float32 h [B, T, hidden], found {h}"
     if not covers_cache_attention_block(
@@ -416,6 +419,12 @@ def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVa
                 f"[B, R], found {', '.join(map(str, recent))}")
     if input_norm[1] not in FLOATS or post_norm[1] not in FLOATS:
         return "the native layer needs float16, bfloat16 or float32 norm weights"
+    if ggml_parts is not None:
+        for (name, parts), types in zip(projections.items(), ggml_parts):
+            for w, type_name in zip(parts, types):
+                if not covers_ggml(None, w, ggml_types.BY_NAME[type_name]) or len(w[0]) != 2:
+                    return f"the native GGML kernels do not cover projection {name}"
+        return ""
     if numerics == "int8" and bits not in Q8_BITS:
         return f"int8 numerics need 4- or 8-bit codes, found {bits}"
     for name, (w, scales, biases) in projections.items():
@@ -431,13 +440,14 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
                       start: mx.array, positions: mx.array, heads: int, kv_heads: int,
                       dims: int, traditional: bool, base: float, rope_scale: float,
                       scale: float, eps: float, group_size: int, bits: int, numerics: str,
-                      freqs: mx.array | None, key_mask: mx.array | None,
+                      freqs: mx.array | None, key_mask: mx.array | None, ggml_parts=None,
                       kv_bits: int | None = None, kv_group_size: int | None = None,
                       kv_hadamard: bool = False,
                       recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
     """The native ``transformer_layer`` (``start``: the clamped int32 cache
     slot, ``positions``: int32 RoPE start positions; ``projections``: the
-    (w, scales, biases) of qkv, o, gate_up and down; ``caches``: see
+    (w, scales, biases) of qkv, o, gate_up and down, or with ``ggml_parts``
+    (each projection's parts' GGML type names) their parts' blocks; ``caches``: see
     :func:`cache_geometry` and :func:`cache_attention`): h, then the new
     cache arrays, then with a float window ``recent`` (as
     :func:`cache_attention_block` takes it) the updated ring; or None where
@@ -449,17 +459,25 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
     if transformer_layer_uncovered_reason(
             AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals,
             [AVal.of(c) for c in caches], group_size=group_size, bits=bits, numerics=numerics,
-            kv_bits=kv_bits, kv_group_size=kv_group_size, recent=_avals(recent)):
+            ggml_parts=ggml_parts, kv_bits=kv_bits, kv_group_size=kv_group_size,
+            recent=_avals(recent)):
         return None
     record(setting, "transformer_layer")
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
+    if ggml_parts is not None:
+        for types in ggml_parts:
+            for type_name in types:
+                _with_codebooks(native, ggml_types.BY_NAME[type_name])
+        group_size, bits = 0, 0  # the parts' types say how they are packed
     return native.transformer_layer(
         h, input_norm, projections["qkv"], projections["o"], post_norm, projections["gate_up"],
         projections["down"], list(caches), start, positions, heads=heads,
         kv_heads=kv_heads, dims=dims, traditional=traditional, base=base,
         rope_scale=rope_scale, scale=scale, eps=eps, group_size=group_size, bits=bits,
         int8=numerics == "int8", freqs=freqs, key_mask=key_mask,
+        part_types=None if ggml_parts is None else [
+            [ggml_types.BY_NAME[t].id for t in types] for types in ggml_parts],
         **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
         recent=None if recent is None else list(recent))
 

@@ -216,6 +216,7 @@ def _admits_str(annotation: Any) -> bool:
         return any(isinstance(a, str) for a in typing.get_args(annotation))
     if origin is typing.Annotated:
         return _admits_str(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return any(_admits_str(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType, tuple, list):
+        # A sequence of strings holds names, not dims.
+        return any(_admits_str(a) for a in typing.get_args(annotation) if a is not Ellipsis)
     return False

@@ -1,9 +1,15 @@
 """The quant kernels (mlxprog/native/src/quants) built alone, without MLX,
-into a small shared library the tests call through ctypes (``shim.cpp``'s C
-ABI): each table's kernels can be run on exactly the bytes a test chose.
+for the tests to run each table's kernels on exactly the bytes a test chose,
+on two machines:
 
-The files and flags follow mlxprog/native/CMakeLists.txt; the library is
-cached by the sources' hash under the pytest temp dir of the session.
+- the host: a small shared library called through ctypes (``shim.cpp``'s C
+  ABI), with the host's tables (x86-64's where the host is x86-64);
+- arm64: the same sources and ``quants_arm64_driver.cpp`` cross-compiled
+  into a static aarch64 program that serves the C ABI over a pipe, run
+  under qemu-aarch64 (tables "portable" and "neon+dotprod").
+
+The files and flags follow mlxprog/native/CMakeLists.txt; each build is
+cached by the sources' hash under the system temp dir.
 """
 
 from __future__ import annotations
@@ -15,11 +21,17 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
+import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "mlxprog" / "native" / "src" / "quants"
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "mlxprog" / "native" / "src" / "quants"
+DRIVER = ROOT / "tests" / "native" / "quants_arm64_driver.cpp"
+CACHE = Path(tempfile.gettempdir()) / "mlxprog-quants-tests"
 
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 #: Table file -> (compiler flags, the define that tells table.cpp it exists).
@@ -35,6 +47,15 @@ ARM_TABLES = {"table_dotprod.cpp": (["-march=armv8.2-a+dotprod"], "MLXPROG_HAVE_
 X86_ISAS = {"avx2": ("avx2", "fma", "f16c"),
             "avx2+avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
             "avx2+avx512vnni": ("avx2", "fma", "f16c", "avx512_vnni", "avx512vl", "avx512bw")}
+#: The arm64 tables run under the emulator (its default CPU has dotprod).
+ARM64_ISAS = ["portable", "neon+dotprod"]
+#: The cross compiler and the emulator the arm64 tables need.
+CROSS_TOOLS = ("aarch64-linux-gnu-g++", "qemu-aarch64")
+
+
+def host_arch() -> str:
+    """The host's architecture as the table files name it: x86_64 or arm64."""
+    return "x86_64" if platform.machine() in ("x86_64", "AMD64") else "arm64"
 
 
 def cpu_flags() -> set[str]:
@@ -49,120 +70,280 @@ def cpu_flags() -> set[str]:
 
 
 def runnable_isas() -> list[str]:
-    """The quant tables this CPU runs: portable always, then the vector ones."""
+    """The host's quant tables this CPU runs: portable always, then the
+    vector ones."""
     isas = ["portable"]
-    if platform.machine() in ("x86_64", "AMD64"):
+    if host_arch() == "x86_64":
         flags = cpu_flags()
         isas += [name for name, need in X86_ISAS.items() if all(f in flags for f in need)]
     return isas
 
 
-def compile_commands(compiler: str, out: Path, arch: str = "x86_64") -> list[list[str]]:
-    """The commands that build the library (objects, then the link) at ``out``."""
+class Table(NamedTuple):
+    """One kernel table (``isa``) on one machine: "host" or "arm64"."""
+
+    machine: str
+    isa: str
+
+    def __str__(self) -> str:
+        return self.isa if self.machine == "host" else f"{self.machine}-{self.isa}"
+
+
+def tables() -> list[Table]:
+    """Every table the tests check: the host's runnable ones, then arm64's."""
+    return [Table("host", isa) for isa in runnable_isas()] + [Table("arm64", isa)
+                                                              for isa in ARM64_ISAS]
+
+
+def cross_tools() -> tuple[str, str]:
+    """The paths of the aarch64 cross compiler and qemu-aarch64. Where one is
+    missing this skips the calling test, or fails it when the environment
+    variable CI is set (non-empty): CI installs them (.ci/run), so a failed
+    install must not pass as skipped arm64 tests."""
+    paths = [shutil.which(tool) for tool in CROSS_TOOLS]
+    missing = [tool for tool, path in zip(CROSS_TOOLS, paths) if path is None]
+    if missing:
+        message = (f"the arm64 quant tests need {' and '.join(missing)} on PATH "
+                   "(Debian: g++-aarch64-linux-gnu, qemu-user)")
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but {message}; .ci/run installs them", pytrace=False)
+        pytest.skip(message)
+    return paths[0], paths[1]
+
+
+def object_commands(compiler: str, directory: Path, arch: str) -> tuple[list[list[str]],
+                                                                          list[str]]:
+    """The commands that compile the shim and ``arch``'s tables into objects
+    in ``directory``, and those objects."""
     tables = X86_TABLES if arch == "x86_64" else ARM_TABLES
     defines = [f"-D{define}=1" for _, define in tables.values() if define]
     base = [compiler, "-std=c++17", "-O2", "-fPIC", "-I", str(SRC), "-c"]
     commands, objects = [], []
     for name in ["table.cpp", "table_portable.cpp", "shim.cpp", *tables]:
         flags = tables.get(name, ([], None))[0]
-        obj = out.parent / (name + ".o")
-        commands.append([*base, *flags, *defines, str(SRC / name), "-o", str(obj)])
-        objects.append(str(obj))
-    commands.append([compiler, "-shared", *objects, "-o", str(out)])
-    return commands
+        obj = str(directory / (name + ".o"))
+        commands.append([*base, *flags, *defines, str(SRC / name), "-o", obj])
+        objects.append(obj)
+    return commands, objects
 
 
 def sources_hash() -> str:
-    """A hash of every quant source (the cache key of the built library)."""
+    """A hash of every quant source, the driver and this file (the cache key
+    of the builds)."""
+    files = [(path.relative_to(SRC).as_posix(), path) for path in sorted(SRC.rglob("*"))
+             if path.is_file()]
     h = hashlib.sha256()
-    for path in sorted(SRC.rglob("*")):
-        if path.is_file():
-            h.update(path.relative_to(SRC).as_posix().encode())
-            h.update(path.read_bytes())
-    h.update(Path(__file__).read_bytes())
+    for name, path in [*files, (DRIVER.name, DRIVER), (Path(__file__).name, Path(__file__))]:
+        h.update(name.encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
+def _build_cached(name: str, directory: Path | None,
+                  commands: Callable[[Path, Path], tuple[list[list[str]], list[str]]]) -> Path:
+    """The file ``name`` of the cache directory, built unless a build of the
+    same sources is there: ``commands(objects_dir, out)`` gives the compile
+    commands (run in parallel) and the link command."""
+    out = (directory or CACHE) / sources_hash() / name
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A private folder and output name: concurrent sessions may build at once.
+    with tempfile.TemporaryDirectory(dir=out.parent) as work:
+        tmp = Path(work) / name
+        compiles, link = commands(Path(work), tmp)
+
+        def run(command: list[str]) -> None:
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)}\n{done.stdout}{done.stderr}")
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            list(pool.map(run, compiles))
+        run(link)
+        os.replace(tmp, out)
+    return out
+
+
 def build(directory: Path | None = None) -> Path:
-    """Build the library (x86-64 tables where the host is x86-64) and
+    """Build the host's library (x86-64 tables where the host is x86-64) and
     return its path; a cached build of the same sources is reused."""
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++) to build the quant kernels")
-    directory = directory or Path(tempfile.gettempdir()) / "mlxprog-quants-tests"
-    out = directory / sources_hash() / "libquants.so"
-    if out.exists():
+
+    def commands(work: Path, out: Path):
+        compiles, objects = object_commands(compiler, work, host_arch())
+        return compiles, [compiler, "-shared", *objects, "-o", str(out)]
+
+    return _build_cached("libquants.so", directory, commands)
+
+
+def build_arm64(compiler: str, directory: Path | None = None) -> Path:
+    """Cross-compile the arm64 tables and the driver with ``compiler`` into a
+    static aarch64 program and return its path (cached as ``build``)."""
+    def commands(work: Path, out: Path):
+        compiles, objects = object_commands(compiler, work, "arm64")
+        return compiles, [compiler, "-std=c++17", "-O2", "-static", str(DRIVER), *objects,
+                          "-o", str(out)]
+
+    return _build_cached("quants-arm64", directory, commands)
+
+
+#: The operations of the C ABI, numbered as the arm64 driver reads them.
+OPS = {"has": 0, "dequantize": 1, "quantize": 2, "vec_dot": 3, "dot_f32": 4, "set_codebook": 5}
+
+
+class Kernels:
+    """One machine's kernels: each method runs one kernel of table ``isa``
+    (the subclasses carry the calls to the machine)."""
+
+    def call(self, op: str, name: str, code: int, n: int, a: np.ndarray, b: np.ndarray,
+             out_bytes: int) -> tuple[int, np.ndarray]:
+        """The C ABI's function ``op`` on contiguous inputs: its return code
+        and its ``out_bytes`` bytes of output (uint8)."""
+        raise NotImplementedError
+
+    def _run(self, op: str, name: str, code: int, n: int, a=(), b=(),
+             out_bytes: int = 0) -> np.ndarray:
+        """``call``'s output, asserting that the function ran (return code 0)."""
+        rc, out = self.call(op, name, code, n, np.ascontiguousarray(a),
+                            np.ascontiguousarray(b), out_bytes)
+        assert rc == 0, f"{op} refused id {code} or table {name!r}"
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    arch = "x86_64" if platform.machine() in ("x86_64", "AMD64") else "arm64"
-    tmp = out.with_suffix(f".{os.getpid()}.so")
-    for command in compile_commands(compiler, tmp, arch):
-        subprocess.run(command, check=True, capture_output=True, text=True)
-    os.replace(tmp, out)
-    return out
-
-
-class Quants:
-    """The built library: each method runs one kernel of table ``isa``."""
-
-    def __init__(self, path: Path):
-        self.lib = ctypes.CDLL(str(path))
-        c = ctypes
-        self.lib.mlxprog_quants_dequantize.argtypes = [c.c_char_p, c.c_int, c.c_void_p,
-                                                       c.c_void_p, c.c_int64]
-        self.lib.mlxprog_quants_quantize.argtypes = [c.c_char_p, c.c_int, c.c_void_p,
-                                                     c.c_void_p, c.c_int64]
-        self.lib.mlxprog_quants_vec_dot.argtypes = [c.c_char_p, c.c_int, c.c_int64, c.c_void_p,
-                                                    c.c_void_p, c.POINTER(c.c_float)]
-        self.lib.mlxprog_quants_dot_f32.argtypes = [c.c_char_p, c.c_int64, c.c_void_p,
-                                                    c.c_void_p, c.POINTER(c.c_float)]
-        self.lib.mlxprog_quants_set_codebook.argtypes = [c.c_char_p, c.c_void_p, c.c_int64]
-        self.lib.mlxprog_quants_has.argtypes = [c.c_char_p]
 
     def has(self, isa: str) -> bool:
-        """Whether the library holds table ``isa``."""
-        return bool(self.lib.mlxprog_quants_has(isa.encode()))
+        """Whether the kernels hold table ``isa``."""
+        return bool(self.call("has", isa, 0, 0, np.empty(0), np.empty(0), 0)[0])
 
     def dequantize(self, isa: str, type_id: int, blocks: np.ndarray, n: int) -> np.ndarray:
         """One row of ``n`` elements dequantized from ``blocks`` (uint8)."""
-        blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
-        out = np.empty(n, np.float32)
-        rc = self.lib.mlxprog_quants_dequantize(isa.encode(), type_id, blocks.ctypes.data,
-                                                out.ctypes.data, n)
-        assert rc == 0, f"no dequantizer for type {type_id} in {isa}"
-        return out
+        blocks = np.asarray(blocks, dtype=np.uint8)
+        return self._run("dequantize", isa, type_id, n, blocks, out_bytes=4 * n).view(np.float32)
 
     def quantize(self, isa: str, activation: int, x: np.ndarray, block_bytes: int,
                  block: int) -> np.ndarray:
         """``x`` (float32, a whole number of blocks) quantized into
         activation blocks (0: q8_0, 1: q8_1, 2: q8_K), as raw bytes."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.zeros(x.size // block * block_bytes, np.uint8)
-        rc = self.lib.mlxprog_quants_quantize(isa.encode(), activation, x.ctypes.data,
-                                              out.ctypes.data, x.size)
-        assert rc == 0
-        return out
+        x = np.asarray(x, dtype=np.float32)
+        return self._run("quantize", isa, activation, x.size, x,
+                         out_bytes=x.size // block * block_bytes)
 
     def vec_dot(self, isa: str, type_id: int, n: int, w: np.ndarray, xq: np.ndarray) -> float:
         """The type's dot product of a weight row with quantized activations."""
-        w = np.ascontiguousarray(w, dtype=np.uint8)
-        xq = np.ascontiguousarray(xq)
-        out = ctypes.c_float()
-        rc = self.lib.mlxprog_quants_vec_dot(isa.encode(), type_id, n, w.ctypes.data,
-                                             xq.ctypes.data, ctypes.byref(out))
-        assert rc == 0, f"no vec_dot for type {type_id} in {isa}"
-        return out.value
+        w = np.asarray(w, dtype=np.uint8)
+        out = self._run("vec_dot", isa, type_id, n, w, xq, out_bytes=4)
+        return float(out.view(np.float32)[0])
 
     def dot_f32(self, isa: str, a: np.ndarray, b: np.ndarray) -> float:
         """The table's float32 dot product."""
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        b = np.ascontiguousarray(b, dtype=np.float32)
-        out = ctypes.c_float()
-        assert self.lib.mlxprog_quants_dot_f32(isa.encode(), a.size, a.ctypes.data,
-                                               b.ctypes.data, ctypes.byref(out)) == 0
-        return out.value
+        a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+        return float(self._run("dot_f32", isa, 0, a.size, a, b, out_bytes=4).view(np.float32)[0])
 
     def set_codebook(self, name: str, data: np.ndarray) -> None:
         """Give the kernels codebook ``name`` (raw bytes of ``data``)."""
-        data = np.ascontiguousarray(data)
-        self.lib.mlxprog_quants_set_codebook(name.encode(), data.ctypes.data, data.nbytes)
+        self._run("set_codebook", name, 0, 0, data)
+
+    def close(self) -> None:
+        """Release the machine's resources."""
+
+
+class Quants(Kernels):
+    """The host's library (``build()``), called through ctypes."""
+
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+        c, p = ctypes, ctypes.c_void_p
+        self.lib.mlxprog_quants_has.argtypes = [c.c_char_p]
+        self.lib.mlxprog_quants_dequantize.argtypes = [c.c_char_p, c.c_int, p, p, c.c_int64]
+        self.lib.mlxprog_quants_quantize.argtypes = [c.c_char_p, c.c_int, p, p, c.c_int64]
+        self.lib.mlxprog_quants_vec_dot.argtypes = [c.c_char_p, c.c_int, c.c_int64, p, p, p]
+        self.lib.mlxprog_quants_dot_f32.argtypes = [c.c_char_p, c.c_int64, p, p, p]
+        self.lib.mlxprog_quants_set_codebook.argtypes = [c.c_char_p, p, c.c_int64]
+
+    def call(self, op, name, code, n, a, b, out_bytes):
+        out = np.zeros(out_bytes, np.uint8)
+        lib, key = self.lib, name.encode()
+        a_, b_, o = a.ctypes.data, b.ctypes.data, out.ctypes.data
+        calls = {
+            "has": lambda: lib.mlxprog_quants_has(key),
+            "dequantize": lambda: lib.mlxprog_quants_dequantize(key, code, a_, o, n),
+            "quantize": lambda: lib.mlxprog_quants_quantize(key, code, a_, o, n),
+            "vec_dot": lambda: lib.mlxprog_quants_vec_dot(key, code, n, a_, b_, o),
+            "dot_f32": lambda: lib.mlxprog_quants_dot_f32(key, n, a_, b_, o),
+            "set_codebook": lambda: lib.mlxprog_quants_set_codebook(key, a_, a.nbytes),
+        }
+        return calls[op](), out
+
+
+class Arm64Quants(Kernels):
+    """The arm64 driver (``build_arm64()``) running under ``qemu``: one
+    emulator process serves every call until ``close()``."""
+
+    def __init__(self, qemu: str, driver: Path):
+        self.process = subprocess.Popen([qemu, str(driver)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def call(self, op, name, code, n, a, b, out_bytes):
+        key = name.encode()
+        header = np.array([OPS[op], code, n, len(key), a.nbytes, b.nbytes, out_bytes], "<i8")
+        try:
+            self.process.stdin.write(header.tobytes() + key + a.tobytes() + b.tobytes())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the driver has exited: the short answer below says how
+        answer = self.process.stdout.read(8 + out_bytes)
+        if len(answer) != 8 + out_bytes:
+            self.process.kill()
+            error = self.process.stderr.read().decode(errors="replace")
+            raise RuntimeError(f"the arm64 driver died in {op} (exit {self.process.wait()}): "
+                               f"{error}")
+        return int(np.frombuffer(answer[:8], "<i8")[0]), np.frombuffer(answer[8:], np.uint8)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+        self.process.stdout.close()
+        self.process.stderr.close()
+
+
+class Machines:
+    """Each machine's kernels, started on first use (``machines["arm64"]``)
+    and released by ``close()``: the host's library, and arm64's driver under
+    qemu (after ``cross_tools()``, which skips or fails the test asking where
+    a tool is missing). ``setup(kernels)`` runs on each once started (the IQ
+    tests give them their codebooks)."""
+
+    def __init__(self, setup: Callable[[Kernels], None] | None = None):
+        self.setup = setup
+        self.started: dict[str, Kernels] = {}
+        # A machine whose build failed fails every later test without
+        # building again (cross_tools()'s skips and failures are cheap to
+        # repeat, and are pytest outcomes rather than errors).
+        self.errors: dict[str, Exception] = {}
+
+    def __getitem__(self, machine: str) -> Kernels:
+        if machine in self.errors:
+            # A new exception each time: re-raising the first would grow its
+            # traceback by every test that asks.
+            raise RuntimeError(f"the {machine} kernels did not start (the first test asking "
+                               f"shows why): {self.errors[machine]}")
+        if machine not in self.started:
+            try:
+                if machine == "host":
+                    kernels: Kernels = Quants(build())
+                else:
+                    compiler, qemu = cross_tools()
+                    kernels = Arm64Quants(qemu, build_arm64(compiler))
+            except Exception as e:
+                self.errors[machine] = e
+                raise
+            if self.setup:
+                self.setup(kernels)
+            self.started[machine] = kernels
+        return self.started[machine]
+
+    def close(self) -> None:
+        for kernels in self.started.values():
+            kernels.close()
+        self.started.clear()

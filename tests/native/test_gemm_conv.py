@@ -1,6 +1,6 @@
-"""The native float32 matmul and convolution (src/gemm_isa.inc,
-src/gemm_conv.inc) against MLX's own ops and float64 references, on every
-kernel table this CPU runs; their use by the ``matmul``, ``dot`` and
+"""The native float32 matmul and convolution (src/kernels/*/gemm.h,
+src/primitives/gemm_conv.cpp) against MLX's own ops and float64 references, on
+every kernel table this CPU runs; their use by the ``matmul``, ``dot`` and
 ``conv_general`` ops, inside mx.compile and shapeless compilation."""
 
 from __future__ import annotations

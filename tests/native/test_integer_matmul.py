@@ -1,14 +1,16 @@
-"""The native exact integer matmul (mlxprog/native/src/int_matmul.cpp) through
-its glue, ``kernels.integer_matmul``: every integer dtype on every kernel
-table against numpy's integer matmul (which wraps modulo 2**bits too) and,
-for extreme values, against exact Python integers reduced modulo 2**bits;
-mixed dtypes, numpy's 1-D and broadcast rules, empty and K = 0 products,
-strided views, compiled graphs; and the kernels alone, without MLX
+"""The native exact integer matmul
+(mlxprog/native/src/primitives/int_matmul.cpp) through its glue,
+``kernels.integer_matmul``: every integer dtype on every kernel table against
+numpy's integer matmul (which wraps modulo 2**bits too) and, for extreme
+values, against exact Python integers reduced modulo 2**bits; mixed dtypes,
+numpy's 1-D and broadcast rules, empty and K = 0 products, strided views,
+compiled graphs; and the kernels alone, without MLX
 (``int_matmul_selftest.cpp``, on arm64 under qemu too). Its timing against
 numpy and the float64-pieces path is ``benchmarks/bench_gemm_conv.py``'s."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,9 +19,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import kernel_tables
+
 from mlxprog import native
 from mlxprog.arrays import AVal
-from mlxprog.native import build, kernels
+from mlxprog.native import kernels
 
 DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 # Sizes off every block size (MR 4/6, NR 4..32, MC 96, KC 256, NC 256, job
@@ -195,15 +199,16 @@ def test_kernel_tables_by_name(ext):
         ext.integer_matmul(a, b.astype(mx.int16))
 
 
-def run_kernels_alone(compiler: str, tmp_path, flags: list[str], runner: list[str]) -> str:
-    """Build int_matmul_selftest.cpp with the kernels' header and the thread
-    pool, run it, and return its output (which ends in "ok")."""
-    src = build.SOURCE_DIR / "src"
+def run_kernels_alone(compiler: str, tmp_path, avx2_flags: list[str], link_flags: list[str],
+                      runner: list[str]) -> str:
+    """Build int_matmul_selftest.cpp with the kernel tables (whose
+    micro-kernels it runs) and the thread pool, run it, and return its output
+    (which ends in "ok")."""
+    objects = kernel_tables.compile_tables(compiler, tmp_path, avx2_flags)
     binary = tmp_path / "int_matmul_selftest"
-    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{src}",
-                    str(Path(__file__).parent / "int_matmul_selftest.cpp"),
-                    str(src / "threadpool.cpp"), *flags, "-o", str(binary), "-lpthread"],
-                   check=True, timeout=600)
+    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{kernel_tables.SRC}",
+                    str(Path(__file__).parent / "int_matmul_selftest.cpp"), *objects,
+                    *link_flags, "-o", str(binary), "-lpthread"], check=True, timeout=600)
     done = subprocess.run([*runner, str(binary)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
     return done.stdout
@@ -213,7 +218,8 @@ def test_kernels_alone_on_the_host(ext, tmp_path):
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         pytest.skip("no C++ compiler")
-    out = run_kernels_alone(compiler, tmp_path, [], [])
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    out = run_kernels_alone(compiler, tmp_path, kernel_tables.AVX2_FLAGS if x86 else [], [], [])
     assert "portable micro-kernels: every dtype exact" in out
     # The self-test runs the AVX2 micro-kernels wherever the extension's AVX2 table runs.
     assert ("avx2 micro-kernels: every dtype exact" in out) == ("avx2" in ext.isas())
@@ -224,7 +230,7 @@ def test_kernels_alone_on_arm64_under_qemu(tmp_path):
     if compiler is None or qemu is None:
         pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (Debian: g++-aarch64-linux-gnu, "
                     "qemu-user)")
-    out = run_kernels_alone(compiler, tmp_path, ["-static"], [qemu])
+    out = run_kernels_alone(compiler, tmp_path, [], ["-static"], [qemu])
     assert "portable micro-kernels: every dtype exact" in out and "avx2" not in out
 
 

@@ -525,30 +525,18 @@ X86_TABLES = {  # the extra x86-64 tables: file, flags, kernels.cpp's definition
 def run_selftest(compiler: str, tmp_path, avx2_flags: list[str], link_flags: list[str],
                  runner: list[str], isa_name: str | None,
                  extra_tables: dict[str, tuple[str, list[str], str]] | None = None) -> str:
-    """Build tests/native_selftest.cpp with the kernel sources (each table's
-    file with its own flags, as CMakeLists.txt does; ``extra_tables`` as
-    X86_TABLES) and run it; its output."""
+    """Build tests/native_selftest.cpp with the kernel tables (each with its
+    own flags, as CMakeLists.txt does; ``extra_tables`` as X86_TABLES) and run
+    it; its output."""
     import os
     import subprocess
     from pathlib import Path
 
-    src = build.SOURCE_DIR / "src"
-    compile_ = [compiler, "-O2", "-std=c++17", f"-I{src}", "-c"]
-    sources = [("kernels_avx2.cpp", avx2_flags), ("kernels_portable.cpp", []),
-               ("threadpool.cpp", [])]
-    defines = []
-    for file, flags, define in (extra_tables or {}).values():
-        sources.append((file, [*avx2_flags, *flags]))
-        defines.append(f"-D{define}=1")
-    sources.append(("kernels.cpp", defines))
-    objects = []
-    for name, flags in sources:
-        obj = tmp_path / f"{name}.o"
-        subprocess.run([*compile_, *flags, str(src / name), "-o", str(obj)], check=True,
-                       timeout=600)
-        objects.append(str(obj))
+    import kernel_tables
+
+    objects = kernel_tables.compile_tables(compiler, tmp_path, avx2_flags, extra_tables)
     binary = tmp_path / "selftest"
-    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{src}",
+    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{kernel_tables.SRC}",
                     str(Path(__file__).parent / "native_selftest.cpp"), *objects, *link_flags,
                     "-o", str(binary), "-lpthread"], check=True, timeout=600)
     env = {k: v for k, v in os.environ.items() if k != "MLXPROG_NATIVE_ISA"}
@@ -572,7 +560,9 @@ def test_kernel_tables_on_the_host(tmp_path, isa_name):
     x86 = platform.machine() in ("x86_64", "AMD64")
     if isa_name == "avx2" and "avx2" not in native.module().isas():
         pytest.skip("no AVX2 here")
-    out = run_selftest(compiler, tmp_path, ["-mavx2", "-mfma", "-mf16c"] if x86 else [], [], [],
+    import kernel_tables
+
+    out = run_selftest(compiler, tmp_path, kernel_tables.AVX2_FLAGS if x86 else [], [], [],
                        isa_name, X86_TABLES if x86 else None)
     assert out.startswith(f"table: {isa_name or native.status().isa}")
 

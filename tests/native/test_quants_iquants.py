@@ -1,9 +1,11 @@
 """The IQ and ternary types' kernels (native/src/quants/portable/iquants.h):
 row dequantization bit for bit equal to gguf's numpy dequantizer, and the dot
 products with q8_K activation blocks within float rounding of the float64
-dot product of the dequantized operands, on every table this CPU runs (these
-types are portable-only: the vector tables resolve them to the portable
-kernels, which the tests check too)."""
+dot product of the dequantized operands, on every table this CPU runs and on
+the arm64 tables under qemu (without the cross tools those skip, or fail
+where CI is set: quants_lib.cross_tools). These types are portable-only: the
+vector tables resolve them to the portable kernels, which the tests check
+too."""
 
 from __future__ import annotations
 
@@ -23,16 +25,28 @@ D_OFFSET = {"IQ2_XXS": 0, "IQ2_XS": 0, "IQ3_XXS": 0, "IQ1_S": 0, "IQ3_S": 0, "IQ
 QK_K = 256
 #: A q8_K activation block (quants.h's BlockQ8_K).
 Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
-ISAS = quants_lib.runnable_isas()
+TABLES = quants_lib.tables()
+
+
+def set_codebooks(kernels: quants_lib.Kernels) -> None:
+    """Give ``kernels`` every codebook."""
+    for name, grid in codebooks().items():
+        kernels.set_codebook(name, grid)
 
 
 @pytest.fixture(scope="module")
-def quants():
-    """The built kernel library, with every codebook set."""
-    q = quants_lib.Quants(quants_lib.build())
-    for name, grid in codebooks().items():
-        q.set_codebook(name, grid)
-    return q
+def machines():
+    """The host's and arm64's kernels, started on first use, with every
+    codebook set."""
+    machines = quants_lib.Machines(setup=set_codebooks)
+    yield machines
+    machines.close()
+
+
+@pytest.fixture
+def quants(machines, table):
+    """The kernels of the machine of the test's table."""
+    return machines[table.machine]
 
 
 def qtype(name: str) -> gguf.GGMLQuantizationType:
@@ -89,30 +103,30 @@ def test_sign_rule_matches_gguf():
     assert np.array_equal(ksigns, index | (parity << 7))
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
-def test_dequantize_bit_exact(quants, name, isa):
+def test_dequantize_bit_exact(quants, name, table):
     """Rows of random blocks dequantize to gguf's float32 values bit for bit
     (2048 blocks: every grid index, sign pattern and scale occurs, with
     overwhelming probability, e.g. 65536 draws of IQ1_S's 2048 indices)."""
     rng = np.random.default_rng(TYPES[name])
     blocks = random_blocks(name, 2048, rng)
     ref = gguf.quants.dequantize(blocks, qtype(name)).reshape(-1)
-    got = quants.dequantize(isa, TYPES[name], blocks, blocks.shape[0] * QK_K)
+    got = quants.dequantize(table.isa, TYPES[name], blocks, blocks.shape[0] * QK_K)
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
     for row in np.split(blocks[:32], 4):  # rows of 8 blocks, one call each
-        got = quants.dequantize(isa, TYPES[name], row, row.shape[0] * QK_K)
+        got = quants.dequantize(table.isa, TYPES[name], row, row.shape[0] * QK_K)
         ref = gguf.quants.dequantize(row, qtype(name)).reshape(-1)
         assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("n", [QK_K, 4 * QK_K, 2048, 6144])
-def test_vec_dot(quants, name, isa, n):
+def test_vec_dot(quants, name, table, n):
     """vec_dot is within float rounding of the float64 dot product of the
-    dequantized weights with the activations d * qs, and equals the
-    portable table's."""
+    dequantized weights with the activations d * qs, and equals the same
+    machine's portable table's."""
     rng = np.random.default_rng(n + TYPES[name])
     for _ in range(4):
         w = random_blocks(name, n // QK_K, rng)
@@ -121,15 +135,16 @@ def test_vec_dot(quants, name, isa, n):
         x64 = (x["d"].astype(np.float64)[:, None] * x["qs"]).reshape(-1)
         ref = float(w64 @ x64)
         bound = float(np.abs(w64) @ np.abs(x64))
-        got = quants.vec_dot(isa, TYPES[name], n, w, x.view(np.uint8))
+        got = quants.vec_dot(table.isa, TYPES[name], n, w, x.view(np.uint8))
         assert abs(got - ref) <= 1e-5 * bound + 1e-6, (got, ref, bound)
-        if isa != "portable":
+        if table.isa != "portable":
             portable = quants.vec_dot("portable", TYPES[name], n, w, x.view(np.uint8))
             assert abs(got - portable) <= 1e-6 * bound + 1e-6
 
 
+@pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
-def test_vec_dot_extreme_codes(quants, name):
+def test_vec_dot_extreme_codes(quants, name, table):
     """Activation codes at +-127 with the signs of the weights (the largest
     integer sums the codes allow): still within float rounding."""
     rng = np.random.default_rng(7)
@@ -141,5 +156,5 @@ def test_vec_dot_extreme_codes(quants, name):
     x["bsums"] = x["qs"].reshape(8, -1, 16).astype(np.int32).sum(-1)
     x64 = x["qs"].reshape(-1).astype(np.float64)
     ref = float(w64 @ x64)
-    got = quants.vec_dot("portable", TYPES[name], 8 * QK_K, w, x.view(np.uint8))
+    got = quants.vec_dot(table.isa, TYPES[name], 8 * QK_K, w, x.view(np.uint8))
     assert abs(got - ref) <= 1e-5 * float(np.abs(w64) @ np.abs(x64)) + 1e-6

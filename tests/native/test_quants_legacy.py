@@ -1,11 +1,13 @@
 """The 32-element block types' kernels (native/src/quants/*/legacy.h: Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) and the activation quantizers and
-float32 dot product (*/activations.h), on every table this CPU runs:
+float32 dot product (*/activations.h), on every table this CPU runs and on
+the arm64 tables under qemu (without the cross tools those skip, or fail
+where CI is set: quants_lib.cross_tools):
 
 - row dequantization bit for bit equal to gguf's numpy dequantizer;
 - dot products with q8_0 / q8_1 blocks within float rounding of the float64
   value llama.cpp's numerics define, and the vector tables within float
-  rounding of the portable one;
+  rounding of the same machine's portable one;
 - q8_0 / q8_1 / q8_K codes and scales equal to numpy re-implementations of
   llama.cpp's quantizers (the portable q8_0 equal to gguf's Q8_0 quantizer).
 """
@@ -29,15 +31,23 @@ Q8_0 = np.dtype([("d", "<f4"), ("qs", "i1", QK)])
 Q8_1 = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", QK)])
 Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
 ACTIVATION = {"q8_0": (0, Q8_0, QK), "q8_1": (1, Q8_1, QK), "q8_K": (2, Q8_K, QK_K)}
-ISAS = quants_lib.runnable_isas()
+TABLES = quants_lib.tables()
 #: Row lengths: one block, a few, a realistic row (SmolLM2's hidden size).
 SIZES = [32, 96, 576]
 
 
 @pytest.fixture(scope="module")
-def quants():
-    """The built kernel library."""
-    return quants_lib.Quants(quants_lib.build())
+def machines():
+    """The host's and arm64's kernels, started on first use."""
+    machines = quants_lib.Machines()
+    yield machines
+    machines.close()
+
+
+@pytest.fixture
+def quants(machines, table):
+    """The kernels of the machine of the test's table."""
+    return machines[table.machine]
 
 
 def block_bytes(name: str) -> int:
@@ -80,14 +90,14 @@ def reference_dequantize(name: str, blocks: np.ndarray) -> np.ndarray:
 # --- dequantization ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
-def test_dequantize_matches_gguf_bit_for_bit(quants, name, isa):
+def test_dequantize_matches_gguf_bit_for_bit(quants, name, table):
     rng = np.random.default_rng(TYPES[name])
     for any_finite in (False, True):
         for n_blocks in (1, 3, 64):
             blocks = random_blocks(name, n_blocks, rng, any_finite)
-            got = quants.dequantize(isa, TYPES[name], blocks, n_blocks * QK)
+            got = quants.dequantize(table.isa, TYPES[name], blocks, n_blocks * QK)
             want = reference_dequantize(name, blocks)
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
@@ -128,41 +138,42 @@ def activations(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
-def test_vec_dot_matches_float64_reference(quants, name, isa, n):
+def test_vec_dot_matches_float64_reference(quants, name, table, n):
     rng = np.random.default_rng(1000 * TYPES[name] + n)
     kind = "q8_1" if name in WITH_MIN else "q8_0"
     for _ in range(4):
         blocks = random_blocks(name, n // QK, rng)
         xq = quantize(quants, "portable", kind, activations(n, rng))
         want, scale = reference_dot(name, blocks, xq)
-        got = quants.vec_dot(isa, TYPES[name], n, blocks, xq)
+        got = quants.vec_dot(table.isa, TYPES[name], n, blocks, xq)
         assert abs(got - want) <= 1e-5 * scale + 1e-6, (got, want, scale)
-        if isa != "portable":
+        if table.isa != "portable":
             portable = quants.vec_dot("portable", TYPES[name], n, blocks, xq)
             assert abs(got - portable) <= 1e-5 * scale + 1e-6, (got, portable, scale)
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", sorted(WITH_MIN))
-def test_vec_dot_with_min_approximates_dequantized_dot(quants, name, isa):
+def test_vec_dot_with_min_approximates_dequantized_dot(quants, name, table):
     """The q8_1 types' m * s terms stand for m * d_x * sum(q8) within the
     fp16 rounding of s: the result is close to the plain dot product of the
     dequantized operands."""
     rng = np.random.default_rng(7)
     n = 576
     blocks = random_blocks(name, n // QK, rng)
-    xq = quantize(quants, isa, "q8_1", activations(n, rng))
+    xq = quantize(quants, table.isa, "q8_1", activations(n, rng))
     x = (xq["d"][:, None].astype(np.float64) * xq["qs"]).ravel()
     w = reference_dequantize(name, blocks).astype(np.float64)
-    got = quants.vec_dot(isa, TYPES[name], n, blocks, xq)
+    got = quants.vec_dot(table.isa, TYPES[name], n, blocks, xq)
     assert abs(got - w @ x) <= 2e-3 * (np.abs(w) @ np.abs(x)), (got, w @ x)
 
 
-def test_kernels_end_to_end_approximate_float_dot(quants):
+@pytest.mark.parametrize("table", TABLES, ids=str)
+def test_kernels_end_to_end_approximate_float_dot(quants, table):
     """A row quantized by gguf, dotted with quantized activations, is close to
-    the float dot product (the whole pipeline, every type and table)."""
+    the float dot product (the whole pipeline, every type)."""
     rng = np.random.default_rng(3)
     n = 576
     w_float = rng.standard_normal(n).astype(np.float32)
@@ -171,10 +182,9 @@ def test_kernels_end_to_end_approximate_float_dot(quants):
     for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"):
         blocks = gguf.quants.quantize(w_float.reshape(1, -1), gguf.GGMLQuantizationType[name])
         tolerance = {"Q8_0": 0.02, "Q5_0": 0.1, "Q5_1": 0.1}.get(name, 0.3) * np.sqrt(n)
-        for isa in ISAS:
-            xq = quantize(quants, isa, "q8_1" if name in WITH_MIN else "q8_0", x)
-            got = quants.vec_dot(isa, TYPES[name], n, blocks.reshape(-1), xq)
-            assert abs(got - exact) <= tolerance, (name, isa, got, exact)
+        xq = quantize(quants, table.isa, "q8_1" if name in WITH_MIN else "q8_0", x)
+        got = quants.vec_dot(table.isa, TYPES[name], n, blocks.reshape(-1), xq)
+        assert abs(got - exact) <= tolerance, (name, got, exact)
 
 
 # --- activation quantizers ---------------------------------------------------
@@ -211,15 +221,15 @@ def activation_inputs(rng: np.random.Generator, n: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_quantize_q8_0_matches_llama_cpp(quants, isa):
+@pytest.mark.parametrize("table", TABLES, ids=str)
+def test_quantize_q8_0_matches_llama_cpp(quants, table):
     rng = np.random.default_rng(11)
     x = activation_inputs(rng, 1024)
-    got = quantize(quants, isa, "q8_0", x)
-    _, d, codes = q8_0_reference(x, isa)
+    got = quantize(quants, table.isa, "q8_0", x)
+    _, d, codes = q8_0_reference(x, table.isa)
     np.testing.assert_array_equal(got["d"], d)
     np.testing.assert_array_equal(got["qs"], codes)
-    if isa == "portable":  # also gguf's own Q8_0 quantizer, byte for byte
+    if table.isa == "portable":  # also gguf's own Q8_0 quantizer, byte for byte
         q8 = gguf.quants.quantize(x.reshape(1, -1), gguf.GGMLQuantizationType.Q8_0).reshape(-1, 34)
         np.testing.assert_array_equal(q8[:, :2].copy().view(np.float16)[:, 0].astype(np.float32),
                                       got["d"])
@@ -231,12 +241,12 @@ def test_quantize_q8_0_matches_llama_cpp(quants, isa):
     assert np.all(error <= bound[:, None] * (1 + 1e-6))
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_quantize_q8_1_matches_llama_cpp(quants, isa):
+@pytest.mark.parametrize("table", TABLES, ids=str)
+def test_quantize_q8_1_matches_llama_cpp(quants, table):
     rng = np.random.default_rng(12)
     x = activation_inputs(rng, 1024)
-    got = quantize(quants, isa, "q8_1", x)
-    d_unrounded, d, codes = q8_0_reference(x, isa)
+    got = quantize(quants, table.isa, "q8_1", x)
+    d_unrounded, d, codes = q8_0_reference(x, table.isa)
     np.testing.assert_array_equal(got["d"], d)
     np.testing.assert_array_equal(got["qs"], codes)
     sums = codes.astype(np.int32).sum(axis=1).astype(np.float32)
@@ -256,8 +266,8 @@ def q8_k_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return d[:, 0], codes, bsums
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_quantize_q8_k_matches_llama_cpp(quants, isa):
+@pytest.mark.parametrize("table", TABLES, ids=str)
+def test_quantize_q8_k_matches_llama_cpp(quants, table):
     rng = np.random.default_rng(13)
     n = 8 * QK_K
     magnitudes = np.repeat(10.0 ** rng.integers(-3, 3, n // QK_K), QK_K).astype(np.float32)
@@ -266,7 +276,7 @@ def test_quantize_q8_k_matches_llama_cpp(quants, isa):
     x[2 * QK_K:4 * QK_K] = rng.uniform(-1, 1, 2 * QK_K)
     x[2 * QK_K + 5], x[2 * QK_K + 9] = -50, 50  # equal magnitudes: the first sets the sign
     x[3 * QK_K + 7], x[3 * QK_K + 200] = 30, -30
-    got = quantize(quants, isa, "q8_K", x.astype(np.float32))
+    got = quantize(quants, table.isa, "q8_K", x.astype(np.float32))
     d, codes, bsums = q8_k_reference(x)
     np.testing.assert_array_equal(got["d"], d)
     np.testing.assert_array_equal(got["qs"], codes)
@@ -280,12 +290,12 @@ def test_quantize_q8_k_matches_llama_cpp(quants, isa):
     assert np.all(error <= 0.5 * np.abs(got["d"])[:, None] * (1 + 1e-5) + 1e-30)
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_dot_f32(quants, isa):
+@pytest.mark.parametrize("table", TABLES, ids=str)
+def test_dot_f32(quants, table):
     rng = np.random.default_rng(14)
     for n in (1, 7, 8, 37, 576, 1000):
         a = rng.standard_normal(n).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32)
         want = float(a.astype(np.float64) @ b)
         scale = float(np.abs(a.astype(np.float64)) @ np.abs(b))
-        assert abs(quants.dot_f32(isa, a, b) - want) <= 1e-6 * scale, n
+        assert abs(quants.dot_f32(table.isa, a, b) - want) <= 1e-6 * scale, n

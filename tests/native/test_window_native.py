@@ -1,7 +1,8 @@
-"""The native window reductions (src/window_isa.inc, src/window.inc) against
-the MLX lowering of the window ops (native off: a padded copy, a strided
-view and an MLX reduction), on every kernel table this CPU runs; their use
-by the ``window_*`` ops, inside mx.compile and shapeless compilation."""
+"""The native window reductions (src/kernels/portable/window.h,
+src/primitives/window.cpp) against the MLX lowering of the window ops (native
+off: a padded copy, a strided view and an MLX reduction), on every kernel table
+this CPU runs; their use by the ``window_*`` ops, inside mx.compile and
+shapeless compilation."""
 
 from __future__ import annotations
 

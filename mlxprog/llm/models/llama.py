@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ..config import ModelConfig, ModelError, Quantization
+from ..config import GGMLQuantization, ModelConfig, ModelError, Quantization
 from .base import (COLUMNS_BY_HEADS, COLUMNS_BY_INTERMEDIATE, ROWS_BY_HEADS,
                    ROWS_BY_INTERMEDIATE, ROWS_BY_KV_HEADS, Decoder, Family, GGUFMetadata,
                    HFConfig, Weight)
@@ -306,42 +306,74 @@ class LlamaDecoder(Decoder):
                              self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True))
         return h, self.mlp(sb, i, x), k_cache, v_cache
 
-    def whole_layer(self, i: int) -> Quantization | None:
-        """The projections' one quantization where layer ``i`` can be one
-        ``transformer_layer`` op (fused q/k/v and gate/up halves, no
-        projection biases, one rank), else None."""
+    def whole_layer(self, i: int) -> Quantization | tuple[tuple[str, ...], ...] | None:
+        """How layer ``i`` can be one ``transformer_layer`` op, or None: the
+        projections' one MLX quantization (fused q/k/v and gate/up halves)
+        or, with every projection in GGUF blocks, the layer's weights by
+        part (:meth:`ggml_parts`); either way no projection biases and one
+        rank."""
         p = f"layers.{i}"
         names = [f"{p}.self_attn.qkv_proj", f"{p}.self_attn.o_proj", f"{p}.mlp.gate_up_proj",
                  f"{p}.mlp.down_proj"]
+        parts = [f"{p}.self_attn.{n}_proj" for n in "qkvo"] + [
+            f"{p}.mlp.{n}_proj" for n in ("gate", "up", "down")]
+        if (not self.fused_attention or self.shard.world_size > 1
+                or any(self.has(f"{name}.bias") for name in names + parts)):
+            return None
+        if all(isinstance(self.spec.quantization.get(name), GGMLQuantization) for name in parts):
+            return tuple(tuple(name for name, _ in group) for group in self.ggml_parts(i))
         quant = {self.spec.quantization.get(name) for name in names}
-        # The op reads MLX's affine quantization (not GGUF's own blocks).
-        if (not self.fused_attention or self.shard.world_size > 1 or len(quant) != 1
-                or not isinstance(next(iter(quant)), Quantization)
-                or any(name not in self.spec.fused for name in names[::2])
-                or any(self.has(f"{name}.bias") for name in names)):
+        # The affine form's op reads one MLX quantization for all four.
+        if (len(quant) != 1 or not isinstance(next(iter(quant)), Quantization)
+                or any(name not in self.spec.fused for name in names[::2])):
             return None
         gate_rows = self.spec.local_shape(f"{p}.mlp.gate_proj.weight", self.shard)[0]
         if 2 * gate_rows != self.spec.local_shape(f"{p}.mlp.gate_up_proj.weight", self.shard)[0]:
             return None
         return quant.pop()
 
-    def transformer_layer(self, sb, i: int, quant: Quantization, h: Value, rope_offset,
+    def ggml_parts(self, i: int) -> list[list[tuple[str, str]]]:
+        """Layer ``i``'s qkv, o, gate_up and down projections as the
+        ``transformer_layer`` op's GGML parts: (layer, GGML type) of each,
+        a fused projection as one part (its parts share the type)."""
+        p = f"layers.{i}"
+        groups = [("self_attn.qkv_proj", ("q", "k", "v"), "self_attn"),
+                  ("self_attn.o_proj", ("o",), "self_attn"),
+                  ("mlp.gate_up_proj", ("gate", "up"), "mlp"),
+                  ("mlp.down_proj", ("down",), "mlp")]
+        out = []
+        for fused, members, module in groups:
+            layers = ([f"{p}.{fused}"] if f"{p}.{fused}" in self.spec.fused
+                      else [f"{p}.{module}.{m}_proj" for m in members])
+            out.append([(layer, self.spec.quantization[layer].type) for layer in layers])
+        return out
+
+    def transformer_layer(self, sb, i: int, quant, h: Value, rope_offset,
                           cache_offset, key_mask, k_cache: LayerCache,
                           v_cache: LayerCache) -> tuple[Value, LayerCache, LayerCache]:
         """Layer ``i`` as one ``transformer_layer`` op (see
-        :meth:`whole_layer`): the layer's hidden states and new caches."""
+        :meth:`whole_layer`, whose result ``quant`` is): the layer's hidden
+        states and new caches."""
         p = f"layers.{i}"
-        projections = [self.weight(f"{p}.{name}.{part}")
-                       for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
-                                    "mlp.down_proj")
-                       for part in ("weight", "scales", "biases")]
+        if isinstance(quant, Quantization):
+            projections = [self.weight(f"{p}.{name}.{part}")
+                           for name in ("self_attn.qkv_proj", "self_attn.o_proj",
+                                        "mlp.gate_up_proj", "mlp.down_proj")
+                           for part in ("weight", "scales", "biases")]
+            attention, mlp = projections[:6], projections[6:]
+            packing = dict(group_size=quant.group_size, bits=quant.bits)
+        else:
+            groups = [[self.weight(f"{layer}.weight") for layer, _ in group]
+                      for group in self.ggml_parts(i)]
+            attention, mlp = groups[0] + groups[1], groups[2] + groups[3]
+            packing = dict(ggml_parts=[[t for _, t in group] for group in self.ggml_parts(i)])
         h, *caches = sb.transformer_layer(
-            h, self.weight(f"{p}.input_layernorm.weight"), *projections[:6],
-            self.weight(f"{p}.post_attention_layernorm.weight"), *projections[6:],
+            h, self.weight(f"{p}.input_layernorm.weight"), *attention,
+            self.weight(f"{p}.post_attention_layernorm.weight"), *mlp,
             *self.flat_caches((k_cache, v_cache)), cache_offset, rope_offset,
             *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
-            group_size=quant.group_size, bits=quant.bits, **self.cache_attributes(),
+            **packing, **self.cache_attributes(),
             **({} if self.numerics == "exact" else {"numerics": self.numerics}))
         return (h, *self.layer_caches(caches))
 

@@ -71,6 +71,58 @@ quants::TypeKernels type_kernels(const quants::QuantKernels& table, int type) {
   return k;
 }
 
+}  // namespace
+
+void ggml_matmul_rows(const quants::QuantKernels& table, int type, const float* x, int64_t M,
+                      int64_t K, const uint8_t* w, int64_t N, bool int8, float* y,
+                      int64_t ldy) {
+  if (M == 0 || N == 0) return;
+  const quants::TypeInfo& info = *quants::type_info(type);
+  const quants::TypeKernels k = type_kernels(table, type);
+  const int64_t row_bytes = K / info.block * info.block_bytes;
+  ThreadPool& pool = ThreadPool::instance();
+  // Chunks of whole tiles, about four per thread (uneven rows balance).
+  const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
+  const int64_t grain = std::max<int64_t>(1, tiles / (4 * pool.threads()));
+  if (int8) {
+    const int act_block = quants::activation_block(info.activation);
+    const size_t act_row = K / act_block * quants::activation_block_bytes(info.activation);
+    auto quantize = table.quantize_activation[static_cast<int>(info.activation)];
+    if (!quantize)
+      quantize = quants::portable_table().quantize_activation[static_cast<int>(info.activation)];
+    std::vector<uint8_t> xq(M * act_row);
+    pool.parallel_for(M, std::max<int64_t>(1, M / (4 * pool.threads())),
+                      [&](int64_t m0, int64_t m1) {
+                        for (int64_t m = m0; m < m1; ++m)
+                          quantize(x + m * K, xq.data() + m * act_row, K);
+                      });
+    pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+        for (int64_t m = 0; m < M; ++m) {
+          const uint8_t* xm = xq.data() + m * act_row;
+          for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = k.vec_dot(K, w + n * row_bytes, xm);
+        }
+      }
+    });
+    return;
+  }
+  auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;
+  pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<float> rows(kRowsPerTile * K);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+      for (int64_t n = n0; n < n1; ++n)
+        k.dequantize_row(w + n * row_bytes, rows.data() + (n - n0) * K, K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n)
+          y[m * ldy + n] = dot(K, rows.data() + (n - n0) * K, x + m * K);
+    }
+  });
+}
+
+namespace {
+
 // A primitive of this file: runs on the CPU only, on the quant table it was
 // built with.
 class QuantPrimitive : public mx::UnaryPrimitive {
@@ -119,55 +171,11 @@ class GgmlMatmul : public QuantPrimitive {
  private:
   static void compute(const mx::array& x, const mx::array& w, mx::array& out,
                       const quants::QuantKernels& table, int type, bool int8) {
-    const quants::TypeInfo& info = *quants::type_info(type);
-    const quants::TypeKernels k = type_kernels(table, type);
     const int64_t K = x.shape(-1), N = w.shape(0), M = x.size() / std::max<int64_t>(K, 1);
-    const int64_t row_bytes = K / info.block * info.block_bytes;
     std::vector<float> keep_x;
     std::vector<uint8_t> keep_w;
-    const float* xf = float_rows(x, keep_x);
-    const uint8_t* wb = dense_bytes(w, keep_w);
-    float* y = out.data<float>();
-    if (M == 0 || N == 0) return;
-    ThreadPool& pool = ThreadPool::instance();
-    // Chunks of whole tiles, about four per thread (uneven rows balance).
-    const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
-    const int64_t grain = std::max<int64_t>(1, tiles / (4 * pool.threads()));
-    if (int8) {
-      const int act_block = quants::activation_block(info.activation);
-      const size_t act_row = K / act_block * quants::activation_block_bytes(info.activation);
-      auto quantize = table.quantize_activation[static_cast<int>(info.activation)];
-      if (!quantize)
-        quantize = quants::portable_table().quantize_activation[static_cast<int>(info.activation)];
-      std::vector<uint8_t> xq(M * act_row);
-      pool.parallel_for(M, std::max<int64_t>(1, M / (4 * pool.threads())),
-                        [&](int64_t m0, int64_t m1) {
-                          for (int64_t m = m0; m < m1; ++m)
-                            quantize(xf + m * K, xq.data() + m * act_row, K);
-                        });
-      pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-          for (int64_t m = 0; m < M; ++m) {
-            const uint8_t* xm = xq.data() + m * act_row;
-            for (int64_t n = n0; n < n1; ++n) y[m * N + n] = k.vec_dot(K, wb + n * row_bytes, xm);
-          }
-        }
-      });
-      return;
-    }
-    auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;
-    pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-      std::vector<float> rows(kRowsPerTile * K);
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-        for (int64_t n = n0; n < n1; ++n)
-          k.dequantize_row(wb + n * row_bytes, rows.data() + (n - n0) * K, K);
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = n0; n < n1; ++n)
-            y[m * N + n] = dot(K, rows.data() + (n - n0) * K, xf + m * K);
-      }
-    });
+    ggml_matmul_rows(table, type, float_rows(x, keep_x), M, K, dense_bytes(w, keep_w), N, int8,
+                     out.data<float>(), N);
   }
 
   bool int8_;

@@ -18,64 +18,75 @@ namespace portable {
 struct AttentionLoops {
   // scores[j] = exp(scores[j] - top) for j < n (masked scores are -inf: 0);
   // returns their sum.
-  static float softmax_numerators(float* scores, int64_t n, float top) {
-    float total = 0.f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float e = scores[j] == -__builtin_inff() ? 0.f : __builtin_expf(scores[j] - top);
-      scores[j] = e;
-      total += e;
-    }
-    return total;
-  }
+  static float softmax_numerators(float* scores, int64_t n, float top);
 
   // out = sum_j w[j] * rows[j] over n rows of D floats (zero weights
   // skipped), or with `accumulate` out += that sum. The output is kept in
   // registers 64 floats at a time, so consecutive rows do not wait on each
   // other's stores.
   static void weighted_rows(const float* w, const float* rows, int64_t n, int64_t D, float* out,
-                            bool accumulate = false) {
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-      const int64_t width = imin(64, D - d0);
-      float acc[64];
-      for (int64_t d = 0; d < width; ++d) acc[d] = accumulate ? out[d0 + d] : 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        if (w[j] == 0.f) continue;
-        const float* r = rows + j * D + d0;
-        for (int64_t d = 0; d < width; ++d) acc[d] += w[j] * r[d];
-      }
-      for (int64_t d = 0; d < width; ++d) out[d0 + d] = acc[d];
-    }
-  }
+                            bool accumulate = false);
 
   // dots[j] = dot(q, keys[j]) * scale for j < n.
   static void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float scale,
-                         float* dots) {
-    for (int64_t j = 0; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
-  }
+                         float* dots);
 
   // Rows [row0, row0 + n) of a quantized cache of D features a row (`bits`
   // wide codes, groups of `group_size`) as floats, scale * code + bias, into
   // out (n x D).
   static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
-                              int64_t row0, int64_t n, float* out) {
-    const int64_t row_bytes = D * bits / 8, groups = D / group_size;
-    for (int64_t r = 0; r < n; ++r) {
-      const uint8_t* codes = c.codes + (row0 + r) * row_bytes;
-      const float* scales = c.scales + (row0 + r) * groups;
-      const float* biases = c.biases + (row0 + r) * groups;
-      float* row = out + r * D;
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* src = codes + g * group_size * bits / 8;
-        float* dst = row + g * group_size;
-        const float scale = scales[g], bias = biases[g];
-        for (int64_t i = 0; i < group_size; ++i) {
-          const int code = bits == 8 ? src[i] : (src[i / 2] >> (4 * (i % 2))) & 0x0F;
-          dst[i] = scale * static_cast<float>(code) + bias;
-        }
+                              int64_t row0, int64_t n, float* out);
+};
+
+float AttentionLoops::softmax_numerators(float* scores, int64_t n, float top) {
+  float total = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = scores[j] == -__builtin_inff() ? 0.f : __builtin_expf(scores[j] - top);
+    scores[j] = e;
+    total += e;
+  }
+  return total;
+}
+
+void AttentionLoops::weighted_rows(const float* w, const float* rows, int64_t n, int64_t D,
+                                   float* out, bool accumulate) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    const int64_t width = imin(64, D - d0);
+    float acc[64];
+    for (int64_t d = 0; d < width; ++d) acc[d] = accumulate ? out[d0 + d] : 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      if (w[j] == 0.f) continue;
+      const float* r = rows + j * D + d0;
+      for (int64_t d = 0; d < width; ++d) acc[d] += w[j] * r[d];
+    }
+    for (int64_t d = 0; d < width; ++d) out[d0 + d] = acc[d];
+  }
+}
+
+void AttentionLoops::key_scores(const float* q, const float* keys, int64_t n, int64_t D,
+                                float scale, float* dots) {
+  for (int64_t j = 0; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
+}
+
+void AttentionLoops::dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size,
+                                     int64_t D, int64_t row0, int64_t n, float* out) {
+  const int64_t row_bytes = D * bits / 8, groups = D / group_size;
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* codes = c.codes + (row0 + r) * row_bytes;
+    const float* scales = c.scales + (row0 + r) * groups;
+    const float* biases = c.biases + (row0 + r) * groups;
+    float* row = out + r * D;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* src = codes + g * group_size * bits / 8;
+      float* dst = row + g * group_size;
+      const float scale = scales[g], bias = biases[g];
+      for (int64_t i = 0; i < group_size; ++i) {
+        const int code = bits == 8 ? src[i] : (src[i / 2] >> (4 * (i % 2))) & 0x0F;
+        dst[i] = scale * static_cast<float>(code) + bias;
       }
     }
   }
-};
+}
 
 // What a query saw: keys (its scores are now softmax weights), no key at
 // all (its output is zeros), or a NaN or +inf score (NaN, as a softmax

@@ -194,42 +194,51 @@ struct GemmTile {
   // steps of packed micro-panels; after K's last slice (`end` given) its
   // epilogue is applied before the store.
   static void multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
-                       int64_t ldc, bool accumulate, const TileEnd* end) {
-    static_assert(NR == 8, "two 4-lane vectors per row");
-    Lanes acc[MR][2] = {};
-    for (int64_t k = 0; k < kc; ++k, b += NR) {
-      Lanes b0, b1;
-      std::memcpy(&b0, b, sizeof b0);
-      std::memcpy(&b1, b + 4, sizeof b1);
-      for (int r = 0; r < MR; ++r) {
-        const float x = a[r * lda + k];
-        acc[r][0] += x * b0;
-        acc[r][1] += x * b1;
-      }
-    }
-    for (int r = 0; r < MR; ++r, tile += ldc)
-      for (int c = 0; c < NR; ++c) {
-        float v = acc[r][c / 4][c % 4];
-        if (accumulate) v += tile[c];
-        tile[c] = end ? finish(v, *end, r, c, ldc) : v;
-      }
-  }
+                       int64_t ldc, bool accumulate, const TileEnd* end);
 
   // A tile that overhangs C (rows x cols of it, fewer than MR x NR): whole
   // into `edge` (MR x NR, row stride NR), which multiply_block clips into C;
   // true where the tile went straight into C instead (never, here).
   static bool multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t,
-                            int64_t, float*, int64_t, bool, const TileEnd*, float* edge) {
-    multiply(kc, a, lda, b, edge, NR, false, nullptr);
-    return false;
-  }
+                            int64_t, float*, int64_t, bool, const TileEnd*, float* edge);
 
   // out[j] = a . (b + j * stride) over n values, for j < columns.
   static void column_dots(const float* a, const float* b, int64_t stride, int64_t n,
-                          int64_t columns, float* out) {
-    for (int64_t j = 0; j < columns; ++j) out[j] = Vec::dot(a, b + j * stride, n);
-  }
+                          int64_t columns, float* out);
 };
+
+void GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
+                        int64_t ldc, bool accumulate, const TileEnd* end) {
+  static_assert(NR == 8, "two 4-lane vectors per row");
+  Lanes acc[MR][2] = {};
+  for (int64_t k = 0; k < kc; ++k, b += NR) {
+    Lanes b0, b1;
+    std::memcpy(&b0, b, sizeof b0);
+    std::memcpy(&b1, b + 4, sizeof b1);
+    for (int r = 0; r < MR; ++r) {
+      const float x = a[r * lda + k];
+      acc[r][0] += x * b0;
+      acc[r][1] += x * b1;
+    }
+  }
+  for (int r = 0; r < MR; ++r, tile += ldc)
+    for (int c = 0; c < NR; ++c) {
+      float v = acc[r][c / 4][c % 4];
+      if (accumulate) v += tile[c];
+      tile[c] = end ? finish(v, *end, r, c, ldc) : v;
+    }
+}
+
+bool GemmTile::multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t,
+                             int64_t, float*, int64_t, bool, const TileEnd*, float* edge) {
+  multiply(kc, a, lda, b, edge, NR, false, nullptr);
+  return false;
+}
+
+void GemmTile::column_dots(const float* a, const float* b, int64_t stride, int64_t n,
+                           int64_t columns, float* out) {
+  for (int64_t j = 0; j < columns; ++j) out[j] = Vec::dot(a, b + j * stride, n);
+}
 
 // Rows [m0, m1) x columns [n0, n1) without packing, for a row or two (a
 // matrix-vector product is bound by reading B, which packing would read

@@ -48,29 +48,33 @@ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 struct Vec {
   // n elements of p (in `t`) from `offset` as float32 into dst.
-  static void load_row(const void* p, DType t, int64_t offset, int64_t n, float* dst) {
-    if (t == DType::f32) {
-      std::memcpy(dst, static_cast<const float*>(p) + offset, n * sizeof(float));
-      return;
-    }
-    const uint16_t* src = static_cast<const uint16_t*>(p) + offset;
-    for (int64_t i = 0; i < n; ++i)
-      dst[i] = t == DType::f16 ? half_to_float(src[i]) : bf16_to_float(src[i]);
-  }
+  static void load_row(const void* p, DType t, int64_t offset, int64_t n, float* dst);
 
   // a . b over n floats, summed in eight independent lanes (which the
   // compiler vectorizes) and then the rest one by one.
-  static float dot(const float* a, const float* b, int64_t n) {
-    int64_t i = 0;
-    float total = 0.f;
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (; i + 8 <= n; i += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
-    for (float l : lanes) total += l;
-    for (; i < n; ++i) total += a[i] * b[i];
-    return total;
-  }
+  static float dot(const float* a, const float* b, int64_t n);
 };
+
+void Vec::load_row(const void* p, DType t, int64_t offset, int64_t n, float* dst) {
+  if (t == DType::f32) {
+    std::memcpy(dst, static_cast<const float*>(p) + offset, n * sizeof(float));
+    return;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(p) + offset;
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = t == DType::f16 ? half_to_float(src[i]) : bf16_to_float(src[i]);
+}
+
+float Vec::dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float total = 0.f;
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
+  for (float l : lanes) total += l;
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
 
 }  // namespace portable
 }  // namespace

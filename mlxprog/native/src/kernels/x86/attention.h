@@ -17,114 +17,125 @@ namespace {
 namespace x86 {
 
 struct AttentionLoops {
-  static float softmax_numerators(float* scores, int64_t n, float top) {
-    int64_t j = 0;
-    float total = 0.f;
-    const __m256 vtop = _mm256_set1_ps(top);
-    __m256 sum = _mm256_setzero_ps();
-    for (; j + 8 <= n; j += 8) {
-      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
-      _mm256_storeu_ps(scores + j, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    total = hsum(sum);
-    for (; j < n; ++j) {
-      const float e = scores[j] == -__builtin_inff() ? 0.f : __builtin_expf(scores[j] - top);
-      scores[j] = e;
-      total += e;
-    }
-    return total;
-  }
+  static float softmax_numerators(float* scores, int64_t n, float top);
 
   // Eight vectors of output (64 floats) stay in registers across the rows.
   static void weighted_rows(const float* w, const float* rows, int64_t n, int64_t D, float* out,
-                            bool accumulate = false) {
-    int64_t d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) {
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u)
-        acc[u] = accumulate ? _mm256_loadu_ps(out + d0 + 8 * u) : _mm256_setzero_ps();
-      for (int64_t j = 0; j < n; ++j) {
-        if (w[j] == 0.f) continue;
-        const __m256 wj = _mm256_set1_ps(w[j]);
-        const float* r = rows + j * D + d0;
-        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8 * u), acc[u]);
-      }
-      for (int u = 0; u < 8; ++u) _mm256_storeu_ps(out + d0 + 8 * u, acc[u]);
-    }
-    for (; d0 < D; d0 += 64) {
-      const int64_t width = portable::imin(64, D - d0);
-      float acc[64];
-      for (int64_t d = 0; d < width; ++d) acc[d] = accumulate ? out[d0 + d] : 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        if (w[j] == 0.f) continue;
-        const float* r = rows + j * D + d0;
-        for (int64_t d = 0; d < width; ++d) acc[d] += w[j] * r[d];
-      }
-      for (int64_t d = 0; d < width; ++d) out[d0 + d] = acc[d];
-    }
-  }
+                            bool accumulate = false);
 
   // Four keys at a time (one horizontal reduction for the four) where D is a
   // multiple of 8, the rest one by one.
   static void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float scale,
-                         float* dots) {
-    int64_t j = 0;
-    if (D % 8 == 0) {
-      for (; j + 4 <= n; j += 4) {
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                         _mm256_setzero_ps()};
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 qd = _mm256_loadu_ps(q + d);
-          for (int u = 0; u < 4; ++u)
-            acc[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + u) * D + d), acc[u]);
-        }
-        // [a0+a1.., b.., c.., d..] in one 128-bit vector
-        const __m256 ab = _mm256_hadd_ps(acc[0], acc[1]), cd = _mm256_hadd_ps(acc[2], acc[3]);
-        const __m256 abcd = _mm256_hadd_ps(ab, cd);
-        const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-        _mm_storeu_ps(dots + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-      }
-    }
-    for (; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
-  }
+                         float* dots);
 
   static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
-                              int64_t row0, int64_t n, float* out) {
-    const int64_t row_bytes = D * bits / 8, groups = D / group_size;
-    for (int64_t r = 0; r < n; ++r) {
-      const uint8_t* codes = c.codes + (row0 + r) * row_bytes;
-      const float* scales = c.scales + (row0 + r) * groups;
-      const float* biases = c.biases + (row0 + r) * groups;
-      float* row = out + r * D;
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* src = codes + g * group_size * bits / 8;
-        float* dst = row + g * group_size;
-        const float scale = scales[g], bias = biases[g];
-        int64_t i = 0;
-        const __m256 vscale = _mm256_set1_ps(scale), vbias = _mm256_set1_ps(bias);
-        for (; i + 8 <= group_size; i += 8) {
-          __m128i bytes;
-          if (bits == 8) {
-            bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
-          } else {  // byte k holds code 2k (low nibble) and 2k + 1 (high)
-            uint32_t packed;
-            std::memcpy(&packed, src + i / 2, 4);
-            const __m128i x = _mm_cvtsi32_si128(static_cast<int>(packed));
-            const __m128i nibble = _mm_set1_epi8(0x0F);
-            bytes = _mm_unpacklo_epi8(_mm_and_si128(x, nibble),
-                                      _mm_and_si128(_mm_srli_epi16(x, 4), nibble));
-          }
-          _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(u8x8_to_ps(bytes), vscale, vbias));
+                              int64_t row0, int64_t n, float* out);
+};
+
+float AttentionLoops::softmax_numerators(float* scores, int64_t n, float top) {
+  int64_t j = 0;
+  float total = 0.f;
+  const __m256 vtop = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
+    _mm256_storeu_ps(scores + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  total = hsum(sum);
+  for (; j < n; ++j) {
+    const float e = scores[j] == -__builtin_inff() ? 0.f : __builtin_expf(scores[j] - top);
+    scores[j] = e;
+    total += e;
+  }
+  return total;
+}
+
+void AttentionLoops::weighted_rows(const float* w, const float* rows, int64_t n, int64_t D,
+                                   float* out, bool accumulate) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u)
+      acc[u] = accumulate ? _mm256_loadu_ps(out + d0 + 8 * u) : _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      if (w[j] == 0.f) continue;
+      const __m256 wj = _mm256_set1_ps(w[j]);
+      const float* r = rows + j * D + d0;
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(out + d0 + 8 * u, acc[u]);
+  }
+  for (; d0 < D; d0 += 64) {
+    const int64_t width = portable::imin(64, D - d0);
+    float acc[64];
+    for (int64_t d = 0; d < width; ++d) acc[d] = accumulate ? out[d0 + d] : 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      if (w[j] == 0.f) continue;
+      const float* r = rows + j * D + d0;
+      for (int64_t d = 0; d < width; ++d) acc[d] += w[j] * r[d];
+    }
+    for (int64_t d = 0; d < width; ++d) out[d0 + d] = acc[d];
+  }
+}
+
+void AttentionLoops::key_scores(const float* q, const float* keys, int64_t n, int64_t D,
+                                float scale, float* dots) {
+  int64_t j = 0;
+  if (D % 8 == 0) {
+    for (; j + 4 <= n; j += 4) {
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps()};
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + d);
+        for (int u = 0; u < 4; ++u)
+          acc[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + u) * D + d), acc[u]);
+      }
+      // [a0+a1.., b.., c.., d..] in one 128-bit vector
+      const __m256 ab = _mm256_hadd_ps(acc[0], acc[1]), cd = _mm256_hadd_ps(acc[2], acc[3]);
+      const __m256 abcd = _mm256_hadd_ps(ab, cd);
+      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+      _mm_storeu_ps(dots + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+    }
+  }
+  for (; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
+}
+
+void AttentionLoops::dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size,
+                                     int64_t D, int64_t row0, int64_t n, float* out) {
+  const int64_t row_bytes = D * bits / 8, groups = D / group_size;
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* codes = c.codes + (row0 + r) * row_bytes;
+    const float* scales = c.scales + (row0 + r) * groups;
+    const float* biases = c.biases + (row0 + r) * groups;
+    float* row = out + r * D;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* src = codes + g * group_size * bits / 8;
+      float* dst = row + g * group_size;
+      const float scale = scales[g], bias = biases[g];
+      int64_t i = 0;
+      const __m256 vscale = _mm256_set1_ps(scale), vbias = _mm256_set1_ps(bias);
+      for (; i + 8 <= group_size; i += 8) {
+        __m128i bytes;
+        if (bits == 8) {
+          bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+        } else {  // byte k holds code 2k (low nibble) and 2k + 1 (high)
+          uint32_t packed;
+          std::memcpy(&packed, src + i / 2, 4);
+          const __m128i x = _mm_cvtsi32_si128(static_cast<int>(packed));
+          const __m128i nibble = _mm_set1_epi8(0x0F);
+          bytes = _mm_unpacklo_epi8(_mm_and_si128(x, nibble),
+                                    _mm_and_si128(_mm_srli_epi16(x, 4), nibble));
         }
-        for (; i < group_size; ++i) {
-          const int code = bits == 8 ? src[i] : (src[i / 2] >> (4 * (i % 2))) & 0x0F;
-          dst[i] = scale * static_cast<float>(code) + bias;
-        }
+        _mm256_storeu_ps(dst + i, _mm256_fmadd_ps(u8x8_to_ps(bytes), vscale, vbias));
+      }
+      for (; i < group_size; ++i) {
+        const int code = bits == 8 ? src[i] : (src[i / 2] >> (4 * (i % 2))) & 0x0F;
+        dst[i] = scale * static_cast<float>(code) + bias;
       }
     }
   }
-};
+}
 
 }  // namespace x86
 }  // namespace

@@ -25,61 +25,73 @@ struct Avx512GemmTile : Avx2GemmTile {
   // channel count), so the others are skipped.
   template <bool half>
   static void multiply_panels(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
-                              int64_t ldc, bool accumulate, const TileEnd* end) {
-    __m512 acc[MR][2];
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    const float* row[MR];
-    for (int r = 0; r < MR; ++r) row[r] = a + r * lda;
-    for (int64_t k = 0; k < kc; ++k, b += NR) {
-      const __m512 b0 = _mm512_loadu_ps(b);
-      const __m512 b1 = half ? b0 : _mm512_loadu_ps(b + 16);
-      for (int r = 0; r < MR; ++r) {
-        const __m512 x = _mm512_set1_ps(row[r][k]);
-        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
-        if (!half) acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
-      }
-    }
-    const __m512 zero = _mm512_setzero_ps();
-    const float* bias = end ? end->bias : nullptr;
-    const float* residual = end ? end->residual : nullptr;
-    const bool relu = end && end->activation == Activation::relu;
-    const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : zero;
-    const __m512 bias1 = bias && !half ? _mm512_loadu_ps(bias + 16) : zero;
-    for (int r = 0; r < MR; ++r, tile += ldc) {
-      for (int h = 0; h < (half ? 1 : 2); ++h) {
-        __m512 v = acc[r][h];
-        if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(tile + 16 * h));
-        if (bias) v = _mm512_add_ps(v, h ? bias1 : bias0);
-        if (residual) v = _mm512_add_ps(v, _mm512_loadu_ps(residual + r * ldc + 16 * h));
-        if (relu) v = _mm512_max_ps(zero, v);  // zero first: a NaN stays NaN, as in finish
-        _mm512_storeu_ps(tile + 16 * h, v);
-      }
-    }
-  }
+                              int64_t ldc, bool accumulate, const TileEnd* end);
 
   static void multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
-                       int64_t ldc, bool accumulate, const TileEnd* end) {
-    multiply_panels<false>(kc, a, lda, b, tile, ldc, accumulate, end);
-  }
+                       int64_t ldc, bool accumulate, const TileEnd* end);
 
   // An overhanging tile (rows x cols of C): of 16 columns or fewer, half the
   // multiplies, and straight into C where it has all MR rows and exactly 16
   // columns; otherwise whole into `edge` for multiply_block to clip.
   static bool multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t rows,
                             int64_t cols, float* tile, int64_t ldc, bool accumulate,
-                            const TileEnd* end, float* edge) {
-    if (cols > 16) {
-      multiply(kc, a, lda, b, edge, NR, false, nullptr);
-      return false;
+                            const TileEnd* end, float* edge);
+};
+
+template <bool half>
+void Avx512GemmTile::multiply_panels(int64_t kc, const float* a, int64_t lda, const float* b,
+                                     float* tile, int64_t ldc, bool accumulate,
+                                     const TileEnd* end) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const float* row[MR];
+  for (int r = 0; r < MR; ++r) row[r] = a + r * lda;
+  for (int64_t k = 0; k < kc; ++k, b += NR) {
+    const __m512 b0 = _mm512_loadu_ps(b);
+    const __m512 b1 = half ? b0 : _mm512_loadu_ps(b + 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(row[r][k]);
+      acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+      if (!half) acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
     }
-    if (rows == MR && cols == 16) {
-      multiply_panels<true>(kc, a, lda, b, tile, ldc, accumulate, end);
-      return true;
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  const float* bias = end ? end->bias : nullptr;
+  const float* residual = end ? end->residual : nullptr;
+  const bool relu = end && end->activation == Activation::relu;
+  const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : zero;
+  const __m512 bias1 = bias && !half ? _mm512_loadu_ps(bias + 16) : zero;
+  for (int r = 0; r < MR; ++r, tile += ldc) {
+    for (int h = 0; h < (half ? 1 : 2); ++h) {
+      __m512 v = acc[r][h];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(tile + 16 * h));
+      if (bias) v = _mm512_add_ps(v, h ? bias1 : bias0);
+      if (residual) v = _mm512_add_ps(v, _mm512_loadu_ps(residual + r * ldc + 16 * h));
+      if (relu) v = _mm512_max_ps(zero, v);  // zero first: a NaN stays NaN, as in finish
+      _mm512_storeu_ps(tile + 16 * h, v);
     }
-    multiply_panels<true>(kc, a, lda, b, edge, NR, false, nullptr);
+  }
+}
+
+void Avx512GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
+                              int64_t ldc, bool accumulate, const TileEnd* end) {
+  multiply_panels<false>(kc, a, lda, b, tile, ldc, accumulate, end);
+}
+
+bool Avx512GemmTile::multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b,
+                                   int64_t rows, int64_t cols, float* tile, int64_t ldc,
+                                   bool accumulate, const TileEnd* end, float* edge) {
+  if (cols > 16) {
+    multiply(kc, a, lda, b, edge, NR, false, nullptr);
     return false;
   }
-};
+  if (rows == MR && cols == 16) {
+    multiply_panels<true>(kc, a, lda, b, tile, ldc, accumulate, end);
+    return true;
+  }
+  multiply_panels<true>(kc, a, lda, b, edge, NR, false, nullptr);
+  return false;
+}
 
 }  // namespace x86
 }  // namespace

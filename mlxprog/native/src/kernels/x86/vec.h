@@ -54,44 +54,48 @@ inline __m256 exp_nonpositive(__m256 x) {
 struct Vec {
   // As portable::Vec::load_row, converting eight halves (F16C) or bfloat16s
   // (a shift into the high half) at a time.
-  static void load_row(const void* p, DType t, int64_t offset, int64_t n, float* dst) {
-    if (t == DType::f32) {
-      std::memcpy(dst, static_cast<const float*>(p) + offset, n * sizeof(float));
-      return;
-    }
-    const uint16_t* src = static_cast<const uint16_t*>(p) + offset;
-    int64_t i = 0;
-    if (t == DType::f16) {
-      for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    } else {
-      for (; i + 8 <= n; i += 8) {
-        __m256i wide = _mm256_cvtepu16_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
-      }
-    }
-    for (; i < n; ++i)
-      dst[i] = t == DType::f16 ? half_to_float(src[i]) : bf16_to_float(src[i]);
-  }
+  static void load_row(const void* p, DType t, int64_t offset, int64_t n, float* dst);
 
   // a . b over n floats: two FMA chains over 16 floats a step.
-  static float dot(const float* a, const float* b, int64_t n) {
-    int64_t i = 0;
-    float total = 0.f;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8)
-      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    total = hsum(_mm256_add_ps(acc0, acc1));
-    for (; i < n; ++i) total += a[i] * b[i];
-    return total;
-  }
+  static float dot(const float* a, const float* b, int64_t n);
 };
+
+void Vec::load_row(const void* p, DType t, int64_t offset, int64_t n, float* dst) {
+  if (t == DType::f32) {
+    std::memcpy(dst, static_cast<const float*>(p) + offset, n * sizeof(float));
+    return;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(p) + offset;
+  int64_t i = 0;
+  if (t == DType::f16) {
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      __m256i wide = _mm256_cvtepu16_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    }
+  }
+  for (; i < n; ++i)
+    dst[i] = t == DType::f16 ? half_to_float(src[i]) : bf16_to_float(src[i]);
+}
+
+float Vec::dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float total = 0.f;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  total = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
 
 }  // namespace x86
 }  // namespace

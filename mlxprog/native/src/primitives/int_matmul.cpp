@@ -1,10 +1,8 @@
-// The exact integer matmul as an MLX primitive (its kernels:
-// int_matmul_kernels.h) and its Python binding, integer_matmul.
-#include "int_matmul.h"
-
+// The exact integer matmul as an MLX primitive (its driver:
+// int_matmul_driver.h, on the kernel table's micro-kernels) and its Python
+// function, integer_matmul.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -12,14 +10,8 @@
 
 #include <nanobind/stl/string.h>
 
-#include "int_matmul_kernels.h"
-#include "kernels.h"
-#include "mlx/backend/cpu/encoder.h"
-#include "mlx/mlx.h"
-#include "mlx/primitives.h"
-
-namespace mx = mlx::core;
-namespace nb = nanobind;
+#include "primitive.h"
+#include "primitives/int_matmul_driver.h"
 
 namespace mlxprog {
 namespace {
@@ -73,7 +65,8 @@ std::vector<int64_t> batch_offsets(const mx::array& x, const mx::Shape& out) {
 }
 
 template <class T>
-void compute(const mx::array& a, const mx::array& b, mx::array& out, bool avx2) {
+void compute(const mx::array& a, const mx::array& b, mx::array& out,
+             const IntMatmulTiles& tiles) {
   const std::vector<int64_t> a_offsets = batch_offsets(a, out.shape());
   const std::vector<int64_t> b_offsets = batch_offsets(b, out.shape());
   const size_t na = a.ndim(), nb_ = b.ndim();
@@ -104,15 +97,16 @@ void compute(const mx::array& a, const mx::array& b, mx::array& out, bool avx2) 
     p.M *= p.batch;
     p.batch = 1;
   }
-  int_kernels::run(p, avx2);
+  int_kernels::run(p, tiles);
 }
 
 // Reads its operands through their strides (transposed and broadcast views
 // need no copy).
 class IntegerMatmul : public mx::UnaryPrimitive {
  public:
-  // avx2: use the AVX2 micro-kernels (the caller checked the CPU runs them).
-  IntegerMatmul(mx::Stream stream, bool avx2) : mx::UnaryPrimitive(stream), avx2_(avx2) {}
+  // tiles: the micro-kernels of a kernel table the CPU runs.
+  IntegerMatmul(mx::Stream stream, const IntMatmulTiles* tiles)
+      : mx::UnaryPrimitive(stream), tiles_(tiles) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -120,16 +114,16 @@ class IntegerMatmul : public mx::UnaryPrimitive {
     // the task holds `out` weakly, as MLX's own primitives do.
     mx::cpu::get_command_encoder(stream()).dispatch(
         [a = inputs[0], b = inputs[1], out = mx::array::unsafe_weak_copy(out),
-         avx2 = avx2_]() mutable {
+         tiles = tiles_]() mutable {
           switch (out.dtype()) {
-            case mx::int8: return compute<int8_t>(a, b, out, avx2);
-            case mx::int16: return compute<int16_t>(a, b, out, avx2);
-            case mx::int32: return compute<int32_t>(a, b, out, avx2);
-            case mx::int64: return compute<int64_t>(a, b, out, avx2);
-            case mx::uint8: return compute<uint8_t>(a, b, out, avx2);
-            case mx::uint16: return compute<uint16_t>(a, b, out, avx2);
-            case mx::uint32: return compute<uint32_t>(a, b, out, avx2);
-            case mx::uint64: return compute<uint64_t>(a, b, out, avx2);
+            case mx::int8: return compute<int8_t>(a, b, out, *tiles);
+            case mx::int16: return compute<int16_t>(a, b, out, *tiles);
+            case mx::int32: return compute<int32_t>(a, b, out, *tiles);
+            case mx::int64: return compute<int64_t>(a, b, out, *tiles);
+            case mx::uint8: return compute<uint8_t>(a, b, out, *tiles);
+            case mx::uint16: return compute<uint16_t>(a, b, out, *tiles);
+            case mx::uint32: return compute<uint32_t>(a, b, out, *tiles);
+            case mx::uint64: return compute<uint64_t>(a, b, out, *tiles);
             default:
               throw std::invalid_argument("mlxprog native integer_matmul: not an integer dtype");
           }
@@ -149,11 +143,11 @@ class IntegerMatmul : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const IntegerMatmul*>(&other);
-    return o && o->avx2_ == avx2_;
+    return o && o->tiles_ == tiles_;
   }
 
  private:
-  bool avx2_;
+  const IntMatmulTiles* tiles_;
 };
 
 bool is_integer(mx::Dtype t) {
@@ -167,9 +161,9 @@ mx::array integer_matmul(const mx::array& a, const mx::array& b, const std::stri
         "mlxprog native integer_matmul: operands must share one integer dtype");
   const Kernels* table = isa.empty() ? &select_kernels() : kernels_named(isa.c_str());
   if (!table) throw std::invalid_argument("no kernel table '" + isa + "' usable here");
-  const bool avx2 = std::strncmp(table->isa, "avx2", 4) == 0;
   return mx::array(product_shape(a, b), a.dtype(),
-                   std::make_shared<IntegerMatmul>(mx::default_stream(mx::Device::cpu), avx2),
+                   std::make_shared<IntegerMatmul>(mx::default_stream(mx::Device::cpu),
+                                                   &table->int_matmul),
                    {a, b});
 }
 

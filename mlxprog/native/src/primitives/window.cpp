@@ -1,8 +1,22 @@
 // The window reduction primitive (the window_sum/product/max/min ops of
-// mlxprog/ops/window.py; the kernel: window_isa.inc). Included by
-// primitives.cpp inside its anonymous namespace, after the helpers it shares
-// (CpuPrimitive, contiguous_data, grain_for, active_kernels); bind_window
-// adds the function to the module.
+// mlxprog/ops/window.py; the kernel: kernels/portable/window.h) and its
+// Python function, window_reduce.
+#include <algorithm>
+#include <iterator>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "primitive.h"
+#include "threadpool.h"
+
+namespace mlxprog {
+namespace {
 
 // A window reduction's attributes, one entry per axis of x.
 struct WindowSettings {
@@ -150,6 +164,8 @@ mx::array window_reduce(const mx::array& x, const std::string& op, std::vector<i
                    {x});
 }
 
+}  // namespace
+
 void bind_window(nb::module_& m) {
   m.def("window_reduce", &window_reduce, nb::arg("x"), nb::kw_only(), nb::arg("op"),
         nb::arg("window"), nb::arg("stride"), nb::arg("dilation"), nb::arg("pad_low"),
@@ -158,3 +174,5 @@ void bind_window(nb::module_& m) {
         "'min', one window size, stride, dilation and low / high padding per axis; "
         "padding adds the reduction's identity (max and min propagate NaN).");
 }
+
+}  // namespace mlxprog

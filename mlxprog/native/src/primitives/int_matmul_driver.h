@@ -1,7 +1,9 @@
-// The exact integer matmul's kernels, free of MLX types: C[b] = A[b] @ B[b]
-// for operands of one integer dtype (int8..int64, uint8..uint64), wrapping
-// modulo 2**bits like numpy. int_matmul.cpp makes them an MLX primitive;
-// tests/native/int_matmul_selftest.cpp runs them alone (on arm64 too).
+// The exact integer matmul's blocking driver, free of MLX types: C[b] =
+// A[b] @ B[b] for operands of one integer dtype (int8..int64, uint8..uint64),
+// wrapping modulo 2**bits like numpy, on a kernel table's micro-kernels
+// (Kernels::int_matmul; kernels/*/int_matmul.h). primitives/int_matmul.cpp
+// makes it an MLX primitive; tests/native/int_matmul_selftest.cpp runs it
+// alone (on arm64 too).
 //
 // A product or sum modulo 2**bits depends only on the low `bits` bits of its
 // terms, so each dtype is computed in unsigned lanes at least as wide as it
@@ -16,34 +18,22 @@
 // lane type, read through any strides, zero-padded to whole tiles), and a
 // micro-kernel adds an MR x NR tile of products into the job's accumulator.
 // Jobs (batch element, column block, row group) run on the thread pool.
-//
-// The AVX2 micro-kernels (vpmullw / vpmulld with adds) are compiled with a
-// target attribute and used when the caller names an AVX2 kernel table; the
-// portable ones use the compiler's vector extensions on its baseline (SSE2,
-// NEON). 64-bit lanes take a scalar kernel everywhere: neither has a 64-bit
-// vector multiply.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "kernels.h"
 #include "threadpool.h"
-
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-#define MLXPROG_INT_AVX2 1
-#include <immintrin.h>
-#define MLXPROG_TARGET_AVX2 __attribute__((target("avx2")))
-#endif
 
 namespace mlxprog {
 namespace int_kernels {
 
 // Block sizes, in elements. A KC x NR micro-panel of B (16 KB of uint32)
 // stays in L1 while the MC x KC block of A (96 KB) streams from L2. MC and NC
-// are multiples of every MR and NR below.
+// are multiples of every table's MR and NR (kernels/*/int_matmul.h).
 constexpr int64_t KC = 256;
 constexpr int64_t MC = 96;
 constexpr int64_t NC = 256;
@@ -61,125 +51,23 @@ template <class T>
 using Lane = std::conditional_t<sizeof(T) <= 2, uint16_t,
                                 std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
 
-// c[i * ldc + j] += sum over k < kc of a[k * MR + i] * b[k * NR + j], for a
-// tile of MR x NR lanes (a, b: packed micro-panels).
+// The table's tile for lanes U.
 template <class U>
-using Micro = void (*)(int64_t kc, const U* a, const U* b, U* c, int64_t ldc);
-
-template <class U>
-struct Tile {
-  int64_t mr, nr;
-  Micro<U> micro;
-};
-
-// On the compiler's 16-byte vectors (GCC and Clang vector extensions, whose
-// element arithmetic on unsigned lanes wraps, with no integer promotion):
-// SSE2's and NEON's registers, the baselines of x86-64 and arm64. MR x NR / L
-// = 8 accumulators for the sizes used.
-template <class U, int MR, int NR>
-void micro_portable(int64_t kc, const U* a, const U* b, U* c, int64_t ldc) {
-  typedef U V __attribute__((vector_size(16)));
-  constexpr int L = 16 / sizeof(U), NV = NR / L;
-  static_assert(NV * L == NR, "NR is a whole number of vectors");
-  V acc[MR][NV] = {};
-  for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
-    V bv[NV];
-    std::memcpy(bv, b, sizeof(bv));
-    for (int i = 0; i < MR; ++i)
-      for (int v = 0; v < NV; ++v) acc[i][v] += a[i] * bv[v];
-  }
-  for (int i = 0; i < MR; ++i) {
-    V row[NV];
-    std::memcpy(row, c + i * ldc, sizeof(row));
-    for (int v = 0; v < NV; ++v) row[v] += acc[i][v];
-    std::memcpy(c + i * ldc, row, sizeof(row));
-  }
-}
-
-// 4 x 4 uint64 lanes as scalars (uint64_t arithmetic wraps as it is).
-inline void micro_scalar_u64(int64_t kc, const uint64_t* a, const uint64_t* b, uint64_t* c,
-                             int64_t ldc) {
-  uint64_t acc[4][4] = {};
-  for (int64_t k = 0; k < kc; ++k, a += 4, b += 4)
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) c[i * ldc + j] += acc[i][j];
-}
-
-#if MLXPROG_INT_AVX2
-// 6 x 16 uint32 lanes: 12 accumulators, two B vectors and a broadcast A
-// element hold 15 of the 16 ymm registers.
-MLXPROG_TARGET_AVX2 inline void micro_u32_avx2(int64_t kc, const uint32_t* a,
-                                               const uint32_t* b, uint32_t* c, int64_t ldc) {
-  __m256i acc[6][2];
-  for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < kc; ++k, a += 6, b += 16) {
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 8));
-    for (int i = 0; i < 6; ++i) {
-      const __m256i ai = _mm256_set1_epi32(static_cast<int32_t>(a[i]));
-      acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_mullo_epi32(ai, b0));
-      acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_mullo_epi32(ai, b1));
-    }
-  }
-  for (int i = 0; i < 6; ++i)
-    for (int j = 0; j < 2; ++j) {
-      __m256i* dst = reinterpret_cast<__m256i*>(c + i * ldc + 8 * j);
-      _mm256_storeu_si256(dst, _mm256_add_epi32(_mm256_loadu_si256(dst), acc[i][j]));
-    }
-}
-
-// 6 x 32 uint16 lanes, as the uint32 kernel with twice the lanes (vpmullw
-// keeps the low 16 bits of each product, all that a 16-bit result needs).
-MLXPROG_TARGET_AVX2 inline void micro_u16_avx2(int64_t kc, const uint16_t* a,
-                                               const uint16_t* b, uint16_t* c, int64_t ldc) {
-  __m256i acc[6][2];
-  for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < kc; ++k, a += 6, b += 32) {
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-    for (int i = 0; i < 6; ++i) {
-      const __m256i ai = _mm256_set1_epi16(static_cast<int16_t>(a[i]));
-      acc[i][0] = _mm256_add_epi16(acc[i][0], _mm256_mullo_epi16(ai, b0));
-      acc[i][1] = _mm256_add_epi16(acc[i][1], _mm256_mullo_epi16(ai, b1));
-    }
-  }
-  for (int i = 0; i < 6; ++i)
-    for (int j = 0; j < 2; ++j) {
-      __m256i* dst = reinterpret_cast<__m256i*>(c + i * ldc + 16 * j);
-      _mm256_storeu_si256(dst, _mm256_add_epi16(_mm256_loadu_si256(dst), acc[i][j]));
-    }
-}
-#endif
-
-// The micro-kernel for lanes U: the AVX2 one where asked for and built.
-template <class U>
-Tile<U> tile_for(bool avx2);
+const IntTile<U>& tile_for(const IntMatmulTiles& tiles);
 
 template <>
-inline Tile<uint16_t> tile_for(bool avx2) {
-#if MLXPROG_INT_AVX2
-  if (avx2) return {6, 32, micro_u16_avx2};
-#endif
-  (void)avx2;
-  return {4, 16, micro_portable<uint16_t, 4, 16>};
+inline const IntTile<uint16_t>& tile_for(const IntMatmulTiles& tiles) {
+  return tiles.u16;
 }
 
 template <>
-inline Tile<uint32_t> tile_for(bool avx2) {
-#if MLXPROG_INT_AVX2
-  if (avx2) return {6, 16, micro_u32_avx2};
-#endif
-  (void)avx2;
-  return {4, 8, micro_portable<uint32_t, 4, 8>};
+inline const IntTile<uint32_t>& tile_for(const IntMatmulTiles& tiles) {
+  return tiles.u32;
 }
 
-// Scalar for every table: 64-bit products on SSE2 or AVX2 vectors are each
-// built from three 32-bit ones, which measured half as fast as imul.
 template <>
-inline Tile<uint64_t> tile_for(bool) {
-  return {4, 4, micro_scalar_u64};
+inline const IntTile<uint64_t>& tile_for(const IntMatmulTiles& tiles) {
+  return tiles.u64;
 }
 
 // mc rows and kc columns of A (element (i, k) at a[i * rs + k * cs]) as
@@ -234,8 +122,8 @@ struct Operands {
 
 // Rows [i0, i1) and columns [j0, j1) of C[bi].
 template <class T>
-void run_job(const Operands<T>& p, const Tile<Lane<T>>& t, int64_t bi, int64_t i0, int64_t i1,
-             int64_t j0, int64_t j1) {
+void run_job(const Operands<T>& p, const IntTile<Lane<T>>& t, int64_t bi, int64_t i0,
+             int64_t i1, int64_t j0, int64_t j1) {
   using U = Lane<T>;
   const int64_t rows = i1 - i0, cols = j1 - j0, ldc = round_up(cols, t.nr);
   const int64_t depth = std::min(KC, p.K);
@@ -261,12 +149,12 @@ void run_job(const Operands<T>& p, const Tile<Lane<T>>& t, int64_t bi, int64_t i
     for (int64_t j = 0; j < cols; ++j) c[r * p.N + j] = wrap_to<T>(acc[r * ldc + j]);
 }
 
-// C = A @ B for every batch element; avx2: the AVX2 micro-kernels (the
-// caller checked that the CPU runs them).
+// C = A @ B for every batch element, on `tiles`' micro-kernels (of a table
+// the CPU runs).
 template <class T>
-void run(const Operands<T>& p, bool avx2) {
+void run(const Operands<T>& p, const IntMatmulTiles& tiles) {
   if (p.batch == 0 || p.M == 0 || p.N == 0) return;
-  const Tile<Lane<T>> t = tile_for<Lane<T>>(avx2);
+  const IntTile<Lane<T>>& t = tile_for<Lane<T>>(tiles);
   const int64_t col_blocks = ceil_div(p.N, NC);
   // Row groups: enough for two jobs per thread where the batch and column
   // blocks give fewer (each group packs B again, so no more), and small

@@ -1,14 +1,25 @@
-// float32 matmul and convolution primitives (the kernels: gemm_isa.inc).
-// Included by primitives.cpp inside its anonymous namespace, after the
-// helpers it shares (CpuPrimitive, grain_for, active_kernels);
-// bind_gemm_conv adds the functions to the module.
+// float32 matmul and convolution primitives (the kernels:
+// kernels/*/gemm.h) and their Python functions, matmul and conv.
+#include <algorithm>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
-// "[2, 3, 4]", for error messages.
-std::string shape_text(const mx::Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "primitive.h"
+#include "threadpool.h"
+
+namespace mlxprog {
+namespace {
 
 // -- the GEMM on the thread pool -------------------------------------------------------------
 
@@ -434,6 +445,8 @@ mx::array conv(const mx::array& x, const mx::array& w, std::vector<int64_t> stri
                    std::move(inputs));
 }
 
+}  // namespace
+
 void bind_gemm_conv(nb::module_& m) {
   m.def("matmul", &matmul, nb::arg("a"), nb::arg("b"),
         "a @ b for float32 a [..., M, K] and b [..., K, N] (rank >= 2, batch dims "
@@ -448,3 +461,5 @@ void bind_gemm_conv(nb::module_& m) {
         "the result's shape, optional), then the activation ('none' or 'relu'): all "
         "applied as each output tile is finished.");
 }
+
+}  // namespace mlxprog
