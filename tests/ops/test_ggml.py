@@ -37,13 +37,20 @@ def test_dequantize_equals_gguf_bit_for_bit(type_name):
     np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 
+# One row (a decode step), a few, and enough for the exact numerics' GEMM
+# path (a prefill), over more weight rows than one panel.
+ROWS = {"decode": ((1,), 19), "batch": ((2, 3), 19), "prefill": ((3, 7), 150)}
+
+
+@pytest.mark.parametrize("rows", sorted(ROWS))
 @pytest.mark.parametrize("numerics", ["exact", "int8"])
 @pytest.mark.parametrize("type_name", TYPES)
-def test_matmul_against_float64_product(type_name, numerics):
+def test_matmul_against_float64_product(type_name, numerics, rows):
     t = ggml_types.BY_NAME[type_name]
+    lead, out_rows = ROWS[rows]
     blocks_per_row = max(1, 512 // t.block)
-    w = random_blocks(type_name, 19, blocks_per_row)
-    x = RNG.standard_normal((2, 3, blocks_per_row * t.block)).astype(np.float32)
+    w = random_blocks(type_name, out_rows, blocks_per_row)
+    x = RNG.standard_normal((*lead, blocks_per_row * t.block)).astype(np.float32)
     got = np.array(run_op("ggml_matmul", x, w, type=type_name, numerics=numerics))
     dense = reference(type_name, w).astype(np.float64)
     want = x.astype(np.float64) @ dense.T

@@ -29,6 +29,10 @@ namespace {
 // Weight rows one chunk of a job takes together: their blocks stay in L1
 // while every row of x passes over them.
 constexpr int64_t kRowsPerTile = 16;
+// From this many rows of x on, the exact numerics run the float GEMM on
+// dequantized panels of this many weight rows.
+constexpr int64_t kGemmMinRows = 8;
+constexpr int64_t kPanelRows = 128;
 
 // The rows of a float32, float16 or bfloat16 array (row-contiguous) as
 // float32: its own data, or converted into `keep`.
@@ -73,9 +77,9 @@ quants::TypeKernels type_kernels(const quants::QuantKernels& table, int type) {
 
 }  // namespace
 
-void ggml_matmul_rows(const quants::QuantKernels& table, int type, const float* x, int64_t M,
-                      int64_t K, const uint8_t* w, int64_t N, bool int8, float* y,
-                      int64_t ldy) {
+void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
+                      const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
+                      bool int8, float* y, int64_t ldy) {
   if (M == 0 || N == 0) return;
   const quants::TypeInfo& info = *quants::type_info(type);
   const quants::TypeKernels k = type_kernels(table, type);
@@ -107,6 +111,26 @@ void ggml_matmul_rows(const quants::QuantKernels& table, int type, const float* 
     });
     return;
   }
+  if (M >= kGemmMinRows) {
+    // Many rows (a prefill): panels of weight rows dequantized once, then
+    // the float GEMM's register tiles (far faster than row-by-row dots).
+    const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
+    pool.parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> panel(kPanelRows * K), work(gemm_workspace(kPanelRows) + 16);
+      // sgemm wants its scratch 64-byte aligned.
+      float* scratch = reinterpret_cast<float*>(
+          (reinterpret_cast<uintptr_t>(work.data()) + 63) & ~uintptr_t{63});
+      for (int64_t panel_index = p0; panel_index < p1; ++panel_index) {
+        const int64_t n0 = panel_index * kPanelRows, rows = std::min(kPanelRows, N - n0);
+        for (int64_t n = 0; n < rows; ++n)
+          k.dequantize_row(w + (n0 + n) * row_bytes, panel.data() + n * K, K);
+        // C[:, n0:n0+rows] = x (M x K) @ panel.T (K x rows, read transposed).
+        GemmProblem problem{x, K, 1, panel.data(), 1, K, y + n0, ldy, M, rows, K, nullptr};
+        kernels.sgemm(problem, 0, M, 0, rows, scratch, nullptr);
+      }
+    });
+    return;
+  }
   auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;
   pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> rows(kRowsPerTile * K);
@@ -123,18 +147,20 @@ void ggml_matmul_rows(const quants::QuantKernels& table, int type, const float* 
 
 namespace {
 
-// A primitive of this file: runs on the CPU only, on the quant table it was
-// built with.
+// A primitive of this file: runs on the CPU only, on the kernel table it was
+// built with (and that table's quant kernels).
 class QuantPrimitive : public mx::UnaryPrimitive {
  public:
-  QuantPrimitive(mx::Stream stream, const quants::QuantKernels& table, int type)
-      : mx::UnaryPrimitive(stream), table_(&table), type_(type) {}
+  QuantPrimitive(mx::Stream stream, const Kernels& kernels, int type)
+      : mx::UnaryPrimitive(stream), kernels_(&kernels),
+        table_(&quants::table_for(kernels.isa)), type_(type) {}
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::runtime_error(std::string(name()) + " (an mlxprog native kernel) runs on the CPU only");
   }
 
  protected:
+  const Kernels* kernels_;
   const quants::QuantKernels* table_;
   int type_;
 };
@@ -145,14 +171,16 @@ class QuantPrimitive : public mx::UnaryPrimitive {
 // dequantized exactly and float32 products.
 class GgmlMatmul : public QuantPrimitive {
  public:
-  GgmlMatmul(mx::Stream stream, const quants::QuantKernels& table, int type, bool int8)
-      : QuantPrimitive(stream, table, type), int8_(int8) {}
+  GgmlMatmul(mx::Stream stream, const Kernels& kernels, int type, bool int8)
+      : QuantPrimitive(stream, kernels, type), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     mx::cpu::get_command_encoder(stream()).dispatch(
-        [x = inputs[0], w = inputs[1], out = mx::array::unsafe_weak_copy(out), table = table_,
-         type = type_, int8 = int8_]() mutable { compute(x, w, out, *table, type, int8); });
+        [x = inputs[0], w = inputs[1], out = mx::array::unsafe_weak_copy(out),
+         kernels = kernels_, table = table_, type = type_, int8 = int8_]() mutable {
+          compute(x, w, out, *kernels, *table, type, int8);
+        });
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -170,12 +198,13 @@ class GgmlMatmul : public QuantPrimitive {
 
  private:
   static void compute(const mx::array& x, const mx::array& w, mx::array& out,
-                      const quants::QuantKernels& table, int type, bool int8) {
+                      const Kernels& kernels, const quants::QuantKernels& table, int type,
+                      bool int8) {
     const int64_t K = x.shape(-1), N = w.shape(0), M = x.size() / std::max<int64_t>(K, 1);
     std::vector<float> keep_x;
     std::vector<uint8_t> keep_w;
-    ggml_matmul_rows(table, type, float_rows(x, keep_x), M, K, dense_bytes(w, keep_w), N, int8,
-                     out.data<float>(), N);
+    ggml_matmul_rows(kernels, table, type, float_rows(x, keep_x), M, K,
+                     dense_bytes(w, keep_w), N, int8, out.data<float>(), N);
   }
 
   bool int8_;
@@ -244,8 +273,7 @@ void bind_quants(nb::module_& m, const Kernels* const* active) {
         shape.back() = w.shape(0);
         return mx::array(shape, mx::float32,
                          std::make_shared<GgmlMatmul>(mx::default_stream(mx::Device::cpu),
-                                                      quants::table_for((*active)->isa), type,
-                                                      int8),
+                                                      **active, type, int8),
                          {x, w});
       },
       nb::arg("x"), nb::arg("w"), nb::kw_only(), nb::arg("type"), nb::arg("int8") = false,
@@ -263,7 +291,7 @@ void bind_quants(nb::module_& m, const Kernels* const* active) {
         shape.back() = shape.back() / info.block_bytes * info.block;
         return mx::array(shape, mx::float32,
                          std::make_shared<GgmlDequantize>(mx::default_stream(mx::Device::cpu),
-                                                          quants::table_for((*active)->isa), type),
+                                                          **active, type),
                          {blocks});
       },
       nb::arg("blocks"), nb::kw_only(), nb::arg("type"),

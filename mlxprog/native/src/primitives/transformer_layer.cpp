@@ -52,10 +52,10 @@ struct InputLayout {
 class TransformerLayer : public mx::Primitive {
  public:
   TransformerLayer(mx::Stream stream, const BlockSettings& block, float eps, int group_size,
-                   int bits, bool int8, PartTypes parts, const quants::QuantKernels& quant)
+                   int bits, bool int8, PartTypes parts, const Kernels& kernels)
       : mx::Primitive(stream), block_(block), eps_(eps), group_size_(group_size), bits_(bits),
-        int8_(int8), parts_(std::move(parts)), quant_(&quant),
-        layout_(InputLayout::of(parts_)) {}
+        int8_(int8), parts_(std::move(parts)), kernels_(&kernels),
+        quant_(&quants::table_for(kernels.isa)), layout_(InputLayout::of(parts_)) {}
 
   // inputs: h [B, T, hidden] (float32), the input norm's weight [hidden],
   // the qkv projection, then the output projection, the post-attention
@@ -70,7 +70,8 @@ class TransformerLayer : public mx::Primitive {
         [inputs, operands = BlockOperands(block_, inputs, layout_.block), shared,
          h_out = mx::array::unsafe_weak_copy(outputs[0]), cache_out = weak_caches(outputs),
          block_settings = block_, eps = eps_, group_size = group_size_, bits = bits_,
-         int8 = int8_, parts = parts_, quant = quant_, layout = layout_]() mutable {
+         int8 = int8_, parts = parts_, kernel_table = kernels_, quant = quant_,
+         layout = layout_]() mutable {
           BlockScratch scratch;
           const mx::array& h_in = inputs[0];
           const int64_t T = h_in.shape(1), hidden = h_in.shape(2);
@@ -99,7 +100,7 @@ class TransformerLayer : public mx::Primitive {
             int64_t column = 0;
             for (size_t i = 0; i < parts[which].size(); ++i) {
               const int64_t rows = inputs[first + i].shape(0);
-              ggml_matmul_rows(*quant, parts[which][i], x, M, K,
+              ggml_matmul_rows(*kernel_table, *quant, parts[which][i], x, M, K,
                                static_cast<const uint8_t*>(data(first + i)), rows, int8,
                                out + column, N);
               column += rows;
@@ -154,6 +155,7 @@ class TransformerLayer : public mx::Primitive {
   int group_size_, bits_;
   bool int8_;
   PartTypes parts_;
+  const Kernels* kernels_;
   const quants::QuantKernels* quant_;
   InputLayout layout_;
 };
@@ -210,8 +212,7 @@ std::vector<mx::array> transformer_layer(
   return make_block_outputs(
       h.shape(), carried,
       std::make_shared<TransformerLayer>(mx::default_stream(mx::Device::cpu), settings, eps,
-                                         group_size, bits, int8, parts,
-                                         quants::table_for(active_kernels->isa)),
+                                         group_size, bits, int8, parts, *active_kernels),
       block_inputs(std::move(inputs), carried, start, positions, freqs, key_mask));
 }
 
