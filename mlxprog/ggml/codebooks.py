@@ -67,3 +67,14 @@ def codebooks() -> dict[str, np.ndarray]:
     """Codebook name -> its ``[entries, width]`` array (read-only), for
     ``set_codebook``; built once from the gguf package."""
     return dict(_build())
+
+
+#: The codebook each IQ type's grid indices point into.
+TYPE_CODEBOOKS = {"IQ2_XXS": "iq2xxs_grid", "IQ2_XS": "iq2xs_grid", "IQ2_S": "iq2s_grid",
+                  "IQ3_XXS": "iq3xxs_grid", "IQ3_S": "iq3s_grid", "IQ1_S": "iq1s_grid",
+                  "IQ1_M": "iq1s_grid"}
+
+
+def grid_of(type_name: str) -> np.ndarray:
+    """The codebook IQ type ``type_name`` reads (see :data:`TYPE_CODEBOOKS`)."""
+    return _build()[TYPE_CODEBOOKS[type_name]]

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
+from .codebooks import grid_of
+
 from .types import BY_NAME
 
 # A decoder sees ``b``, uint8 ``[blocks, block_bytes]`` (every block of the
@@ -121,11 +123,9 @@ def _gguf_quants(table: str):
 
 @functools.cache
 def _grid(type_name: str) -> mx.array:
-    """The codebook of an IQ type, float32 ``[entries, width]``."""
-    cls = getattr(_gguf_quants(f"{type_name} grid"), type_name)
-    cls.init_grid()
-    rows, width = cls.grid_shape
-    return mx.array(np.asarray(cls.grid, dtype=np.float32).reshape(rows, width))
+    """The codebook of an IQ type (:mod:`.codebooks`), float32 ``[entries,
+    width]``."""
+    return mx.array(grid_of(type_name).astype(np.float32))
 
 
 @functools.cache

@@ -187,13 +187,12 @@ def _check_transformer_layer(avals: list[AVal], attrs: TransformerLayerAttrs) ->
             raise ValueError(f"{norm} must be a float [{hidden}] (h's last axis), "
                              f"found {named[norm]}")
     head_dim = check_cache(named, attrs)[3]
-    gate_up = [named[n] for n in attrs.projection_operands()["gate_up"][:1 if
-                                                                      attrs.ggml_parts is None
-                                                                      else None]]
-    gate_up_rows = sum(w.shape[0] if w.shape else 0 for w in gate_up)
+    # The weights among gate_up's operands: its w, or each part's.
+    weights = [n for n in attrs.projection_operands()["gate_up"] if "_w" in n]
+    gate_up_rows = sum(named[n].shape[0] if named[n].shape else 0 for n in weights)
     if gate_up_rows % 2 or not gate_up_rows:
-        raise ValueError(f"gate_up's rows hold the gate, then up: an even, nonzero count, "
-                         f"found {', '.join(map(str, gate_up))}")
+        raise ValueError(f"{' + '.join(weights)}'s rows hold the gate, then up: an even, "
+                         f"nonzero count, found {', '.join(str(named[n]) for n in weights)}")
     width = gate_up_rows // 2
     attention = attrs.heads * head_dim
     _check_projection(named, "qkv", (attrs.heads + 2 * attrs.kv_heads) * head_dim, hidden, attrs)

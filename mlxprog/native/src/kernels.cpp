@@ -7,6 +7,7 @@
 #endif
 
 #include "kernels.h"
+#include "quants/common.h"
 
 namespace mlxprog {
 
@@ -95,50 +96,10 @@ const Kernels& select_kernels() {
   return *tables[0];
 }
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
-  if (exponent == 0x1F) {
-    bits = sign | 0x7F800000 | (mantissa << 13);  // inf, nan
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exponent = 113;
-    while (!(mantissa & 0x400)) {
-      mantissa <<= 1;
-      --exponent;
-    }
-    bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+// The scalar conversions are the quant kernels' (one definition of each).
+float half_to_float(uint16_t h) { return quants::fp16_to_fp32(h); }
 
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = (x >> 16) & 0x8000;
-  const uint32_t magnitude = x & 0x7FFFFFFF;
-  if (magnitude >= 0x7F800000)  // inf or nan (nan stays quiet)
-    return sign | 0x7C00 | (magnitude > 0x7F800000 ? 0x200 | ((magnitude >> 13) & 0x3FF) : 0);
-  if (magnitude >= 0x477FF000) return sign | 0x7C00;  // rounds past the largest half
-  if (magnitude < 0x38800000) {                        // subnormal or zero in half
-    if (magnitude < 0x33000000) return sign;           // below half of the smallest
-    const uint32_t shift = 126 - (magnitude >> 23);
-    const uint32_t mantissa = (magnitude & 0x7FFFFF) | 0x800000;
-    uint32_t result = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (result & 1))) ++result;
-    return sign | static_cast<uint16_t>(result);
-  }
-  uint32_t result = ((magnitude >> 13) - (112 << 10));
-  const uint32_t rest = magnitude & 0x1FFF;
-  if (rest > 0x1000 || (rest == 0x1000 && (result & 1))) ++result;
-  return sign | static_cast<uint16_t>(result);
-}
+uint16_t float_to_half(float f) { return quants::fp32_to_fp16(f); }
 
 uint16_t float_to_bf16(float f) {
   uint32_t u;
