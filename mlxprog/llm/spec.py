@@ -85,7 +85,9 @@ class ModelSpec:
         biases), whole quantization groups of the o/down projections' columns.
         A fused layer's arrays are its parts' (rank's) rows stacked, under the
         joined names that :func:`mlxprog.compile` also resolves from the
-        model file itself (``blk.0.attn_q.weight+blk.0.attn_k.weight+...``)."""
+        model file itself (``blk.0.attn_q.weight+blk.0.attn_k.weight+...``).
+        On one rank the checkpoint's part arrays are replaced by views of
+        the fused ones (the same values), so no weight is held twice."""
         shard = self.shard(world_size, rank)
         out = {}
         for name, w in checkpoint.weights.items():
@@ -98,9 +100,22 @@ class ModelSpec:
             out[self.source_names[name]] = w
         for layer, parts in self.fused.items():
             for part in _PARTS:
-                if f"{parts[0]}.{part}" in self.weights:
-                    out[self.source_names[f"{layer}.{part}"]] = mx.concatenate(
-                        [out[self.source_names[f"{p}.{part}"]] for p in parts], axis=0)
+                if f"{parts[0]}.{part}" not in self.weights:
+                    continue
+                names = [self.source_names[f"{p}.{part}"] for p in parts]
+                fused = mx.concatenate([out[n] for n in names], axis=0)
+                out[self.source_names[f"{layer}.{part}"]] = fused
+                if world_size == 1:
+                    # The parts become views of the fused array, in the
+                    # checkpoint too: the weights are held once, and the
+                    # whole model is never in memory twice while fusing.
+                    mx.eval(fused)
+                    start = 0
+                    for p, name in zip(parts, names):
+                        rows = out[name].shape[0]
+                        out[name] = checkpoint.weights[f"{p}.{part}"] = fused[start:start + rows]
+                        start += rows
+                    mx.eval([out[n] for n in names])
         # Computed here: a lazy array belongs to this thread's stream, and
         # the executables may be compiled in another (the server's).
         mx.eval(list(out.values()))
