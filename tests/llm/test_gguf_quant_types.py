@@ -15,12 +15,15 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from family_checks import PROMPT_IDS, TINY_CONFIG, load_tiny, program_logits, write_checkpoint
+from family_checks import (MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, load_tiny, program_logits,
+                           write_checkpoint)
 from ggml_blocks import blocks_with_std, reference
 from gguf_writer import write_gguf_from_hf
 
+import mlxprog as mp
 from mlxprog.llm import ModelError
 from mlxprog.llm.config import GGMLQuantization
+from mlxprog.llm.programs import PrefillInputs, build_prefill
 
 pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
 
@@ -131,3 +134,26 @@ def test_nonfinite_scale_is_refused_naming_the_tensor(tmp_path):
     path = write_gguf_from_hf(checkpoint, tmp_path / "bad.gguf", stored=poisoned)
     with pytest.raises(ModelError, match=r"blk\.1\.ffn_down\.weight.*Q4_K.*block 6 "):
         load_tiny(path)
+
+
+def test_exported_program_binds_its_blocks_from_the_file(pair):
+    """A program built for the quantized model binds its captures straight
+    from the GGUF file (``mlxprog.compile(..., weights=path)``: fused
+    projections' joined names included) and gives the model's logits."""
+    q_path, _, _ = pair
+    llm = load_tiny(q_path, numerics="exact")
+    if llm.config.architecture == "phi3":
+        pytest.skip("phi3's q/k/v rows are cut from one stored tensor at load: its programs "
+                    "bind from the model, not by name from the file (as for float files)")
+    c = llm.config
+    program = build_prefill(llm.spec, MAX_LENGTH, sampling=None, numerics="exact")
+    inputs = PrefillInputs(
+        tokens=mx.array([PROMPT_IDS], dtype=mx.int32),
+        last_index=mx.array([len(PROMPT_IDS) - 1], dtype=mx.int32),
+        rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
+        key_mask=mx.ones((1, MAX_LENGTH), dtype=mx.bool_), key=mx.random.key(0),
+        caches=tuple(mx.zeros((1, c.num_kv_heads, MAX_LENGTH, c.head_dim), dtype=mx.float32)
+                     for _ in range(2 * c.num_layers))).by_name()
+    from_file = mp.compile(program, weights=str(q_path))(**inputs)[0]
+    from_model = mp.compile(program, captures=llm.spec.captures(llm.checkpoint))(**inputs)[0]
+    np.testing.assert_array_equal(np.array(from_file), np.array(from_model))
