@@ -1,7 +1,7 @@
 """float32 matmul and convolution: MLX's CPU ops against mlxprog's native
-kernels (mlxprog/native/src/gemm_isa.inc) and numpy (its BLAS), in GFLOP/s
+kernels (mlxprog/native/src/kernels/*/gemm.h) and numpy (its BLAS), in GFLOP/s
 (median of --runs calls after a warm-up); then the exact int32 matmul
-(``--int-size`` square; mlxprog/native/src/int_matmul_kernels.h) against
+(``--int-size`` square; mlxprog/native/src/kernels/*/int_matmul.h) against
 numpy and the float64-pieces path it replaces, in seconds. The native
 kernels use MLXPROG_NATIVE_THREADS threads (default: the usable cores);
 numpy its BLAS's own threads. On a shared machine, re-run and compare

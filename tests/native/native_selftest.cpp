@@ -2,9 +2,9 @@
 // matmul for bits 2, 3, 4, 8, group sizes 32, 64, 128, one and three rows, its
 // int8 numerics for bits 4 and 8 (one, two and nine rows), the RMS norm, the
 // float32 GEMM (plain and as a convolution's implicit im2col) and the window
-// reductions. Built and run by tests/test_native.py with the host compiler (the table
-// MLXPROG_NATIVE_ISA selects) and, where a cross compiler and
-// qemu-aarch64 exist, for arm64 (the portable table, NEON).
+// reductions. Built and run by tests/native/test_native.py with the host
+// compiler (the table MLXPROG_NATIVE_ISA selects) and, where a cross compiler
+// and qemu-aarch64 exist, for arm64 (the portable table, NEON).
 #include "kernels.h"
 #include <cmath>
 #include <cstdio>

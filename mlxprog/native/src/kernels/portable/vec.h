@@ -7,7 +7,10 @@
 // includes it (MLXPROG_ISA_NS, see kernels.h), in an anonymous namespace and
 // then one named after its folder (portable, x86, arm): each table compiles
 // its own copy with its own flags, and no inline body is shared between
-// tables.
+// tables. The member functions of the types family code is templated on
+// (Vec, AttentionLoops, GemmTile) are defined outside their classes, so not
+// implicitly inline: inlined more eagerly, a scalar loop is contracted and
+// vectorized differently (arm64's dot product gave other bits).
 #pragma once
 
 #include <cstring>
