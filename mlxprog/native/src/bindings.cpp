@@ -1,9 +1,8 @@
 // The extension module, _mlxprog_native: each primitive family adds its
-// functions (primitive.h's bind_* and quant_matmul.h's bind_quants).
+// functions (primitive.h's bind_*).
 #include <nanobind/nanobind.h>
 
 #include "primitive.h"
-#include "quant_matmul.h"
 
 NB_MODULE(_mlxprog_native, m) {
   m.doc() = "mlxprog's native CPU kernels as MLX primitives";
@@ -16,5 +15,5 @@ NB_MODULE(_mlxprog_native, m) {
   mlxprog::bind_window(m);
   mlxprog::bind_runtime(m);
   mlxprog::bind_int_matmul(m);
-  mlxprog::bind_quants(m, &mlxprog::active_kernels);
+  mlxprog::bind_ggml(m);
 }

@@ -91,5 +91,6 @@ void bind_transformer_layer(nb::module_& m);
 void bind_gemm_conv(nb::module_& m);
 void bind_window(nb::module_& m);
 void bind_int_matmul(nb::module_& m);
+void bind_ggml(nb::module_& m);
 
 }  // namespace mlxprog

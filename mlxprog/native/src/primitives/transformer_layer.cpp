@@ -13,7 +13,7 @@
 #include "primitives/attention.h"
 #include "primitives/norms.h"
 #include "primitives/quantized_matmul.h"
-#include "quant_matmul.h"
+#include "primitives/ggml_matmul.h"
 #include "threadpool.h"
 
 namespace mlxprog {

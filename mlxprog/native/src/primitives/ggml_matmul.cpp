@@ -1,7 +1,8 @@
-// GGML's block-quantized weights as MLX primitives: ggml_matmul (x @ w.T
-// with w a GGML type's rows of blocks) and ggml_dequantize (rows of blocks
-// to float32), on the per-type kernels of quants/ and the thread pool.
-#include "quant_matmul.h"
+// GGML's block-quantized weights (GGUF's) as MLX primitives: ggml_matmul
+// (x @ w.T with w a GGML type's rows of blocks) and ggml_dequantize (rows of
+// blocks to float32), on the per-type kernels of quants/ and the thread
+// pool; and their Python functions, with set_codebook and ggml_type_ids.
+#include "primitives/ggml_matmul.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,15 +14,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "kernels.h"
-#include "mlx/backend/cpu/encoder.h"
-#include "mlx/mlx.h"
-#include "mlx/primitives.h"
-#include "quants/quants.h"
 #include "threadpool.h"
-
-namespace mx = mlx::core;
-namespace nb = nanobind;
 
 namespace mlxprog {
 namespace {
@@ -34,35 +27,20 @@ constexpr int64_t kRowsPerTile = 16;
 constexpr int64_t kGemmMinRows = 8;
 constexpr int64_t kPanelRows = 128;
 
-// The rows of a float32, float16 or bfloat16 array (row-contiguous) as
-// float32: its own data, or converted into `keep`.
+// The rows of a float32, float16 or bfloat16 array as dense float32: its
+// own data, or converted (and gathered) into `keep`.
 const float* float_rows(const mx::array& x, std::vector<float>& keep) {
-  if (x.dtype() == mx::float32) return x.data<float>();
+  std::vector<uint8_t> gathered;
+  const void* data = contiguous_data(x, gathered);
+  if (x.dtype() == mx::float32 && gathered.empty()) return static_cast<const float*>(data);
   keep.resize(x.size());
-  const uint16_t* src = x.data<uint16_t>();
+  if (x.dtype() == mx::float32) {
+    std::memcpy(keep.data(), data, x.nbytes());
+    return keep.data();
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(data);
   const bool half = x.dtype() == mx::float16;
   for (size_t i = 0; i < x.size(); ++i) keep[i] = half ? half_to_float(src[i]) : bf16_to_float(src[i]);
-  return keep.data();
-}
-
-// An input's bytes, row-contiguous: its own buffer, or a gathered copy in
-// `keep` (a strided view reaching the primitive).
-const uint8_t* dense_bytes(const mx::array& a, std::vector<uint8_t>& keep) {
-  if (a.flags().row_contiguous) return a.data<uint8_t>();
-  const size_t item = a.itemsize();
-  keep.resize(a.nbytes());
-  const int nd = static_cast<int>(a.ndim());
-  std::vector<int64_t> index(nd, 0);
-  const uint8_t* src = a.data<uint8_t>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    int64_t offset = 0;
-    for (int d = 0; d < nd; ++d) offset += index[d] * a.strides()[d];
-    std::memcpy(keep.data() + i * item, src + offset * item, item);
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++index[d] < a.shape(d)) break;
-      index[d] = 0;
-    }
-  }
   return keep.data();
 }
 
@@ -149,15 +127,11 @@ namespace {
 
 // A primitive of this file: runs on the CPU only, on the kernel table it was
 // built with (and that table's quant kernels).
-class QuantPrimitive : public mx::UnaryPrimitive {
+class QuantPrimitive : public CpuPrimitive {
  public:
   QuantPrimitive(mx::Stream stream, const Kernels& kernels, int type)
-      : mx::UnaryPrimitive(stream), kernels_(&kernels),
-        table_(&quants::table_for(kernels.isa)), type_(type) {}
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error(std::string(name()) + " (an mlxprog native kernel) runs on the CPU only");
-  }
+      : CpuPrimitive(stream), kernels_(&kernels), table_(&quants::table_for(kernels.isa)),
+        type_(type) {}
 
  protected:
   const Kernels* kernels_;
@@ -175,12 +149,10 @@ class GgmlMatmul : public QuantPrimitive {
       : QuantPrimitive(stream, kernels, type), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    mx::cpu::get_command_encoder(stream()).dispatch(
-        [x = inputs[0], w = inputs[1], out = mx::array::unsafe_weak_copy(out),
-         kernels = kernels_, table = table_, type = type_, int8 = int8_]() mutable {
-          compute(x, w, out, *kernels, *table, type, int8);
-        });
+    enqueue(out, [x = inputs[0], w = inputs[1], kernels = kernels_, table = table_,
+                  type = type_, int8 = int8_](mx::array& out) {
+      compute(x, w, out, *kernels, *table, type, int8);
+    });
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -204,7 +176,7 @@ class GgmlMatmul : public QuantPrimitive {
     std::vector<float> keep_x;
     std::vector<uint8_t> keep_w;
     ggml_matmul_rows(kernels, table, type, float_rows(x, keep_x), M, K,
-                     dense_bytes(w, keep_w), N, int8, out.data<float>(), N);
+                     static_cast<const uint8_t*>(contiguous_data(w, keep_w)), N, int8, out.data<float>(), N);
   }
 
   bool int8_;
@@ -216,15 +188,12 @@ class GgmlDequantize : public QuantPrimitive {
   using QuantPrimitive::QuantPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    mx::cpu::get_command_encoder(stream()).dispatch(
-        [blocks = inputs[0], out = mx::array::unsafe_weak_copy(out), table = table_,
-         type = type_]() mutable {
+    enqueue(out, [blocks = inputs[0], table = table_, type = type_](mx::array& out) {
           const quants::TypeKernels k = type_kernels(*table, type);
           const int64_t K = out.shape(-1), rows = out.size() / std::max<int64_t>(K, 1);
           const int64_t row_bytes = blocks.shape(-1);
           std::vector<uint8_t> keep;
-          const uint8_t* src = dense_bytes(blocks, keep);
+          const uint8_t* src = static_cast<const uint8_t*>(contiguous_data(blocks, keep));
           float* dst = out.data<float>();
           ThreadPool& pool = ThreadPool::instance();
           pool.parallel_for(rows, std::max<int64_t>(1, rows / (4 * pool.threads())),
@@ -232,7 +201,7 @@ class GgmlDequantize : public QuantPrimitive {
                               for (int64_t r = r0; r < r1; ++r)
                                 k.dequantize_row(src + r * row_bytes, dst + r * K, K);
                             });
-        });
+    });
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -260,10 +229,10 @@ const quants::TypeInfo& checked_type(int type) {
 
 }  // namespace
 
-void bind_quants(nb::module_& m, const Kernels* const* active) {
+void bind_ggml(nb::module_& m) {
   m.def(
       "ggml_matmul",
-      [active](const mx::array& x, const mx::array& w, int type, bool int8) {
+      [](const mx::array& x, const mx::array& w, int type, bool int8) {
         const quants::TypeInfo& info = checked_type(type);
         if (w.ndim() != 2 || w.dtype() != mx::uint8 || x.ndim() < 1 ||
             x.shape(-1) % info.block || w.shape(1) != x.shape(-1) / info.block * info.block_bytes)
@@ -273,7 +242,7 @@ void bind_quants(nb::module_& m, const Kernels* const* active) {
         shape.back() = w.shape(0);
         return mx::array(shape, mx::float32,
                          std::make_shared<GgmlMatmul>(mx::default_stream(mx::Device::cpu),
-                                                      **active, type, int8),
+                                                      *active_kernels, type, int8),
                          {x, w});
       },
       nb::arg("x"), nb::arg("w"), nb::kw_only(), nb::arg("type"), nb::arg("int8") = false,
@@ -282,7 +251,7 @@ void bind_quants(nb::module_& m, const Kernels* const* active) {
       "integer dot products).");
   m.def(
       "ggml_dequantize",
-      [active](const mx::array& blocks, int type) {
+      [](const mx::array& blocks, int type) {
         const quants::TypeInfo& info = checked_type(type);
         if (blocks.dtype() != mx::uint8 || blocks.ndim() < 1 || blocks.shape(-1) % info.block_bytes)
           throw std::invalid_argument(std::string("mlxprog native ggml_dequantize: blocks must be "
@@ -291,7 +260,7 @@ void bind_quants(nb::module_& m, const Kernels* const* active) {
         shape.back() = shape.back() / info.block_bytes * info.block;
         return mx::array(shape, mx::float32,
                          std::make_shared<GgmlDequantize>(mx::default_stream(mx::Device::cpu),
-                                                          **active, type),
+                                                          *active_kernels, type),
                          {blocks});
       },
       nb::arg("blocks"), nb::kw_only(), nb::arg("type"),

@@ -1,11 +1,10 @@
-// GGML block-quantized matmul and dequantization primitives (quant_matmul.cpp).
+// The GGML block-quantized matmul's row driver, which the ggml_matmul
+// primitive and the transformer layer share (ggml_matmul.cpp).
 #pragma once
-
-#include <nanobind/nanobind.h>
 
 #include <cstdint>
 
-#include "kernels.h"
+#include "primitive.h"
 #include "quants/quants.h"
 
 namespace mlxprog {
@@ -19,10 +18,5 @@ namespace mlxprog {
 void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
                       const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
                       bool int8, float* y, int64_t ldy);
-
-// Register ggml_matmul, ggml_dequantize, set_codebook and ggml_type_ids on
-// the extension's module; `active` points at the kernel table in use (its
-// ISA picks the quant table when a primitive is built).
-void bind_quants(nanobind::module_& m, const Kernels* const* active);
 
 }  // namespace mlxprog
