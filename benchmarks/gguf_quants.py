@@ -819,6 +819,7 @@ def figures(bench: Bench, engine: str) -> dict[str, Any]:
 #: Rows whose ratio is the median of per-round ratios, and how to read a run.
 ROUND_KEYS = {"ttft": ("short", lambda x: x["ttft"]),
               "ttft_long": ("long", lambda x: x["ttft"]),
+              "prefill_long": ("long", lambda x: 1 / x["ttft"]),
               "decode": ("short", decode_tps)}
 
 ROWS = [
@@ -887,7 +888,8 @@ def print_file(bench: Bench, file_size: int) -> dict[str, Any]:
             else:
                 ratio = None
             note = f" ({row.better} better)" if row.better and ratio is not None else ""
-            cells.append(f"{ratio:.2f}x{note}" if ratio is not None else "-")
+            places = 4 if row.key == "ppl" else 2
+            cells.append(f"{ratio:.{places}f}x{note}" if ratio is not None else "-")
             summary[row.key] = (ours, theirs, ratio)
         else:
             summary[row.key] = (table["mlxprog"].get(row.key), None, None) \
@@ -978,14 +980,14 @@ def print_summary(rows: list[dict[str, Any]], both: bool) -> None:
               "| perplexity |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
-    def pair(key: str, digits: int) -> str:
+    def pair(key: str, digits: int, places: int = 2) -> str:
         ours, theirs, ratio = row.get(key, (None, None, None))
         if not both:
             return fmt(ours, digits) if isinstance(ours, float) else "-"
         if not isinstance(ours, float):
             return f"error / {theirs:.{digits}f}" if isinstance(theirs, float) else "-"
         text = f"{ours:.{digits}f} / {fmt(theirs, digits)}"
-        return text + (f" ({ratio:.2f}x)" if ratio is not None else "")
+        return text + (f" ({ratio:.{places}f}x)" if ratio is not None else "")
 
     def agree(key: str) -> str:
         value = row.get(key)
@@ -996,7 +998,7 @@ def print_summary(rows: list[dict[str, Any]], both: bool) -> None:
                  pair("rss_generate", 0), pair("ttft", 3), pair("ttft_long", 2),
                  pair("decode", 1)]
         cells += [agree("cont"), agree("text")] if both else []
-        cells.append(pair("ppl", 3))
+        cells.append(pair("ppl", 3, 4))
         print("| " + " | ".join(cells) + " |")
     print()
 

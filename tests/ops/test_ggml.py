@@ -95,3 +95,16 @@ def test_checks_name_the_operand():
     assert_invalid("w must be a 2-D", "ggml_matmul", x, w[None], type="Q6_K")
     assert_invalid("x must be a float", "ggml_matmul", x.astype(np.int32), w, type="Q6_K")
     assert_invalid("blocks must be uint8", "ggml_dequantize", w[:, :100], type="Q6_K")
+
+
+def test_native_type_table_matches_mlxprog_ggml_types():
+    """The kernels' type list (native/src/quants/table.cpp) and
+    mlxprog.ggml.types describe the same types the same way."""
+    from mlxprog import native
+
+    ext = native.module()
+    if ext is None:
+        pytest.skip("native kernels unavailable")
+    want = sorted((t.id, t.name, t.block, t.block_bytes)
+                  for t in ggml_types.BY_NAME.values() if t.name in TYPES)
+    assert sorted(ext.ggml_types()) == want

@@ -1,7 +1,7 @@
 // GGML's block-quantized weights (GGUF's) as MLX primitives: ggml_matmul
 // (x @ w.T with w a GGML type's rows of blocks) and ggml_dequantize (rows of
 // blocks to float32), on the per-type kernels of quants/ and the thread
-// pool; and their Python functions, with set_codebook and ggml_type_ids.
+// pool; and their Python functions, with set_codebook and ggml_types.
 #include "primitives/ggml_matmul.h"
 
 #include <algorithm>
@@ -9,9 +9,11 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "threadpool.h"
@@ -275,14 +277,15 @@ void bind_ggml(nb::module_& m) {
       nb::arg("name"), nb::arg("data"),
       "Give the IQ kernels codebook `name` (the array's bytes; see mlxprog.ggml.codebooks).");
   m.def(
-      "ggml_type_ids",
+      "ggml_types",
       [] {
-        std::vector<int> ids;
+        std::vector<std::tuple<int, std::string, int, int>> types;
         for (int id = 0; id < quants::kTypeSlots; ++id)
-          if (quants::type_info(id)) ids.push_back(id);
-        return ids;
+          if (const quants::TypeInfo* t = quants::type_info(id))
+            types.emplace_back(id, t->name, t->block, t->block_bytes);
+        return types;
       },
-      "The GGML type ids the kernels read.");
+      "The GGML types the kernels read: (GGUF id, name, block elements, block bytes).");
 }
 
 }  // namespace mlxprog
