@@ -164,6 +164,27 @@ class GGUFFile:
         F32 as ``float32`` and F16 as ``float16`` of the tensor's shape, BF16
         as ``uint16`` bit patterns of its shape, every other type as the
         stored blocks, ``uint8`` of shape ``(*shape[:-1], row_bytes)``."""
+        info = self._info(name)
+        data = np.empty(info.nbytes, np.uint8)
+        self._read_into(info, memoryview(data))
+        dtype = _FLOAT_DTYPES.get(info.type.name)
+        if dtype is not None:
+            return data.view(dtype).reshape(info.shape)
+        return data.reshape(*info.shape[:-1], info.type.row_bytes(info.shape[-1]))
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Read the data of tensor ``name`` into ``out``, a C-contiguous
+        writable array of exactly its bytes (e.g. a view of an MLX array's
+        memory: the file's bytes are then copied once, into their final
+        place)."""
+        info = self._info(name)
+        if not out.flags.c_contiguous or not out.flags.writeable or out.nbytes != info.nbytes:
+            raise ValueError(f"tensor {name!r}: read_into needs a writable C-contiguous array "
+                             f"of {info.nbytes} bytes, got {out.nbytes} bytes")
+        self._read_into(info, memoryview(out.reshape(-1).view(np.uint8)))
+
+    def _info(self, name: str) -> TensorInfo:
+        """Tensor ``name``'s info; a :class:`ModelError` if it has none."""
         info = self.tensors.get(name)
         if info is None:
             if name in self.unsupported:
@@ -171,12 +192,7 @@ class GGUFFile:
             else:
                 problem = "does not exist"
             raise _error(self.path, f"tensor {name!r} {problem}")
-        data = np.empty(info.nbytes, np.uint8)
-        self._read_into(info, memoryview(data))
-        dtype = _FLOAT_DTYPES.get(info.type.name)
-        if dtype is not None:
-            return data.view(dtype).reshape(info.shape)
-        return data.reshape(*info.shape[:-1], info.type.row_bytes(info.shape[-1]))
+        return info
 
     def _read_into(self, info: TensorInfo, buffer: memoryview) -> None:
         # One handle serves every reader: the seek and the reads must not

@@ -60,6 +60,12 @@ def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
         if t.storage == "float":
             tensors[name] = float_tensor(gguf, info)
             continue
+        if not on_gpu and (t.storage == "blocks" or all_blocks):
+            # Read straight into the array the model keeps: one copy.
+            tensors[name] = _read_array(gguf, info, mx.uint8)
+            _check_scales(gguf, info, np.asarray(tensors[name]))
+            block_types[name] = t.name
+            continue
         blocks = gguf.read(name)
         _check_scales(gguf, info, blocks)
         if (t.storage == "affine" and not all_blocks) or (on_gpu and
@@ -69,12 +75,9 @@ def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
             tensors[f"{stem}.weight"] = mx.array(packed)
             tensors[f"{stem}.scales"] = mx.array(scales)
             tensors[f"{stem}.biases"] = mx.array(biases)
-        elif on_gpu:
+        else:
             tensors[name] = _expanded(t, blocks)
             expanded[t.name] = expanded.get(t.name, 0) + int(np.prod(info.shape)) * 2
-        else:
-            tensors[name] = mx.array(blocks)
-            block_types[name] = t.name
         del blocks
     if expanded:
         print(f"mlxprog: {', '.join(sorted(expanded))} tensors expanded to float16 for "
@@ -86,13 +89,25 @@ def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
 def float_tensor(gguf: GGUFFile, info: TensorInfo) -> mx.array:
     """A tensor of a float type (F32, F16, BF16) as an MLX array; any other
     type dequantized to float32."""
-    data = gguf.read(info.name)
-    if info.type.name == "BF16":
-        return mx.array(data).view(mx.bfloat16)
     if info.type.storage == "float":
-        return mx.array(data)
+        stored = {"F32": mx.float32, "F16": mx.float16, "BF16": mx.uint16}[info.type.name]
+        array = _read_array(gguf, info, stored)
+        return array.view(mx.bfloat16) if info.type.name == "BF16" else array
+    data = gguf.read(info.name)
     _check_scales(gguf, info, data)
     return _expanded(info.type, data).astype(mx.float32)
+
+
+def _read_array(gguf: GGUFFile, info: TensorInfo, dtype: mx.Dtype) -> mx.array:
+    """Tensor ``info``'s bytes read into a new MLX array of ``dtype``
+    (blocks: ``uint8 [..., row_bytes]``), through a numpy view of its
+    memory."""
+    shape = info.shape if dtype != mx.uint8 else (
+        *info.shape[:-1], info.type.row_bytes(info.shape[-1]))
+    array = mx.zeros(shape, dtype)
+    mx.eval(array)
+    gguf.read_into(info.name, np.asarray(array))
+    return array
 
 
 def _expanded(t: ggml_types.GGMLType, blocks: np.ndarray) -> mx.array:

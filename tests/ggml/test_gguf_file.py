@@ -586,3 +586,23 @@ def test_damaged_files_are_refused_or_read_as_gguf_reader_reads_them(fuzz_base, 
 
 def test_tensor_info_counts_elements():
     assert TensorInfo("w", BY_NAME["Q4_0"], (3, 64), 32, 3 * 36).elements == 192
+
+
+def test_read_into_fills_a_given_array_and_checks_its_size(tmp_path):
+    """read_into writes a tensor's bytes into the caller's array (the
+    loader's MLX arrays: one copy of the file), and refuses an array of
+    another size."""
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    data = np.arange(24, dtype=np.float32).reshape(4, 6)
+    writer.add_tensor("t", data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with open_gguf(path) as model:
+        out = np.zeros((4, 6), np.float32)
+        model.read_into("t", out)
+        np.testing.assert_array_equal(out, data)
+        with pytest.raises(ValueError, match="96 bytes"):
+            model.read_into("t", np.zeros((3, 6), np.float32))
