@@ -75,11 +75,14 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
     if (!quantize)
       quantize = quants::portable_table().quantize_activation[static_cast<int>(info.activation)];
     std::vector<uint8_t> xq(M * act_row);
-    pool.parallel_for(M, std::max<int64_t>(1, M / (4 * pool.threads())),
-                      [&](int64_t m0, int64_t m1) {
-                        for (int64_t m = m0; m < m1; ++m)
-                          quantize(x + m * K, xq.data() + m * act_row, K);
-                      });
+    auto quantize_rows = [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) quantize(x + m * K, xq.data() + m * act_row, K);
+    };
+    // A decode step's row or two take less than waking the pool.
+    if (M < 4 * pool.threads())
+      quantize_rows(0, M);
+    else
+      pool.parallel_for(M, M / (4 * pool.threads()), quantize_rows);
     pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
