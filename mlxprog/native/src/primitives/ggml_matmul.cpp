@@ -46,6 +46,16 @@ const float* float_rows(const mx::array& x, std::vector<float>& keep) {
   return keep.data();
 }
 
+// How far ahead of the row being multiplied the weight rows are prefetched.
+constexpr int64_t kPrefetchRows = 8;
+
+// Ask for the cache lines of one weight row (`bytes` from `row`, cut at
+// `end`) ahead of its use.
+inline void prefetch_rows(const uint8_t* row, int64_t bytes, const uint8_t* end) {
+  const uint8_t* stop = row + bytes < end ? row + bytes : end;
+  for (const uint8_t* p = row; p < stop; p += 64) __builtin_prefetch(p, 0, 3);
+}
+
 // The type's kernels in the quant table of kernel table `isa`.
 quants::TypeKernels type_kernels(const quants::QuantKernels& table, int type) {
   quants::TypeKernels k{};
@@ -64,6 +74,7 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const quants::TypeInfo& info = *quants::type_info(type);
   const quants::TypeKernels k = type_kernels(table, type);
   const int64_t row_bytes = K / info.block * info.block_bytes;
+  const uint8_t* w_end = w + N * row_bytes;
   ThreadPool& pool = ThreadPool::instance();
   // Chunks of whole tiles, about four per thread (uneven rows balance).
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
@@ -88,7 +99,12 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
         const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
         for (int64_t m = 0; m < M; ++m) {
           const uint8_t* xm = xq.data() + m * act_row;
-          for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = k.vec_dot(K, w + n * row_bytes, xm);
+          for (int64_t n = n0; n < n1; ++n) {
+            // A row is a few hundred bytes: the prefetcher alone leaves the
+            // next rows' loads waiting on memory (decode is memory-bound).
+            if (m == 0) prefetch_rows(w + (n + kPrefetchRows) * row_bytes, row_bytes, w_end);
+            y[m * ldy + n] = k.vec_dot(K, w + n * row_bytes, xm);
+          }
         }
       }
     });
