@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ..arrays import name_of
-from .config import Checkpoint, ModelConfig, ModelError, Quantization, is_int
+from .config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization, is_int
 from .models import family_of
 from .models.base import Split, splits
 
@@ -30,7 +30,7 @@ class ModelSpec:
     file's name for each weight."""
 
     config: ModelConfig
-    quantization: dict[str, Quantization]
+    quantization: dict[str, Quantization | GGMLQuantization]
     weights: dict[str, tuple[tuple[int, ...], str]]
     source_names: dict[str, str]
     #: The tensor-parallel split of every split layer (the family's table).
@@ -219,7 +219,7 @@ def _blocks(units: int, world_size: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def _shard(config: ModelConfig, quantization: dict[str, Quantization],
+def _shard(config: ModelConfig, quantization: dict[str, Quantization | GGMLQuantization],
            layer_splits: dict[str, Split], world_size: int, rank: int) -> Shard:
     """Rank ``rank``'s :class:`Shard`: KV heads in contiguous blocks (with
     their query heads), the intermediate dim in blocks of whole quantization

@@ -103,7 +103,7 @@ def cross_tools() -> tuple[str, str]:
     paths = [shutil.which(tool) for tool in CROSS_TOOLS]
     missing = [tool for tool, path in zip(CROSS_TOOLS, paths) if path is None]
     if missing:
-        message = (f"the arm64 quant tests need {' and '.join(missing)} on PATH "
+        message = (f"the arm64 kernel tests need {' and '.join(missing)} on PATH "
                    "(Debian: g++-aarch64-linux-gnu, qemu-user)")
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {message}; .ci/run installs them", pytrace=False)

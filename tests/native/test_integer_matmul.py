@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import kernel_tables
+from quants_lib import cross_tools
 
 from mlxprog import native
 from mlxprog.arrays import AVal
@@ -226,10 +227,7 @@ def test_kernels_alone_on_the_host(ext, tmp_path):
 
 
 def test_kernels_alone_on_arm64_under_qemu(tmp_path):
-    compiler, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
-    if compiler is None or qemu is None:
-        pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (Debian: g++-aarch64-linux-gnu, "
-                    "qemu-user)")
+    compiler, qemu = cross_tools()  # skips locally, fails under CI, without them
     out = run_kernels_alone(compiler, tmp_path, [], ["-static"], [qemu])
     assert "portable micro-kernels: every dtype exact" in out and "avx2" not in out
 

@@ -14,6 +14,7 @@ import pytest
 import mlxprog as mp
 from mlxprog import native
 from mlxprog.native import build, kernels
+from quants_lib import cross_tools
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 # Tolerances relative to the largest reference value: float32 allows for
@@ -568,24 +569,14 @@ def test_kernel_tables_on_the_host(tmp_path, isa_name):
 
 
 def test_portable_kernels_on_arm64_under_qemu(tmp_path):
-    import shutil
-
-    compiler, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
-    if compiler is None or qemu is None:
-        pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (Debian: g++-aarch64-linux-gnu, "
-                    "qemu-user)")
+    compiler, qemu = cross_tools()  # skips locally, fails under CI, without them
     out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None)
     assert out.startswith("table: portable")
 
 
 def test_dot_product_kernels_on_arm64_under_qemu(tmp_path):
     """The arm64 table with sdot (armv8.2-a+dotprod), which qemu emulates."""
-    import shutil
-
-    compiler, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
-    if compiler is None or qemu is None:
-        pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (Debian: g++-aarch64-linux-gnu, "
-                    "qemu-user)")
+    compiler, qemu = cross_tools()  # skips locally, fails under CI, without them
     tables = {"neon+dotprod": ("kernels_dotprod.cpp", ["-march=armv8.2-a+dotprod"],
                                "MLXPROG_HAVE_DOTPROD")}
     out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None, tables)
