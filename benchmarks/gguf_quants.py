@@ -286,37 +286,16 @@ class MlxprogWorker:
 
     def scorer(self, chunk: int, cache_length: int):
         """The scoring program of :func:`mlxprog.llm.perplexity.build_scoring`
-        with each position's two largest logits and their tokens as extra
-        outputs, compiled (cached per shape)."""
+        with each position's two largest logits and their tokens
+        (``top=2``), compiled (cached per shape)."""
         key = (chunk, cache_length)
         if key in self.scorers:
             return self.scorers[key]
-        from mlxprog.builder import ProgramBuilder
-        from mlxprog.llm.cache import CacheLayout
-        from mlxprog.llm.models import family_of
-        from mlxprog.llm.programs import declare_caches
+        from mlxprog.llm.perplexity import build_scoring
 
         llm = self.llm
-        spec, c = llm.spec, llm.spec.config
-        kv = llm.cache_layout or CacheLayout.of(c)
-        b = ProgramBuilder("score_top2")
-        b.dim("B", min=1, max=1)
-        model = family_of(c).decoder(b, spec, spec.shard(), llm.numerics, kv)
-        tokens = b.input("tokens", ["B", chunk], "int32")
-        targets = b.input("targets", ["B", chunk], "int32")
-        rope_offset = b.input("rope_offset", ["B"], "int32")
-        cache_offset = b.input("cache_offset", [], "int32")
-        key_mask = b.input("key_mask", ["B", cache_length], "bool")
-        caches = declare_caches(b, c, c.num_kv_heads, cache_length, kv)
-        h, new_caches = model.trunk(b, model.embed(b, tokens), chunk, rope_offset, cache_offset,
-                                    key_mask, model.layer_caches(caches))
-        new_caches = model.flat_caches(new_caches)
-        logits = model.logits(b, h)
-        logprobs = logits - b.logsumexp(logits, axes=[-1], keepdims=True)
-        picked = b.take_along_axis(logprobs, b.reshape(targets, shape=["B", chunk, 1]), axis=-1)
-        top_values, top_ids = b.top_k(logits, k=2)
-        program = b.build([b.reshape(picked, shape=["B", chunk]), top_values,
-                           b.astype(top_ids, dtype="int32"), *new_caches], check=False)
+        program = build_scoring(llm.spec, chunk, cache_length, llm.numerics, llm.cache_layout,
+                                top=2)
         self.scorers[key] = llm.compile(program)
         return self.scorers[key]
 

@@ -71,7 +71,8 @@ class Perplexity:
 
 
 def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
-                  numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
+                  numerics: str = "exact", kv: CacheLayout | None = None,
+                  top: int = 0) -> Program:
     """The scoring program of a model: inputs ``tokens [B, chunk]`` (int32),
     ``targets [B, chunk]`` (the token after each one), ``rope_offset [B]``,
     ``cache_offset []`` (the slot of the first token), ``key_mask [B,
@@ -82,7 +83,9 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     (see :func:`~mlxprog.llm.build_prefill`); with a quantized ``kv`` layout
     the caches are its arrays (``k_cache.i.values``, ...; see
     :func:`~mlxprog.llm.programs.cache_names`), so the scores are those of a
-    generation with that cache."""
+    generation with that cache. ``top`` > 0 adds, after the log-probabilities,
+    each position's ``top`` largest logits ``[B, chunk, top]`` and their
+    tokens (int32), for comparing models' choices."""
     c = spec.config
     b = ProgramBuilder("score")
     b.dim("B", min=1, max=1)
@@ -103,7 +106,11 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     logits = model.logits(b, h)
     logprobs = logits - b.logsumexp(logits, axes=[-1], keepdims=True)
     picked = b.take_along_axis(logprobs, b.reshape(targets, shape=["B", chunk, 1]), axis=-1)
-    return b.build([b.reshape(picked, shape=["B", chunk]), *new_caches], check=False)
+    extra = []
+    if top > 0:
+        values, ids = b.top_k(logits, k=top)
+        extra = [values, b.astype(ids, dtype="int32")]
+    return b.build([b.reshape(picked, shape=["B", chunk]), *extra, *new_caches], check=False)
 
 
 #: What :func:`perplexity` scores with: a loaded LLM, a checkpoint, or a

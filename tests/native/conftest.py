@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import quants_lib
+
 from mlxprog import native
 
 
@@ -22,3 +24,18 @@ def isa(request, ext):
     ext.set_isa(request.param)
     yield request.param
     ext.set_isa("best")
+
+
+@pytest.fixture(scope="module")
+def machines():
+    """The GGML quant kernels built without MLX (tests/native/quants_lib.py)
+    on the host and, under qemu, arm64; each started on first use."""
+    machines = quants_lib.Machines()
+    yield machines
+    machines.close()
+
+
+@pytest.fixture
+def quants(machines, table):
+    """The quant kernels of the machine of the test's ``table``."""
+    return machines[table.machine]

@@ -36,17 +36,11 @@ def set_codebooks(kernels: quants_lib.Kernels) -> None:
 
 @pytest.fixture(scope="module")
 def machines():
-    """The host's and arm64's kernels, started on first use, with every
-    codebook set."""
+    """conftest's machines, with every codebook set (the quants fixture
+    picks from these)."""
     machines = quants_lib.Machines(setup=set_codebooks)
     yield machines
     machines.close()
-
-
-@pytest.fixture
-def quants(machines, table):
-    """The kernels of the machine of the test's table."""
-    return machines[table.machine]
 
 
 def qtype(name: str) -> gguf.GGMLQuantizationType:

@@ -39,20 +39,6 @@ Q8K = np.dtype([("d", "<f4"), ("qs", "i1", QK), ("bsums", "<i2", QK // 16)])
 assert Q8K.itemsize == 292 and Q8K.fields["qs"][1] == 4 and Q8K.fields["bsums"][1] == 260
 
 
-@pytest.fixture(scope="module")
-def machines():
-    """The host's and arm64's kernels, started on first use."""
-    machines = quants_lib.Machines()
-    yield machines
-    machines.close()
-
-
-@pytest.fixture
-def quants(machines, table):
-    """The kernels of the machine of the test's table."""
-    return machines[table.machine]
-
-
 def type_id(name: str) -> int:
     return int(GGMLQuantizationType[name])
 

@@ -36,20 +36,6 @@ TABLES = quants_lib.tables()
 SIZES = [32, 96, 576]
 
 
-@pytest.fixture(scope="module")
-def machines():
-    """The host's and arm64's kernels, started on first use."""
-    machines = quants_lib.Machines()
-    yield machines
-    machines.close()
-
-
-@pytest.fixture
-def quants(machines, table):
-    """The kernels of the machine of the test's table."""
-    return machines[table.machine]
-
-
 def block_bytes(name: str) -> int:
     """The bytes of one block of type ``name``."""
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][1]
