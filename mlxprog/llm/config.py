@@ -240,7 +240,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 def metadata_value(value: Any) -> Any:
     """A GGUF metadata value as plain Python: ``mx.load`` returns numbers as 0-d
-    arrays and numeric lists as 1-d arrays; strings and string lists pass through."""
+    arrays and numeric lists as 1-d arrays (mlxprog's reader returns plain
+    Python already); everything else passes through."""
     if isinstance(value, mx.array):
         return value.item() if value.ndim == 0 else value.tolist()
     return value

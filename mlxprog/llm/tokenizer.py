@@ -310,9 +310,10 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """Build the tokenizer described by a GGUF file's metadata (as returned by
-        ``mx.load(path, return_metadata=True)``): ``tokenizer.ggml.model``
-        "gpt2" (byte-level BPE) or "llama" (SentencePiece)."""
+        """Build the tokenizer described by a GGUF file's metadata (as
+        :func:`mlxprog.ggml.gguf_file.open_gguf` reads it, or ``mx.load(path,
+        return_metadata=True)``): ``tokenizer.ggml.model`` "gpt2"
+        (byte-level BPE) or "llama" (SentencePiece)."""
         model = metadata_value(metadata.get("tokenizer.ggml.model"))
         if model not in _GGUF_MODELS:
             raise ModelError(f"GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not "

@@ -253,7 +253,8 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     """Validate a program, bind its captures and return an :class:`Executable`.
 
     ``captures`` maps capture names to arrays; ``weights`` names files read with
-    ``mx.load`` (both may be given; ``captures`` wins). ``callbacks`` maps the
+    ``mx.load`` (``.gguf`` with mlxprog's own reader; both may be given;
+    ``captures`` wins). ``callbacks`` maps the
     names used by ``runtime_call`` to Python callables
     (:meth:`Executable.with_callbacks` replaces them for some calls).
     ``eager=True`` runs the interpreter without ``mx.compile``, evaluating
