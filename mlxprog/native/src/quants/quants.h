@@ -12,9 +12,10 @@
 // A table file (table_<isa>.cpp) includes its ISA's headers inside its own
 // namespace and fills one QuantKernels; a type a table lacks resolves to the
 // portable table's kernel (resolve()), never to a wrong result. Adding a
-// type is its headers plus one line per table and one in kTypes below.
+// type is its headers plus one line per table, one in table.cpp's kTypes and
+// one in mlxprog/ggml/types.py (tests/ops/test_ggml.py keeps the two equal).
 //
-// Everything here is free of MLX types: quant_matmul.cpp makes the kernels
+// Everything here is free of MLX types: primitives/ggml_matmul.cpp makes the kernels
 // MLX primitives, and shim.cpp exposes them to the tests through a C ABI.
 #pragma once
 
