@@ -1,38 +1,7 @@
-// The x86-64 quant table "avx2": the x86/ headers compiled with this
-// table's flags (CMakeLists.txt); their dot products use VNNI where
-// __AVXVNNI__ or __AVX512VNNI__ is defined, AVX2's multiply-adds otherwise.
+// The x86-64 quant table "avx2": AVX2 (FMA, F16C); the x86/ headers
+// compiled with this table's flags (CMakeLists.txt).
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-
-#include <cmath>
-#include <cstring>
-
-#include "common.h"
-#include "quants.h"
-
 #define MLXPROG_QUANTS_NS avx2
-#include "x86/simd.h"
-#include "x86/activations.h"
-#include "x86/legacy.h"
-#include "x86/kquants.h"
-
-namespace mlxprog {
-namespace quants {
-namespace avx2 {
-
-const QuantKernels& table() {
-  static const QuantKernels kernels = [] {
-    QuantKernels k{};
-    k.isa = "avx2";
-    add_activations(k);
-    add_legacy(k);
-    add_kquants(k);
-    return k;
-  }();
-  return kernels;
-}
-
-}  // namespace avx2
-}  // namespace quants
-}  // namespace mlxprog
+#define MLXPROG_QUANTS_NAME "avx2"
+#include "x86/table.h"
 #endif

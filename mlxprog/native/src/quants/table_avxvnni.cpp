@@ -1,38 +1,8 @@
-// The x86-64 quant table "avx2+avxvnni": the x86/ headers compiled with this
-// table's flags (CMakeLists.txt); their dot products use VNNI where
-// __AVXVNNI__ or __AVX512VNNI__ is defined, AVX2's multiply-adds otherwise.
+// The x86-64 quant table "avx2+avxvnni": AVX2 with AVX-VNNI
+// dot products; the x86/ headers
+// compiled with this table's flags (CMakeLists.txt).
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-
-#include <cmath>
-#include <cstring>
-
-#include "common.h"
-#include "quants.h"
-
 #define MLXPROG_QUANTS_NS avxvnni
-#include "x86/simd.h"
-#include "x86/activations.h"
-#include "x86/legacy.h"
-#include "x86/kquants.h"
-
-namespace mlxprog {
-namespace quants {
-namespace avxvnni {
-
-const QuantKernels& table() {
-  static const QuantKernels kernels = [] {
-    QuantKernels k{};
-    k.isa = "avx2+avxvnni";
-    add_activations(k);
-    add_legacy(k);
-    add_kquants(k);
-    return k;
-  }();
-  return kernels;
-}
-
-}  // namespace avxvnni
-}  // namespace quants
-}  // namespace mlxprog
+#define MLXPROG_QUANTS_NAME "avx2+avxvnni"
+#include "x86/table.h"
 #endif
