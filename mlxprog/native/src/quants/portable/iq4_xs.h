@@ -28,10 +28,7 @@ void dequantize_row_iq4_xs(const uint8_t* src, float* y, int64_t n) {
     int8_t scales[8], levels[kquant::kBlock];
     kquant::iq4_xs_scales(blocks[i], scales);
     unpack_iq4_xs(blocks[i], levels);
-    for (int sub = 0; sub < 8; ++sub) {
-      const float scale = d * static_cast<float>(scales[sub]);
-      for (int j = 32 * sub; j < 32 * sub + 32; ++j) y[j] = scale * static_cast<float>(levels[j]);
-    }
+    kquant::write_scaled(d, scales, 8, levels, y);
   }
 }
 
@@ -44,9 +41,7 @@ float vec_dot_iq4_xs(int64_t n, const uint8_t* w, const void* xv) {
     int8_t scales[8], levels[kquant::kBlock];
     kquant::iq4_xs_scales(blocks[i], scales);
     unpack_iq4_xs(blocks[i], levels);
-    int32_t dot = 0;
-    for (int sub = 0; sub < 8; ++sub)
-      dot += scales[sub] * kquant::code_dot(levels + 32 * sub, x[i].qs + 32 * sub, 32);
+    const int32_t dot = kquant::scaled_dot(scales, 8, levels, x[i].qs);
     sum += x[i].d * load_fp16(blocks[i].d) * static_cast<float>(dot);
   }
   return sum;

@@ -127,6 +127,29 @@ inline int32_t code_dot(const int8_t* codes, const int8_t* q8, int count) {
   return sum;
 }
 
+// The symmetric types (Q3_K, Q6_K, IQ4_XS: a block's `subs` sub-blocks of
+// signed codes, each with an integer scale): the block's values, (d *
+// scale) * code, as gguf computes them.
+inline void write_scaled(float d, const int8_t* scales, int subs, const int8_t* codes,
+                         float* y) {
+  const int size = kBlock / subs;
+  for (int sub = 0; sub < subs; ++sub) {
+    const float scale = d * static_cast<float>(scales[sub]);
+    for (int j = size * sub; j < size * sub + size; ++j)
+      y[j] = scale * static_cast<float>(codes[j]);
+  }
+}
+
+// The same block's integer dot product with q8 codes: sum over sub-blocks
+// of scale * (codes . q8).
+inline int32_t scaled_dot(const int8_t* scales, int subs, const int8_t* codes, const int8_t* q8) {
+  const int size = kBlock / subs;
+  int32_t dot = 0;
+  for (int sub = 0; sub < subs; ++sub)
+    dot += scales[sub] * code_dot(codes + size * sub, q8 + size * sub, size);
+  return dot;
+}
+
 // p itself, but opaque to the compiler: a product passed through here is
 // rounded to float before the subtraction that follows, which FMA
 // contraction (GCC's default wherever FMA exists, clang's on arm64) would

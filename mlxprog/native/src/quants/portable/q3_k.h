@@ -32,10 +32,7 @@ void dequantize_row_q3_k(const uint8_t* src, float* y, int64_t n) {
     int8_t scales[16], codes[kquant::kBlock];
     kquant::q3_k_scales(blocks[i].scales, scales);
     unpack_q3_k(blocks[i], codes);
-    for (int sub = 0; sub < 16; ++sub) {
-      const float scale = d * static_cast<float>(scales[sub]);
-      for (int j = 16 * sub; j < 16 * sub + 16; ++j) y[j] = scale * static_cast<float>(codes[j]);
-    }
+    kquant::write_scaled(d, scales, 16, codes, y);
   }
 }
 
@@ -48,9 +45,7 @@ float vec_dot_q3_k(int64_t n, const uint8_t* w, const void* xv) {
     int8_t scales[16], codes[kquant::kBlock];
     kquant::q3_k_scales(blocks[i].scales, scales);
     unpack_q3_k(blocks[i], codes);
-    int32_t dot = 0;
-    for (int sub = 0; sub < 16; ++sub)
-      dot += scales[sub] * kquant::code_dot(codes + 16 * sub, x[i].qs + 16 * sub, 16);
+    const int32_t dot = kquant::scaled_dot(scales, 16, codes, x[i].qs);
     sum += x[i].d * load_fp16(blocks[i].d) * static_cast<float>(dot);
   }
   return sum;

@@ -34,10 +34,7 @@ void dequantize_row_q6_k(const uint8_t* src, float* y, int64_t n) {
     const float d = load_fp16(blocks[i].d);
     int8_t codes[kquant::kBlock];
     unpack_q6_k(blocks[i], codes);
-    for (int sub = 0; sub < 16; ++sub) {
-      const float scale = d * static_cast<float>(blocks[i].scales[sub]);
-      for (int j = 16 * sub; j < 16 * sub + 16; ++j) y[j] = scale * static_cast<float>(codes[j]);
-    }
+    kquant::write_scaled(d, blocks[i].scales, 16, codes, y);
   }
 }
 
@@ -49,9 +46,7 @@ float vec_dot_q6_k(int64_t n, const uint8_t* w, const void* xv) {
   for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
     int8_t codes[kquant::kBlock];
     unpack_q6_k(blocks[i], codes);
-    int32_t dot = 0;
-    for (int sub = 0; sub < 16; ++sub)
-      dot += blocks[i].scales[sub] * kquant::code_dot(codes + 16 * sub, x[i].qs + 16 * sub, 16);
+    const int32_t dot = kquant::scaled_dot(blocks[i].scales, 16, codes, x[i].qs);
     sum += x[i].d * load_fp16(blocks[i].d) * static_cast<float>(dot);
   }
   return sum;
