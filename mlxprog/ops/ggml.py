@@ -108,8 +108,9 @@ def ggml_matmul(operands, attrs, context):
     if result is not None:
         return result
     if attrs.numerics == "int8":
-        record_numerics_fallback(context.native, "ggml_matmul",
-                                 f"int8 computed exactly: {native.inactive_reason(context.native)}")
+        reason = (native.inactive_reason(context.native)
+                  or "the native kernel does not cover these operands (dtypes, shapes)")
+        record_numerics_fallback(context.native, "ggml_matmul", f"int8 computed exactly: {reason}")
     return mx.matmul(x.astype(mx.float32), dequantize_blocks(t.name, w).T)
 
 
