@@ -48,8 +48,11 @@ def test_qmm_matches_mlx(ext, isa, bits, transpose):
         for dtype in DTYPES:
             # 5 and 8 rows take the batched path (weights dequantized once
             # for all rows); 131 output columns (transposed), its tail of
-            # single weight rows.
-            for rows, N in ((1, 128), (2, 128), (5, 131 if transpose else 128), (8, 128)):
+            # single weight rows. From 8 rows on a transposed product runs
+            # the float GEMM on dequantized panels of 128 weight rows: 300
+            # columns are two whole panels and a part.
+            for rows, N in ((1, 128), (2, 128), (5, 131 if transpose else 128), (8, 128),
+                            (40, 300 if transpose else 128)):
                 K = 256
                 w, scales, biases = quantized(rng, (N, K) if transpose else (K, N), dtype,
                                               group_size, bits)

@@ -16,6 +16,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "primitives/panel_gemm.h"
 #include "threadpool.h"
 
 namespace mlxprog {
@@ -24,12 +25,6 @@ namespace {
 // Weight rows one chunk of a job takes together: their blocks stay in L1
 // while every row of x passes over them.
 constexpr int64_t kRowsPerTile = 16;
-// From this many rows of x on, the exact numerics run the float GEMM on
-// dequantized panels of this many weight rows.
-constexpr int64_t kGemmMinRows = 8;
-constexpr int64_t kPanelRows = 128;
-// Weight rows dequantized together and transposed into a panel's columns.
-constexpr int64_t kTransposeRows = 8;
 
 // The rows of a float32, float16 or bfloat16 array as dense float32: its
 // own data, or converted (and gathered) into `keep`.
@@ -112,34 +107,10 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
     });
     return;
   }
-  if (M >= kGemmMinRows) {
-    // Many rows (a prefill): panels of weight rows dequantized once, laid
-    // out as the GEMM's B (K x rows, row-major: its packing then reads
-    // contiguous runs, not a column a row apart), then the float GEMM's
-    // register tiles (far faster than row-by-row dots).
-    const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
-    pool.parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
-      // Scratch the kernels overwrite whole: no zeroing.
-      std::unique_ptr<float[]> panel(new float[kPanelRows * K]),
-          rows(new float[kTransposeRows * K]),
-          work(new float[gemm_workspace(kPanelRows) + 16]);
-      // sgemm wants its scratch 64-byte aligned.
-      float* scratch = reinterpret_cast<float*>(
-          (reinterpret_cast<uintptr_t>(work.get()) + 63) & ~uintptr_t{63});
-      for (int64_t panel_index = p0; panel_index < p1; ++panel_index) {
-        const int64_t n0 = panel_index * kPanelRows, count = std::min(kPanelRows, N - n0);
-        for (int64_t r0 = 0; r0 < count; r0 += kTransposeRows) {
-          const int64_t r1 = std::min(count, r0 + kTransposeRows);
-          for (int64_t r = r0; r < r1; ++r)
-            k.dequantize_row(w + (n0 + r) * row_bytes, rows.get() + (r - r0) * K, K);
-          for (int64_t kk = 0; kk < K; ++kk)
-            for (int64_t r = r0; r < r1; ++r) panel[kk * count + r] = rows[(r - r0) * K + kk];
-        }
-        // C[:, n0:n0+count] = x (M x K) @ panel (K x count).
-        GemmProblem problem{x, K, 1, panel.get(), count, 1, y + n0, ldy, M, count, K, nullptr};
-        kernels.sgemm(problem, 0, M, 0, count, scratch, nullptr);
-      }
-    });
+  if (M >= kPanelGemmMinRows) {
+    panel_gemm(kernels, x, M, K, N,
+               [&](int64_t n, float* dst) { k.dequantize_row(w + n * row_bytes, dst, K); }, y,
+               ldy);
     return;
   }
   auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;

@@ -6,9 +6,59 @@
 #include <stdexcept>
 #include <vector>
 
+#include "primitives/panel_gemm.h"
 #include "threadpool.h"
 
 namespace mlxprog {
+namespace {
+
+// Element i of a scales or biases array.
+float load_scalar(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f16:
+      return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+// Row n of m (stored N x K, transposed use) dequantized in element order:
+// scale * code + bias, each group's codes a little-endian bit stream.
+void dequantize_affine_row(const PackedMatrix& m, int64_t K, int64_t n, float* dst) {
+  const int64_t groups = K / m.group_size, row_bytes = K * m.bits / 8;
+  const uint8_t* codes = m.w + n * row_bytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float scale = load_scalar(m.scales, m.scales_dtype, n * groups + g);
+    const float bias = load_scalar(m.biases, m.biases_dtype, n * groups + g);
+    float* out = dst + g * m.group_size;
+    const uint8_t* src = codes + g * m.group_size * m.bits / 8;
+    if (m.bits == 8) {
+      for (int i = 0; i < m.group_size; ++i) out[i] = scale * static_cast<float>(src[i]) + bias;
+    } else if (m.bits == 4) {
+      for (int i = 0; i < m.group_size / 2; ++i) {
+        out[2 * i] = scale * static_cast<float>(src[i] & 0x0F) + bias;
+        out[2 * i + 1] = scale * static_cast<float>(src[i] >> 4) + bias;
+      }
+    } else {
+      uint64_t acc = 0;
+      int have = 0;
+      const uint32_t mask = (1u << m.bits) - 1;
+      for (int i = 0; i < m.group_size; ++i) {
+        while (have < m.bits) {
+          acc |= static_cast<uint64_t>(*src++) << have;
+          have += 8;
+        }
+        out[i] = scale * static_cast<float>(acc & mask) + bias;
+        acc >>= m.bits;
+        have -= m.bits;
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void run_qmm(const void* x, DType x_dtype, int64_t M, int64_t K, int64_t N,
              const PackedMatrix& m, bool transpose, bool int8, float* out) {
@@ -44,6 +94,12 @@ void run_qmm(const void* x, DType x_dtype, int64_t M, int64_t K, int64_t N,
     p.xqsum = xqsum.data();
     ThreadPool::instance().parallel_for(N, grain_for(N, 4, 4, 64),
                                         [&](int64_t n0, int64_t n1) { kernels.qmm_q8(p, n0, n1); });
+    return;
+  }
+  if (transpose && M >= kPanelGemmMinRows) {
+    for (int64_t i = 0; i < M * K; ++i) xp[i] = load_scalar(x, x_dtype, i);
+    panel_gemm(kernels, xp.data(), M, K, N,
+               [&](int64_t n, float* dst) { dequantize_affine_row(m, K, n, dst); }, out, N);
     return;
   }
   kernels.prepare_qmm_x(x, x_dtype, M, K, m.bits, m.group_size, transpose, xp.data(),
