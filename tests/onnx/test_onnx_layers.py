@@ -2,7 +2,7 @@
 through others, a module that imports it back. Every import counts: those
 inside functions and those under ``TYPE_CHECKING`` too.
 
-``python tests/onnx/test_import_layers.py`` prints the cycles (and each
+``python tests/onnx/test_onnx_layers.py`` prints the cycles (and each
 module's imports inside the package with ``-v``)."""
 
 from __future__ import annotations
