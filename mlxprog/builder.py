@@ -191,6 +191,16 @@ class _Scope:
         return self.op_with("runtime_call", list(operands),
                             {"callback": callback, "outputs": declared})
 
+    def trial(self, fn, carry: Sequence[AVal], name: str = "body") -> list[Value]:
+        """The outputs ``fn(sb, *carry)`` gives, built in a subprogram that is
+        then dropped (nothing is appended here): how a caller learns the
+        shapes and dtypes a subprogram will give before building the op
+        that holds it. ``carry`` are the subprogram's carry avals; errors
+        name the subprogram ``name`` of the next instruction."""
+        sub = _Scope(self.root, carry, (*self._next_path(), name))
+        outputs = fn(sub, *sub.carry)
+        return [outputs] if isinstance(outputs, Value) else list(outputs)
+
     def _next_path(self) -> StepPath:
         return (*self.path, len(self.instructions))
 
@@ -303,6 +313,12 @@ class ProgramBuilder(_Scope):
         self._sample[name] = builder_sample(spec, set(self._sample.values()))
         self.dims[name] = spec
         return name
+
+    @property
+    def sample_sizes(self) -> dict[str, int]:
+        """The size each dim takes while building (the sample binding shapes
+        are inferred at; see :meth:`dim`), by dim name."""
+        return dict(self._sample)
 
     def at_sample(self, inst: Instruction, where: str) -> Instruction:
         """The instruction with dim expressions in its attributes evaluated at

@@ -3,8 +3,9 @@
 The importer (:mod:`.importer`) converts a graph node by node through the
 converters of :mod:`.convert` (one module per op family, registered in
 :mod:`.registry`); what a converter sees is a :class:`~.context.Context`.
-Shape computations on symbolic dims are evaluated at import by
-:mod:`.symbolic`; ``docs/onnx.md`` describes the whole mapping.
+Shape computations on symbolic dims are evaluated at import by the shape
+rules the converters declare (:mod:`.shape_rules`, on :mod:`.symbolic`);
+``docs/onnx.md`` describes the whole mapping.
 Requires the ``onnx`` package (``pip install 'mlxprog[onnx]'``).
 """
 

@@ -41,8 +41,9 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
 from ..validate import validate
-from .context import OnnxImportError
-from .importer import BFLOAT16, import_model, load_model
+from .dtypes import BFLOAT16
+from .errors import OnnxImportError
+from .importer import import_model, load_model
 
 #: How the importer's error names an input it needs at import
 #: (:meth:`~mlxprog.onnx.context.Context.require_constant`).

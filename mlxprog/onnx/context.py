@@ -14,7 +14,7 @@ computations of such dims (``Shape``, ``Gather``, ``Concat`` ...) fold to
 NumPy *object* arrays holding those names, which ``reshape``/``broadcast_to``
 attributes take as they are. :meth:`Context.static` insists on integers.
 The importer evaluates those shape computations itself, before any
-converter (:mod:`.symbolic`), so a converter only sees shape values in the
+converter (:mod:`.shape_rules`), so a converter only sees shape values in the
 inputs that take shapes: a ``Reshape``'s ``shape``, an ``Expand``'s, a
 ``ConstantOfShape``'s input, a ``Tile``'s ``repeats``, a ``Range``'s bounds
 (read them with :meth:`Context.constant` / :meth:`Context.require_constant`;
@@ -27,45 +27,27 @@ error naming the input: :meth:`Context.require_constant`. Read as data
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from ..arrays import name_of
-from ..errors import ProgramError
+from ..builder import Value
+from ..format.program import DimSpec
+from .errors import OnnxImportError
+from .scope import ChannelsLast, Scope
 
-if TYPE_CHECKING:
-    from ..builder import Value
-    from .importer import Scope
-
-
-class OnnxImportError(ProgramError):
-    """An ONNX model cannot be imported: an unsupported op or attribute, an
-    input the importer needs at import time that is not constant, or a
-    malformed graph. The message names the node (index, name, op type, and
-    the subgraph it is in)."""
-
-
-@dataclass(frozen=True)
-class ChannelsLast:
-    """A converter's result held channels-last (``[N, *spatial, C]``, the
-    layout of MLX's convolutions and pools) for a logically channels-first
-    (``[N, C, *spatial]``, ONNX's) tensor: the next convolution reads it as
-    it is, so a chain of convolutions needs no transpose pair between each
-    two; any other reader gets it transposed back once."""
-
-    value: Value
+__all__ = ["ChannelsLast", "Context", "OnnxImportError"]
 
 
 _REQUIRED = object()
 
 
 class Context:
-    """One node being converted, in its graph's :class:`~.importer.Scope`."""
+    """One node being converted, in its graph's :class:`~.scope.Scope`."""
 
     def __init__(self, scope: Scope, node: onnx.NodeProto, index: int):
         self.scope = scope
@@ -74,7 +56,7 @@ class Context:
         #: The builder scope the node's instructions go into.
         self.b = scope.b
         #: The model's opset of the default ONNX domain.
-        self.opset = scope.opset
+        self.opset = scope.state.opset
         #: Set by the importer for an elementwise node whose tensor inputs
         #: are all held channels-last: :meth:`input` then gives them that
         #: way, and the importer keeps the results channels-last.
@@ -146,20 +128,33 @@ class Context:
         per-channel constant as ``[C]``."""
         name = self._name(i)
         if self.channels_last and self.scope.is_channels_last(name):
-            return self.scope.channels_last(name, self)
+            return self.scope.channels_last(name, self.where)
         if self.channels_last and any(s != 1 for s in self.scope.shape(name)):
             # A per-channel constant (the importer checked): [C] broadcasts
             # against [N, *spatial, C].
             rank = max(len(self.scope.shape(n)) for n in self.node.input
                        if n and self.scope.is_channels_last(n))
             array = self.scope.channel_constant(name, rank)
-            return self.scope.importer.materialize(f"{name}.channels_last", array, self.scope)
-        return self.scope.value(name, self)
+            return self.scope.state.known_value(f"{name}.channels_last", array)
+        return self.scope.value(name, self.where)
 
     def input_channels_last(self, i: int) -> Value:
         """Input ``i`` (``[N, C, *spatial]``) as ``[N, *spatial, C]``: a
         converter result held that way is read as it is."""
-        return self.scope.channels_last(self._name(i), self)
+        return self.scope.channels_last(self._name(i), self.where)
+
+    def is_channels_last(self, i: int) -> bool:
+        """Whether input ``i`` is held channels-last (a converter's
+        :class:`ChannelsLast` result)."""
+        return self.scope.is_channels_last(self._name(i))
+
+    def input_held(self, i: int) -> Value | ChannelsLast:
+        """Input ``i`` as it is held, for a converter that passes it on as
+        its result: a :class:`ChannelsLast` for a value held channels-last
+        (so it stays so), else :meth:`input`."""
+        if self.is_channels_last(i):
+            return ChannelsLast(self.input_channels_last(i))
+        return self.input(i)
 
     def constant(self, i: int) -> np.ndarray | None:
         """Input ``i``'s value where it is known at import (an initializer, a
@@ -193,6 +188,22 @@ class Context:
         """Input ``i``'s element type as a NumPy dtype."""
         return self.scope.dtype(self._name(i))
 
+    def symbolic_shape(self, value: Value, name: str | None = None) -> tuple[int | str, ...]:
+        """A builder value's shape with symbolic dims by name or expression
+        (``name``: the ONNX value it holds, whose inferred shape helps), as
+        :meth:`shape` gives an input's."""
+        return self.scope.state.symbolic_shape(value, name)
+
+    @property
+    def dims(self) -> Mapping[str, DimSpec]:
+        """The program's symbolic dims declared so far, by name."""
+        return self.scope.state.b.dims
+
+    def known_value(self, key: str, array: np.ndarray) -> Value:
+        """``array``, computed at import, as a builder value: a capture named
+        ``folded.<key>`` when it is large, a program constant when small."""
+        return self.scope.state.known_value(key, array)
+
     def scalar(self, value: float | int | bool, like: Value) -> Value:
         """A scalar constant of ``like``'s dtype (so arithmetic with it does
         not promote)."""
@@ -220,7 +231,7 @@ class Context:
         not the results of the (sub)program it is in: those must come in as
         carry. :meth:`outer_values` names them; pass ``outer=`` those names
         and their values (:meth:`value`) as the last carry operands."""
-        return self.scope.subgraph(self.attr(name), f"{self.where} {name}", self, outer)
+        return self.scope.subgraph(self.attr(name), f"{self.where} {name}", self.where, outer)
 
     def outer_values(self, *names: str) -> list[str]:
         """The values of this node's graph that the graph attributes
@@ -234,7 +245,7 @@ class Context:
     def value(self, name: str) -> Value:
         """The value named ``name`` (in this node's graph or an enclosing
         one) as a builder value, in ONNX's layout."""
-        return self.scope.value(name, self)
+        return self.scope.value(name, self.where)
 
     def inline(self, name: str) -> list[Any]:
         """The graph attribute ``name`` (a graph without inputs, an ``If``

@@ -35,12 +35,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from . import registry
 from .graph import free_names
-
-#: Ops whose result must not be computed at import (random ones): neither
-#: here nor by the importer's folding.
-NEVER_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
-                "Multinomial", "Bernoulli"}
 
 #: Weight dtypes the pass folds (others are imported as they are).
 _FOLDED_DTYPES = (np.float16, np.float32, np.float64)
@@ -114,7 +110,8 @@ class _Constants:
     """The graph's values known from the graph alone, computed on demand:
     initializers, and the outputs of nodes whose inputs are all known (a
     ``Constant``, the light models' ``ConstantOfShape`` weights), evaluated
-    by ONNX's reference evaluator as the importer folds them."""
+    by ONNX's reference evaluator as the importer folds them (only ops it
+    may fold: :func:`.registry.foldable`)."""
 
     def __init__(self, graph: onnx.GraphProto):
         self._values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
@@ -138,7 +135,8 @@ class _Constants:
 
         node = self._nodes[index]
         inputs = {name: self.get(name) for name in node.input if name}
-        if (node.op_type in NEVER_FOLDED or any(v is None for v in inputs.values())
+        if (not registry.foldable(node.op_type, node.domain)
+                or any(v is None for v in inputs.values())
                 or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                        for a in node.attribute)):
             self._failed.add(index)

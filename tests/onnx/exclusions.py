@@ -28,7 +28,9 @@ converter refuses the case on purpose, naming what it does not support).
 The ``# --- generated`` blocks are written by
 ``python tests/onnx/exclusions.py --refresh [--models]``, which runs every
 case and classifies it (about 30 s for the nodes, 60 s for the models):
-rerun it rather than editing them. A case is classified by what it is
+rerun it rather than editing them (it rewrites the op table of
+``docs/onnx.md`` from them too; ``--docs`` does that alone, after a change
+of the converter registry). A case is classified by what it is
 first (its dtypes, ops and value types: :func:`static_category`), then by
 its failure (:func:`dynamic_category`); a failure neither explains is an
 xfail.
@@ -49,6 +51,11 @@ IMAGE = "image decoding"
 STRINGS = "strings"
 NOT_CONVERTED = "not yet converted"
 TOO_SLOW = "too slow"
+#: The order the node exclusion table (and the op table in docs/onnx.md) lists them in.
+NODE_ORDER = [DTYPE, STRINGS, DATA_DEPENDENT, SEQUENCES, TRAINING, RANDOM, IMAGE, NOT_CONVERTED,
+              TOO_SLOW]
+#: The op table's name for a case of ``NODE_XFAIL``.
+XFAIL = "xfail"
 
 # --- generated node exclusions (category -> {regex: reason}) ---
 NODE_EXCLUDE: dict[str, dict[str, str]] = {
@@ -1036,7 +1043,10 @@ def _rewrite(path: str, marker: str, text: str) -> None:
     open(path, "w").write(source[:i] + text + "\n" + source[j:])
 
 
-def refresh_nodes(path: str, timeout: float) -> None:
+def refresh_nodes(path: str, timeout: float
+                  ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Run every node case, classify it and rewrite the node tables in
+    ``path``: the new exclusion and xfail tables."""
     import collections
     import time
 
@@ -1045,8 +1055,6 @@ def refresh_nodes(path: str, timeout: float) -> None:
     exclude: dict[str, dict[str, str]] = collections.defaultdict(dict)
     xfail: dict[str, str] = {}
     counts = collections.Counter()
-    order = [DTYPE, STRINGS, DATA_DEPENDENT, SEQUENCES, TRAINING, RANDOM, IMAGE,
-             NOT_CONVERTED, TOO_SLOW]
     for name, (status, static, message, seconds) in sorted(results.items()):
         regex = f"^{re.escape(name)}$"
         if status == "pass":
@@ -1062,10 +1070,62 @@ def refresh_nodes(path: str, timeout: float) -> None:
             xfail[regex] = summarize(message)
             counts["xfail"] += 1
     ordered = {c: dict(sorted(exclude[c].items(), key=lambda kv: (kv[1], kv[0])))
-               for c in order if exclude.get(c)}
+               for c in NODE_ORDER if exclude.get(c)}
     _rewrite(path, "node exclusions", _render("NODE_EXCLUDE", "dict[str, dict[str, str]]", ordered))
     _rewrite(path, "node xfail", _render("NODE_XFAIL", "dict[str, str]", xfail))
     print(dict(counts), f"{time.perf_counter() - start:.0f} s")
+    return ordered, xfail
+
+
+def node_outcomes(cases, exclude: dict[str, dict[str, str]],
+                  xfail: dict[str, str]) -> dict[tuple[str, str], dict[str, int]]:
+    """(op type, domain) -> how many of its node cases (``cases``: onnx's
+    ``TestCase`` list) pass, under ``"pass"``, and how many do not run, by
+    category (:data:`NODE_ORDER`, then :data:`XFAIL`), as the tables
+    ``exclude`` and ``xfail`` (:data:`NODE_EXCLUDE`, :data:`NODE_XFAIL`)
+    say: a case counts under the op of its first node, an ``_expanded``
+    case under its op's."""
+    import collections
+
+    excluded = [(re.compile(r), category) for category, entries in exclude.items()
+                for r in entries]
+    failing = [re.compile(r) for r in xfail]
+    first_op = {}
+    for case in cases:
+        node = case.model.graph.node[0]
+        first_op[case.name] = (node.op_type, node.domain or "ai.onnx")
+    counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(
+        collections.Counter)
+    for case in cases:
+        op = first_op.get(re.sub(r"_expanded.*", "", case.name), first_op[case.name])
+        test = f"{case.name}_cpu"  # the runner's name of the case
+        category = next((c for r, c in excluded if r.search(test)), None)
+        if category is None:
+            category = XFAIL if any(r.search(test) for r in failing) else "pass"
+        counts[op][category] += 1
+    return {op: {c: counts[op][c] for c in ["pass", *NODE_ORDER, XFAIL] if counts[op][c]}
+            for op in counts}
+
+
+def node_cases() -> list:
+    """ONNX's node test cases (generated in memory on first use)."""
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings():  # the cases' generators divide by zero on purpose
+        warnings.simplefilter("ignore")
+        return load_model_tests(kind="node")
+
+
+def refresh_docs(path: str, exclude: dict[str, dict[str, str]], xfail: dict[str, str]) -> None:
+    """Rewrite the op table in ``docs/onnx.md`` (``path``) from the node
+    tables ``exclude`` and ``xfail`` and the converter registry."""
+    from mlxprog.onnx.docs import op_table, with_table
+
+    text = open(path).read()
+    open(path, "w").write(with_table(text, op_table(node_outcomes(node_cases(), exclude,
+                                                                   xfail))))
 
 
 def refresh_models(path: str, timeout: float) -> None:
@@ -1108,9 +1168,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--refresh", action="store_true", help="rewrite the node tables")
     parser.add_argument("--models", action="store_true", help="rewrite the model tables")
+    parser.add_argument("--docs", action="store_true",
+                        help="rewrite the op table of docs/onnx.md (--refresh does too)")
     parser.add_argument("--timeout", type=float, default=20.0, help="per node case, seconds")
     args = parser.parse_args()
+    node_tables = NODE_EXCLUDE, NODE_XFAIL
     if args.refresh:
-        refresh_nodes(os.path.abspath(__file__), args.timeout)
+        node_tables = refresh_nodes(os.path.abspath(__file__), args.timeout)
     if args.models:
         refresh_models(os.path.abspath(__file__), max(args.timeout, 120.0))
+    if args.refresh or args.docs:
+        refresh_docs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                  "docs", "onnx.md"), *node_tables)

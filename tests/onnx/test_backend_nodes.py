@@ -131,3 +131,19 @@ def test_specialize_inputs_binds_shape_inputs():
     assert rep.run([x, np.array([2, 3], np.int64)])[0].shape == (2, 3)
     assert rep.run([x, np.array([3, 2], np.int64)])[0].shape == (3, 2)
     assert rep.specialized == ["shape"] and len(rep.reps) == 2
+
+
+def test_the_op_table_in_the_docs_is_current():
+    """docs/onnx.md's op table is what ``python tests/onnx/exclusions.py
+    --docs`` writes from the converter registry and the tables of
+    exclusions.py: rerun it after changing either."""
+    from pathlib import Path
+
+    from mlxprog.onnx.docs import op_table, with_table
+
+    path = Path(__file__).parents[2] / "docs" / "onnx.md"
+    text = path.read_text()
+    outcomes = exclusions.node_outcomes(exclusions.node_cases(), exclusions.NODE_EXCLUDE,
+                                        exclusions.NODE_XFAIL)
+    assert with_table(text, op_table(outcomes)) == text, (
+        "docs/onnx.md's op table is stale: run python tests/onnx/exclusions.py --docs")

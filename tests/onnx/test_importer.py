@@ -332,3 +332,33 @@ def test_per_channel_constants_keep_the_channels_last_layout(layout_ops):
     x = np.random.randn(2, 2, 3, 4).astype(np.float32)
     (y,) = run_mlxprog(m, {"x": x})
     np.testing.assert_allclose(y, bias + x * scale + 1, rtol=1e-6)
+
+
+# -- what a converter declares -------------------------------------------------------
+
+
+def test_an_op_declared_not_folded_is_converted_even_on_constants(monkeypatch):
+    """``folded=False`` (what a random op would declare) keeps a node whose
+    inputs are all known at import out of the importer's folding and out of
+    the Conv + affine pre-pass: both read the trait from the registry."""
+    import dataclasses
+
+    from mlxprog.onnx.fold import fold_conv_affine
+
+    w = np.random.default_rng(0).standard_normal((2, 2, 3)).astype(np.float32)
+    m = model([node("Relu", ["w"], ["rw"]), node("Conv", ["x", "rw"], ["c"], pads=[1, 1]),
+               node("Mul", ["c", "s"], ["y"])],
+              [tensor("x", shape=[1, 2, 5])], ["y"],
+              {"w": w, "s": np.array(2.0, np.float32)})
+    program, _ = import_model(m, fold_batch_norm=False)
+    assert "max" not in ops(program)  # Relu of a constant: computed at import
+    assert len(fold_conv_affine(m).graph.node) == 1  # the Relu, then the Mul, folded away
+
+    relu = registry.find("Relu")
+    monkeypatch.setitem(registry.CONVERTERS, ("", "Relu"),
+                        dataclasses.replace(relu, folded=False))
+    program, _ = import_model(m, fold_batch_norm=False)
+    assert "max" in ops(program)
+    assert fold_conv_affine(m) is m  # the weight is not known without the Relu
+    x = np.random.default_rng(1).standard_normal((1, 2, 5)).astype(np.float32)
+    check_model(m, {"x": x})

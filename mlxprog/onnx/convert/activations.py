@@ -13,8 +13,8 @@ import math
 
 from ...arrays import name_of
 from ..context import Context
-from ..registry import converter
-from .elementwise import is_float, same_dtype
+from ..registry import converter, register_made
+from .elementwise import applying, is_float, same_dtype
 
 
 def _relu(ctx: Context, x):
@@ -38,13 +38,17 @@ def _axis(ctx: Context, rank: int) -> int:
     return axis % rank if rank else 0
 
 
-@converter("Relu")
+register_made("Sigmoid", applying("sigmoid", 1), "``1 / (1 + exp(-x))``.", layout_free=True)
+register_made("Tanh", applying("tanh", 1), "Hyperbolic tangent.", layout_free=True)
+
+
+@converter("Relu", layout_free=True)
 def relu(ctx: Context) -> list:
     """``max(x, 0)``."""
     return [_relu(ctx, ctx.input(0))]
 
 
-@converter("LeakyRelu")
+@converter("LeakyRelu", layout_free=True)
 def leaky_relu(ctx: Context) -> list:
     """``x`` where ``x >= 0``, else ``alpha * x`` (``alpha`` default 0.01)."""
     x = ctx.input(0)
@@ -60,7 +64,7 @@ def prelu(ctx: Context) -> list:
     return [ctx.b.select(ctx.b.less(x, ctx.scalar(0, x)), ctx.b.multiply(x, slope), x)]
 
 
-@converter("Elu")
+@converter("Elu", layout_free=True)
 def elu(ctx: Context) -> list:
     """``x`` where ``x >= 0``, else ``alpha * (exp(x) - 1)`` (``alpha`` 1.0)."""
     x = ctx.input(0)
@@ -69,7 +73,7 @@ def elu(ctx: Context) -> list:
     return [b.select(b.less(x, ctx.scalar(0, x)), neg, x)]
 
 
-@converter("Selu")
+@converter("Selu", layout_free=True)
 def selu(ctx: Context) -> list:
     """``gamma * x`` where ``x > 0``, else ``gamma * alpha * (exp(x) - 1)``."""
     x = ctx.input(0)
@@ -81,7 +85,7 @@ def selu(ctx: Context) -> list:
     return [b.multiply(ctx.scalar(gamma, x), y)]
 
 
-@converter("Celu")
+@converter("Celu", layout_free=True)
 def celu(ctx: Context) -> list:
     """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))`` (``alpha`` 1.0)."""
     x = ctx.input(0)
@@ -91,14 +95,7 @@ def celu(ctx: Context) -> list:
     return [b.add(_relu(ctx, x), b.min(neg, ctx.scalar(0, x)))]
 
 
-@converter("Sigmoid")
-def sigmoid(ctx: Context) -> list:
-    """``1 / (1 + exp(-x))``."""
-    x = ctx.input(0)
-    return [same_dtype(ctx, ctx.b.sigmoid(x), x)]
-
-
-@converter("HardSigmoid")
+@converter("HardSigmoid", layout_free=True)
 def hard_sigmoid(ctx: Context) -> list:
     """``max(0, min(1, alpha * x + beta))`` (``alpha`` 0.2, ``beta`` 0.5)."""
     x = ctx.input(0)
@@ -108,7 +105,7 @@ def hard_sigmoid(ctx: Context) -> list:
     return [_clamp01(ctx, lin)]
 
 
-@converter("HardSwish")
+@converter("HardSwish", layout_free=True)
 def hard_swish(ctx: Context) -> list:
     """``x * max(0, min(1, x / 6 + 0.5))``."""
     x = ctx.input(0)
@@ -117,20 +114,13 @@ def hard_swish(ctx: Context) -> list:
     return [b.multiply(x, _clamp01(ctx, lin))]
 
 
-@converter("Tanh")
-def tanh(ctx: Context) -> list:
-    """Hyperbolic tangent."""
-    x = ctx.input(0)
-    return [same_dtype(ctx, ctx.b.tanh(x), x)]
-
-
-@converter("Softplus")
+@converter("Softplus", layout_free=True)
 def softplus(ctx: Context) -> list:
     """``log(exp(x) + 1)``, computed without overflow for large ``x``."""
     return [_softplus(ctx, ctx.input(0))]
 
 
-@converter("Softsign")
+@converter("Softsign", layout_free=True)
 def softsign(ctx: Context) -> list:
     """``x / (1 + |x|)``."""
     x = ctx.input(0)
@@ -138,7 +128,7 @@ def softsign(ctx: Context) -> list:
     return [b.divide(x, b.add(b.abs(x), ctx.scalar(1, x)))]
 
 
-@converter("ThresholdedRelu")
+@converter("ThresholdedRelu", layout_free=True)
 def thresholded_relu(ctx: Context) -> list:
     """``x`` where ``x > alpha``, else 0 (``alpha`` 1.0)."""
     x = ctx.input(0)
@@ -147,7 +137,7 @@ def thresholded_relu(ctx: Context) -> list:
                      ctx.scalar(0, x))]
 
 
-@converter("Gelu")
+@converter("Gelu", layout_free=True)
 def gelu(ctx: Context) -> list:
     """``0.5 * x * (1 + erf(x / sqrt(2)))``; with ``approximate="tanh"``,
     ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``."""
@@ -163,7 +153,7 @@ def gelu(ctx: Context) -> list:
     return [b.multiply(b.multiply(half, x), b.add(inner, ctx.scalar(1, x)))]
 
 
-@converter("Mish")
+@converter("Mish", layout_free=True)
 def mish(ctx: Context) -> list:
     """``x * tanh(softplus(x))``."""
     x = ctx.input(0)
@@ -180,7 +170,7 @@ def swish(ctx: Context) -> list:
     return [b.multiply(x, b.sigmoid(inner))]
 
 
-@converter("Shrink")
+@converter("Shrink", layout_free=True)
 def shrink(ctx: Context) -> list:
     """``x + bias`` where ``x < -lambd``, ``x - bias`` where ``x > lambd``,
     else 0 (``bias`` 0, ``lambd`` 0.5; integer inputs compare against the

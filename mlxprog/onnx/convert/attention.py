@@ -26,7 +26,7 @@ from onnx import TensorProto, helper
 
 from ...arrays import name_of
 from ..context import Context
-from ..importer import dtype_name
+from ..dtypes import dtype_name
 from ..registry import converter
 
 

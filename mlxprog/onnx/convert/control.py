@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...arrays import name_of
-from ...builder import Value, _Scope
+from ...builder import Value
 from ...errors import ProgramError
 from ..context import Context, OnnxImportError
 from ..registry import converter
@@ -66,8 +66,7 @@ def _trial_outputs(ctx: Context, body: Callable, carry: Sequence[Value]) -> list
     subprogram that is then dropped: how a loop learns the shapes of its scan
     outputs, which its carry (the buffers they fill) must hold before the
     real body is built."""
-    scratch = _Scope(ctx.b.root, [v.aval for v in carry], (*ctx.b._next_path(), "body"))
-    return list(body(scratch, *scratch.carry))
+    return ctx.b.trial(body, [v.aval for v in carry])
 
 
 def _buffers(ctx: Context, elements: Sequence[Value], names: Sequence[str],
@@ -75,7 +74,7 @@ def _buffers(ctx: Context, elements: Sequence[Value], names: Sequence[str],
     """Zeroed ``[length, *element shape]`` buffers for scan outputs."""
     buffers = []
     for element, name in zip(elements, names):
-        shape = ctx.scope.importer.symbolic_shape(element, name)
+        shape = ctx.symbolic_shape(element, name)
         buffers.append(ctx.b.full(shape=[length, *shape], dtype=name_of(element.dtype),
                                   value=0))
     return buffers

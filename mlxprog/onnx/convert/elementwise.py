@@ -7,8 +7,9 @@ ONNX keeps the inputs' element type (the inputs of a binary op share it),
 so every result here is cast back to it where MLX would promote (MLX's
 integer ``divide`` gives floats, for one). Broadcasting is numpy's, as MLX's.
 
-The small helpers (:func:`cast`, :func:`is_float`, :func:`same_dtype`) are
-shared by the other modules of this family (activations, reduce, logic).
+The small helpers (:func:`cast`, :func:`is_float`, :func:`same_dtype`) and
+the converter factory :func:`applying` are shared by the other modules of
+this family (activations, reduce, logic).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 from functools import reduce as _fold
 
 from ...arrays import is_floating, name_of
+from .. import shape_rules
 from ..context import Context
-from ..registry import converter, register_made
+from ..registry import Converter, converter, register_made
 
 # -- helpers shared by this family -------------------------------------------------------
 
@@ -64,22 +66,32 @@ def _inputs(ctx: Context) -> list:
     return [ctx.input(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
 
 
-# -- binary arithmetic --------------------------------------------------------------------
+def applying(op: str, arity: int, keep_type: bool = True) -> Converter:
+    """A converter applying the builder op ``op`` to the node's first
+    ``arity`` inputs; with ``keep_type``, its result is cast to input 0's
+    element type where MLX promotes (ONNX keeps it)."""
 
-
-def _binary(op: str):
     def convert(ctx: Context) -> list:
-        a, b = ctx.input(0), ctx.input(1)
-        return [same_dtype(ctx, getattr(ctx.b, op)(a, b), a)]
+        operands = [ctx.input(i) for i in range(arity)]
+        result = getattr(ctx.b, op)(*operands)
+        return [same_dtype(ctx, result, operands[0]) if keep_type else result]
+
     return convert
 
 
-for _onnx, _op, _what in (("Add", "add", "a + b"), ("Sub", "subtract", "a - b"),
-                          ("Mul", "multiply", "a * b")):
-    register_made(_onnx, _binary(_op), f"``{_what}``, broadcasting; the inputs' element type.")
+def _binary(onnx_op: str, op: str, what: str, **traits) -> None:
+    register_made(onnx_op, applying(op, 2), f"``{what}``, broadcasting; the inputs' element type.",
+                  **traits)
 
 
-@converter("Div")
+# -- binary arithmetic --------------------------------------------------------------------
+
+_binary("Add", "add", "a + b", layout_free=True, shape_rule=shape_rules.ADD)
+_binary("Sub", "subtract", "a - b", layout_free=True, shape_rule=shape_rules.SUB)
+_binary("Mul", "multiply", "a * b", layout_free=True, shape_rule=shape_rules.MUL)
+
+
+@converter("Div", layout_free=True, shape_rule=shape_rules.DIV)
 def div(ctx: Context) -> list:
     """``a / b``; integers divide truncating toward zero (ONNX's and the
     reference's ``astype`` of the true quotient). Integer division by zero
@@ -90,7 +102,7 @@ def div(ctx: Context) -> list:
     return [same_dtype(ctx, trunc_divide(ctx, a, b), a)]
 
 
-@converter("Pow")
+@converter("Pow", layout_free=True)
 def pow_(ctx: Context) -> list:
     """``a ** b`` in ``a``'s element type (the exponent may be of another
     type): an integer base with a float exponent is computed in floats and
@@ -114,22 +126,22 @@ def mod(ctx: Context) -> list:
 # -- variadic ----------------------------------------------------------------------------------
 
 
-def _variadic(op: str):
+def _variadic(onnx_op: str, op: str, what: str, **traits) -> None:
     def convert(ctx: Context) -> list:
         xs = _inputs(ctx)
         return [same_dtype(ctx, _fold(getattr(ctx.b, op), xs), xs[0])]
-    return convert
+
+    register_made(onnx_op, convert,
+                  f"{what} of one or more inputs, broadcasting (NaN propagates).",
+                  name=f"{onnx_op.lower()}_variadic", layout_free=True, **traits)
 
 
-for _onnx, _op, _what in (("Max", "max", "Elementwise maximum"),
-                          ("Min", "min", "Elementwise minimum"),
-                          ("Sum", "add", "Elementwise sum")):
-    register_made(_onnx, _variadic(_op),
-                  f"{_what} of one or more inputs, broadcasting (NaN propagates).",
-                  name=f"{_onnx.lower()}_variadic")
+_variadic("Max", "max", "Elementwise maximum", shape_rule=shape_rules.MAX)
+_variadic("Min", "min", "Elementwise minimum", shape_rule=shape_rules.MIN)
+_variadic("Sum", "add", "Elementwise sum")
 
 
-@converter("Mean")
+@converter("Mean", layout_free=True)
 def mean_variadic(ctx: Context) -> list:
     """Elementwise mean of one or more inputs, broadcasting: their sum over
     their count (integers: truncated, as the reference's ``astype``)."""
@@ -143,7 +155,7 @@ def mean_variadic(ctx: Context) -> list:
     return [trunc_divide(ctx, total, count)]
 
 
-@converter("Clip")
+@converter("Clip", layout_free=True)
 def clip(ctx: Context) -> list:
     """``min(max(x, lo), hi)`` with each bound optional (inputs 1 and 2, opset
     11+; the importer converts older models first); where ``lo > hi`` all give ``hi``
@@ -161,39 +173,35 @@ def clip(ctx: Context) -> list:
 
 # -- unary -------------------------------------------------------------------------------------
 
-_UNARY = {
-    "Neg": ("negate", "``-x``."),
-    "Abs": ("abs", "``|x|``."),
-    "Sqrt": ("sqrt", "Square root (NaN below 0)."),
-    "Exp": ("exp", "``e ** x``."),
-    "Log": ("log", "Natural logarithm."),
-    "Ceil": ("ceil", "Round up."),
-    "Floor": ("floor", "Round down."),
-    "Round": ("round", "Round half to even."),
-    "Erf": ("erf", "Error function."),
-    "Sin": ("sin", "Sine."), "Cos": ("cos", "Cosine."), "Tan": ("tan", "Tangent."),
-    "Asin": ("asin", "Inverse sine."), "Acos": ("acos", "Inverse cosine."),
-    "Atan": ("atan", "Inverse tangent."),
-    "Sinh": ("sinh", "Hyperbolic sine."), "Cosh": ("cosh", "Hyperbolic cosine."),
-    "Asinh": ("asinh", "Inverse hyperbolic sine."),
-    "Acosh": ("acosh", "Inverse hyperbolic cosine."),
-    "Atanh": ("atanh", "Inverse hyperbolic tangent."),
-    "BitwiseNot": ("bitwise_not", "Bitwise complement."),
-}
+def _unary(onnx_op: str, op: str, doc: str, **traits) -> None:
+    register_made(onnx_op, applying(op, 1), f"{doc} The input's element type.", **traits)
 
 
-def _unary(op: str):
-    def convert(ctx: Context) -> list:
-        x = ctx.input(0)
-        return [same_dtype(ctx, getattr(ctx.b, op)(x), x)]
-    return convert
+_unary("Neg", "negate", "``-x``.", layout_free=True, shape_rule=shape_rules.NEG)
+_unary("Abs", "abs", "``|x|``.", layout_free=True)
+_unary("Sqrt", "sqrt", "Square root (NaN below 0).", layout_free=True)
+_unary("Exp", "exp", "``e ** x``.", layout_free=True)
+_unary("Log", "log", "Natural logarithm.", layout_free=True)
+# Shape values hold integers, which rounding keeps.
+_unary("Ceil", "ceil", "Round up.", layout_free=True, shape_rule=shape_rules.UNCHANGED)
+_unary("Floor", "floor", "Round down.", layout_free=True, shape_rule=shape_rules.UNCHANGED)
+_unary("Round", "round", "Round half to even.", layout_free=True)
+_unary("Erf", "erf", "Error function.", layout_free=True)
+_unary("Sin", "sin", "Sine.")
+_unary("Cos", "cos", "Cosine.")
+_unary("Tan", "tan", "Tangent.")
+_unary("Asin", "asin", "Inverse sine.")
+_unary("Acos", "acos", "Inverse cosine.")
+_unary("Atan", "atan", "Inverse tangent.")
+_unary("Sinh", "sinh", "Hyperbolic sine.")
+_unary("Cosh", "cosh", "Hyperbolic cosine.")
+_unary("Asinh", "asinh", "Inverse hyperbolic sine.")
+_unary("Acosh", "acosh", "Inverse hyperbolic cosine.")
+_unary("Atanh", "atanh", "Inverse hyperbolic tangent.")
+_unary("BitwiseNot", "bitwise_not", "Bitwise complement.")
 
 
-for _onnx, (_op, _doc) in _UNARY.items():
-    register_made(_onnx, _unary(_op), f"{_doc} The input's element type.")
-
-
-@converter("Reciprocal")
+@converter("Reciprocal", layout_free=True)
 def reciprocal(ctx: Context) -> list:
     """``1 / x`` (ONNX defines it for floats)."""
     x = ctx.input(0)
@@ -202,7 +210,7 @@ def reciprocal(ctx: Context) -> list:
     return [trunc_divide(ctx, ctx.scalar(1, x), x)]
 
 
-@converter("Sign")
+@converter("Sign", layout_free=True)
 def sign(ctx: Context) -> list:
     """-1, 0 or 1 by sign; NaN stays NaN (numpy's, where MLX's sign gives 0)."""
     x = ctx.input(0)
@@ -228,7 +236,7 @@ def bit_shift(ctx: Context) -> list:
 for _onnx, _op, _what in (("BitwiseAnd", "bitwise_and", "a & b"),
                           ("BitwiseOr", "bitwise_or", "a | b"),
                           ("BitwiseXor", "bitwise_xor", "a ^ b")):
-    register_made(_onnx, _binary(_op), f"``{_what}``, broadcasting (integers).")
+    register_made(_onnx, applying(_op, 2), f"``{_what}``, broadcasting (integers).")
 
 
 # -- classification ---------------------------------------------------------------------------
@@ -260,4 +268,4 @@ def is_inf(ctx: Context) -> list:
     return [ctx.b.logical_and(inf, side)]
 
 
-del _onnx, _op, _what, _doc
+del _onnx, _op, _what

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import shape_rules
 from ..context import Context
+from ..dtypes import dtype_name, is_float_dtype
 from ..registry import converter
-from ..importer import dtype_name, is_float_dtype
 from .shape import _axis, _is_int, _symbolic, folded, prod
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -26,7 +27,7 @@ def _index_dtype(ctx: Context, i: int) -> str:
     return "int64" if np.dtype(ctx.dtype(i)) == np.int64 else "int32"
 
 
-@converter("Gather")
+@converter("Gather", shape_rule=shape_rules.GATHER)
 def gather(ctx: Context) -> list:
     """``take`` along ``axis``: the axis is replaced by the indices' shape."""
     rank = len(ctx.shape(0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..context import Context
-from ..importer import dtype_name, is_float_dtype
+from ..dtypes import dtype_name, is_float_dtype
 from ..registry import converter
 
 

@@ -3,35 +3,23 @@
 
 from __future__ import annotations
 
-from ..context import Context
-from ..registry import converter, register_made
-
-_COMPARISONS = {
-    "Equal": ("equal", "a == b"),
-    "Greater": ("greater", "a > b"),
-    "GreaterOrEqual": ("greater_equal", "a >= b"),
-    "Less": ("less", "a < b"),
-    "LessOrEqual": ("less_equal", "a <= b"),
-    "And": ("logical_and", "a and b"),
-    "Or": ("logical_or", "a or b"),
-    "Xor": ("logical_xor", "a xor b"),
-}
+from .. import shape_rules
+from ..registry import register_made
+from .elementwise import applying
 
 
-def _compare(op: str):
-    def convert(ctx: Context) -> list:
-        return [getattr(ctx.b, op)(ctx.input(0), ctx.input(1))]
-    return convert
+def _compare(onnx_op: str, op: str, what: str, **traits) -> None:
+    register_made(onnx_op, applying(op, 2, keep_type=False), f"``{what}``, broadcasting; bool.",
+                  **traits)
 
 
-for _onnx, (_op, _what) in _COMPARISONS.items():
-    register_made(_onnx, _compare(_op), f"``{_what}``, broadcasting; bool.")
-
-
-@converter("Not")
-def not_(ctx: Context) -> list:
-    """Logical negation (bool)."""
-    return [ctx.b.logical_not(ctx.input(0))]
-
-
-del _onnx, _op, _what
+_compare("Equal", "equal", "a == b", shape_rule=shape_rules.EQUAL)
+_compare("Greater", "greater", "a > b")
+_compare("GreaterOrEqual", "greater_equal", "a >= b")
+_compare("Less", "less", "a < b")
+_compare("LessOrEqual", "less_equal", "a <= b")
+_compare("And", "logical_and", "a and b")
+_compare("Or", "logical_or", "a or b")
+_compare("Xor", "logical_xor", "a xor b")
+register_made("Not", applying("logical_not", 1, keep_type=False), "Logical negation (bool).",
+              name="not_")

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...arrays import is_floating
 from ..context import Context
-from ..importer import dtype_name
+from ..dtypes import dtype_name
 from ..registry import converter
 
 
@@ -120,10 +120,10 @@ def tree_ensemble(ctx: Context) -> list:
         raise ctx.fail(f"attribute leaf_targetids {targets} must be in [0, n_targets="
                        f"{n_targets})")
     b = ctx.b
-    importer, name = ctx.scope.importer, ctx.node.output[0]
+    name = ctx.node.output[0]
 
     def constant(what: str, array: np.ndarray):
-        return importer.materialize(f"{name}.{what}", np.asarray(array), ctx.scope)
+        return ctx.known_value(f"{name}.{what}", np.asarray(array))
 
     values = b.take(ctx.input(0), b.constant(features, "int32"), axis=1)  # [N, nodes]
     cond = b.full(shape=[shape[0], nodes], dtype="bool", value=False)

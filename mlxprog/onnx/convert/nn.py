@@ -29,24 +29,16 @@ import numpy as np
 from ...arrays import name_of
 from ...errors import ProgramError
 from ..context import ChannelsLast, Context
-from ..importer import is_float_dtype
+from ..dtypes import dtype_name, is_float_dtype
 from ..registry import converter
 from .elementwise import same_dtype
 
 
 # -- helpers -------------------------------------------------------------------------------
 
-def _is_channels_last(ctx: Context, i: int) -> bool:
-    """Whether input ``i`` is held channels-last."""
-    try:
-        return isinstance(ctx.scope.lookup(ctx.node.input[i]), ChannelsLast)
-    except KeyError:
-        return False
-
-
 def _input_following(ctx: Context, i: int = 0):
     """Input ``i`` in the layout it is held in: ``(value, channels_last)``."""
-    if _is_channels_last(ctx, i) and len(ctx.shape(i)) >= 3:
+    if ctx.is_channels_last(i) and len(ctx.shape(i)) >= 3:
         return ctx.input_channels_last(i), True
     return ctx.input(i), False
 
@@ -69,9 +61,9 @@ def _spatial_sizes(ctx: Context, i: int, what: str) -> list[int]:
 
 
 def _import_constant(ctx: Context, key: str, array: np.ndarray):
-    """``array`` (computed at import) as a program value: a capture named
-    ``folded.<key>`` when large, a constant when small."""
-    return ctx.scope.importer.materialize(key, np.ascontiguousarray(array), ctx.scope)
+    """``array`` (computed at import), made contiguous, as a program value
+    (:meth:`.Context.known_value`)."""
+    return ctx.known_value(key, np.ascontiguousarray(array))
 
 
 def _channel_shape(rank: int, channels, channels_last: bool) -> list:
@@ -119,10 +111,6 @@ def _ints(ctx: Context, name: str, n: int, default: int) -> list[int]:
     if len(value) != n:
         raise ctx.fail(f"{name} needs {n} entries (one per spatial dim); found {len(value)}")
     return [int(v) for v in value]
-
-
-def _dtype_name(dtype) -> str:
-    return "bool" if np.dtype(dtype) == np.bool_ else np.dtype(dtype).name
 
 
 # -- convolutions ----------------------------------------------------------------------------
@@ -326,7 +314,7 @@ def qlinear_conv(ctx: Context) -> list:
     y = b.add(y, b.astype(b.reshape(ctx.input(7), shape=[]), dtype="float32"))
     info = np.iinfo(out)
     y = b.clip(y, b.constant(float(info.min), "float32"), b.constant(float(info.max), "float32"))
-    return [ChannelsLast(b.astype(y, dtype=_dtype_name(out)))]
+    return [ChannelsLast(b.astype(y, dtype=dtype_name(out)))]
 
 
 @converter("ConvTranspose")
@@ -392,7 +380,7 @@ def conv_transpose(ctx: Context) -> list:
                  padding=[[max(0, a), max(0, c)] for a, c in zip(lo, hi)],
                  kernel_dilation=dilations, input_dilation=strides, flip=True)
     if any(a < 0 or c < 0 for a, c in zip(lo, hi)):  # pads beyond the kernel: crop
-        shape = ctx.scope.importer.symbolic_shape(y)
+        shape = ctx.symbolic_shape(y)
         starts = [0, *(max(0, -a) for a in lo), 0]
         lengths = [shape[0], *(f - p0 - p1 for f, (p0, p1) in zip(full, pads)), shape[-1]]
         y = b.slice(y, lengths=list(lengths), starts=starts)
@@ -467,7 +455,7 @@ def _max_pool_with_indices(ctx: Context) -> list:
     x = ctx.input(0)
     low = (-np.inf if is_float_dtype(dtype) else np.iinfo(dtype).min)
     fill = b.constant(float(low) if is_float_dtype(dtype) else int(low),
-                      _dtype_name(dtype))
+                      dtype_name(dtype))
     padded = b.pad(x, fill, pad_width=[[0, 0], [0, 0],
                                        *([lo, hi + e] for (lo, hi), e in zip(pads, extra))])
     taps = list(np.ndindex(*kernel))
@@ -524,7 +512,7 @@ def max_unpool(ctx: Context) -> list:
     plane = int(shape[1]) * int(np.prod(out)) if isinstance(shape[1], int) else None
     if plane is None:
         raise ctx.fail("the channels must be known at import")
-    dtype = _dtype_name(ctx.dtype(0))
+    dtype = dtype_name(ctx.dtype(0))
     idx = b.astype(ctx.input(1), dtype="int64")
     per = b.constant(plane, "int64")
     vectors = b.stack(b.quotient(idx, per), b.remainder(idx, per), axis=-1)
@@ -558,7 +546,7 @@ def average_pool(ctx: Context) -> list:
     counts = _pool_counts(sizes, kernel, strides, dilations, pads, out, include)
     dtype = ctx.dtype(0)
     if np.all(counts == counts.flat[0]):
-        y = total * ctx.b.constant(float(1.0 / counts.flat[0]), _dtype_name(dtype))
+        y = total * ctx.b.constant(float(1.0 / counts.flat[0]), dtype_name(dtype))
     else:
         shape = [1, *out, 1] if cl else [1, 1, *out]
         inv = (1.0 / counts).astype(dtype).reshape(shape)
@@ -573,7 +561,7 @@ def lp_pool(ctx: Context) -> list:
     _, kernel, strides, dilations, pads, extra, _ = _pool_geometry(ctx)
     p = float(ctx.attr("p", 2))
     x, cl = _input_following(ctx)
-    dt = _dtype_name(ctx.dtype(0))
+    dt = dtype_name(ctx.dtype(0))
     ax = b.abs(x)
     powered = b.square(ax) if p == 2 else b.pow(ax, b.constant(p, dt))
     total = b.window_sum(powered, **_window_attrs(kernel, strides, dilations, pads, extra, cl))
@@ -601,7 +589,7 @@ def global_pool(ctx: Context) -> list:
         y = b.reduce_max(x, axes=axes, keepdims=True)
     else:
         p = float(ctx.attr("p", 2))
-        dt = _dtype_name(ctx.dtype(0))
+        dt = dtype_name(ctx.dtype(0))
         ax = b.abs(x)
         powered = b.square(ax) if p == 2 else b.pow(ax, b.constant(p, dt))
         total = b.sum(powered, axes=axes, keepdims=True)
@@ -636,7 +624,7 @@ def batch_normalization(ctx: Context) -> list:
         return [_wrap(x * m + a, cl)]
     b = ctx.b
     scale, bias, mean, var = (_per_channel(ctx, i, rank, cl, dtype) for i in range(1, 5))
-    inv = b.rsqrt(var + b.constant(eps, _dtype_name(dtype)))
+    inv = b.rsqrt(var + b.constant(eps, dtype_name(dtype)))
     return [_wrap((x - mean) * (inv * scale) + bias, cl)]
 
 
@@ -651,7 +639,7 @@ def instance_normalization(ctx: Context) -> list:
     axes = _spatial_axes(rank, cl)
     mean = b.mean(x, axes=axes, keepdims=True)
     var = b.var(x, axes=axes, keepdims=True)
-    y = (x - mean) * b.rsqrt(var + b.constant(eps, _dtype_name(dtype)))
+    y = (x - mean) * b.rsqrt(var + b.constant(eps, dtype_name(dtype)))
     y = y * _per_channel(ctx, 1, rank, cl, dtype) + _per_channel(ctx, 2, rank, cl, dtype)
     return [_wrap(y, cl)]
 
@@ -694,7 +682,7 @@ def layer_normalization(ctx: Context) -> list:
     inv = b.rsqrt(var + b.constant(eps, sdt))
     y = centered * inv
     if cast:
-        y = b.astype(y, dtype=_dtype_name(dtype))
+        y = b.astype(y, dtype=dtype_name(dtype))
     y = y * ctx.input(1)
     if ctx.has_input(2):
         y = y + ctx.input(2)
@@ -727,7 +715,7 @@ def group_normalization(ctx: Context) -> list:
     y = centered * b.rsqrt(var + b.constant(eps, sdt))
     y = b.reshape(y, shape=list(shape))
     if cast:
-        y = b.astype(y, dtype=_dtype_name(dtype))
+        y = b.astype(y, dtype=dtype_name(dtype))
     per = [1, channels] + [1] * (rank - 2)
     out = []
     for i in (1, 2):
@@ -783,7 +771,7 @@ def lrn(ctx: Context) -> list:
     bias = float(ctx.attr("bias", 1.0))
     rank = len(ctx.shape(0))
     x, cl = _input_following(ctx)
-    dt = _dtype_name(ctx.dtype(0))
+    dt = dtype_name(ctx.dtype(0))
     lo, hi = (size - 1) // 2, math.ceil((size - 1) / 2)
     caxis = rank - 1 if cl else 1
     dims = [1] * rank
@@ -805,8 +793,7 @@ def dropout(ctx: Context) -> list:
             raise ctx.fail("training_mode must be known at import (inference only)")
         if bool(np.asarray(training).reshape(-1)[0]):
             raise ctx.fail("training_mode=true is not supported (inference only)")
-    entry = ctx.scope.lookup(ctx.node.input[0])
-    y = entry if isinstance(entry, ChannelsLast) else ctx.input(0)
+    y = ctx.input_held(0)
     mask = None
     if ctx.wants_output(1):
         mask = ctx.b.full(shape=list(ctx.shape(0)), dtype="bool", value=True)
@@ -823,7 +810,7 @@ def rms_normalization(ctx: Context) -> list:
     ms = b.mean(b.square(xs), axes=axes, keepdims=True)
     y = xs * b.rsqrt(ms + b.constant(eps, sdt))
     if cast:
-        y = b.astype(y, dtype=_dtype_name(dtype))
+        y = b.astype(y, dtype=dtype_name(dtype))
     return [y * ctx.input(1)]
 
 
@@ -910,13 +897,13 @@ def deform_conv(ctx: Context) -> list:
     base_y = (oi.reshape(1, -1) * strides[0] - pads[0] + ki.reshape(-1, 1) * dilations[0])
     base_x = (oj.reshape(1, -1) * strides[1] - pads[1] + kj.reshape(-1, 1) * dilations[1])
     dtype = np.dtype(ctx.dtype(0))
-    importer, name = ctx.scope.importer, ctx.node.output[0]
+    name = ctx.node.output[0]
     offset = b.reshape(ctx.input(2), shape=[batch, offset_groups, taps, 2, pixels])
 
     def coordinate(axis: int, base: np.ndarray):
         part = b.slice(offset, lengths=[batch, offset_groups, taps, 1, pixels],
                        starts=[0, 0, 0, axis, 0])
-        grid = importer.materialize(f"{name}.base{axis}", base.astype(dtype), ctx.scope)
+        grid = ctx.known_value(f"{name}.base{axis}", base.astype(dtype))
         return b.add(b.squeeze(part, axes=[3]), grid)  # [N, G, taps, pixels]
 
     y, x = coordinate(0, base_y), coordinate(1, base_x)

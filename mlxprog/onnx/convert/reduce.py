@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...arrays import name_of
+from .. import shape_rules
 from ..context import Context
 from ..registry import converter, register_made
 from .elementwise import cast, is_float, same_dtype, trunc_divide
@@ -161,20 +162,21 @@ REDUCERS = {
     "l2": _l2, "sum_square": _sum_square, "log_sum": _log_sum, "log_sum_exp": _log_sum_exp,
 }
 
-for _onnx, _kind, _empty, _doc in (
-    ("ReduceSum", "sum", None, "Sum"),
-    ("ReduceMean", "mean", None, "Arithmetic mean (integers: truncated)"),
-    ("ReduceMax", "max", lambda x: _extreme(x, False), "Maximum (NaN propagates)"),
-    ("ReduceMin", "min", lambda x: _extreme(x, True), "Minimum (NaN propagates)"),
-    ("ReduceProd", "prod", None, "Product"),
-    ("ReduceL1", "l1", None, "Sum of absolute values"),
-    ("ReduceL2", "l2", None, "Square root of the sum of squares"),
-    ("ReduceSumSquare", "sum_square", None, "Sum of squares"),
-    ("ReduceLogSum", "log_sum", "-inf", "Logarithm of the sum"),
-    ("ReduceLogSumExp", "log_sum_exp", "-inf", "``log(sum(exp(x)))``, computed stably"),
-):
-    register_made(_onnx, _reduction(_kind, _empty),
-                  f"{_doc} over ``axes`` (see the module's notes).")
+def _register(onnx_op: str, kind: str, empty, doc: str, **traits) -> None:
+    register_made(onnx_op, _reduction(kind, empty), f"{doc} over ``axes`` (see the module's notes).",
+                  **traits)
+
+
+_register("ReduceSum", "sum", None, "Sum")
+_register("ReduceMean", "mean", None, "Arithmetic mean (integers: truncated)")
+_register("ReduceMax", "max", lambda x: _extreme(x, False), "Maximum (NaN propagates)")
+_register("ReduceMin", "min", lambda x: _extreme(x, True), "Minimum (NaN propagates)")
+_register("ReduceProd", "prod", None, "Product", shape_rule=shape_rules.REDUCE_PROD)
+_register("ReduceL1", "l1", None, "Sum of absolute values")
+_register("ReduceL2", "l2", None, "Square root of the sum of squares")
+_register("ReduceSumSquare", "sum_square", None, "Sum of squares")
+_register("ReduceLogSum", "log_sum", "-inf", "Logarithm of the sum")
+_register("ReduceLogSumExp", "log_sum_exp", "-inf", "``log(sum(exp(x)))``, computed stably")
 
 
 # -- arg reductions ----------------------------------------------------------------------------
@@ -241,6 +243,3 @@ def cum_sum(ctx: Context) -> list:
 def cum_prod(ctx: Context) -> list:
     """Running product (see :func:`_cumulative`; exclusive: a leading 1)."""
     return _cumulative(ctx, "cumulative_product")
-
-
-del _onnx, _kind, _empty, _doc

@@ -18,6 +18,8 @@ in Y). Weights known at import are transposed then.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..context import Context
@@ -91,11 +93,12 @@ def _activation(ctx: Context, name: str, alpha, beta):
 
 
 class _Weights:
-    """One direction's weights as program values, W and R transposed."""
+    """One direction's weights as program values, W and R transposed, and
+    the hidden size."""
 
     def __init__(self, ctx: Context, d: int, gates: int, hidden: int):
         b = ctx.b
-        self.ctx = ctx
+        self.hidden = hidden
         dt = np.dtype(ctx.dtype(0))
 
         def matrix(i: int, key: str):
@@ -123,7 +126,7 @@ class _Weights:
 
 
 def _import(ctx: Context, key: str, array: np.ndarray):
-    return ctx.scope.importer.materialize(key, np.ascontiguousarray(array), ctx.scope)
+    return ctx.known_value(key, np.ascontiguousarray(array))
 
 
 def _direction_state(ctx: Context, i: int, d: int, batch, hidden: int, layout: int):
@@ -239,48 +242,63 @@ def _order(reverse: bool, steps: int) -> list[int]:
     return list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
 
 
+def _unrolled(ctx: Context, gates: int, activations: list[str], state_inputs: tuple[int, ...],
+              cell: Callable) -> list:
+    """The layer unrolled over its steps, one pass per direction: for each,
+    ``cell(d, weights, activations)`` gives the pass's step, ``step(x_t,
+    states) -> new states``, from the projected input of a step and the
+    states (initial values: inputs ``state_inputs``; the first, H, is the
+    step's output). Past a sequence's length (``sequence_lens``) the states
+    hold and the output is 0. Y and each final state."""
+    x, steps, batch, hidden, passes, layout, lens = _common(ctx, gates)
+    acts = _activations(ctx, activations, len(passes))
+    ys_all: list[list] = []
+    finals: list[list] = [[] for _ in state_inputs]
+    for d, reverse in enumerate(passes):
+        w = _Weights(ctx, d, gates, hidden)
+        xs = _project(ctx, x, w, steps)
+        states = [_direction_state(ctx, i, d, batch, hidden, layout) for i in state_inputs]
+        step = cell(d, w, acts[d])
+        ys = [None] * steps
+        for t in _order(reverse, steps):
+            new = step(xs[t], states)
+            ys[t] = _masked(ctx, lens, t, new[0], None, True)
+            states = [_masked(ctx, lens, t, n, old) for n, old in zip(new, states)]
+        ys_all.append(ys)
+        for k, state in enumerate(states):
+            finals[k].append(state)
+    return _outputs(ctx, ys_all, finals, layout)
+
+
 @converter("RNN")
 def rnn(ctx: Context) -> list:
     """``H = f(X W^T + H R^T + Wb + Rb)``."""
-    x, steps, batch, hidden, passes, layout, lens = _common(ctx, 1)
-    acts = _activations(ctx, ["Tanh"], len(passes))
-    ys_all, finals = [], []
-    for d, reverse in enumerate(passes):
-        w = _Weights(ctx, d, 1, hidden)
-        xs = _project(ctx, x, w, steps)
-        h = _direction_state(ctx, 5, d, batch, hidden, layout)
-        ys = [None] * steps
-        for t in _order(reverse, steps):
-            pre = _recurrence(ctx, xs[t], h, w)
-            new = acts[d][0](_clip(ctx, pre))
-            ys[t] = _masked(ctx, lens, t, new, None, True)
-            h = _masked(ctx, lens, t, new, h)
-        ys_all.append(ys)
-        finals.append(h)
-    return _outputs(ctx, ys_all, [finals], layout)
+
+    def cell(d: int, w: _Weights, acts: list) -> Callable:
+        def step(x_t, states):
+            return [acts[0](_clip(ctx, _recurrence(ctx, x_t, states[0], w)))]
+        return step
+
+    return _unrolled(ctx, 1, ["Tanh"], (5,), cell)
 
 
 @converter("GRU")
 def gru(ctx: Context) -> list:
     """Gates z, r, h; ``linear_before_reset`` applies R_h before the reset gate."""
     b = ctx.b
-    x, steps, batch, hidden, passes, layout, lens = _common(ctx, 3)
-    acts = _activations(ctx, ["Sigmoid", "Tanh"], len(passes))
     linear_before_reset = bool(ctx.attr("linear_before_reset", 0))
-    ys_all, finals = [], []
-    for d, reverse in enumerate(passes):
-        f, g = acts[d]
-        w = _Weights(ctx, d, 3, hidden)
-        xs = _project(ctx, x, w, steps)
-        h = _direction_state(ctx, 5, d, batch, hidden, layout)
+
+    def cell(d: int, w: _Weights, acts: list) -> Callable:
+        f, g = acts
         rz_r, rr_r, rh_r = b.split(w.r, indices_or_sections=3, axis=1)
         rzr = b.concatenate(rz_r, rr_r, axis=1)
         if w.rb is not None:
             rbz, rbr, rbh = b.split(w.rb, indices_or_sections=3, axis=0)
             rbzr = b.concatenate(rbz, rbr, axis=0)
-        ys = [None] * steps
-        for t in _order(reverse, steps):
-            xz, xr, xh = b.split(xs[t], indices_or_sections=3, axis=-1)
+
+        def step(x_t, states):
+            (h,) = states
+            xz, xr, xh = b.split(x_t, indices_or_sections=3, axis=-1)
             hzr = b.matmul(h, rzr)
             if w.rb is not None:
                 hzr = hzr + rbzr
@@ -297,44 +315,41 @@ def gru(ctx: Context) -> list:
                 if w.rb is not None:
                     cand = cand + rbh
             n = g(_clip(ctx, cand))
-            new = n + z * (h - n)  # (1 - z) * n + z * h
-            ys[t] = _masked(ctx, lens, t, new, None, True)
-            h = _masked(ctx, lens, t, new, h)
-        ys_all.append(ys)
-        finals.append(h)
-    return _outputs(ctx, ys_all, [finals], layout)
+            return [n + z * (h - n)]  # (1 - z) * n + z * h
+
+        return step
+
+    return _unrolled(ctx, 3, ["Sigmoid", "Tanh"], (5,), cell)
 
 
 @converter("LSTM")
 def lstm(ctx: Context) -> list:
     """Gates i, o, f, c; peepholes P (i, o, f); ``input_forget`` couples f = 1 - i."""
     b = ctx.b
-    x, steps, batch, hidden, passes, layout, lens = _common(ctx, 4)
-    acts = _activations(ctx, ["Sigmoid", "Tanh", "Tanh"], len(passes))
     input_forget = bool(ctx.attr("input_forget", 0))
-    ys_all, h_finals, c_finals = [], [], []
     dt = np.dtype(ctx.dtype(0))
-    for d, reverse in enumerate(passes):
-        f, g, hact = acts[d]
-        w = _Weights(ctx, d, 4, hidden)
-        xs = _project(ctx, x, w, steps)
-        h = _direction_state(ctx, 5, d, batch, hidden, layout)
-        c = _direction_state(ctx, 6, d, batch, hidden, layout)
-        peep = None
-        if ctx.has_input(7):
-            const = ctx.constant(7)
-            if const is not None and const.dtype != object:
-                p = np.asarray(const)[d].astype(dt)
-                if np.any(p):
-                    peep = [_import(ctx, f"{ctx.node.input[7]}.P{d}{k}",
-                                    p[k * hidden:(k + 1) * hidden]) for k in range(3)]
-            else:
-                pv = b.squeeze(b.slice(ctx.input(7), lengths=[1, 3 * hidden], starts=[d, 0]),
-                               axes=[0])
-                peep = list(b.split(pv, indices_or_sections=3, axis=0))
-        ys = [None] * steps
-        for t in _order(reverse, steps):
-            pre = _recurrence(ctx, xs[t], h, w)
+
+    def peepholes(d: int, hidden: int) -> list | None:
+        """Direction ``d``'s peephole weights P_i, P_o, P_f (None: none)."""
+        if not ctx.has_input(7):
+            return None
+        const = ctx.constant(7)
+        if const is not None and const.dtype != object:
+            p = np.asarray(const)[d].astype(dt)
+            if not np.any(p):
+                return None
+            return [_import(ctx, f"{ctx.node.input[7]}.P{d}{k}", p[k * hidden:(k + 1) * hidden])
+                    for k in range(3)]
+        pv = b.squeeze(b.slice(ctx.input(7), lengths=[1, 3 * hidden], starts=[d, 0]), axes=[0])
+        return list(b.split(pv, indices_or_sections=3, axis=0))
+
+    def cell(d: int, w: _Weights, acts: list) -> Callable:
+        f, g, hact = acts
+        peep = peepholes(d, w.hidden)
+
+        def step(x_t, states):
+            h, c = states
+            pre = _recurrence(ctx, x_t, h, w)
             pi, po, pf, pc = b.split(pre, indices_or_sections=4, axis=-1)
             if peep is not None:
                 pi = pi + peep[0] * c
@@ -346,11 +361,8 @@ def lstm(ctx: Context) -> list:
             if peep is not None:
                 po = po + peep[1] * c_new
             o = f(_clip(ctx, po))
-            new = o * hact(c_new)
-            ys[t] = _masked(ctx, lens, t, new, None, True)
-            h = _masked(ctx, lens, t, new, h)
-            c = _masked(ctx, lens, t, c_new, c)
-        ys_all.append(ys)
-        h_finals.append(h)
-        c_finals.append(c)
-    return _outputs(ctx, ys_all, [h_finals, c_finals], layout)
+            return [o * hact(c_new), c_new]
+
+        return step
+
+    return _unrolled(ctx, 4, ["Sigmoid", "Tanh", "Tanh"], (5, 6), cell)

@@ -6,9 +6,11 @@ Shape-valued inputs (a Reshape's shape, a Slice's starts ...) must be known
 at import. Where a shape holds symbolic dims, the dims travel as their names
 (or dim expressions such as ``"B*3"``) into the attributes that take sizes.
 Shape computations whose inputs are all known at import are folded by the
-importer; those holding symbolic dims (object arrays) are computed here with
-NumPy on the object arrays (Concat, Gather, Slice, Squeeze, Unsqueeze,
-Reshape, Transpose, Identity of such arrays; Cast in :mod:`.tensor`).
+importer; those holding symbolic dims (object arrays) by the shape rules
+declared with the converters (:mod:`..shape_rules`), and, where no rule
+applies, by the converters here with NumPy on the object arrays (Concat,
+Gather, Squeeze, Unsqueeze, Reshape, Transpose, Identity of such arrays;
+Cast in :mod:`.tensor`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import shape_rules
 from ..context import ChannelsLast, Context
 from ..registry import converter
+from ..symbolic import shape_value, size_value
 
 Dim = Any  # int | str
 
@@ -69,14 +73,6 @@ def _dims(value: np.ndarray) -> list[Dim]:
     return [v if isinstance(v, str) else int(v) for v in np.asarray(value).reshape(-1).tolist()]
 
 
-def _shape_array(dims) -> np.ndarray:
-    """A shape as a folded value: int64, or an object array with dim names."""
-    dims = list(dims)
-    if all(_is_int(d) for d in dims):
-        return np.array([int(d) for d in dims], np.int64)
-    return np.array(dims, dtype=object)
-
-
 def folded(value: np.ndarray) -> np.ndarray:
     """An object array computed from shapes: int64 again once it holds no dim names."""
     value = np.asarray(value, dtype=object)
@@ -101,34 +97,24 @@ def _all_constant(ctx: Context, inputs) -> list | None:
 
 @converter("Shape")
 def shape(ctx: Context) -> list:
-    """The input's shape (``start``/``end`` pick a range of axes), folded at
-    import: int64, or an object array holding symbolic dims by name."""
-    dims = list(ctx.shape(0))
-    rank = len(dims)
-
-    def clamp(i: int) -> int:
-        return min(max(i + rank if i < 0 else i, 0), rank)
-
-    start = clamp(ctx.attr("start", 0))
-    end = clamp(ctx.attr("end", rank))
-    return [_shape_array(dims[start:end])]
+    """The input's shape (``start``/``end`` pick a range of axes), known at
+    import: int64, or a shape value holding symbolic dims by name."""
+    return [shape_value(ctx.shape(0)[ctx.attr("start", 0):ctx.attr("end", None)])]
 
 
 @converter("Size")
 def size(ctx: Context) -> list:
-    """The element count (int64 scalar), folded at import."""
-    n = prod(ctx.shape(0))
-    return [np.array(n, np.int64) if _is_int(n) else np.array(n, dtype=object)]
+    """The element count (an int64 scalar, or a shape value), known at import."""
+    return [size_value(ctx.shape(0))]
 
 
-@converter("Identity")
+@converter("Identity", layout_free=True, shape_rule=shape_rules.UNCHANGED)
 def identity(ctx: Context) -> list:
     """The input as it is (a channels-last value stays so)."""
     const = ctx.constant(0)
     if _symbolic(const):
         return [const]
-    entry = ctx.scope.lookup(ctx.node.input[0])
-    return [entry if isinstance(entry, ChannelsLast) else ctx.input(0)]
+    return [ctx.input_held(0)]
 
 
 def _reshape_dims(ctx: Context, in_dims: list[Dim], target: list[Dim]) -> list[Dim]:
@@ -149,7 +135,7 @@ def _reshape_dims(ctx: Context, in_dims: list[Dim], target: list[Dim]) -> list[D
     return out
 
 
-@converter("Reshape")
+@converter("Reshape", shape_rule=shape_rules.RESHAPE)
 def reshape(ctx: Context) -> list:
     """Reshape to the shape input: 0 copies the input's dim (unless
     ``allowzero``), -1 is inferred."""
@@ -191,7 +177,7 @@ def _axes_input(ctx: Context, i: int) -> list[int] | None:
     return None if axes is None else list(axes)
 
 
-@converter("Squeeze")
+@converter("Squeeze", shape_rule=shape_rules.SQUEEZE)
 def squeeze(ctx: Context) -> list:
     """Remove the size-1 ``axes`` (default: every static size-1 axis)."""
     dims = list(ctx.shape(0))
@@ -210,7 +196,7 @@ def squeeze(ctx: Context) -> list:
     return [ctx.b.squeeze(ctx.input(0), axes=axes)]
 
 
-@converter("Unsqueeze")
+@converter("Unsqueeze", shape_rule=shape_rules.UNSQUEEZE)
 def unsqueeze(ctx: Context) -> list:
     """Insert size-1 axes at ``axes`` (counted in the result's rank)."""
     axes = _axes_input(ctx, 1)
@@ -264,7 +250,7 @@ def broadcast_dims(ctx: Context, a: list[Dim], b: list[Dim]) -> list[Dim]:
     return out
 
 
-@converter("Expand")
+@converter("Expand", shape_rule=shape_rules.EXPAND)
 def expand(ctx: Context) -> list:
     """Broadcast to the shape input, numpy style (a 1 there keeps the
     input's size)."""
@@ -295,7 +281,17 @@ def tile(ctx: Context) -> list:
     return [ctx.b.reshape(x, shape=[prod([r, d]) for r, d in zip(repeats, dims)])]
 
 
-@converter("Concat")
+def _concat_channels_last(ctx: Context) -> list | None:
+    """Inputs all held channels-last, joined along the channel axis as they
+    are held (None along another axis)."""
+    rank = len(ctx.input_channels_last(0).shape)
+    if ctx.attr("axis") % rank != 1:
+        return None
+    parts = [ctx.input_channels_last(i) for i in range(ctx.num_inputs)]
+    return [ChannelsLast(ctx.b.concatenate(*parts, axis=rank - 1))]
+
+
+@converter("Concat", channels_last=_concat_channels_last, shape_rule=shape_rules.CONCAT)
 def concat(ctx: Context) -> list:
     """Join the inputs along ``axis``."""
     given = [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
@@ -391,7 +387,7 @@ def _symbolic_bound(d: Dim, bound: Dim, is_end: bool) -> Dim:
     return bound
 
 
-@converter("Slice")
+@converter("Slice", shape_rule=shape_rules.SLICE)
 def slice_(ctx: Context) -> list:
     """``x[start:end:step]`` per axis, with ONNX's clamping (numpy's) and
     negative steps (the axis reversed, then sliced). On a symbolic axis, or

@@ -17,7 +17,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import Context
-from ..importer import dtype_name, numpy_dtype
+from ..dtypes import dtype_name, numpy_dtype
 from ..registry import converter
 from .elementwise import same_dtype
 from .shape import _axis
@@ -64,7 +64,7 @@ def window(ctx: Context) -> list:
 def _weight(ctx: Context, what: str, array: np.ndarray):
     """``array`` (computed at import) as a program value of input 0's type."""
     array = np.asarray(array).astype(ctx.dtype(0))
-    return ctx.scope.importer.materialize(f"{ctx.node.output[0]}.{what}", array, ctx.scope)
+    return ctx.known_value(f"{ctx.node.output[0]}.{what}", array)
 
 
 def _unit_circle(n: int) -> tuple[np.ndarray, np.ndarray]:

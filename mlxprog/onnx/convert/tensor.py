@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import shape_rules
 from ..context import Context
-from ..importer import dtype_name, is_float_dtype, numpy_dtype
+from ..dtypes import dtype_name, is_float_dtype, numpy_dtype
 from ..registry import converter
 from .shape import _axis, _dims, _is_int, _sub, _symbolic
 
@@ -31,7 +32,7 @@ def _cast(ctx: Context, to: np.dtype) -> list:
     return [ctx.b.astype(x, dtype=dtype_name(to))]
 
 
-@converter("Cast")
+@converter("Cast", shape_rule=shape_rules.CAST)
 def cast(ctx: Context) -> list:
     """Convert to ``to`` (floats truncate toward zero into integers)."""
     return _cast(ctx, _onnx_dtype(ctx, ctx.attr("to")))
@@ -140,7 +141,7 @@ def trilu(ctx: Context) -> list:
     return [b.select(mask, x, ctx.scalar(0, x))]
 
 
-@converter("Where")
+@converter("Where", shape_rule=shape_rules.WHERE)
 def where(ctx: Context) -> list:
     """``condition ? x : y``, broadcasting."""
     return [ctx.b.select(ctx.input(0), ctx.input(1), ctx.input(2))]

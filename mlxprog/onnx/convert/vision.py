@@ -34,7 +34,7 @@ import numpy as np
 
 from ...arrays import name_of
 from ..context import ChannelsLast, Context
-from ..importer import is_float_dtype
+from ..dtypes import dtype_name, is_float_dtype
 from ..registry import converter
 
 _COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
@@ -143,8 +143,7 @@ def axis_weights(size: int, out: int, scale: float, coeffs, mode: str, roi=None,
 
 def _const(ctx: Context, what: str, array: np.ndarray):
     """An array computed at import as a program value (a capture when large)."""
-    return ctx.scope.importer.materialize(f"{ctx.node.output[0]}.{what}",
-                                          np.ascontiguousarray(array), ctx.scope)
+    return ctx.known_value(f"{ctx.node.output[0]}.{what}", np.ascontiguousarray(array))
 
 
 # -- the converter --------------------------------------------------------------------------
@@ -201,12 +200,10 @@ def _resize(ctx: Context, mode: str, coord: str, nearest_mode: str, scales, size
                if not (math.isclose(r[3], 1.0) and r[1] == r[2]
                        and (r[4] is None or (math.isclose(r[4][0], 0.0)
                                              and math.isclose(r[4][1], 1.0))))]
-    entry = ctx.scope.lookup(ctx.node.input[0])
-    cl = (isinstance(entry, ChannelsLast) and rank >= 3
-          and all(a >= 2 for a, *_ in resized))
+    cl = ctx.is_channels_last(0) and rank >= 3 and all(a >= 2 for a, *_ in resized)
     x = ctx.input_channels_last(0) if cl else ctx.input(0)
     physical = (lambda a: a if a == 0 else (rank - 1 if a == 1 else a - 1)) if cl else (lambda a: a)
-    dt = "bool" if dtype == np.bool_ else np.dtype(dtype).name
+    dt = dtype_name(dtype)
     for axis, size, out, factor, axis_roi in resized:
         if out <= 0:
             raise ctx.fail(f"axis {axis} would be resized to {out} elements")
@@ -431,7 +428,7 @@ def affine_grid(ctx: Context) -> list:
     axes = np.meshgrid(*[_grid_axis(s, align) for s in spatial], indexing="ij")
     base = np.stack([*reversed([a.reshape(-1) for a in axes]), np.ones(int(np.prod(spatial)))])
     array = base.astype(ctx.dtype(0))
-    base_value = ctx.scope.importer.materialize(f"{ctx.node.output[0]}.grid", array, ctx.scope)
+    base_value = ctx.known_value(f"{ctx.node.output[0]}.grid", array)
     b = ctx.b
     grid = b.matmul(ctx.input(0), base_value)  # [N, n, pixels]
     return [b.reshape(b.transpose(grid, axes=[0, 2, 1]), shape=[theta[0], *spatial, n])]
@@ -477,8 +474,8 @@ def col2im(ctx: Context) -> list:
     batch, channels = shape[0], shape[1] // kernel
     cols = b.reshape(ctx.input(0), shape=[batch, channels, kernel * shape[2]])
     cols = b.transpose(cols, axes=[2, 0, 1])  # [kernel * L, N, C]
-    index = ctx.scope.importer.materialize(f"{ctx.node.output[0]}.positions",
-                                           flat.reshape(-1, 1).astype(np.int32), ctx.scope)
+    index = ctx.known_value(f"{ctx.node.output[0]}.positions",
+                            flat.reshape(-1, 1).astype(np.int32))
     target = b.full(shape=[pixels, batch, channels], dtype=name_of(cols.dtype), value=0)
     summed = b.indexed_add(target, index, cols, axes=[0])
     return [b.reshape(b.transpose(summed, axes=[1, 2, 0]), shape=[batch, channels, *image])]
@@ -556,10 +553,9 @@ def roi_align(ctx: Context) -> list:
         positions[r, :, :samples], weights[r, :, :samples] = pos, w
     b = ctx.b
     dtype = np.dtype(ctx.dtype(0))
-    importer, name = ctx.scope.importer, ctx.node.output[0]
-    pos_value = importer.materialize(f"{name}.taps", positions.reshape(count, 1, -1), ctx.scope)
-    w_value = importer.materialize(f"{name}.weights",
-                                   weights.reshape(count, 1, -1).astype(dtype), ctx.scope)
+    name = ctx.node.output[0]
+    pos_value = ctx.known_value(f"{name}.taps", positions.reshape(count, 1, -1))
+    w_value = ctx.known_value(f"{name}.weights", weights.reshape(count, 1, -1).astype(dtype))
     images = b.take(ctx.input(0), b.astype(ctx.input(2), dtype="int32"), axis=0)
     images = b.reshape(images, shape=[count, channels, height * width])
     index = b.broadcast_to(pos_value, shape=[count, channels, positions[0].size])
@@ -568,13 +564,12 @@ def roi_align(ctx: Context) -> list:
     if mode == "avg":
         counts = np.array([max(t[2], 1) for t in taps], dtype).reshape(count, 1, 1)
         pooled = b.divide(b.sum(values, axes=[3, 4]),
-                          importer.materialize(f"{name}.counts", counts, ctx.scope))
+                          ctx.known_value(f"{name}.counts", counts))
     else:
         # Padding samples (beyond a region's own count) must not win the max;
         # a region without samples gives 0 (its one zero-weight padding sample).
         real = np.arange(most)[None, :] < np.array([max(t[2], 1) for t in taps])[:, None]
-        mask = importer.materialize(f"{name}.real", real.reshape(count, 1, 1, most),
-                                    ctx.scope)
+        mask = ctx.known_value(f"{name}.real", real.reshape(count, 1, 1, most))
         best = b.reduce_max(values, axes=[4])
         pooled = b.reduce_max(b.select(mask, best, ctx.scalar(-np.inf, best)), axes=[3])
     return [b.reshape(pooled, shape=[count, channels, out_h, out_w])]
