@@ -231,17 +231,21 @@ class AffineCache(CacheKind):
                              f"got {self.bits} bits, groups of {self.group_size}")
 
     def arrays(self, head_dim: int) -> list[CacheArray]:
-        """Each side's codes (uint32 ``[..., head_dim * bits / 32]``), scales
-        and biases (float32 ``[..., head_dim / group_size]``)."""
-        groups = head_dim // self.group_size
-        return [CacheArray(side, part, width, dtype) for side in SIDES
-                for part, width, dtype in (("values", head_dim * self.bits // 32, mx.uint32),
-                                           ("scales", groups, mx.float32),
-                                           ("biases", groups, mx.float32))]
+        """Each side's codes (uint32 ``[..., head_dim * bits / 32]``, the
+        side's :meth:`quantization`), scales and biases (float32 ``[...,
+        head_dim / group_size]``)."""
+        out = []
+        for side in SIDES:
+            quant = self.quantization(side)
+            groups = head_dim // quant["group_size"]
+            out += [CacheArray(side, "values", head_dim * quant["bits"] // 32, mx.uint32),
+                    CacheArray(side, "scales", groups, mx.float32),
+                    CacheArray(side, "biases", groups, mx.float32)]
+        return out
 
     def head_dim(self, width: int) -> int:
-        """The features the packed codes of a row hold."""
-        return width * 32 // self.bits
+        """The features the packed codes of a row of keys hold."""
+        return width * 32 // self.quantization("k")["bits"]
 
     def fit(self, avals: Sequence[AVal]) -> Geometry:
         """As :meth:`CacheKind.fit`, the head dim in whole groups."""
