@@ -1,10 +1,10 @@
-"""The quantized cache's float window (``quantized_kv_cache_sdpa_update``
+"""The quantized cache's recent ring (``quantized_kv_cache_sdpa_update``
 with ``recent``): each query reads the last ``recent`` slots up to its own
 unrounded (the step's new keys and values, or the ring's entries whose
 slots still match) and every other key quantized; the step writes its last
 ``min(T, recent)`` tokens into the ring. Checked against a float64 loop
 written from that rule, on MLX's ops and on the native kernels, and through
-the two fused ops that take a window too."""
+the two fused ops that take a ring too."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def _case(rng, T, recent, start, quant):
 @pytest.mark.parametrize("T, recent, start", [(1, 1, 9), (1, 4, 13), (1, 16, 23), (5, 4, 7),
                                               (3, 16, 17), (6, 2, 0), (8, 16, 16)])
 @pytest.mark.parametrize("native", [False, True])
-def test_window_reads_recent_keys_unrounded_and_updates_the_ring(quant, T, recent, start,
+def test_ring_reads_recent_keys_unrounded_and_is_updated(quant, T, recent, start,
                                                                    native):
     rng = np.random.default_rng(T * 100 + recent + start)
     q, new_k, new_v, old_k, old_v, ring_k, ring_v, tags, key_mask = _case(
@@ -142,8 +142,8 @@ def test_window_reads_recent_keys_unrounded_and_updates_the_ring(quant, T, recen
         assert exe.stats.native_ops == {"quantized_kv_cache_sdpa_update": 1}
 
 
-def test_a_window_as_long_as_the_cache_is_float_attention():
-    # Every slot in the window and in the ring: no key is read quantized.
+def test_a_ring_as_long_as_the_cache_is_float_attention():
+    # Every slot in the ring's reach and in the ring: no key is read quantized.
     rng = np.random.default_rng(5)
     T, start, quant = 1, S - 1, (4, 32, True)
     recent = S
@@ -166,7 +166,7 @@ def test_a_window_as_long_as_the_cache_is_float_attention():
     np.testing.assert_allclose(np.array(out), want, rtol=1e-4, atol=2e-5)
 
 
-def test_window_operands_are_checked_by_name():
+def test_ring_operands_are_checked_by_name():
     b = mp.ProgramBuilder("bad")
     q = b.input("q", (1, 2, 1, 64), "float32")
     new = [b.input(n, (1, 2, 1, 64), "float32") for n in ("k", "v")]

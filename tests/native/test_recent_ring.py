@@ -1,4 +1,4 @@
-"""The float window of recent keys and values of a quantized KV cache (KIVI's
+"""The recent ring: the last keys and values of a quantized KV cache in float (KIVI's
 full-precision residual) on the native kernels: ``cache_attention`` with
 ``recent`` against a float64 reference written from the read rule on both
 instruction-set paths; ``cache_attention_block`` and ``transformer_layer``
@@ -74,7 +74,7 @@ def ring_tags(rng, B: int, R: int, start: int) -> np.ndarray:
 def float_rows(held: np.ndarray, new: np.ndarray, ring: np.ndarray, tags: np.ndarray,
                start: int, p: int) -> np.ndarray:
     """The key (or value) rows ``[B, H_kv, S, D]`` the query at slot p reads:
-    the cache's dequantized rows with the float window's in place."""
+    the cache's dequantized rows with the recent ring's in place."""
     rows, R = held.copy(), tags.shape[1]
     for j in range(max(0, p - R + 1), p + 1):
         if j >= start:
@@ -141,7 +141,7 @@ def random_ring(rng, B, H_kv, R, D, start, quant):
 
 @pytest.mark.parametrize("quant", QUANTIZATIONS)
 @pytest.mark.parametrize("R", [1, 4, 16])
-def test_kernel_reads_the_float_window(ext, isa, R, quant):
+def test_kernel_reads_the_recent_ring(ext, isa, R, quant):
     rng = np.random.default_rng(R)
     bits, group_size, hadamard = quant
     B, H, H_kv, S, D = 2, 6, 2, 90, 64  # S spans a block of 64 keys and a partial one
@@ -169,8 +169,8 @@ def test_kernel_reads_the_float_window(ext, isa, R, quant):
                                        err_msg=f"T={T} start={start} window={window}")
 
 
-def test_kernel_window_changes_what_it_should(ext):
-    """Only the window's slots change: a ring of -1 tags and a step of T = 1
+def test_kernel_ring_changes_what_it_should(ext):
+    """Only the ring's slots change: a ring of -1 tags and a step of T = 1
     reads the query's own key unrounded; without R the result is the plain
     quantized attention's."""
     rng = np.random.default_rng(5)
@@ -192,7 +192,7 @@ def test_kernel_window_changes_what_it_should(ext):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=5e-5)
 
 
-def test_kernel_refuses_a_malformed_window(ext):
+def test_kernel_refuses_a_malformed_ring(ext):
     q = mx.ones((1, 2, 1, 32))
     parts = quantized(np.ones((1, 1, 8, 32), np.float32), 8, 32) * 2
     rows, slots = mx.ones((1, 1, 4, 32)), mx.full((1, 4), -1, mx.int32)
@@ -301,7 +301,7 @@ def test_block_decode_loop_reads_and_updates_the_ring(ext, R, quant):
         np.testing.assert_array_equal(np.array(array), original_data)
 
 
-def test_block_refuses_a_malformed_window(ext):
+def test_block_refuses_a_malformed_ring(ext):
     rng = np.random.default_rng(0)
     state = quantized(rng.standard_normal((1, 1, 8, 32)).astype(np.float32), 8, 32) * 2
     qkv = mx.ones((1, 1, 3 * 32))
@@ -361,7 +361,7 @@ def test_transformer_layer_with_a_ring_is_its_parts(ext, T, quant):
 
 # -- the wrappers --------------------------------------------------------------------------
 
-def test_wrappers_cover_only_a_fitting_window(ext):
+def test_wrappers_cover_only_a_fitting_ring(ext):
     B, H, H_kv, S, D, R, T = 1, 4, 2, 16, 32, 4, 2
     caches = quantized(np.ones((B, H_kv, S, D), np.float32), 8, 32) * 2
     ring = [mx.zeros((B, H_kv, R, D)), mx.zeros((B, H_kv, R, D)), mx.full((B, R), -1, mx.int32)]
