@@ -9,7 +9,7 @@ eight; elsewhere it runs the ops it is defined by (``fast_rope``, then
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import mlx.core as mx
 from pydantic import Field, model_validator
@@ -21,11 +21,11 @@ from .attention import _check_key_mask, _check_operand_count
 from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
 from .positions import _check_offset, _int32_positions
-from .quantized_attention import KVBits, KVGroupSize
+from .quantized_attention import CacheSettings, KVBits, KVGroupSize
 from .registry import lookup, register_op
 
 
-class KVCacheAttentionBlockAttrs(Attrs):
+class KVCacheAttentionBlockAttrs(CacheSettings, Attrs):
     """The attributes of ``kv_cache_attention_block``."""
 
     heads: PositiveSize
@@ -63,19 +63,11 @@ class KVCacheAttentionBlockAttrs(Attrs):
                                  "too")
         return self
 
+    RING_SIZE: ClassVar[str] = "kv_recent"
+
     def cache_kind(self) -> CacheKind:
         """The kind of cache these attributes give."""
         return cache_kind(self.kv_bits, self.kv_group_size, self.kv_hadamard)
-
-    def ring(self) -> RecentRing | None:
-        """The cache's recent ring, if any."""
-        return RecentRing(self.kv_recent) if self.kv_recent else None
-
-    def cache_names(self) -> list[str]:
-        """The cache's operand names (and the results after the first), the
-        recent ring's included."""
-        return self.cache_kind().operand_names() + (list(RecentRing.NAMES) if self.kv_recent
-                                                    else [])
 
     def split_cache(self, values: list) -> tuple[list, list | None]:
         """The cache's arrays (or avals) in :meth:`cache_names` order as

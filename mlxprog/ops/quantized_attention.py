@@ -25,13 +25,14 @@ mean of four texts; docs/llm.md, "KV cache").
 from __future__ import annotations
 
 import itertools
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, ClassVar, Literal, NamedTuple
 
 import mlx.core as mx
 from pydantic import Field
 
 from ..arrays import AVal
-from ..cache_kinds import AFFINE_BITS, AFFINE_GROUP_SIZES, AffineCache, RecentRing, hadamard_groups
+from ..cache_kinds import (AFFINE_BITS, AFFINE_GROUP_SIZES, AffineCache, CacheKind, RecentRing,
+                           hadamard_groups)
 from ..native import kernels as native
 from .attention import _causal_keep, _check_attention, _check_key_mask, _check_operand_count
 from .attrs import Attrs, PositiveSize
@@ -44,7 +45,32 @@ KVBits = Literal[AFFINE_BITS]
 KVGroupSize = Literal[AFFINE_GROUP_SIZES]
 
 
-class QuantizedKVCacheSdpaAttrs(Attrs):
+class CacheSettings:
+    """What the attributes of an op over a KV cache say of its cache (a
+    mixin of their :class:`~mlxprog.ops.attrs.Attrs`): the kind
+    (:meth:`cache_kind`) and the recent ring's size (the attribute
+    :attr:`RING_SIZE` names)."""
+
+    #: The attribute holding the recent ring's size (None: no ring).
+    RING_SIZE: ClassVar[str]
+
+    def cache_kind(self) -> CacheKind:
+        """The kind of cache the attributes give."""
+        raise NotImplementedError
+
+    def ring(self) -> RecentRing | None:
+        """The recent ring, if any."""
+        size = getattr(self, self.RING_SIZE)
+        return RecentRing(size) if size else None
+
+    def cache_names(self) -> list[str]:
+        """The cache's operand names (and the results after the first), the
+        recent ring's included."""
+        return self.cache_kind().operand_names() + (list(RecentRing.NAMES) if self.ring()
+                                                    else [])
+
+
+class QuantizedKVCacheSdpaAttrs(CacheSettings, Attrs):
     """The attributes of ``quantized_kv_cache_sdpa_update``."""
 
     bits: KVBits
@@ -63,19 +89,11 @@ class QuantizedKVCacheSdpaAttrs(Attrs):
     more operands after the caches, ``k_recent, v_recent, recent_slots``,
     and their new values as three more results."""
 
+    RING_SIZE: ClassVar[str] = "recent"
+
     def cache_kind(self) -> AffineCache:
         """The cache these attributes give."""
         return AffineCache(self.bits, self.group_size, self.hadamard)
-
-    def ring(self) -> RecentRing | None:
-        """The recent ring, if any."""
-        return RecentRing(self.recent) if self.recent else None
-
-    def carried_names(self) -> list[str]:
-        """The cache's operand names (and the results after the first), the
-        recent ring's included."""
-        return self.cache_kind().operand_names() + (list(RecentRing.NAMES) if self.recent
-                                                    else [])
 
 
 _NEW = ["q", "new_k", "new_v"]
@@ -84,7 +102,7 @@ _NEW = ["q", "new_k", "new_v"]
 def _operand_names(count: int, attrs: QuantizedKVCacheSdpaAttrs) -> list[str]:
     """The operand names of an instruction with ``count`` operands (the key
     mask is there when one more operand is)."""
-    names = _NEW + attrs.carried_names() + ["offset"]
+    names = _NEW + attrs.cache_names() + ["offset"]
     return names + (["key_mask"] if count > len(names) else [])
 
 
@@ -125,7 +143,7 @@ def _native_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) 
 
 
 @register_op("quantized_kv_cache_sdpa_update", attrs=QuantizedKVCacheSdpaAttrs,
-             operands=(10, 14), outputs=lambda attrs, n: 1 + len(attrs.carried_names()),
+             operands=(10, 14), outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_quantized_sdpa,
              native_coverage=_native_quantized_sdpa, context=True)
 def quantized_kv_cache_sdpa_update(operands, attrs, context):
