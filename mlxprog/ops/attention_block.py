@@ -15,7 +15,7 @@ import mlx.core as mx
 from pydantic import Field, model_validator
 
 from ..arrays import AVal, is_floating
-from ..cache_kinds import CacheKind, Geometry, RecentRing, cache_kind
+from ..cache_kinds import CacheKind, Geometry, cache_kind
 from ..native import kernels as native
 from .attention import _check_key_mask, _check_operand_count
 from .attrs import Attrs, PositiveSize
@@ -68,14 +68,6 @@ class KVCacheAttentionBlockAttrs(CacheSettings, Attrs):
     def cache_kind(self) -> CacheKind:
         """The kind of cache these attributes give."""
         return cache_kind(self.kv_bits, self.kv_group_size, self.kv_hadamard)
-
-    def split_cache(self, values: list) -> tuple[list, list | None]:
-        """The cache's arrays (or avals) in :meth:`cache_names` order as
-        (the cache's, the recent ring's or None), as the native kernels take
-        them."""
-        if not self.kv_recent:
-            return values, None
-        return values[:-len(RecentRing.NAMES)], values[-len(RecentRing.NAMES):]
 
 
 def _block_operand_names(avals: list, attrs: KVCacheAttentionBlockAttrs) -> list[str]:

@@ -69,6 +69,14 @@ class CacheSettings:
         return self.cache_kind().operand_names() + (list(RecentRing.NAMES) if self.ring()
                                                     else [])
 
+    def split_cache(self, values: list) -> tuple[list, list | None]:
+        """The cache's arrays (or avals) in :meth:`cache_names` order as
+        (the cache's, the recent ring's or None), as the native kernels take
+        them."""
+        if self.ring() is None:
+            return values, None
+        return values[:-len(RecentRing.NAMES)], values[-len(RecentRing.NAMES):]
+
 
 class QuantizedKVCacheSdpaAttrs(CacheSettings, Attrs):
     """The attributes of ``quantized_kv_cache_sdpa_update``."""
