@@ -69,9 +69,14 @@ class CacheArray:
 
     @property
     def operand(self) -> str:
-        """Its operand name in the cache ops: ``k_cache``/``v_cache`` for a
-        side of one array, else ``<side>_<part>`` (``k_values``, ...)."""
-        return f"{self.side}_{self.part or 'cache'}"
+        """Its operand name in the cache ops (:func:`operand_name`)."""
+        return operand_name(self.side, self.part)
+
+
+def operand_name(side: str, part: str) -> str:
+    """The cache ops' name for a side's array: ``k_cache``/``v_cache`` for a
+    side of one array (``part`` ""), else ``<side>_<part>`` (``k_values``)."""
+    return f"{side}_{part or 'cache'}"
 
 
 class CacheKind:
@@ -92,8 +97,7 @@ class CacheKind:
 
     def operand_names(self) -> list[str]:
         """The cache ops' names for a layer's arrays, in operand order."""
-        return [CacheArray(side, part, 0, mx.float32).operand
-                for side in SIDES for part in self.parts]
+        return [operand_name(side, part) for side in SIDES for part in self.parts]
 
     def head_dim(self, width: int) -> int:
         """The head dim of a cache whose first array is ``width`` wide."""
