@@ -340,17 +340,20 @@ def _entries_of(layout: CacheLayout) -> tuple[_Entry, ...]:
     values; then the ring's slots, one array for every layer (each step
     writes the same slots in all of them). Cached: hosts ask for every
     step's names and slot maps."""
-    heads, dim, size = layout.num_kv_heads, layout.head_dim, layout.kv_recent
+    heads, dim, ring = layout.num_kv_heads, layout.head_dim, layout.ring
+    # The ring's arrays after a row's batch dim (the slots' count does not matter).
+    ring_specs = [] if ring is None else [
+        (part, spec.shape[1:], spec.dtype)
+        for part, spec in zip(RecentRing.PARTS, ring.specs((1, heads, 0, dim)))]
     entries = []
     for i in range(layout.num_layers):
         for a in layout.kind.arrays(dim):
             entries.append(_Entry(f"{a.side}.{i}" + (f".{a.part}" if a.part else ""), i,
                                   "slots", (heads, "S", a.width), a.dtype))
-        if size:
-            entries += [_Entry(f"recent.{i}.{part}", i, "ring", (heads, size, dim), mx.float32)
-                        for part in RecentRing.PARTS[:2]]
-    if size:
-        entries.append(_Entry(f"recent.{RecentRing.PARTS[2]}", None, "tags", (size,), mx.int32))
+        entries += [_Entry(f"recent.{i}.{part}", i, "ring", shape, dtype)
+                    for part, shape, dtype in ring_specs[:2]]
+    entries += [_Entry(f"recent.{part}", None, "tags", shape, dtype)
+                for part, shape, dtype in ring_specs[2:]]
     return tuple(entries)
 
 
