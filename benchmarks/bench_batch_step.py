@@ -22,10 +22,8 @@ from mlxprog.llm.programs import DecodeInputs, LogitsOutputs
 
 def step_seconds(llm: LLM, batch: int, width: int, steps: int, rounds: int) -> float:
     """Seconds per decode step of ``batch`` rows over ``width`` cache slots."""
-    c = llm.config
     decode = llm.executable("decode", None)
-    caches = tuple(mx.zeros((batch, c.num_kv_heads, width, c.head_dim))
-                   for _ in range(2 * c.num_layers))
+    caches = llm.cache_layout.empty(batch, width)
     position = width // 2
     fixed = dict(tokens=mx.zeros((batch,), mx.int32),
                  rope_offset=mx.full((batch,), position, mx.int32),
@@ -35,7 +33,8 @@ def step_seconds(llm: LLM, batch: int, width: int, steps: int, rounds: int) -> f
     def run(n: int) -> None:
         nonlocal caches
         for _ in range(n):
-            out = LogitsOutputs.of(decode(**DecodeInputs(caches=caches, **fixed).by_name()))
+            out = LogitsOutputs.of(decode(**DecodeInputs(caches=caches,
+                                                         **fixed).by_name(llm.cache_layout)))
             caches = out.caches
             mx.eval(out.values())
 

@@ -46,15 +46,14 @@ def host_times(llm: mlxprog.llm.LLM, ids: list[int],
     thread run only a few nodes ahead of it, so async_eval's wall time is
     mostly waiting), and the wall seconds of the call and async_eval."""
     layout, slots = llm.cache_layout, 128
-    caches = tuple(mx.zeros((1, layout.num_kv_heads, slots, layout.head_dim), dtype=mx.float32)
-                   for _ in range(2 * layout.num_layers))
+    caches = layout.empty(1, slots)
     chunk = prefill_bucket(len(ids))
     key, key_mask = mx.random.key(0), mx.ones((1, slots), dtype=mx.bool_)
     out = LogitsOutputs.of(llm.executable("prefill", None)(**PrefillInputs(
         tokens=mx.array([ids + [0] * (chunk - len(ids))], dtype=mx.int32),
         last_index=mx.array([len(ids) - 1], dtype=mx.int32),
         rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
-        key_mask=key_mask, key=key, caches=caches).by_name()))
+        key_mask=key_mask, key=key, caches=caches).by_name(layout)))
     token = mx.argmax(out.logits, axis=-1).astype(mx.int32)
     caches, offset = out.caches, len(ids)
     mx.eval(token, caches)
@@ -64,7 +63,7 @@ def host_times(llm: mlxprog.llm.LLM, ids: list[int],
     for _ in range(steps):
         inputs = DecodeInputs(tokens=token, rope_offset=mx.array([offset], dtype=mx.int32),
                               cache_offset=mx.array(offset, dtype=mx.int32),
-                              key_mask=key_mask, key=key, caches=caches).by_name()
+                              key_mask=key_mask, key=key, caches=caches).by_name(layout)
         start, start_cpu = time.perf_counter(), time.thread_time()
         out = LogitsOutputs.of(decode(**inputs))
         calls.append(time.perf_counter() - start)

@@ -321,7 +321,6 @@ class MlxprogWorker:
 
     def _score(self, ids: list[int], want_logprobs: bool) -> dict:
         import mlx.core as mx
-        from mlxprog.llm.programs import cache_names
 
         llm = self.llm
         n = len(ids) - 1
@@ -331,7 +330,7 @@ class MlxprogWorker:
         score = self.scorer(chunk, cache_length)
         layout = llm.cache_layout
         caches = list(layout.empty(1, cache_length))
-        names = cache_names(llm.config.num_layers, layout.parts, bool(layout.kv_recent))
+        names = layout.program_names()
         key_mask = mx.ones((1, cache_length), dtype=mx.bool_)
         top, margin, logprobs = [], [], []
         for at in range(0, n, chunk):

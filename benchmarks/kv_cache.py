@@ -1,6 +1,6 @@
 """KV-cache memory, quality and decode speed of SmolLM2-135M-Instruct (Q4_1
 GGUF): the float32 cache side by side with the 8- and 4-bit quantized ones
-(each with its default float window of the last 16 tokens, ``kv_recent``)
+(each with its default recent ring of the last 16 tokens, ``kv_recent``)
 and the 4-bit one without that window ("4-bit/0"), at 1k and 4k tokens of
 context, in one run.
 

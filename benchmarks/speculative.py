@@ -86,10 +86,11 @@ def time_verify(llm: mlxprog.llm.LLM, prompt: str, chat: bool, repeats: int = 20
                   key_mask=mx.ones((1, caches[0].shape[2]), dtype=mx.bool_), caches=caches)
     decode, verify = llm.executable("decode"), llm.executable("verify")
     calls = {0: lambda: decode(**DecodeInputs(tokens=mx.array([1], dtype=mx.int32),
-                                              key=mx.random.key(0), **common).by_name())}
+                                              key=mx.random.key(0),
+                                              **common).by_name(llm.cache_layout))}
     for t in range(1, 7):
         calls[t] = (lambda t=t: verify(**VerifyInputs(
-            tokens=mx.ones((1, t), dtype=mx.int32), **common).by_name()))
+            tokens=mx.ones((1, t), dtype=mx.int32), **common).by_name(llm.cache_layout)))
     out = {}
     for measured in (False, True):   # a first pass warms every call up
         for t, call in calls.items():

@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 import mlxprog as mp
 from mlxprog.llm import LLM, load
+from mlxprog.llm.cache import CacheLayout
 from mlxprog.llm.generate import program_numerics
 from mlxprog.llm.programs import (DecodeInputs, LogitsOutputs, PrefillInputs,
                                   build_decode, build_prefill)
@@ -114,20 +115,20 @@ def program_logits(llm: LLM, prompt: list[int], continuation: list[int] = (),
     prefill, decode = _PROGRAMS[llm, max_length]
     key_mask = mx.ones((1, max_length), dtype=mx.bool_)
     key = mx.random.key(0)
-    caches = tuple(mx.zeros((1, c.num_kv_heads, max_length, c.head_dim), dtype=mx.float32)
-                   for _ in range(2 * c.num_layers))
+    layout = CacheLayout.of(c)  # the programs' float cache
+    caches = layout.empty(1, max_length)
     out = LogitsOutputs.of(prefill(**PrefillInputs(
         tokens=mx.array([prompt], dtype=mx.int32),
         last_index=mx.array([len(prompt) - 1], dtype=mx.int32),
         rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
-        key_mask=key_mask, key=key, caches=caches).by_name()))
+        key_mask=key_mask, key=key, caches=caches).by_name(layout)))
     steps = [out.logits[0]]
     for position, token in enumerate(continuation, start=len(prompt)):
         out = LogitsOutputs.of(decode(**DecodeInputs(
             tokens=mx.array([token], dtype=mx.int32),
             rope_offset=mx.array([position], dtype=mx.int32),
             cache_offset=mx.array(position, dtype=mx.int32), key_mask=key_mask, key=key,
-            caches=out.caches).by_name()))
+            caches=out.caches).by_name(layout)))
         steps.append(out.logits[0])
     return np.array(mx.stack(steps))
 

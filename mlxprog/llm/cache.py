@@ -15,17 +15,19 @@ leaves), which is all the generation engine asks of them.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
 from ..arrays import AVal
-from ..ops.quantized_attention import dequantize_cache, quantize_cache
+from ..cache_kinds import (AFFINE_BITS, AFFINE_GROUP_SIZES, SIDES, CacheKind, RecentRing,
+                           cache_kind)
 from .config import ModelConfig, ModelError, SettingError, is_int
 
 FORMAT = "mlxprog.prompt_cache/1"
@@ -36,52 +38,72 @@ FORMAT = "mlxprog.prompt_cache/1"
 #: keys round coarsely enough that smaller groups pay (SmolLM2-135M's
 #: perplexity: +5.4% with groups of 32, +14.5% with 64, for 20% more bytes;
 #: 8 bits: within 0.5% either way).
-KV_BITS = (4, 8)
-KV_GROUP_SIZES = (32, 64, 128)
+KV_BITS = AFFINE_BITS
+KV_GROUP_SIZES = AFFINE_GROUP_SIZES
 DEFAULT_KV_GROUP_SIZES = {4: 32, 8: 64}
 #: The first tokens a rotating cache keeps by default (mlx-lm's): the
 #: attention sinks a model leans on.
 DEFAULT_KEEP = 4
-#: The tokens a quantized cache keeps in float by default (``kv_recent``):
-#: each query reads the last 16 tokens' keys and values unrounded, which
-#: takes SmolLM2-135M's 4-bit cache from +6.2% perplexity to +0.3% of the
-#: float cache's (the mean of four texts, each within 1.2%; docs/llm.md, "KV
-#: cache"), for a fixed 2 x 16 float rows a layer and KV head.
+#: The tokens a quantized cache's recent ring keeps in float by default
+#: (``kv_recent``): each query reads the last 16 tokens' keys and values
+#: unrounded, which takes SmolLM2-135M's 4-bit cache from +6.2% perplexity
+#: to +0.3% of the float cache's (the mean of four texts, each within 1.2%;
+#: docs/llm.md, "KV cache"), for a fixed 2 x 16 float rows a layer and KV
+#: head.
 DEFAULT_KV_RECENT = 16
 
-#: The per-slot arrays of one quantized cache (keys or values): the packed
-#: codes, then one scale and one bias per group of features.
-QUANTIZED_PARTS = ("values", "scales", "biases")
-#: The float window (``kv_recent``): each layer's last tokens' keys and
-#: values ``[B, kv_heads, kv_recent, head_dim]`` (float32, in the quantized
-#: cache's basis; after its keys' and values' arrays), and the slot each
-#: entry holds ``[B, kv_recent]`` (int32, -1: none; one array after all the
-#: layers'); see :mod:`mlxprog.ops.quantized_attention`.
-RECENT_PARTS = ("keys", "values", "slots")
+LayerCache = tuple[Any, ...]  # one layer's arrays (or builder Values), as the cache ops take them
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One array of a whole cache in program order: its saved name
+    (``k.0.values``), the layer it belongs to (None: every layer's), what it
+    is indexed by (``"slots"``: the cache's slots on axis 2; ``"ring"``: the
+    recent ring's keys or values; ``"tags"``: the ring's slots) and its
+    shape's rows and last dims after ``[B]``, with ``S`` for the slots."""
+
+    name: str
+    layer: int | None
+    role: str
+    shape: tuple[int | str, ...]
+    dtype: mx.Dtype
+
+    @property
+    def program_name(self) -> str:
+        """Its name among the programs' inputs and outputs: the saved name
+        with ``_cache`` after its first part (``k_cache.0.values``,
+        ``recent_cache.0.keys``, ``recent_cache.slots``)."""
+        first, _, rest = self.name.partition(".")
+        return f"{first}_cache.{rest}"
 
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """The shape of a model's KV cache: what a prompt cache must match to be
-    used with a model.
+    """The shape of a model's KV cache, and the one description of its
+    arrays: what a prompt cache must match to be used with a model, how the
+    programs name and declare the cache (:meth:`program_names`,
+    :meth:`slot_specs`), how a flat tuple of its arrays groups into layers
+    and back (:meth:`layers`, :meth:`flatten`), and how a host grows, trims
+    and moves its slots (:meth:`map_slots`, :meth:`shifted`).
 
     ``kv_bits`` (4 or 8; None: float32 keys and values) quantizes the cached
     keys and values in groups of ``kv_group_size`` features (MLX's affine
     quantization, one float32 scale and bias a group) of their Walsh-Hadamard
-    transform (each group's: ``hadamard=True`` of the
-    ``quantized_kv_cache_sdpa_update`` op, which spreads the few large
-    features of keys over their group and so rounds them much less); each
-    layer's keys are then three arrays (:data:`QUANTIZED_PARTS`) and so are
-    its values.
+    transform: the layout's :attr:`kind` is then an
+    :class:`~mlxprog.cache_kinds.AffineCache` with ``hadamard`` (which
+    spreads the few large features of keys over their group and so rounds
+    them much less), each layer's keys three arrays and so its values.
     ``kv_recent`` (with ``kv_bits``; 0: none) keeps the last that many
-    tokens' keys and values in float too, in a ring beside the cache
-    (:data:`RECENT_PARTS`): each query reads
-    those unrounded. The ring's entries name their slots, so a host that
-    moves slots moves them with :meth:`shifted` (or they go unread); once
-    a rotating cache has wrapped, the newest tokens sit in rotated slots and
-    are read quantized.
-    ``max_kv_size`` (None: no bound) makes the cache rotating: it holds at
-    most that many tokens, the first ``keep`` and the most recent ones.
+    tokens' keys and values in float too, in the recent ring beside the
+    cache (:attr:`ring`): each query reads those unrounded. The ring's
+    entries name their slots, so a host that moves slots moves them with
+    :meth:`shifted` (or they go unread); once a rotating cache has wrapped,
+    the newest tokens sit in rotated slots and are read quantized.
+    ``max_kv_size`` (None: no bound) makes the cache rotating: its capacity
+    is that many tokens, the first ``keep`` and the most recent ones, in
+    ``max_kv_size + 1`` slots (:meth:`Decoder.forward
+    <mlxprog.llm.models.base.Decoder.forward>`).
     Values out of range are a :class:`~mlxprog.llm.config.SettingError`
     naming the parameter."""
 
@@ -131,6 +153,17 @@ class CacheLayout:
         return cls(config.num_layers, config.num_kv_heads, config.head_dim)
 
     @property
+    def kind(self) -> CacheKind:
+        """How each layer's keys and values are stored: float, or (with
+        ``kv_bits``) quantized from each group's Walsh-Hadamard transform."""
+        return cache_kind(self.kv_bits, self.kv_group_size, kv_hadamard=self.quantized)
+
+    @property
+    def ring(self) -> RecentRing | None:
+        """The recent ring (``kv_recent`` tokens), or None."""
+        return RecentRing(self.kv_recent) if self.kv_recent else None
+
+    @property
     def quantized(self) -> bool:
         """Whether keys and values are stored quantized."""
         return self.kv_bits is not None
@@ -141,76 +174,76 @@ class CacheLayout:
         return self.max_kv_size is not None
 
     @property
-    def parts(self) -> tuple[str, ...]:
-        """The arrays of one layer's keys (or values): ``("",)`` for a float
-        cache, :data:`QUANTIZED_PARTS` for a quantized one."""
-        return QUANTIZED_PARTS if self.quantized else ("",)
-
-    def part_specs(self) -> list[tuple[int, mx.Dtype]]:
-        """The last dim and dtype of each array of one layer's keys (or
-        values), in :attr:`parts` order."""
-        if not self.quantized:
-            return [(self.head_dim, mx.float32)]
-        groups = self.head_dim // self.kv_group_size
-        return [(self.head_dim * self.kv_bits // 32, mx.uint32), (groups, mx.float32),
-                (groups, mx.float32)]
-
-    def layer_names(self, layer: int | str) -> list[str]:
-        """The names of one layer's arrays in program order: the keys'
-        arrays then the values' (``k.0``, ``v.0`` for a float cache;
-        ``k.0.values``, ``k.0.scales``, ``k.0.biases``, ``v.0.values``, ...
-        for a quantized one), then its float window's keys and values
-        (``recent.0.keys``, ``recent.0.values``)."""
-        names = [f"{kind}.{layer}" + (f".{part}" if part else "")
-                 for kind in "kv" for part in self.parts]
-        return names + ([f"recent.{layer}.{part}" for part in RECENT_PARTS[:2]]
-                        if self.kv_recent else [])
+    def _entries(self) -> tuple[_Entry, ...]:
+        """Every array in program order (:func:`_entries_of`)."""
+        return _entries_of(self)
 
     def array_names(self) -> list[str]:
-        """The names of every cache array in program order (and in saved
-        files): :meth:`layer_names` of each layer, then with a float window
-        the slots its entries hold (``recent.slots``), one array for every
-        layer: each step writes the same slots in all of them."""
-        names = [name for i in range(self.num_layers) for name in self.layer_names(i)]
-        return names + (["recent.slots"] if self.kv_recent else [])
+        """The names of every cache array in program order, as saved files
+        hold them: ``k.0``, ``v.0``, ... for a float cache; ``k.0.values``,
+        ``k.0.scales``, ``k.0.biases``, ``v.0.values``, ... for a quantized
+        one, each layer's then followed by its ring's keys and values
+        (``recent.0.keys``, ``recent.0.values``) and, after the last layer,
+        the slots the ring's entries hold (``recent.slots``)."""
+        return [e.name for e in self._entries]
 
-    def _roles(self) -> list[str]:
-        """What each array is, in program order: "slots" (indexed by slot on
-        axis 2), "ring" (the window's keys or values) or "tags" (the
-        window's slots)."""
-        layer = ["slots"] * (2 * len(self.parts)) + (["ring", "ring"] if self.kv_recent else [])
-        return layer * self.num_layers + (["tags"] if self.kv_recent else [])
+    def program_names(self) -> list[str]:
+        """The names of every cache array among the programs' inputs and
+        outputs, in program order: :meth:`array_names` with ``_cache`` after
+        the first part (``k_cache.0``, ``v_cache.0``; ``k_cache.0.values``,
+        ...; ``recent_cache.0.keys``, ``recent_cache.slots``)."""
+        return [e.program_name for e in self._entries]
 
-    def slot_specs(self, slots: int) -> list[tuple[tuple[int, ...], mx.Dtype]]:
+    def slot_specs(self, slots: int | str) -> list[tuple[tuple[int | str, ...], mx.Dtype]]:
         """The shape (one row) and dtype of each array of a cache of
-        ``slots`` slots, in program order."""
-        layer = [((1, self.num_kv_heads, slots, width), dtype)
-                 for width, dtype in self.part_specs() * 2]
-        window = []
-        if self.kv_recent:
-            layer += [((1, self.num_kv_heads, self.kv_recent, self.head_dim), mx.float32)] * 2
-            window = [((1, self.kv_recent), mx.int32)]
-        return layer * self.num_layers + window
+        ``slots`` slots (an int, or a program's dim name), in program order."""
+        return [((1, *(slots if d == "S" else d for d in e.shape)), e.dtype)
+                for e in self._entries]
+
+    def layers(self, caches: Sequence[Any]) -> list[LayerCache]:
+        """``caches`` (program order: arrays, or a program's Values) grouped
+        by layer, each layer's as the cache ops take them: the kind's arrays
+        (``k_cache, v_cache``, or ``k_values, k_scales, ..., v_biases``),
+        then with a recent ring its ``k_recent, v_recent, recent_slots``
+        (the ring's slots, one array in program order, in every layer's).
+        :meth:`flatten` is the inverse."""
+        layers: list[list[Any]] = [[] for _ in range(self.num_layers)]
+        for entry, x in zip(self._entries, caches):
+            if entry.layer is None:
+                for layer in layers:
+                    layer.append(x)
+            else:
+                layers[entry.layer].append(x)
+        return [tuple(layer) for layer in layers]
+
+    def flatten(self, layers: Sequence[LayerCache]) -> tuple[Any, ...]:
+        """Per-layer caches (as :meth:`layers` gives them, or as the cache
+        ops return them) in program order; of the ring's slots, which every
+        layer's op writes alike, the last layer's stand for all."""
+        per_layer = len(layers[-1]) if layers else 0
+        flat = [x for layer in layers for x in layer[:per_layer - (self.ring is not None)]]
+        return tuple(flat) + ((layers[-1][-1],) if self.ring is not None else ())
 
     def empty(self, batch: int, slots: int) -> tuple[mx.array, ...]:
         """Zeroed caches of ``batch`` rows and ``slots`` slots, in program
-        order (an empty float window: every slot -1, no entry)."""
-        return tuple(mx.full((batch, *shape[1:]), -1 if role == "tags" else 0, dtype=dtype)
-                     for (shape, dtype), role in zip(self.slot_specs(slots), self._roles()))
+        order (an empty recent ring: every slot -1, no entry)."""
+        return tuple(mx.full((batch, *shape[1:]), -1 if e.role == "tags" else 0, dtype=dtype)
+                     for (shape, dtype), e in zip(self.slot_specs(slots), self._entries))
 
     def slot_arrays(self, caches: Sequence[mx.array]) -> list[mx.array]:
         """The arrays of ``caches`` (program order) indexed by slot: each
-        layer's keys' and values', without its float window."""
-        return [x for x, role in zip(caches, self._roles()) if role == "slots"]
+        layer's keys' and values', without its recent ring."""
+        return [x for x, e in zip(caches, self._entries) if e.role == "slots"]
 
-    def map_slots(self, caches: Sequence[mx.array], slots: Callable[[mx.array], mx.array],
-                  ring: Callable[[mx.array], mx.array] | None = None,
-                  tags: Callable[[mx.array], mx.array] | None = None) -> tuple[mx.array, ...]:
+    def map_slots(self, caches: Sequence[Any], slots: Callable[[Any], Any],
+                  ring: Callable[[Any], Any] | None = None,
+                  tags: Callable[[Any], Any] | None = None) -> tuple[Any, ...]:
         """``caches`` (program order) with ``slots`` applied to each array
-        indexed by slot (axis 2), ``ring`` to the float window's keys and
+        indexed by slot (axis 2), ``ring`` to the recent ring's keys and
         values and ``tags`` to its slots (either default: as they are)."""
         given = {"slots": slots, "ring": ring, "tags": tags}
-        return tuple(given[role](x) if given[role] else x for x, role in zip(caches, self._roles()))
+        return tuple(given[e.role](x) if given[e.role] else x
+                     for x, e in zip(caches, self._entries))
 
     def widened(self, caches: Sequence[mx.array], width: int) -> tuple[mx.array, ...]:
         """``caches`` (program order) with empty slots added after their
@@ -221,7 +254,7 @@ class CacheLayout:
     def shifted(self, caches: Sequence[mx.array], shift: int,
                 slots: Callable[[mx.array], mx.array]) -> tuple[mx.array, ...]:
         """``caches`` whose slots ``slots`` moves by ``shift`` (a slot s is
-        then s + shift; it drops slots moved below 0), the float window's
+        then s + shift; it drops slots moved below 0), the recent ring's
         entries moved with them: the entry of slot s belongs at ``s %
         kv_recent``, so the ring turns by ``shift`` (an entry moved below
         slot 0 is dropped)."""
@@ -233,24 +266,95 @@ class CacheLayout:
             return mx.where((tags >= 0) & (tags + shift >= 0), tags + shift, -1)
         return self.map_slots(caches, slots, lambda x: mx.roll(x, shift, axis=2), moved)
 
+    def keys_values(self, caches: Sequence[mx.array]) -> list[mx.array]:
+        """The float32 keys and values ``caches`` hold (program order):
+        each layer's keys, then its values (the kind's
+        :meth:`~mlxprog.cache_kinds.CacheKind.decode`)."""
+        kind, per_side = self.kind, len(self.kind.parts)
+        arrays = self.slot_arrays(caches)
+        return [kind.decode(arrays[i:i + per_side], SIDES[(i // per_side) % 2])
+                for i in range(0, len(arrays), per_side)]
+
+    def holding(self, keys_values: Sequence[mx.array]) -> tuple[mx.array, ...]:
+        """A cache in this layout holding ``keys_values`` (each layer's keys,
+        then its values, float ``[B, kv_heads, n, head_dim]``: the kind's
+        :meth:`~mlxprog.cache_kinds.CacheKind.encode`), its recent ring
+        empty."""
+        encoded = iter([a for i, x in enumerate(keys_values)
+                        for a in self.kind.encode(x, SIDES[i % 2])])
+        return self.map_slots(self.empty(keys_values[0].shape[0], 0), lambda _: next(encoded))
+
+    def check(self, caches: Sequence[mx.array], n: int) -> None:
+        """That ``caches`` hold ``n`` slots of this layout (one row); a
+        :class:`~mlxprog.llm.config.ModelError` names the array that does
+        not."""
+        names = self.array_names()
+        if len(caches) != len(names):
+            raise ModelError(f"a prompt cache of {self.describe()} needs "
+                             f"{len(names)} caches, got {len(caches)}")
+        for name, cache, (shape, dtype) in zip(names, caches, self.slot_specs(n)):
+            if tuple(cache.shape) != shape or cache.dtype != dtype:
+                raise ModelError(f"prompt cache {name} must be {AVal(shape, dtype)} "
+                                 f"for {n} tokens, found {AVal.of(cache)}")
+
+    def sdpa_op(self) -> tuple[str, dict[str, Any]]:
+        """The op that writes a layer's new keys and values into this cache
+        and attends over it, with the attributes that give it this layout's
+        kind and ring (:meth:`CacheKind.sdpa_op
+        <mlxprog.cache_kinds.CacheKind.sdpa_op>`)."""
+        return self.kind.sdpa_op(self.ring)
+
+    def block_attributes(self) -> dict[str, Any]:
+        """The attributes that give ``kv_cache_attention_block`` and
+        ``transformer_layer`` this layout's cache: none for a float cache;
+        ``kv_bits``, ``kv_group_size``, ``kv_hadamard`` and with a ring
+        ``kv_recent`` for a quantized one."""
+        ring = {"kv_recent": self.kv_recent} if self.ring is not None else {}
+        return {**self.kind.block_attributes(), **ring}
+
     def bytes_per_token(self) -> int:
         """Bytes one cached token takes, every layer's keys and values (the
-        float window's fixed bytes aside)."""
-        per_head = sum(width * dtype.size for width, dtype in self.part_specs())
-        return 2 * self.num_layers * self.num_kv_heads * per_head
+        recent ring's fixed bytes aside)."""
+        per_head = sum(a.width * a.dtype.size for a in self.kind.arrays(self.head_dim))
+        return self.num_layers * self.num_kv_heads * per_head
 
     def describe(self) -> str:
         """``30 layers x 3 KV heads x 64``, and the quantization and bound
-        when set (``, 8-bit keys/values (groups of 64), at most 512 tokens
-        keeping the first 4``)."""
+        when set (``, 8-bit keys/values (groups of 64), the last 16 in
+        float, at most 512 tokens keeping the first 4``)."""
         text = f"{self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim}"
         if self.quantized:
-            text += f", {self.kv_bits}-bit keys/values (groups of {self.kv_group_size})"
+            text += f", {self.kind.describe()}"
             if self.kv_recent:
                 text += f", the last {self.kv_recent} in float"
         if self.rotating:
             text += f", at most {self.max_kv_size} tokens keeping the first {self.keep}"
         return text
+
+
+@functools.lru_cache(maxsize=64)
+def _entries_of(layout: CacheLayout) -> tuple[_Entry, ...]:
+    """Every array of a cache of ``layout`` in program order: each layer's
+    keys' arrays, its values' (:meth:`CacheKind.arrays
+    <mlxprog.cache_kinds.CacheKind.arrays>`) and its recent ring's keys and
+    values; then the ring's slots, one array for every layer (each step
+    writes the same slots in all of them). Cached: hosts ask for every
+    step's names and slot maps."""
+    heads, dim, ring = layout.num_kv_heads, layout.head_dim, layout.ring
+    # The ring's arrays after a row's batch dim (the slots' count does not matter).
+    ring_specs = [] if ring is None else [
+        (part, spec.shape[1:], spec.dtype)
+        for part, spec in zip(RecentRing.PARTS, ring.specs((1, heads, 0, dim)))]
+    entries = []
+    for i in range(layout.num_layers):
+        for a in layout.kind.arrays(dim):
+            entries.append(_Entry(f"{a.side}.{i}" + (f".{a.part}" if a.part else ""), i,
+                                  "slots", (heads, "S", a.width), a.dtype))
+        entries += [_Entry(f"recent.{i}.{part}", i, "ring", shape, dtype)
+                    for part, shape, dtype in ring_specs[:2]]
+    entries += [_Entry(f"recent.{part}", None, "tags", shape, dtype)
+                for part, shape, dtype in ring_specs[2:]]
+    return tuple(entries)
 
 
 def kv_cache_layout(num_layers: int, num_kv_heads: int, head_dim: int, max_length: int,
@@ -330,7 +434,7 @@ class PromptCache:
         """Hold ``tokens`` and their caches (replacing what was held)."""
         tokens, caches = list(tokens), tuple(caches)
         if tokens:
-            _check_caches(self.layout, len(tokens), caches)
+            self.layout.check(caches, len(tokens))
         self.tokens, self.caches = tokens, caches if tokens else ()
 
     def clear(self) -> None:
@@ -355,18 +459,9 @@ class PromptCache:
                              f"{layout.max_kv_size}")
         if not self.caches:
             return PromptCache(layout)
-        n = len(self.layout.parts)
-        kinds = self.layout.slot_arrays(self.caches)  # each layer's keys' arrays, its values'
-        if self.layout.quantized:
-            quant = (self.layout.kv_bits, self.layout.kv_group_size, True)
-            kinds = [dequantize_cache(kinds[i:i + n], *quant) for i in range(0, len(kinds), n)]
-        if layout.quantized:
-            quant = (layout.kv_bits, layout.kv_group_size, True)
-            kinds = [part for c in kinds for part in quantize_cache(c, *quant)]
-        # The window starts empty: its entries are of another layout's.
-        converted = iter(kinds)
-        caches = layout.map_slots(layout.empty(1, 0), lambda _: next(converted))
-        return PromptCache(layout, self.tokens, caches)
+        # The recent ring starts empty: its entries are of another layout's.
+        return PromptCache(layout, self.tokens,
+                           layout.holding(self.layout.keys_values(self.caches)))
 
     def save(self, path: str | Path) -> None:
         """Write the cache to ``path`` (``.safetensors``): the tokens, the
@@ -405,20 +500,8 @@ class PromptCache:
             cache = cls(saved, tokens.tolist(), [arrays[n] for n in names] if tokens.size else ())
         except ModelError as e:
             raise ModelError(f"{path}: {e}") from e
-        # Another float window reads the same cache: it starts empty.
+        # Another recent ring reads the same cache: it starts empty.
         return cache if layout is None or saved == layout else cache.converted(layout)
-
-
-def _check_caches(layout: CacheLayout, n: int, caches: tuple[mx.array, ...]) -> None:
-    """Caches that hold ``n`` tokens of a model of ``layout``."""
-    names = layout.array_names()
-    if len(caches) != len(names):
-        raise ModelError(f"a prompt cache of {layout.describe()} needs "
-                         f"{len(names)} caches, got {len(caches)}")
-    for name, cache, (shape, dtype) in zip(names, caches, layout.slot_specs(n)):
-        if tuple(cache.shape) != shape or cache.dtype != dtype:
-            raise ModelError(f"prompt cache {name} must be {AVal(shape, dtype)} "
-                             f"for {n} tokens, found {AVal.of(cache)}")
 
 
 class PromptCachePool:
@@ -464,7 +547,7 @@ class PromptCachePool:
         key = tuple(tokens)
         if not key or not self.capacity:
             return
-        _check_caches(self.layout, len(key), tuple(caches))
+        self.layout.check(caches, len(key))
         with self._lock:
             for old in [t for t in self._entries if key[:len(t)] == t]:
                 del self._entries[old]

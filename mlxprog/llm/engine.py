@@ -467,11 +467,11 @@ class Engine:
             rope_offset=mx.array([at] * len(rows), dtype=mx.int32),
             cache_offset=mx.array(at, dtype=mx.int32),
             # The rows' own slots: their padding, never attended by their
-            # tokens, is kept out of a quantized cache's float window too.
+            # tokens, is kept out of a quantized cache's recent ring too.
             key_mask=mx.arange(prefill.caches[0].shape[2])[None, :]
             < mx.array([[len(r.ids)] for r in rows]),
             key=self._step_key, caches=prefill.caches,
-        ).by_name()))
+        ).by_name(llm.cache_layout)))
         prefill.caches, prefill.done = out.caches, prefill.done + step
         complete = [i for i, r in enumerate(rows) if len(r.ids) <= at + step]
         picked = {i: rows[i].pick(llm, out.logits if len(rows) == 1 else out.logits[i:i + 1])
@@ -572,7 +572,7 @@ class Engine:
             rope_offset=mx.array([self.offset - r.pad for r in self.rows], dtype=mx.int32),
             cache_offset=mx.array(self.offset, dtype=mx.int32), key_mask=self.key_mask(),
             key=self._step_key, caches=self.caches,
-        ).by_name()))
+        ).by_name(llm.cache_layout)))
         self.caches, self.offset = out.caches, self.offset + 1
         picked = []
         for i, row in enumerate(self.rows):
@@ -614,7 +614,7 @@ class Engine:
             rope_offset=mx.array([self.offset - row.pad], dtype=mx.int32),
             cache_offset=mx.array(self.offset, dtype=mx.int32), key_mask=self.key_mask(),
             caches=self.caches,
-        ).by_name()))
+        ).by_name(llm.cache_layout)))
         self.caches = out.caches
         verdict = judge(out.logits[0], draft, row.picking, row.history, row.key)
         fed = verdict.accepted + 1   # the token picked last and the drafts kept

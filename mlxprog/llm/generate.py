@@ -34,7 +34,7 @@ from .programs import (
     POOLINGS, DecodeLoopInputs, EmbedInputs, Picking, PrefillInputs, Sampling, build_decode,
     build_decode_loop, build_embed, build_pick, build_prefill, build_verify,
 )
-from .spec import ModelSpec
+from .models import model_spec
 from .speculative import (
     DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
     check_draft_model,
@@ -282,7 +282,7 @@ class LLM:
             # first generation, where a first-use build (a minute or two)
             # would count as its time to first token.
             native_kernels.status()
-        self.spec = ModelSpec.of(checkpoint)
+        self.spec = model_spec(checkpoint)
         # A group of one process needs no collectives: the unsharded programs.
         self.group = group if group is not None and group.size() > 1 else None
         #: The ranks the model is split over, and this process's (1 and 0
@@ -566,7 +566,7 @@ class LLM:
                 cache_offset=mx.array(n, dtype=mx.int32),
                 key_mask=mx.ones((1, size), dtype=mx.bool_), key=request.key,
                 caches=caches, max_new=mx.array(max_new, dtype=mx.int32))
-            mx.eval(loop.with_callbacks({"emit": emit})(**inputs.by_name()))
+            mx.eval(loop.with_callbacks({"emit": emit})(**inputs.by_name(self.cache_layout)))
         return request.result()
 
     # -- embeddings --------------------------------------------------------
@@ -801,7 +801,7 @@ def load_exported(directory: str | Path, model: str | Path | None = None,
               cache_step=manifest.get("cache_step", DEFAULT_CACHE_STEP), native=native,
               group=group, numerics=exported_numerics, chat_template=chat_template,
               extra_eos_tokens=extra_eos_tokens)
-    expected = list(PrefillInputs.names_for(llm.config.num_layers))
+    expected = list(PrefillInputs.names_for(llm.cache_layout))
     if [s.name for s in programs["prefill"].inputs] != expected:
         raise ModelError(f"{where / 'prefill.json'}: its inputs are not this version's "
                          f"({', '.join(expected[:4])}, ...); export the model again")

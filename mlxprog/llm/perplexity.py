@@ -43,7 +43,7 @@ from .config import Checkpoint, ModelError, is_int, resolve_numerics
 from .generate import LLM
 from .model_files import load_checkpoint
 from .models import family_of
-from .programs import cache_names, declare_caches
+from .programs import declare_caches
 from .spec import ModelSpec
 
 DEFAULT_CHUNK = 256
@@ -82,7 +82,8 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     distribution) and the new caches. ``numerics`` is the quantized matmuls'
     (see :func:`~mlxprog.llm.build_prefill`); with a quantized ``kv`` layout
     the caches are its arrays (``k_cache.i.values``, ...; see
-    :func:`~mlxprog.llm.programs.cache_names`), so the scores are those of a
+    :meth:`CacheLayout.program_names
+    <mlxprog.llm.CacheLayout.program_names>`), so the scores are those of a
     generation with that cache. ``top`` > 0 adds, after the log-probabilities,
     each position's ``top`` largest logits ``[B, chunk, top]`` and their
     tokens (int32), for comparing models' choices."""
@@ -99,10 +100,10 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     rope_offset = b.input("rope_offset", ["B"], "int32")
     cache_offset = b.input("cache_offset", [], "int32")
     key_mask = b.input("key_mask", ["B", cache_length], "bool")
-    caches = declare_caches(b, c, c.num_kv_heads, cache_length, kv)
+    caches = declare_caches(b, model.kv, cache_length)
     h, new_caches = model.trunk(b, model.embed(b, tokens), chunk, rope_offset, cache_offset,
-                                key_mask, model.layer_caches(caches))
-    new_caches = model.flat_caches(new_caches)
+                                key_mask, model.kv.layers(caches))
+    new_caches = model.kv.flatten(new_caches)
     logits = model.logits(b, h)
     logprobs = logits - b.logsumexp(logits, axes=[-1], keepdims=True)
     picked = b.take_along_axis(logprobs, b.reshape(targets, shape=["B", chunk, 1]), axis=-1)
@@ -190,7 +191,7 @@ def _score_segment(score: Executable, llm: LLM, ids: list[int], chunk: int,
     in the segment, from an empty cache."""
     layout = llm.cache_layout
     caches = list(layout.empty(1, cache_length))
-    names = cache_names(llm.config.num_layers, layout.parts, bool(layout.kv_recent))
+    names = layout.program_names()
     # Every slot may be attended: causal attention hides the later ones.
     key_mask = mx.ones((1, cache_length), dtype=mx.bool_)
     out: list[float] = []

@@ -21,10 +21,12 @@ left-padded: ``rope_offset`` (one start position per row) and ``key_mask``
 (``[B, S]``, false on padding) describe the padding.
 
 Each program's inputs and outputs are declared once, as dataclasses whose
-field order is the program order (the ``caches`` field stands for the
-per-layer ``k_cache.i``/``v_cache.i``): the builders declare the inputs and
-outputs from them, and :class:`~mlxprog.llm.LLM` calls the executables by
-input name and reads their outputs by field name through them.
+field order is the program order (the ``caches`` field stands for the KV
+cache's arrays, which its :class:`~mlxprog.llm.CacheLayout` names and
+declares: ``k_cache.i``/``v_cache.i`` per layer for a float cache): the
+builders declare the inputs and outputs from them, and
+:class:`~mlxprog.llm.LLM` calls the executables by input name and reads
+their outputs by field name through them.
 
 Inputs (:class:`PrefillInputs`, :class:`DecodeInputs`, :class:`DecodeLoopInputs`):
 
@@ -32,8 +34,8 @@ Inputs (:class:`PrefillInputs`, :class:`DecodeInputs`, :class:`DecodeLoopInputs`
   row's last real token is: the logits after it pick the first new token;
   tokens after it are padding), ``rope_offset [B]``, ``cache_offset []`` (the
   slot of the first token: 0 for a whole prompt, the length of a cached
-  prefix otherwise), ``key_mask [B, S]``, ``key [2]``, then
-  ``k_cache.i``/``v_cache.i`` per layer.
+  prefix otherwise), ``key_mask [B, S]``, ``key [2]``, then the caches
+  (:meth:`CacheLayout.program_names <mlxprog.llm.CacheLayout.program_names>`).
 - decode: ``tokens [B]``, ``rope_offset [B]``, ``cache_offset []``,
   ``key_mask [B, S]``, ``key [2]``, then the caches (``cache_offset < S``).
 - decode loop: as decode plus ``max_new []``; a ``while`` loop runs decode
@@ -72,19 +74,14 @@ from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Generic, Sequence, TypeVar
 
-import mlx.core as mx
-
 from ..arrays import name_of
 from ..builder import ProgramBuilder, Value
 from ..format.program import Program
-from .cache import QUANTIZED_PARTS, RECENT_PARTS, CacheLayout
-from .config import ModelConfig, ModelError, is_int
+from .cache import CacheLayout
+from .config import ModelError, is_int
 from .models import family_of
 from .models.base import Decoder
 from .spec import ModelSpec
-
-CACHE_DTYPE = "float32"
-
 
 @dataclass(frozen=True)
 class Sampling:
@@ -110,49 +107,15 @@ class Sampling:
 A = TypeVar("A")  # what a declaration's fields hold: builder Values or arrays
 V = TypeVar("V", bound="ProgramValues")
 
-CACHES = "caches"  # the field standing for the per-layer KV caches
-
-
-def cache_names(num_layers: int, parts: Sequence[str] = ("",), recent: bool = False
-                ) -> list[str]:
-    """The per-layer cache names in program order: ``k_cache.0``, ``v_cache.0``,
-    ``k_cache.1``, ...; with a quantized cache's ``parts``
-    (:attr:`CacheLayout.parts <mlxprog.llm.CacheLayout.parts>`) each is
-    several arrays: ``k_cache.0.values``, ``k_cache.0.scales``,
-    ``k_cache.0.biases``, ``v_cache.0.values``, ...; with a float window
-    (``recent``) each layer's end with ``recent_cache.0.keys``,
-    ``recent_cache.0.values``, and ``recent_cache.slots`` follows the last
-    layer's."""
-    window = [f"recent_cache.{{}}.{part}" for part in RECENT_PARTS[:2]] if recent else []
-    names = [name for i in range(num_layers)
-             for name in [f"{kind}_cache.{i}" + (f".{part}" if part else "")
-                          for kind in ("k", "v") for part in parts]
-             + [w.format(i) for w in window]]
-    return names + (["recent_cache.slots"] if recent else [])
-
-
-def _cache_arrangement(caches: Sequence[Any]) -> tuple[tuple[str, ...], bool, int]:
-    """The parts of each layer's keys (or values) among ``caches`` (arrays,
-    program order), whether the cache has a float window, and its layers:
-    a quantized cache starts with its packed uint32 codes (a float cache
-    with float keys), and a layer's window follows its values' arrays in
-    float32 where the next layer's uint32 codes would be."""
-    dtype = getattr(caches[0], "dtype", None) if caches else None
-    if not (isinstance(dtype, mx.Dtype) and dtype == mx.uint32):
-        return ("",), False, len(caches) // 2
-    after = 2 * len(QUANTIZED_PARTS)
-    if len(caches) > after and caches[after].dtype == mx.float32:
-        return QUANTIZED_PARTS, True, (len(caches) - 1) // (after + 2)
-    return QUANTIZED_PARTS, False, len(caches) // after
+CACHES = "caches"  # the field standing for the KV cache's arrays
 
 
 @functools.cache
-def _names(cls: type, num_layers: int, parts: tuple[str, ...] = ("",),
-           recent: bool = False) -> tuple[str, ...]:
+def _names(cls: type, layout: CacheLayout | None) -> tuple[str, ...]:
     # Cached: the decode loop on the host names every input of every step.
     names: list[str] = []
     for f in fields(cls):
-        names += cache_names(num_layers, parts, recent) if f.name == CACHES else [f.name]
+        names += layout.program_names() if f.name == CACHES else [f.name]
     return tuple(names)
 
 
@@ -160,35 +123,32 @@ class ProgramValues(Generic[A]):
     """Base of the declarations of the programs' inputs, outputs and loop carry.
 
     A subclass is a frozen dataclass whose field order is the program order.
-    Each field holds one value, except ``caches``: a tuple of the per-layer KV
-    caches (``k_cache.0, v_cache.0, k_cache.1, ...``), as many as the model has
-    layers. The fields hold builder Values while a program is built and
-    arrays when it runs.
+    Each field holds one value, except ``caches``: a tuple of the KV cache's
+    arrays in program order (:meth:`CacheLayout.program_names
+    <mlxprog.llm.CacheLayout.program_names>`: ``k_cache.0, v_cache.0,
+    k_cache.1, ...`` for a float cache). The fields hold builder Values
+    while a program is built and arrays when it runs.
     """
 
     @classmethod
-    def names_for(cls, num_layers: int, parts: Sequence[str] = ("",),
-                  recent: bool = False) -> tuple[str, ...]:
-        """The names of the values in program order, for a model of
-        ``num_layers`` layers whose keys and values are each the arrays
-        ``parts``, with a float window or not (see :func:`cache_names`): the
-        programs' input names, for inputs."""
-        return _names(cls, num_layers, tuple(parts), recent)
+    def names_for(cls, layout: CacheLayout) -> tuple[str, ...]:
+        """The names of the values in program order, with the caches of
+        ``layout``: the programs' input names, for inputs."""
+        return _names(cls, layout)
 
     @classmethod
-    def of(cls: type[V], values: Sequence[Any]) -> V:
+    def of(cls: type[V], values: Sequence[Any], layout: CacheLayout | None = None) -> V:
         """The declaration holding ``values`` (in program order: an executable's
         outputs, a loop's carry); the caches are the values the other fields
-        leave."""
+        leave, as many as ``layout`` has arrays where it is given."""
         declared = fields(cls)
         n_caches = len(values) - (len(declared) - 1)
-        # With a float window: a quantized cache's arrays and the window's two
-        # a layer, then its slots.
-        per_layer = 2 * len(QUANTIZED_PARTS) + 2
-        windowed = n_caches > 1 and n_caches % per_layer == 1
-        if n_caches < 0 or (n_caches % 2 and not windowed):
-            raise ModelError(f"{cls.__name__} takes {len(declared) - 1} values and a k and v "
-                             f"cache per layer, got {len(values)} values")
+        expected = None if layout is None else len(layout.program_names())
+        if n_caches < 0 or expected not in (None, n_caches):
+            arrays = "its caches" if layout is None else (
+                f"the {expected} arrays of a cache of {layout.describe()}")
+            raise ModelError(f"{cls.__name__} takes {len(declared) - 1} values and {arrays}, "
+                             f"got {len(values)} values")
         given = iter(values)
         return cls(**{f.name: tuple(islice(given, n_caches)) if f.name == CACHES else next(given)
                       for f in declared})
@@ -204,26 +164,25 @@ class ProgramValues(Generic[A]):
                 out.append(value)
         return out
 
-    def by_name(self) -> dict[str, A]:
-        """The values by name: an executable's keyword arguments, for inputs."""
-        caches = getattr(self, CACHES, ())  # a program may take no caches
-        parts, recent, num_layers = _cache_arrangement(caches)
-        return dict(zip(self.names_for(num_layers, parts, recent), self.values()))
+    def by_name(self, layout: CacheLayout | None = None) -> dict[str, A]:
+        """The values by name, the caches named as ``layout`` names them (a
+        declaration with caches needs it): an executable's keyword
+        arguments, for inputs."""
+        caches = getattr(self, CACHES, None)  # a program may take no caches
+        if caches is not None and layout is None:
+            raise ModelError(f"{type(self).__name__}.by_name needs the cache's layout to name "
+                             f"its {len(caches)} cache arrays")
+        return dict(zip(_names(type(self), layout), self.values()))
 
 
-def declare_caches(b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
-                   slots: int | str, kv: CacheLayout) -> tuple[Value, ...]:
-    """Declare a model's cache inputs on ``b`` in program order
-    (:func:`cache_names`): ``[B, num_kv_heads, slots, width]`` each, float32
-    or, with a quantized ``kv`` layout, its arrays
-    (:meth:`CacheLayout.slot_specs <mlxprog.llm.CacheLayout.slot_specs>`:
-    each layer's then followed by its float window's keys and values, and
-    the window's slots after the last layer's)."""
-    names = cache_names(config.num_layers, kv.parts, bool(kv.kv_recent))
-    # The layout's shapes, with the program's batch and this rank's KV heads.
-    return tuple(b.input(name, ["B", num_kv_heads, *shape[2:]] if len(shape) == 4
-                         else ["B", *shape[1:]], name_of(dtype))
-                 for name, (shape, dtype) in zip(names, kv.slot_specs(slots)))
+def declare_caches(b: ProgramBuilder, kv: CacheLayout, slots: int | str) -> tuple[Value, ...]:
+    """Declare the cache inputs of layout ``kv`` on ``b`` in program order
+    (:meth:`CacheLayout.program_names <mlxprog.llm.CacheLayout.program_names>`),
+    ``[B, ...]`` of ``slots`` slots each (:meth:`CacheLayout.slot_specs
+    <mlxprog.llm.CacheLayout.slot_specs>`: the layout's KV heads, which are
+    the rank's in a split model)."""
+    return tuple(b.input(name, ["B", *shape[1:]], name_of(dtype))
+                 for name, (shape, dtype) in zip(kv.program_names(), kv.slot_specs(slots)))
 
 
 def _input(shape: Sequence[int | str], dtype: str):
@@ -234,22 +193,18 @@ def _input(shape: Sequence[int | str], dtype: str):
 
 class ProgramInputs(ProgramValues[A]):
     """Base of the input declarations: each field but ``caches`` is declared
-    with its shape and dtype (:func:`_input`); the caches are
-    ``[B, kv_heads, S, head_dim]`` float32."""
+    with its shape and dtype (:func:`_input`); the caches are declared from
+    the layout (:func:`declare_caches`)."""
 
     @classmethod
-    def declare(cls: type[V], b: ProgramBuilder, config: ModelConfig, num_kv_heads: int,
-                kv: CacheLayout | None = None) -> V:
-        """Declare the inputs on ``b`` in field order, with caches of
-        ``num_kv_heads`` heads (the rank's), float32 or, with a quantized
-        ``kv`` layout, its arrays (:meth:`CacheLayout.part_specs
-        <mlxprog.llm.CacheLayout.part_specs>`); the declaration of the
-        resulting Values."""
+    def declare(cls: type[V], b: ProgramBuilder, kv: CacheLayout) -> V:
+        """Declare the inputs on ``b`` in field order, with the caches of
+        layout ``kv`` (the decoder's: its KV heads are the rank's); the
+        declaration of the resulting Values."""
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == CACHES:
-                values[f.name] = declare_caches(b, config, num_kv_heads, "S",
-                                                kv or CacheLayout.of(config))
+                values[f.name] = declare_caches(b, kv, "S")
             else:
                 values[f.name] = b.input(f.name, list(f.metadata["shape"]), f.metadata["dtype"])
         return cls(**values)
@@ -392,7 +347,7 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
     :meth:`Decoder.forward <mlxprog.llm.models.base.Decoder.forward>`)."""
     b, model = _builder(spec, "prefill", max_length, max_batch, world_size, rank, numerics,
                           prompt=True, kv=kv)
-    x = PrefillInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
+    x = PrefillInputs.declare(b, model.kv)
     logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
                                    x.key_mask, x.caches, x.last_index)
     return _build_step(b, model, logits, x.key, caches, sampling)
@@ -406,7 +361,7 @@ def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = S
     ``world_size``, ``rank``, ``numerics`` and ``kv`` as in :func:`build_prefill`."""
     b, model = _builder(spec, "decode", max_length, max_batch, world_size, rank, numerics,
                         kv=kv)
-    x = DecodeInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
+    x = DecodeInputs.declare(b, model.kv)
     logits, caches = model.forward(b, b.reshape(x.tokens, shape=["B", 1]), 1, x.rope_offset,
                                    x.cache_offset, x.key_mask, x.caches)
     return _build_step(b, model, logits, x.key, caches, sampling)
@@ -425,7 +380,7 @@ def build_verify(spec: ModelSpec, max_length: int, max_batch: int = 64, world_si
     within the T tokens (the engine verifies only below ``max_kv_size``)."""
     b, model = _builder(spec, "verify", max_length, max_batch, world_size, rank, numerics,
                         prompt=True, kv=kv)
-    x = VerifyInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
+    x = VerifyInputs.declare(b, model.kv)
     logits, caches = model.forward(b, x.tokens, "T", x.rope_offset, x.cache_offset,
                                    x.key_mask, x.caches, every_position=True)
     return b.build(check=False, outputs=LogitsOutputs(logits=logits, caches=caches).values())
@@ -454,14 +409,14 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     ``emit`` sees the same tokens)."""
     b, model = _builder(spec, "decode_loop", max_length, max_batch, world_size, rank,
                           numerics, kv=kv)
-    x = DecodeLoopInputs.declare(b, spec.config, model.shard.num_kv_heads, kv)
+    x = DecodeLoopInputs.declare(b, model.kv)
 
     def cond(sb, *carry: Value) -> Value:
-        now = LoopCarry.of(carry)
+        now = LoopCarry.of(carry, model.kv)
         return sb.logical_and(sb.logical_not(now.stop), sb.less(now.made, x.max_new))
 
     def body(sb, *carry: Value) -> list[Value]:
-        now = LoopCarry.of(carry)
+        now = LoopCarry.of(carry, model.kv)
         logits, caches = model.forward(sb, sb.reshape(now.tokens, shape=["B", 1]), 1,
                                        now.rope_offset, now.cache_offset, x.key_mask, now.caches)
         next_tokens, next_key = model.pick(sb, logits, now.key, sampling)
@@ -473,7 +428,7 @@ def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sam
     start = LoopCarry(tokens=x.tokens, rope_offset=x.rope_offset, cache_offset=x.cache_offset,
                       key=x.key, made=b.constant(0, "int32"), stop=b.constant(False, "bool"),
                       caches=x.caches)
-    final = LoopCarry.of(b.while_loop(cond, body, start.values()))
+    final = LoopCarry.of(b.while_loop(cond, body, start.values()), model.kv)
     outputs = LoopOutputs(next_tokens=final.tokens, key=final.key, caches=final.caches,
                           made=final.made)
     return b.build(check=False, outputs=outputs.values())
@@ -516,14 +471,16 @@ def build_embed(spec: ModelSpec, max_length: int, pooling: str = "mean",
     b, model = _builder(spec, "embed", max_length, max_batch, world_size, rank, "exact",
                         prompt=True, cache=False)
     c = spec.config
-    x = EmbedInputs.declare(b, c, model.shard.num_kv_heads)
-    # Empty caches as long as the rows: attention reads T slots, no more.
-    empty = b.full(shape=["B", model.shard.num_kv_heads, "T", c.head_dim], dtype=CACHE_DTYPE,
-                   value=0.0)
+    x = EmbedInputs.declare(b, model.kv)
+    # Empty float caches as long as the rows (attention reads T slots, no
+    # more): one zeroed Value for all the arrays of one shape.
+    specs = model.kv.slot_specs("T")
+    zeros = {spec: b.full(shape=["B", *spec[0][1:]], dtype=name_of(spec[1]), value=0.0)
+             for spec in dict.fromkeys(specs)}
     rope_offset = b.full(shape=["B"], dtype="int32", value=0)
     key_mask = b.full(shape=["B", "T"], dtype="bool", value=True)
     h, _ = model.trunk(b, model.embed(b, x.tokens), "T", rope_offset, b.constant(0, "int32"),
-                       key_mask, (empty,) * (2 * c.num_layers))
+                       key_mask, model.kv.layers([zeros[spec] for spec in specs]))
     lengths = b.reshape(x.lengths, shape=["B", 1])
     if pooling == "mean":
         real = b.astype(b.less(b.iota(shape=["B", "T"], axis=1), lengths), dtype="float32")

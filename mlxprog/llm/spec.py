@@ -13,14 +13,33 @@ follow one block, layers split by columns are summed across the ranks.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import mlx.core as mx
 
 from ..arrays import name_of
 from .config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization, is_int
-from .models import family_of
-from .models.base import Split, splits
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a weight is cut across tensor-parallel ranks: by output rows
+    (``axis`` 0) or input columns (``axis`` 1), following one block of a
+    :class:`Shard` (``"heads"``, ``"kv_heads"`` or ``"intermediate"``). A
+    row split's bias is cut with it; a column split's bias is of its
+    outputs, held whole by every rank and added once after the ranks' sum."""
+
+    axis: Literal[0, 1]
+    block: Literal["heads", "kv_heads", "intermediate"]
+
+
+ROWS_BY_HEADS = Split(0, "heads")
+ROWS_BY_KV_HEADS = Split(0, "kv_heads")
+ROWS_BY_INTERMEDIATE = Split(0, "intermediate")
+COLUMNS_BY_HEADS = Split(1, "heads")
+COLUMNS_BY_INTERMEDIATE = Split(1, "intermediate")
 
 
 @dataclass(frozen=True)
@@ -40,9 +59,11 @@ class ModelSpec:
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, checkpoint: Checkpoint) -> ModelSpec:
-        """The spec of a loaded checkpoint, with its q/k/v and gate/up
-        projections fused where they are packed alike."""
+    def of(cls, checkpoint: Checkpoint, splits: Mapping[str, Split]) -> ModelSpec:
+        """The spec of a loaded checkpoint whose layers split as ``splits``
+        says (its family's weight table; :func:`mlxprog.llm.models.model_spec`
+        finds them), with its q/k/v and gate/up projections fused where they
+        are packed alike."""
         config = checkpoint.config
         spec = cls(
             config=config,
@@ -50,7 +71,7 @@ class ModelSpec:
             weights={n: (tuple(w.shape), name_of(w.dtype))
                      for n, w in checkpoint.weights.items()},
             source_names={n: checkpoint.source_names.get(n, n) for n in checkpoint.weights},
-            splits=splits(family_of(config).weights(config), config),
+            splits=dict(splits),
         )
         for i in range(spec.config.num_layers):
             for fused, parts in _FUSIONS:

@@ -221,7 +221,7 @@ class DraftModel:
                 out = LogitsOutputs.of(llm.executable("decode", None)(**DecodeInputs(
                     tokens=token, rope_offset=mx.array([position], dtype=mx.int32),
                     cache_offset=mx.array(position, dtype=mx.int32), key_mask=self._mask(),
-                    key=key, caches=self.caches).by_name()))
+                    key=key, caches=self.caches).by_name(llm.cache_layout)))
                 position += 1
         self._round_start = len(sequence)
         return Draft(mx.concatenate(tokens),
@@ -240,14 +240,15 @@ class DraftModel:
             self._room(max(start + len(behind), slots))
             out = LogitsOutputs.of(llm.executable("verify")(**VerifyInputs(
                 tokens=mx.array([behind], dtype=mx.int32), key_mask=self._mask(),
-                caches=self.caches, **position).by_name()))
+                caches=self.caches, **position).by_name(llm.cache_layout)))
             return LogitsOutputs(logits=out.logits[:, -1], caches=out.caches)
         chunk = min(_bucket(len(behind)), llm.cache_slots - start)
         self._room(max(start + chunk, slots))
         return LogitsOutputs.of(llm.executable("prefill", None)(**PrefillInputs(
             tokens=mx.array([(behind + [0] * chunk)[:chunk]], dtype=mx.int32),
             last_index=mx.array([len(behind) - 1], dtype=mx.int32),
-            key_mask=self._mask(), key=key, caches=self.caches, **position).by_name()))
+            key_mask=self._mask(), key=key, caches=self.caches,
+            **position).by_name(llm.cache_layout)))
 
     def _pick(self, logits: mx.array, key: mx.array) -> tuple[mx.array, mx.array | None]:
         """The draft token from ``logits [1, V]`` and the distribution it was

@@ -10,11 +10,12 @@ executable's :class:`~mlxprog.native.Setting` first (the op's
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 
 from ..arrays import AVal
+from ..cache_kinds import CacheKind, Geometry, RecentRing
 from ..ggml import types as ggml_types
 from . import Setting, active, inactive_reason, record
 
@@ -22,7 +23,6 @@ FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
 QMM_GROUP_SIZES = (32, 64, 128)
 Q8_BITS = (4, 8)  # the codes the int8 kernel reads
-KV_BITS = (4, 8)  # the codes of a quantized KV cache the attention kernels read
 
 
 def covers_quantized_matmul(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
@@ -232,89 +232,69 @@ def rope(setting: Setting, x: mx.array, offset: mx.array | int, *, dims: int,
                        freqs=freqs)
 
 
-def cache_geometry(caches: Sequence[AVal], kv_bits: int | None = None,
-                   kv_group_size: int | None = None) -> tuple[int, int, int, int] | None:
+def cache_geometry(caches: Sequence[AVal], kind: CacheKind) -> Geometry | None:
     """``(B, H_kv, S, D)`` of a KV cache the native attention reads, or None
-    where it reads no such cache: two float32 arrays k and v ``[B, H_kv, S,
-    D]`` (``kv_bits`` None), or with ``kv_bits`` 4 or 8 six arrays, the
-    codes (uint32 ``[B, H_kv, S, D * bits / 32]``), scales and biases
-    (float32 ``[B, H_kv, S, D / kv_group_size]``) of k, then of v (MLX's
-    affine quantization); no dim zero."""
-    if kv_bits is None:
-        if len(caches) != 2 or caches[0] != caches[1] or caches[0][1] != mx.float32 \
-                or len(caches[0][0]) != 4 or 0 in caches[0][0]:
-            return None
-        return tuple(caches[0][0])
-    if kv_bits not in KV_BITS or kv_group_size not in QMM_GROUP_SIZES or len(caches) != 6:
+    where it reads no such cache: exactly ``kind``'s arrays
+    (:meth:`CacheKind.arrays <mlxprog.cache_kinds.CacheKind.arrays>`: float32
+    k and v ``[B, H_kv, S, D]`` for a float cache), no dim zero, of a kind
+    the kernels have a format for."""
+    if kind.native_format() is None:
         return None
-    codes = caches[0][0]
-    if len(codes) != 4 or 0 in codes:
+    try:
+        geometry = kind.fit(caches)
+    except ValueError:
         return None
-    B, H_kv, S, packed = codes
-    D = packed * 32 // kv_bits
-    expected = [((B, H_kv, S, packed), mx.uint32)] + [((B, H_kv, S, D // kv_group_size),
-                                                       mx.float32)] * 2
-    if D % kv_group_size or [(tuple(a[0]), a[1]) for a in caches] != expected * 2:
+    if 0 in geometry or [a[1] for a in caches] != [a.dtype for a in kind.arrays(geometry[3])]:
         return None
-    return B, H_kv, S, D
+    return geometry
 
 
-def _cache_settings(kv_bits: int | None, kv_group_size: int | None,
-                    kv_hadamard: bool) -> dict[str, int | bool]:
-    """The extension's cache-format keywords (0: a float cache)."""
-    return dict(kv_bits=kv_bits or 0, kv_group_size=kv_group_size or 0, kv_hadamard=kv_hadamard)
+def _cache_format(native: Any, kind: CacheKind) -> Any:
+    """The extension's ``CacheFormat`` of ``kind`` (its native format)."""
+    return native.CacheFormat(**kind.native_format())
 
 
-def covers_recent(recent: Sequence[AVal] | None, geometry: tuple[int, int, int, int] | None,
-                  kv_bits: int | None) -> bool:
-    """Whether the native attention reads this float window of a quantized
-    cache of ``geometry`` (``(B, H_kv, S, D)``, :func:`cache_geometry`):
-    none, or with ``kv_bits`` the ring ``k_recent, v_recent`` (float32 ``[B,
-    H_kv, R, D]``) and ``recent_slots`` (int32 ``[B, R]``), R >= 1."""
+def covers_recent(recent: Sequence[AVal] | None, geometry: Geometry | None,
+                  kind: CacheKind) -> bool:
+    """Whether the native attention reads this recent ring of a cache of
+    ``kind`` and ``geometry`` (``(B, H_kv, S, D)``, :func:`cache_geometry`):
+    none, or of a quantized cache the ring ``k_recent, v_recent`` (float32
+    ``[B, H_kv, R, D]``) and ``recent_slots`` (int32 ``[B, R]``), R >= 1."""
     if recent is None:
         return True
-    if kv_bits is None or geometry is None or len(recent) != 3 or len(recent[0][0]) != 4:
-        return False
-    B, H_kv, _, D = geometry
-    R = recent[0][0][2]
-    rows = ((B, H_kv, R, D), mx.float32)
-    return R >= 1 and [(tuple(s), d) for s, d in recent] == [rows, rows, ((B, R), mx.int32)]
+    return kind.quantized and RecentRing.of(recent, geometry) is not None
 
 
-def covers_cache_attention(q: AVal, caches: Sequence[AVal], kv_bits: int | None = None,
-                           kv_group_size: int | None = None,
+def covers_cache_attention(q: AVal, caches: Sequence[AVal], kind: CacheKind,
                            recent: Sequence[AVal] | None = None) -> bool:
     """Whether the native attention computes this case: float32 queries
     ``[B, H, T, D]`` over a cache :func:`cache_geometry` reads, of q's B and
     D, with H a multiple of H_kv (the ``BHTD`` layout, no sinks), and a
-    float window ``recent`` (the ring) :func:`covers_recent` reads."""
+    recent ring ``recent`` :func:`covers_recent` reads."""
     (q_shape, q_dtype) = q
-    geometry = cache_geometry(caches, kv_bits, kv_group_size)
+    geometry = cache_geometry(caches, kind)
     if geometry is None or q_dtype != mx.float32 or len(q_shape) != 4 or 0 in q_shape:
         return False
     B, H, T, D = q_shape
     return (geometry[0] == B and geometry[3] == D and H % geometry[1] == 0
-            and covers_recent(recent, geometry, kv_bits))
+            and covers_recent(recent, geometry, kind))
 
 
 def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
                     start: mx.array, key_mask: mx.array | None, scale: float,
-                    window: int | None = None, softcap: float | None = None,
-                    kv_bits: int | None = None, kv_group_size: int | None = None,
-                    kv_hadamard: bool = False,
+                    window: int | None, softcap: float | None, kind: CacheKind,
                     recent: Sequence[mx.array] | None = None) -> mx.array | None:
-    """Attention of queries ``[B, H, T, D]`` over a cache (``caches``: k and
-    v ``[B, H_kv, S, D]``, or a quantized cache's six arrays, see
-    :func:`cache_geometry`; with ``kv_hadamard`` quantized from each group's
-    Walsh-Hadamard transform): query t sees key j when ``j <= start + t``,
-    with a ``window`` also ``j > start + t - window``, and ``key_mask[b,
-    j]``; a query that sees no key gets zeros. Scores ``s = q . k * scale``
-    are capped at ``softcap * tanh(s / softcap)`` when ``softcap`` is given.
+    """Attention of queries ``[B, H, T, D]`` over a cache of ``kind``
+    (``caches``: its arrays, see :func:`cache_geometry`): query t sees key j
+    when ``j <= start + t``, with a ``window`` also ``j > start + t -
+    window``, and ``key_mask[b, j]``; a query that sees no key gets zeros.
+    Scores ``s = q . k * scale`` are capped at ``softcap * tanh(s /
+    softcap)`` when ``softcap`` is given.
 
-    ``recent``: a quantized cache's float window of R tokens, ``(k_recent,
+    ``recent``: a quantized cache's recent ring of R tokens, ``(k_recent,
     v_recent, recent_slots, new_k, new_v)``: the ring (see
     :func:`covers_recent`) and the step's new keys and values (float32
-    ``[B, H_kv, T, D]``), all in the cache's basis (with ``kv_hadamard``
+    ``[B, H_kv, T, D]``), all in the cache's basis (with ``hadamard``
     each group's transform). Query t (slot ``p = start + t``) reads a key and
     value j it sees with ``p - j < R`` from ``new_k``/``new_v`` when ``j >=
     start``, else from the ring's entry ``j % R`` when ``recent_slots[b, j %
@@ -324,52 +304,49 @@ def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
     native = active(setting)
     ring = _avals(None if recent is None else recent[:3])
     if native is None or not covers_cache_attention(
-            AVal.of(q), [AVal.of(c) for c in caches], kv_bits, kv_group_size, ring):
+            AVal.of(q), [AVal.of(c) for c in caches], kind, ring):
         return None
     if recent is not None:
         new_rows = AVal((*recent[0].shape[:2], q.shape[2], q.shape[3]), mx.float32)
         if len(recent) != 5 or any(AVal.of(a) != new_rows for a in recent[3:]):
             return None
         recent = list(recent)
-    record(setting, "kv_cache_sdpa_update" if kv_bits is None
-           else "quantized_kv_cache_sdpa_update")
+    record(setting, kind.sdpa_op()[0])
     if key_mask is not None and key_mask.dtype != mx.bool_:
         key_mask = key_mask.astype(mx.bool_)
     # The kernel reads 0 as no window (every key up to the query's) and no cap.
     return native.cache_attention(q, list(caches), _int32_vector(start), key_mask,
                                   scale=scale, window=window or 0, softcap=softcap or 0.0,
-                                  **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
-                                  recent=recent)
+                                  format=_cache_format(native, kind), recent=recent)
 
 
-def covers_cache_attention_block(qkv: AVal, caches: Sequence[AVal], kv_bits: int | None = None,
-                                 kv_group_size: int | None = None,
+def covers_cache_attention_block(qkv: AVal, caches: Sequence[AVal], kind: CacheKind,
                                  recent: Sequence[AVal] | None = None) -> bool:
     """Whether the native attention block computes this case: float32 qkv
     ``[B, T, F]`` with T >= 1 over a cache :func:`cache_geometry` reads, of
-    qkv's B, with a float window ``recent`` :func:`covers_recent` reads;
+    qkv's B, with a recent ring ``recent`` :func:`covers_recent` reads;
     the op checks how F splits into heads."""
     (x_shape, x_dtype) = qkv
-    geometry = cache_geometry(caches, kv_bits, kv_group_size)
+    geometry = cache_geometry(caches, kind)
     return (geometry is not None and x_dtype == mx.float32 and len(x_shape) == 3
             and 0 not in x_shape and x_shape[0] == geometry[0]
-            and covers_recent(recent, geometry, kv_bits))
+            and covers_recent(recent, geometry, kind))
 
 
 def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.array],
                           start: mx.array, positions: mx.array, *, heads: int, kv_heads: int,
                           dims: int, traditional: bool, base: float, rope_scale: float,
                           scale: float, freqs: mx.array | None, key_mask: mx.array | None,
-                          kv_bits: int | None = None, kv_group_size: int | None = None,
-                          kv_hadamard: bool = False,
+                          kind: CacheKind,
                           recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
     """The native ``kv_cache_attention_block`` (``start``: the clamped int32
     cache slot, ``positions``: int32 RoPE start positions, one or per row;
-    ``caches``: see :func:`cache_geometry` and :func:`cache_attention`): the
-    output, then the new cache arrays; or None where it does not apply.
+    ``caches``: the arrays of a cache of ``kind``, see
+    :func:`cache_geometry`): the output, then the new cache arrays; or None
+    where it does not apply.
 
-    ``recent``: a quantized cache's float window, the ring ``(k_recent,
-    v_recent, recent_slots)`` (:func:`covers_recent`), read as
+    ``recent``: a quantized cache's recent ring ``(k_recent, v_recent,
+    recent_slots)`` (:func:`covers_recent`), read as
     :func:`cache_attention` reads it with the block's own new keys (after
     RoPE) and values; then the results end with the updated ring: in row
     b, each new slot ``s >= start`` among the R up to the row's last new
@@ -378,8 +355,7 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
     a mask, the step's last ``min(T, R)`` tokens."""
     native = active(setting)
     if native is None or not covers_cache_attention_block(
-            AVal.of(qkv), [AVal.of(c) for c in caches], kv_bits, kv_group_size,
-            _avals(recent)):
+            AVal.of(qkv), [AVal.of(c) for c in caches], kind, _avals(recent)):
         return None
     if freqs is not None and freqs.dtype != mx.float32:
         return None
@@ -389,32 +365,29 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
     return native.cache_attention_block(
         qkv, list(caches), start, positions, heads=heads, kv_heads=kv_heads, dims=dims,
         traditional=traditional, base=base, rope_scale=rope_scale, scale=scale, freqs=freqs,
-        key_mask=key_mask, **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
+        key_mask=key_mask, format=_cache_format(native, kind),
         recent=None if recent is None else list(recent))
 
 
 def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVal,
                                        projections: dict[str, list[AVal]],
                                        caches: Sequence[AVal], *, group_size: int, bits: int,
-                                       numerics: str, ggml_parts=None,
-                                       kv_bits: int | None = None,
-                                       kv_group_size: int | None = None,
+                                       numerics: str, kind: CacheKind, ggml_parts=None,
                                        recent: Sequence[AVal] | None = None) -> str:
     """Why the native transformer layer cannot compute this case ("" when
-    it can): it needs float32 h ``[B, T, hidden]``, a cache
-    :func:`cache_geometry` reads, a float window ``recent`` (if any)
+    it can): it needs float32 h ``[B, T, hidden]``, a cache of ``kind``
+    :func:`cache_geometry` reads, a recent ring ``recent`` (if any)
     :func:`covers_recent` reads, float norm weights, and projections the
     native quantized matmul covers (4- or 8-bit codes in int8 numerics) or
     (``ggml_parts``: each projection's parts' GGML type names) parts the
     native GGML kernels cover; the op checks how the shapes fit."""
     if h[1] != mx.float32 or len(h[0]) != 3 or 0 in h[0]:
         return f"the native layer needs a float32 h [B, T, hidden], found {h}"
-    if not covers_cache_attention_block(
-            AVal((h[0][0], h[0][1], 1), mx.float32), caches, kv_bits, kv_group_size):
+    if not covers_cache_attention_block(AVal((h[0][0], h[0][1], 1), mx.float32), caches, kind):
         return ("the native layer needs a float32 cache [B, kv_heads, S, D] or a 4- or 8-bit "
                 f"quantized one, found {', '.join(map(str, caches))}")
-    if not covers_recent(recent, cache_geometry(caches, kv_bits, kv_group_size), kv_bits):
-        return ("the native layer needs a float window of a quantized cache [B, kv_heads, S, "
+    if not covers_recent(recent, cache_geometry(caches, kind), kind):
+        return ("the native layer needs a recent ring of a quantized cache [B, kv_heads, S, "
                 "D]: k_recent and v_recent float32 [B, kv_heads, R, D], recent_slots int32 "
                 f"[B, R], found {', '.join(map(str, recent))}")
     if input_norm[1] not in FLOATS or post_norm[1] not in FLOATS:
@@ -440,16 +413,15 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
                       start: mx.array, positions: mx.array, heads: int, kv_heads: int,
                       dims: int, traditional: bool, base: float, rope_scale: float,
                       scale: float, eps: float, group_size: int, bits: int, numerics: str,
-                      freqs: mx.array | None, key_mask: mx.array | None, ggml_parts=None,
-                      kv_bits: int | None = None, kv_group_size: int | None = None,
-                      kv_hadamard: bool = False,
+                      freqs: mx.array | None, key_mask: mx.array | None, kind: CacheKind,
+                      ggml_parts=None,
                       recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
     """The native ``transformer_layer`` (``start``: the clamped int32 cache
     slot, ``positions``: int32 RoPE start positions; ``projections``: the
     (w, scales, biases) of qkv, o, gate_up and down, or with ``ggml_parts``
-    (each projection's parts' GGML type names) their parts' blocks; ``caches``: see
-    :func:`cache_geometry` and :func:`cache_attention`): h, then the new
-    cache arrays, then with a float window ``recent`` (as
+    (each projection's parts' GGML type names) their parts' blocks; ``caches``: the
+    arrays of a cache of ``kind``, see :func:`cache_geometry`): h, then the
+    new cache arrays, then with a recent ring ``recent`` (as
     :func:`cache_attention_block` takes it) the updated ring; or None where
     it does not apply."""
     native = active(setting)
@@ -459,8 +431,7 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
     if transformer_layer_uncovered_reason(
             AVal.of(h), AVal.of(input_norm), AVal.of(post_norm), avals,
             [AVal.of(c) for c in caches], group_size=group_size, bits=bits, numerics=numerics,
-            ggml_parts=ggml_parts, kv_bits=kv_bits, kv_group_size=kv_group_size,
-            recent=_avals(recent)):
+            ggml_parts=ggml_parts, kind=kind, recent=_avals(recent)):
         return None
     record(setting, "transformer_layer")
     if key_mask is not None and key_mask.dtype != mx.bool_:
@@ -478,8 +449,7 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
         int8=numerics == "int8", freqs=freqs, key_mask=key_mask,
         part_types=None if ggml_parts is None else [
             [ggml_types.BY_NAME[t].id for t in types] for types in ggml_parts],
-        **_cache_settings(kv_bits, kv_group_size, kv_hadamard),
-        recent=None if recent is None else list(recent))
+        format=_cache_format(native, kind), recent=None if recent is None else list(recent))
 
 
 def covers_matmul(a: AVal, b: AVal) -> bool:

@@ -17,6 +17,7 @@ import mlx.core as mx
 from pydantic import Field
 
 from ..arrays import AVal, is_floating
+from ..cache_kinds import FloatCache
 from ..native import kernels as native
 from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
@@ -305,7 +306,7 @@ def _native_kv_cache_sdpa_update(avals, attrs) -> bool:
     """Whether the native cache-attention kernel computes this instruction."""
     q, _, _, k_cache, v_cache = avals[:5]
     return (attrs.layout == "BHTD" and not attrs.sinks
-            and native.covers_cache_attention(q, [k_cache, v_cache]))
+            and native.covers_cache_attention(q, [k_cache, v_cache], FloatCache()))
 
 
 @register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3,
@@ -350,7 +351,7 @@ def kv_cache_sdpa_update(operands, attrs, context):
     window = None if attrs.window is None else min(attrs.window, t_max)
     if attrs.layout == "BHTD" and sinks is None:
         out = native.cache_attention(context.native, q, [k_cache, v_cache], start, key_mask,
-                                     scale, window, attrs.softcap)
+                                     scale, window, attrs.softcap, FloatCache())
         if out is not None:
             return out, k_cache, v_cache
     keep = _causal_keep(t_new, t_max, start, key_mask, window)

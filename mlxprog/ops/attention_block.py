@@ -9,32 +9,23 @@ eight; elsewhere it runs the ops it is defined by (``fast_rope``, then
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import mlx.core as mx
 from pydantic import Field, model_validator
 
 from ..arrays import AVal, is_floating
+from ..cache_kinds import CacheKind, Geometry, cache_kind
 from ..native import kernels as native
-from .attention import KVCacheSdpaAttrs, _check_key_mask, _check_operand_count
-from .attention import kv_cache_sdpa_update
+from .attention import _check_key_mask, _check_operand_count
 from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
 from .positions import _check_offset, _int32_positions
-from .quantized_attention import (
-    RECENT_NAMES,
-    KVBits,
-    KVGroupSize,
-    QuantizedKVCacheSdpaAttrs,
-    cache_names,
-    check_quantized_cache,
-    check_recent,
-    quantized_kv_cache_sdpa_update,
-)
-from .registry import register_op
+from .quantized_attention import CacheSettings, KVBits, KVGroupSize
+from .registry import lookup, register_op
 
 
-class KVCacheAttentionBlockAttrs(Attrs):
+class KVCacheAttentionBlockAttrs(CacheSettings, Attrs):
     """The attributes of ``kv_cache_attention_block``."""
 
     heads: PositiveSize
@@ -55,7 +46,7 @@ class KVCacheAttentionBlockAttrs(Attrs):
     """The quantized cache holds each group's Walsh-Hadamard transform (as
     ``quantized_kv_cache_sdpa_update`` with ``hadamard``; with ``kv_bits``)."""
     kv_recent: PositiveSize | None = None
-    """The quantized cache's float window of this many tokens (as
+    """The quantized cache's recent ring of this many tokens (as
     ``quantized_kv_cache_sdpa_update`` with ``recent``; with ``kv_bits``):
     three more cache operands and results, ``k_recent, v_recent,
     recent_slots``."""
@@ -72,25 +63,11 @@ class KVCacheAttentionBlockAttrs(Attrs):
                                  "too")
         return self
 
-    def cache_names(self) -> list[str]:
-        """The cache's operand names (and the results after the first), the
-        float window's included."""
-        return cache_names(self.kv_bits is not None) + (list(RECENT_NAMES) if self.kv_recent
-                                                        else [])
+    RING_SIZE: ClassVar[str] = "kv_recent"
 
-    def split_cache(self, values: list) -> tuple[list, list | None]:
-        """The cache's arrays (or avals) in :meth:`cache_names` order as
-        (the cache, the float window's or None), as the native kernels take
-        them."""
-        if not self.kv_recent:
-            return values, None
-        return values[:-len(RECENT_NAMES)], values[-len(RECENT_NAMES):]
-
-    def quantization(self) -> dict[str, int | None]:
-        """The cache's quantization, as the native kernels' coverage rules
-        take it (their kernels take ``kv_hadamard`` too)."""
-        return dict(kv_bits=self.kv_bits,
-                    kv_group_size=None if self.kv_bits is None else self.kv_group_size)
+    def cache_kind(self) -> CacheKind:
+        """The kind of cache these attributes give."""
+        return cache_kind(self.kv_bits, self.kv_group_size, self.kv_hadamard)
 
 
 def _block_operand_names(avals: list, attrs: KVCacheAttentionBlockAttrs) -> list[str]:
@@ -101,26 +78,17 @@ def _block_operand_names(avals: list, attrs: KVCacheAttentionBlockAttrs) -> list
     return names + (["key_mask"] if len(avals) > len(names) else [])
 
 
-def check_cache(named: dict[str, AVal], attrs: KVCacheAttentionBlockAttrs
-                ) -> tuple[int, int, int, int]:
+def check_cache(named: dict[str, AVal], attrs: KVCacheAttentionBlockAttrs) -> Geometry:
     """The cache operands of a block (or layer) with these attributes:
     ``(B, kv_heads, S, D)``; ValueError names what does not fit."""
-    if attrs.kv_bits is not None:
-        geometry = check_quantized_cache(named, attrs.kv_bits, attrs.kv_group_size)
-    else:
-        k_cache, v_cache = named["k_cache"], named["v_cache"]
-        if len(k_cache.shape) != 4:
-            raise ValueError(f"k_cache must be [B, kv_heads, S, D], found {k_cache}")
-        if k_cache != v_cache:
-            raise ValueError(f"k_cache and v_cache must be alike, found {k_cache} and "
-                             f"{v_cache}")
-        geometry = k_cache.shape
+    kind = attrs.cache_kind()
+    geometry = kind.fit([named[n] for n in kind.operand_names()])
     if geometry[1] != attrs.kv_heads:
         raise ValueError(f"the caches hold {geometry[1]} heads, attribute kv_heads is "
                          f"{attrs.kv_heads}")
     if attrs.kv_recent:
-        check_recent(named, geometry[0], geometry[1], geometry[3], attrs.kv_recent)
-    return tuple(geometry)
+        attrs.ring().check(named, geometry)
+    return geometry
 
 
 def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBlockAttrs) -> None:
@@ -140,12 +108,14 @@ def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBl
     if len(qkv.shape) != 3 or qkv.shape[0] != B or qkv.shape[2] != width:
         raise ValueError(f"qkv must be [{B}, T, {width}] ((heads + 2 kv_heads) x {D}, the "
                          f"caches' head dim), found {qkv}")
-    if attrs.kv_bits is not None:
+    kind = attrs.cache_kind()
+    first = ops[kind.operand_names()[0]]
+    if kind.quantized:
         if qkv.dtype != mx.float32:
             raise ValueError(f"qkv must be float32 with a quantized cache, found {qkv}")
-    elif qkv.dtype != ops["k_cache"].dtype or not is_floating(qkv.dtype):
+    elif qkv.dtype != first.dtype or not is_floating(qkv.dtype):
         raise ValueError(f"qkv and the caches must have one float dtype; found {qkv} and "
-                         f"{ops['k_cache']}")
+                         f"{first}")
     if qkv.shape[1] > S:
         raise ValueError(f"{qkv.shape[1]} new tokens do not fit a cache of {S}")
     dims = attrs.rope_dims or D
@@ -163,14 +133,8 @@ def _native_kv_cache_attention_block(avals, attrs: KVCacheAttentionBlockAttrs) -
     """Whether the native attention-block kernel computes this instruction."""
     named = dict(zip(_block_operand_names(avals, attrs), avals))
     cache, ring = attrs.split_cache([named[n] for n in attrs.cache_names()])
-    return native.covers_cache_attention_block(named["qkv"], cache, **attrs.quantization(),
+    return native.covers_cache_attention_block(named["qkv"], cache, attrs.cache_kind(),
                                                recent=ring)
-
-
-def head_dim(caches: list, attrs: KVCacheAttentionBlockAttrs) -> int:
-    """The head dim of a cache (its first array, packed codes when quantized)."""
-    width = caches[0].shape[3]
-    return width if attrs.kv_bits is None else width * 32 // attrs.kv_bits
 
 
 @register_op("kv_cache_attention_block", attrs=KVCacheAttentionBlockAttrs, operands=(5, 14),
@@ -198,15 +162,16 @@ def kv_cache_attention_block(operands, attrs, context):
     (as ``quantized_kv_cache_sdpa_update`` takes, whose rule, with
     ``hadamard`` as ``kv_hadamard`` says, then replaces
     ``kv_cache_sdpa_update``'s; qkv float32), and six new cache arrays in
-    the results; with ``kv_recent`` too the float window's three arrays
+    the results; with ``kv_recent`` too the recent ring's three arrays
     after them, in the operands and the results (``recent`` of
     ``quantized_kv_cache_sdpa_update``). On the CPU with native kernels
     (float32) it is one graph node instead of about eight."""
     named = dict(zip(_block_operand_names(operands, attrs), operands))
     qkv = named["qkv"]
     caches = [named[n] for n in attrs.cache_names()]
+    kind = attrs.cache_kind()
     B, T, _ = qkv.shape
-    S, D = caches[0].shape[2], head_dim(caches, attrs)
+    S, D = caches[0].shape[2], kind.head_dim(caches[0].shape[3])
     dims = attrs.rope_dims or D
     start = clamp_integer(named["offset"].reshape(1), 0, S - T, mx.int32)
     positions = _int32_positions(named["positions"].reshape(-1))
@@ -216,8 +181,8 @@ def kv_cache_attention_block(operands, attrs, context):
     out = native.cache_attention_block(
         context.native, qkv, cache, start, positions, heads=attrs.heads,
         kv_heads=attrs.kv_heads, dims=dims, traditional=attrs.traditional, base=attrs.base,
-        rope_scale=attrs.rope_scale, scale=scale, freqs=freqs, key_mask=key_mask,
-        **attrs.quantization(), kv_hadamard=attrs.kv_hadamard, recent=ring)
+        rope_scale=attrs.rope_scale, scale=scale, freqs=freqs, key_mask=key_mask, kind=kind,
+        recent=ring)
     if out is not None:
         return tuple(out)
     heads = qkv.reshape(B, T, attrs.heads + 2 * attrs.kv_heads, D).transpose(0, 2, 1, 3)
@@ -228,14 +193,8 @@ def kv_cache_attention_block(operands, attrs, context):
     else:
         q, k = (mx.fast.rope(a, dims, base=None, freqs=freqs, **rope) for a in (q, k))
     masked = [key_mask] if key_mask is not None else []
-    if attrs.kv_bits is None:
-        out, *caches = kv_cache_sdpa_update(
-            [q, k, v, *caches, start, *masked], KVCacheSdpaAttrs(scale=scale, layout="BHTD"),
-            context)
-    else:
-        out, *caches = quantized_kv_cache_sdpa_update(
-            [q, k, v, *caches, start, *masked],
-            QuantizedKVCacheSdpaAttrs(bits=attrs.kv_bits, group_size=attrs.kv_group_size,
-                                      hadamard=attrs.kv_hadamard, scale=scale,
-                                      recent=attrs.kv_recent), context)
+    name, kind_attrs = kind.sdpa_op(attrs.ring())
+    sdpa = lookup(name)
+    out, *caches = sdpa.apply([q, k, v, *caches, start, *masked],
+                              sdpa.attrs(scale=scale, **kind_attrs), context)
     return (out.transpose(0, 2, 1, 3).reshape(B, T, attrs.heads * D), *caches)

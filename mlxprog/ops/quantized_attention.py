@@ -3,37 +3,21 @@ affine quantization (packed codes, one scale and one bias per group of
 ``group_size`` features), written and read without ever holding the cache
 in floats.
 
-A quantized cache is six arrays per layer, each with the cache's slots on
-axis 2, so a host that grows, trims or joins caches along that axis treats
-them as it treats float caches: ``k_values`` ``[B, H_kv, S, D * bits / 32]``
-(uint32), ``k_scales`` and ``k_biases`` ``[B, H_kv, S, D / group_size]``
-(float32), and the same three for the values. The cache ops that take one
-(this module's op, ``kv_cache_attention_block`` and ``transformer_layer``
-with ``kv_bits``) name and check those operands with :func:`cache_names`
-and :func:`check_quantized_cache`.
+The cache is an :class:`~mlxprog.cache_kinds.AffineCache`: six arrays per
+layer, ``k_values``, ``k_scales``, ``k_biases`` and the values' three (see
+:mod:`mlxprog.cache_kinds`, which names and checks them for this op,
+``kv_cache_attention_block`` and ``transformer_layer``). With ``hadamard``
+the cache holds the quantization of each group's Walsh-Hadamard transform.
 
-With ``hadamard`` a cache holds the quantization of each group's
-Walsh-Hadamard transform (:func:`hadamard_groups`) rather than of the
-features themselves: an orthogonal change of basis (up to a factor) that
-spreads a few large features over their group, so that the group's scale
-no longer follows its largest feature alone. Scores and the weighted sum
-of values are the same in either basis (``H H = group_size I``), but the
-rounding is much smaller: 4-bit keys of SmolLM2-135M lose several times
-less (docs/llm.md, "KV cache").
-
-With a float window of ``recent`` tokens (what KIVI calls the
-full-precision residual), each query reads the keys and values of the
-last ``recent`` slots up to its own unrounded: the step's own new ones, or
-those a ring of three more arrays per layer keeps from earlier steps
-(:data:`RECENT_NAMES`, checked by :func:`check_recent`): ``k_recent`` and
-``v_recent`` ``[B, H_kv, R, D]`` (float32, in the cache's basis: each
-group's transform with ``hadamard``) and ``recent_slots`` ``[B, R]``
-(int32), the slot each entry holds (-1: none), the entry of slot ``s``
-at ``s % R``. An entry whose slot no longer matches (its slot rewritten
-since, as after a speculative step's rejected tokens) is not read, so a
-host that moves a cache's slots must move the entries with them (the
-ring turned and the slots changed by as much) or set their slots to -1.
-The most recent keys carry most of a query's attention: SmolLM2's
+With a recent ring of ``recent`` tokens (:class:`~mlxprog.cache_kinds.RecentRing`),
+each query reads the keys and values of the last ``recent`` slots up to
+its own unrounded: the step's own new ones, or those the ring's three more
+arrays per layer keep from earlier steps (``k_recent``, ``v_recent``,
+``recent_slots``). An entry whose slot no longer matches (its slot
+rewritten since, as after a speculative step's rejected tokens) is not
+read, so a host that moves a cache's slots must move the entries with them
+(the ring turned and the slots changed by as much) or set their slots to
+-1. The most recent keys carry most of a query's attention: SmolLM2's
 perplexity with 4-bit keys and values moves by +0.3% instead of +6.2% (the
 mean of four texts; docs/llm.md, "KV cache").
 """
@@ -41,12 +25,14 @@ mean of four texts; docs/llm.md, "KV cache").
 from __future__ import annotations
 
 import itertools
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, ClassVar, Literal, NamedTuple
 
 import mlx.core as mx
 from pydantic import Field
 
 from ..arrays import AVal
+from ..cache_kinds import (AFFINE_BITS, AFFINE_GROUP_SIZES, AffineCache, CacheKind, RecentRing,
+                           hadamard_groups)
 from ..native import kernels as native
 from .attention import _causal_keep, _check_attention, _check_key_mask, _check_operand_count
 from .attrs import Attrs, PositiveSize
@@ -54,108 +40,45 @@ from .index import clamp_integer
 from .positions import _check_offset
 from .registry import register_op
 
-#: The per-slot arrays of one quantized cache (keys or values), in operand order.
-PARTS = ("values", "scales", "biases")
-
-#: The float window's arrays (the ring), in operand order after the cache's.
-RECENT_NAMES = ("k_recent", "v_recent", "recent_slots")
-
 #: The code widths and group sizes a quantized cache takes.
-KVBits = Literal[4, 8]
-KVGroupSize = Literal[32, 64, 128]
+KVBits = Literal[AFFINE_BITS]
+KVGroupSize = Literal[AFFINE_GROUP_SIZES]
 
 
-def cache_names(quantized: bool) -> list[str]:
-    """The operand names of a KV cache: ``k_cache, v_cache``, or quantized
-    ``k_values, k_scales, k_biases, v_values, v_scales, v_biases``."""
-    if not quantized:
-        return ["k_cache", "v_cache"]
-    return [f"{kind}_{part}" for kind in "kv" for part in PARTS]
+class CacheSettings:
+    """What the attributes of an op over a KV cache say of its cache (a
+    mixin of their :class:`~mlxprog.ops.attrs.Attrs`): the kind
+    (:meth:`cache_kind`) and the recent ring's size (the attribute
+    :attr:`RING_SIZE` names)."""
+
+    #: The attribute holding the recent ring's size (None: no ring).
+    RING_SIZE: ClassVar[str]
+
+    def cache_kind(self) -> CacheKind:
+        """The kind of cache the attributes give."""
+        raise NotImplementedError
+
+    def ring(self) -> RecentRing | None:
+        """The recent ring, if any."""
+        size = getattr(self, self.RING_SIZE)
+        return RecentRing(size) if size else None
+
+    def cache_names(self) -> list[str]:
+        """The cache's operand names (and the results after the first), the
+        recent ring's included."""
+        return self.cache_kind().operand_names() + (list(RecentRing.NAMES) if self.ring()
+                                                    else [])
+
+    def split_cache(self, values: list) -> tuple[list, list | None]:
+        """The cache's arrays (or avals) in :meth:`cache_names` order as
+        (the cache's, the recent ring's or None), as the native kernels take
+        them."""
+        if self.ring() is None:
+            return values, None
+        return values[:-len(RecentRing.NAMES)], values[-len(RecentRing.NAMES):]
 
 
-def check_quantized_cache(named: dict[str, AVal], bits: int, group_size: int
-                          ) -> tuple[int, int, int, int]:
-    """The six arrays of a quantized cache (named as :func:`cache_names`)
-    with one ``[B, H_kv, S]`` and the widths of ``bits``-bit codes in groups
-    of ``group_size``; returns ``(B, H_kv, S, D)``, D the head dim the codes
-    hold. ValueError names the array that does not fit."""
-    values = named["k_values"]
-    if len(values.shape) != 4 or values.dtype != mx.uint32:
-        raise ValueError(f"k_values must be uint32 [B, H_kv, S, D * {bits} / 32] (packed "
-                         f"{bits}-bit codes), found {values}")
-    batch, kv_heads, slots, packed = values.shape
-    dim = packed * 32 // bits
-    if dim % group_size:
-        raise ValueError(f"k_values holds {dim} features a head, which do not split into "
-                         f"groups of {group_size}")
-    widths = {"values": packed, "scales": dim // group_size, "biases": dim // group_size}
-    for name in cache_names(True):
-        part = name.split("_", 1)[1]
-        shape = (batch, kv_heads, slots, widths[part])
-        dtype = mx.uint32 if part == "values" else mx.float32
-        if tuple(named[name].shape) != shape or named[name].dtype != dtype:
-            raise ValueError(f"{name} must be {AVal(shape, dtype)} for {bits}-bit keys/values "
-                             f"of head dim {dim} in groups of {group_size}, found {named[name]}")
-    return batch, kv_heads, slots, dim
-
-
-def check_recent(named: dict[str, AVal], batch: int, kv_heads: int, dim: int,
-                 recent: int) -> None:
-    """The float window's arrays (named as :data:`RECENT_NAMES`) for a cache
-    of ``batch`` rows and ``kv_heads`` heads of dim ``dim``, ``recent``
-    entries; ValueError names the array that does not fit."""
-    shapes = {"k_recent": ((batch, kv_heads, recent, dim), mx.float32),
-              "v_recent": ((batch, kv_heads, recent, dim), mx.float32),
-              "recent_slots": ((batch, recent), mx.int32)}
-    for name, (shape, dtype) in shapes.items():
-        if tuple(named[name].shape) != shape or named[name].dtype != dtype:
-            raise ValueError(f"{name} must be {AVal(shape, dtype)} for a float window of "
-                             f"{recent} tokens over a cache of {batch} rows, {kv_heads} heads "
-                             f"of dim {dim}, found {named[name]}")
-
-
-def hadamard_groups(x: mx.array, group_size: int) -> mx.array:
-    """The unnormalized Walsh-Hadamard transform of each group of
-    ``group_size`` features (a power of two) along x's last axis, in
-    Sylvester's order (``H_2n = [[H_n, H_n], [H_n, -H_n]]``, entries +-1):
-    butterflies of distance 1, 2, 4, ..., adds and subtracts only, in the
-    order the native kernels take, so both give the same bits. Applying it
-    twice multiplies by ``group_size``."""
-    shape = x.shape
-    distance = 1
-    while distance < group_size:
-        pairs = x.reshape(*shape[:-1], shape[-1] // (2 * distance), 2, distance)
-        a, b = pairs[..., 0, :], pairs[..., 1, :]
-        x = mx.stack([a + b, a - b], axis=-2).reshape(shape)
-        distance *= 2
-    return x
-
-
-def cache_basis(x: mx.array, group_size: int, hadamard: bool) -> mx.array:
-    """Keys or values ``[..., D]`` as float32 in the basis a quantized cache
-    (and its float window) holds them: with ``hadamard`` each group's
-    transform."""
-    x = x.astype(mx.float32)
-    return hadamard_groups(x, group_size) if hadamard else x
-
-
-def quantize_cache(x: mx.array, bits: int, group_size: int, hadamard: bool) -> list[mx.array]:
-    """Keys or values ``[..., D]`` (float32) as a quantized cache stores
-    them: [codes, scales, biases] of x, or with ``hadamard`` of its groups'
-    transform."""
-    return list(mx.quantize(cache_basis(x, group_size, hadamard), group_size=group_size,
-                            bits=bits))
-
-
-def dequantize_cache(parts: list[mx.array], bits: int, group_size: int,
-                     hadamard: bool) -> mx.array:
-    """The keys or values a quantized cache's [codes, scales, biases] hold
-    (the inverse of :func:`quantize_cache`, up to its rounding)."""
-    x = mx.dequantize(*parts, group_size=group_size, bits=bits)
-    return hadamard_groups(x, group_size) * (1 / group_size) if hadamard else x
-
-
-class QuantizedKVCacheSdpaAttrs(Attrs):
+class QuantizedKVCacheSdpaAttrs(CacheSettings, Attrs):
     """The attributes of ``quantized_kv_cache_sdpa_update``."""
 
     bits: KVBits
@@ -170,9 +93,15 @@ class QuantizedKVCacheSdpaAttrs(Attrs):
     """Sliding-window attention: a query sees only the last ``window`` slots up
     to and including its own."""
     recent: PositiveSize | None = None
-    """A float window of this many tokens (see the module docstring): three
+    """A recent ring of this many tokens (see the module docstring): three
     more operands after the caches, ``k_recent, v_recent, recent_slots``,
     and their new values as three more results."""
+
+    RING_SIZE: ClassVar[str] = "recent"
+
+    def cache_kind(self) -> AffineCache:
+        """The cache these attributes give."""
+        return AffineCache(self.bits, self.group_size, self.hadamard)
 
 
 _NEW = ["q", "new_k", "new_v"]
@@ -181,8 +110,7 @@ _NEW = ["q", "new_k", "new_v"]
 def _operand_names(count: int, attrs: QuantizedKVCacheSdpaAttrs) -> list[str]:
     """The operand names of an instruction with ``count`` operands (the key
     mask is there when one more operand is)."""
-    ring = list(RECENT_NAMES) if attrs.recent else []
-    names = _NEW + cache_names(True) + ring + ["offset"]
+    names = _NEW + attrs.cache_names() + ["offset"]
     return names + (["key_mask"] if count > len(names) else [])
 
 
@@ -197,12 +125,14 @@ def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -
     ops = dict(zip(names, avals))
     q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
     _check_attention(q, new_k, new_v, "BHTD", ("q", "new_k", "new_v"))
-    batch, kv_heads, slots, dim = check_quantized_cache(ops, attrs.bits, attrs.group_size)
+    kind = attrs.cache_kind()
+    geometry = kind.fit([ops[n] for n in kind.operand_names()])
+    batch, kv_heads, slots, dim = geometry
     if (batch, kv_heads, dim) != (new_k.shape[0], new_k.shape[1], new_k.shape[3]):
         raise ValueError(f"new keys/values {new_k} do not fit a cache of {batch} rows, "
                          f"{kv_heads} heads of dim {dim}")
     if attrs.recent:
-        check_recent(ops, batch, kv_heads, dim, attrs.recent)
+        attrs.ring().check(ops, geometry)
     if new_k.shape[2] > slots:
         raise ValueError(f"{new_k.shape[2]} new tokens do not fit a cache of {slots}")
     _check_offset(ops["offset"], "offset")
@@ -214,13 +144,14 @@ def _native_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) 
     """Whether the native quantized-cache attention kernel computes this
     instruction (with or without ``hadamard``)."""
     named = dict(zip(_operand_names(len(avals), attrs), avals))
-    ring = [named[n] for n in RECENT_NAMES] if attrs.recent else None
-    return native.covers_cache_attention(named["q"], [named[n] for n in cache_names(True)],
-                                         attrs.bits, attrs.group_size, recent=ring)
+    kind = attrs.cache_kind()
+    ring = [named[n] for n in RecentRing.NAMES] if attrs.recent else None
+    return native.covers_cache_attention(named["q"], [named[n] for n in kind.operand_names()],
+                                         kind, recent=ring)
 
 
 @register_op("quantized_kv_cache_sdpa_update", attrs=QuantizedKVCacheSdpaAttrs,
-             operands=(10, 14), outputs=lambda attrs, n: 10 if attrs.recent else 7,
+             operands=(10, 14), outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_quantized_sdpa,
              native_coverage=_native_quantized_sdpa, context=True)
 def quantized_kv_cache_sdpa_update(operands, attrs, context):
@@ -248,7 +179,7 @@ def quantized_kv_cache_sdpa_update(operands, attrs, context):
     native kernels (float32 q) a kernel dequantizes blocks of keys and
     values once for all the query heads of a group as it attends.
 
-    With ``recent`` (R) the cache has a float window (the module docstring):
+    With ``recent`` (R) the cache has a recent ring (the module docstring):
     operands ``k_recent, v_recent, recent_slots`` after the six caches.
     Query t (slot ``p = start + t``, ``start`` the clamped offset) reads a
     key j it sees with ``p - j < R`` unrounded: this step's new key and value
@@ -260,31 +191,31 @@ def quantized_kv_cache_sdpa_update(operands, attrs, context):
     being the last three results."""
     named = dict(zip(_operand_names(len(operands), attrs), operands))
     q, new_k, new_v, key_mask = named["q"], named["new_k"], named["new_v"], named.get("key_mask")
-    caches = [named[n] for n in cache_names(True)]
+    kind = attrs.cache_kind()
+    caches = [named[n] for n in kind.operand_names()]
     slots, tokens = caches[0].shape[2], new_k.shape[2]
     start = clamp_integer(named["offset"].reshape(1), 0, slots - tokens, mx.int32)
-    new_k, new_v = (cache_basis(x, attrs.group_size, attrs.hadamard) for x in (new_k, new_v))
-    written = write_quantized(caches, new_k, new_v, start, attrs)
-    ring = RecentWindow(*(named[n] for n in RECENT_NAMES), new_k, new_v) if attrs.recent \
+    new_k, new_v = (kind.basis(x) for x in (new_k, new_v))
+    written = write_quantized(kind, caches, new_k, new_v, start)
+    ring = RecentRows(*(named[n] for n in RecentRing.NAMES), new_k, new_v) if attrs.recent \
         else None
     window = None if attrs.window is None else min(attrs.window, slots)
     scale = attrs.scale if attrs.scale is not None else q.shape[3] ** -0.5
     out = native.cache_attention(context.native, q, written, start, key_mask, scale, window,
-                                 attrs.softcap, attrs.bits, attrs.group_size, attrs.hadamard,
-                                 recent=None if ring is None else list(ring))
+                                 attrs.softcap, kind, recent=None if ring is None else list(ring))
     if out is None:
         keep = _causal_keep(tokens, slots, start, key_mask, window)
-        out = _attend(q, written, keep, scale, attrs, has_key_mask=key_mask is not None,
-                      ring=ring, start=start)
+        out = _attend(q, written, keep, scale, kind, attrs.softcap,
+                      has_key_mask=key_mask is not None, ring=ring, start=start)
     if ring is None:
         return (out, *written)
     return (out, *written, *ring.updated(start, key_mask))
 
 
-class RecentWindow(NamedTuple):
-    """A step's float window: the ring (``k_recent``, ``v_recent``,
-    ``recent_slots``, see the module docstring) and the step's new keys and
-    values ``[B, H_kv, T, D]`` in the cache's basis."""
+class RecentRows(NamedTuple):
+    """What a step reads in float: the recent ring (``k_recent``,
+    ``v_recent``, ``recent_slots``, see the module docstring) and the step's
+    new keys and values ``[B, H_kv, T, D]`` in the cache's basis."""
 
     k_recent: mx.array
     v_recent: mx.array
@@ -318,7 +249,7 @@ class RecentWindow(NamedTuple):
     def coverage(self, keep: mx.array, start: mx.array) -> tuple[mx.array, ...]:
         """Which keys each query reads unrounded, under ``keep`` (``[B, T,
         S]``): ``(covered [B, T, S], ring_keep [B, T, R], new_keep [B, T,
-        T])``, the slots read from the window, then the ring's entries and
+        T])``, the slots read in float, then the ring's entries and
         the new tokens each query reads."""
         tags, (batch, tokens, slots) = self.recent_slots, keep.shape
         size = tags.shape[1]
@@ -334,41 +265,42 @@ class RecentWindow(NamedTuple):
         return covered, ring_keep, new_keep
 
 
-def write_quantized(caches: list[mx.array], new_k: mx.array, new_v: mx.array,
-                    start: mx.array, attrs: QuantizedKVCacheSdpaAttrs) -> list[mx.array]:
-    """The six cache arrays with ``new_k`` and ``new_v`` (``[B, H_kv, T,
-    D]``, float32 in the cache's basis: :func:`cache_basis`) quantized and
-    written at slot ``start``."""
+def write_quantized(kind: AffineCache, caches: list[mx.array], new_k: mx.array,
+                    new_v: mx.array, start: mx.array) -> list[mx.array]:
+    """The cache's arrays with ``new_k`` and ``new_v`` (``[B, H_kv, T, D]``,
+    float32 in the cache's basis: :meth:`AffineCache.basis
+    <mlxprog.cache_kinds.AffineCache.basis>`) quantized and written at slot
+    ``start``."""
+    per_side = len(kind.parts)
     written = []
-    for new, parts in ((new_k, caches[:3]), (new_v, caches[3:])):
-        quantized = mx.quantize(new, group_size=attrs.group_size, bits=attrs.bits)
-        for cache, part in zip(parts, quantized):
+    for side, new, parts in (("k", new_k, caches[:per_side]), ("v", new_v, caches[per_side:])):
+        for cache, part in zip(parts, kind.pack(new, side)):
             written.append(mx.slice_update(cache, part, start, axes=(2,)))
     return written
 
 
 def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
-            attrs: QuantizedKVCacheSdpaAttrs, has_key_mask: bool,
-            ring: RecentWindow | None = None, start: mx.array | None = None) -> mx.array:
+            kind: AffineCache, softcap: float | None, has_key_mask: bool,
+            ring: RecentRows | None = None, start: mx.array | None = None) -> mx.array:
     """Softmax attention of q over the quantized caches under ``keep``
     (``[T, S]`` or ``[B, 1, T, S]``) with MLX's ``quantized_matmul``,
     grouped-query heads as ``[B, H_kv, H / H_kv, T, D]`` so the caches need
     no copies; with ``hadamard`` in the transformed basis (q transformed and
     divided by the group size, a power of two; the result transformed
-    back). With a float window (``ring``, the step writing at ``start``) the
+    back). With a recent ring (``ring``, the step writing at ``start``) the
     keys it covers are scored from it instead, one softmax over the
     quantized keys, the ring's and the new ones together."""
     b, heads, t, d = q.shape
     kv_heads = caches[0].shape[1]
     group = heads // kv_heads
-    quant = dict(group_size=attrs.group_size, bits=attrs.bits)
+    per_side = len(kind.parts)
     dtype, q = q.dtype, q.astype(mx.float32)
-    if attrs.hadamard:
-        q = hadamard_groups(q, attrs.group_size) * (1 / attrs.group_size)
+    if kind.hadamard:
+        q = hadamard_groups(q, kind.group_size) * (1 / kind.group_size)
     qg = (q * scale).reshape(b, kv_heads, group, t, d)
-    k_parts = [mx.expand_dims(c, 2) for c in caches[:3]]
-    v_parts = [mx.expand_dims(c, 2) for c in caches[3:]]
-    keys = [mx.quantized_matmul(qg, *k_parts, transpose=True, **quant)]
+    k_parts = [mx.expand_dims(c, 2) for c in caches[:per_side]]
+    v_parts = [mx.expand_dims(c, 2) for c in caches[per_side:]]
+    keys = [mx.quantized_matmul(qg, *k_parts, transpose=True, **kind.quantization("k"))]
     if ring is None:
         masks = [keep if keep.ndim == 2 else mx.expand_dims(keep, 2)]
     else:
@@ -377,20 +309,20 @@ def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
         float_rows = (mx.expand_dims(ring.k_recent, 2), mx.expand_dims(ring.new_k, 2))
         keys += [qg @ k.swapaxes(-1, -2) for k in float_rows]
         masks = [m[:, None, None] for m in (seen & ~covered, ring_keep, new_keep)]
-    if attrs.softcap is not None:
-        keys = [mx.tanh(k / attrs.softcap) * attrs.softcap for k in keys]
+    if softcap is not None:
+        keys = [mx.tanh(k / softcap) * softcap for k in keys]
     masked = [mx.where(m, k, mx.finfo(k.dtype).min) for k, m in zip(keys, masks)]
     scores = masked[0] if len(masked) == 1 else mx.concatenate(masked, axis=-1)
     probs = mx.softmax(scores, axis=-1, precise=True)
     ends = list(itertools.accumulate(k.shape[-1] for k in keys))[:-1]
     probs = mx.split(probs, ends, axis=-1) if ends else [probs]
-    out = mx.quantized_matmul(probs[0], *v_parts, transpose=False, **quant)
+    out = mx.quantized_matmul(probs[0], *v_parts, transpose=False, **kind.quantization("v"))
     if ring is not None:
         for p, v in zip(probs[1:], (ring.v_recent, ring.new_v)):
             out = out + p @ mx.expand_dims(v, 2)
     out = out.reshape(b, heads, t, d)
-    if attrs.hadamard:
-        out = hadamard_groups(out, attrs.group_size) * (1 / attrs.group_size)
+    if kind.hadamard:
+        out = hadamard_groups(out, kind.group_size) * (1 / kind.group_size)
     out = out.astype(dtype)
     if not has_key_mask:
         return out

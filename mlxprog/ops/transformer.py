@@ -28,7 +28,6 @@ from .attention_block import (
     KVCacheAttentionBlockAttrs,
     _check_kv_cache_attention_block,
     check_cache,
-    head_dim,
     kv_cache_attention_block,
 )
 from .ggml import GGMLMatmulAttrs, ggml_matmul
@@ -217,7 +216,7 @@ def _native_transformer_layer(avals, attrs: TransformerLayerAttrs) -> bool:
     return not native.transformer_layer_uncovered_reason(
         named["h"], named["input_norm"], named["post_norm"], _projections(named, attrs), cache,
         group_size=attrs.group_size, bits=attrs.bits, numerics=attrs.numerics,
-        ggml_parts=attrs.ggml_parts, **attrs.quantization(), recent=ring)
+        ggml_parts=attrs.ggml_parts, kind=attrs.cache_kind(), recent=ring)
 
 
 @register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(11, 28),
@@ -248,7 +247,7 @@ def transformer_layer(operands, attrs, context):
     post_norm, gate_up_w0, ..., down_w0, each part's GGML blocks ``uint8
     [rows, row_bytes]``), then the attention block's k_cache, v_cache
     ``[B, kv_heads, S, D]`` (or its quantized cache's six arrays, and with
-    ``kv_recent`` its float window's three; the results likewise), offset,
+    ``kv_recent`` its recent ring's three; the results likewise), offset,
     positions, freqs (with ``freqs=true``) and an optional key_mask. The
     norm weights are cast to h's dtype.
 
@@ -261,7 +260,8 @@ def transformer_layer(operands, attrs, context):
     named = dict(zip(attrs.operand_names(len(operands)), operands))
     h = named["h"]
     caches = [named[n] for n in attrs.cache_names()]
-    T, S, D = h.shape[1], caches[0].shape[2], head_dim(caches, attrs)
+    kind = attrs.cache_kind()
+    T, S, D = h.shape[1], caches[0].shape[2], kind.head_dim(caches[0].shape[3])
     projections = _projections(named, attrs)
     positions = named["positions"]
     cache, ring = attrs.split_cache(caches)
@@ -273,8 +273,8 @@ def transformer_layer(operands, attrs, context):
         traditional=attrs.traditional, base=attrs.base, rope_scale=attrs.rope_scale,
         scale=attrs.scale if attrs.scale is not None else D ** -0.5,
         eps=attrs.eps, group_size=attrs.group_size, bits=attrs.bits, numerics=attrs.numerics,
-        ggml_parts=attrs.ggml_parts, freqs=named.get("freqs"), key_mask=named.get("key_mask"), **attrs.quantization(),
-        kv_hadamard=attrs.kv_hadamard, recent=ring)
+        ggml_parts=attrs.ggml_parts, freqs=named.get("freqs"), key_mask=named.get("key_mask"),
+        kind=kind, recent=ring)
     if result is not None:
         return tuple(result)
     norm, matmul = NormAttrs(eps=attrs.eps), attrs.matmul_attrs()

@@ -33,6 +33,7 @@ from mlxprog.llm import (
     LLM, GenerationOptions, ModelError, Quantization, Sampling, build_decode, build_decode_loop,
     build_prefill, export, load, load_exported,
 )
+from mlxprog.llm.cache import CacheLayout
 from mlxprog.llm.programs import (
     DecodeInputs, DecodeLoopInputs, LogitsOutputs, LoopOutputs, PrefillInputs, StepOutputs,
 )
@@ -125,7 +126,7 @@ def test_input_declarations_are_the_programs_inputs(gguf, build, inputs, names):
     c = gguf.config
     assert c.num_layers == 2
     program = build(gguf.spec, MAX_LENGTH)
-    assert [s.name for s in program.inputs] == list(inputs.names_for(2)) == names
+    assert [s.name for s in program.inputs] == list(inputs.names_for(CacheLayout.of(c))) == names
     expected = {f.name: (f.metadata["shape"], f.metadata["dtype"])
                 for f in dataclasses.fields(inputs) if f.name != "caches"}
     expected.update({name: (("B", c.num_kv_heads, "S", c.head_dim), "float32")
@@ -143,7 +144,7 @@ def test_output_declarations_are_the_programs_outputs(gguf):
     cache_shape = (1, c.num_kv_heads, width, c.head_dim)
     for sampling, outputs in [(Sampling(), StepOutputs), (None, LogitsOutputs)]:
         exe = mp.compile(build_prefill(gguf.spec, MAX_LENGTH, sampling), captures=captures)
-        out = outputs.of(exe(**inputs.by_name()))
+        out = outputs.of(exe(**inputs.by_name(CacheLayout.of(c))))
         assert [(a.shape, a.dtype) for a in out.caches] == [(cache_shape, mx.float32)] * 4
         if sampling is None:
             assert (out.logits.shape, out.logits.dtype) == ((1, c.vocab_size), mx.float32)
@@ -156,20 +157,24 @@ def test_output_declarations_are_the_programs_outputs(gguf):
         tokens=mx.array([5], dtype=mx.int32), rope_offset=mx.array([width], dtype=mx.int32),
         cache_offset=mx.array(width, dtype=mx.int32), key_mask=mx.ones((1, width + 3), mx.bool_),
         key=mx.random.key(0), caches=empty_caches(c, 1, width + 3),
-        max_new=mx.array(3, dtype=mx.int32)).by_name()))
+        max_new=mx.array(3, dtype=mx.int32)).by_name(CacheLayout.of(c))))
     assert (out.next_tokens.shape, out.next_tokens.dtype) == ((1,), mx.int32)
     assert (out.key.shape, out.key.dtype) == ((2,), mx.uint32)
     assert len(out.caches) == 4 and out.made.item() == 3
 
 
 def test_declarations_map_values_to_names_and_back():
-    names = DecodeLoopInputs.names_for(2)
-    inputs = DecodeLoopInputs.of(list(range(len(names))))
+    layout = CacheLayout(num_layers=2, num_kv_heads=1, head_dim=4)
+    names = DecodeLoopInputs.names_for(layout)
+    inputs = DecodeLoopInputs.of(list(range(len(names))), layout)
     assert (inputs.key, inputs.caches, inputs.max_new) == (4, (5, 6, 7, 8), 9)
     assert inputs.values() == list(range(10))
-    assert inputs.by_name() == dict(zip(names, range(10)))
-    with pytest.raises(ModelError, match="takes 6 values and a k and v cache per layer, got 7"):
-        DecodeLoopInputs.of(list(range(7)))
+    assert inputs.by_name(layout) == dict(zip(names, range(10)))
+    with pytest.raises(ModelError, match="by_name needs the cache's layout"):
+        inputs.by_name()
+    with pytest.raises(ModelError, match=r"takes 6 values and the 4 arrays of a cache of 2 "
+                       r"layers x 1 KV heads x 4, got 7"):
+        DecodeLoopInputs.of(list(range(7)), layout)
 
 
 # ---------------------------------------------------------------------------
@@ -265,17 +270,18 @@ def test_exported_programs_bind_weights_from_the_model_file(tiny, tmp_path):
     c = tiny.config
     inputs = prompt_inputs(tiny.tokenizer.encode(PROMPT), mx.ones((1, MAX_LENGTH), dtype=mx.bool_),
                            empty_caches(c, 1, MAX_LENGTH))
-    ours = LogitsOutputs.of(prefill(**inputs.by_name()))
-    theirs = LogitsOutputs.of(tiny.executable("prefill", None)(**inputs.by_name()))
+    ours = LogitsOutputs.of(prefill(**inputs.by_name(tiny.cache_layout)))
+    theirs = LogitsOutputs.of(tiny.executable("prefill", None)(
+        **inputs.by_name(tiny.cache_layout)))
     for a, b in zip(ours.values(), theirs.values(), strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b))
     first = mx.argmax(ours.logits[0]).item()
     assert first == tiny.generate(PROMPT, max_tokens=1, chat=False).tokens[0]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["inputs"] == {
-        "prefill": list(PrefillInputs.names_for(c.num_layers)),
-        "decode": list(DecodeInputs.names_for(c.num_layers)),
-        "decode_loop": list(DecodeLoopInputs.names_for(c.num_layers))}
+        "prefill": list(PrefillInputs.names_for(tiny.cache_layout)),
+        "decode": list(DecodeInputs.names_for(tiny.cache_layout)),
+        "decode_loop": list(DecodeLoopInputs.names_for(tiny.cache_layout))}
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 1.5, "seed": 3}])
@@ -353,7 +359,7 @@ def test_the_shared_decode_loop_called_as_compiled_has_no_generation(gguf):
         key=mx.random.key(0), caches=empty_caches(c, 1, width + 3),
         max_new=mx.array(3, dtype=mx.int32))
     with pytest.raises(mp.CallbackError, match="emit callback has no generation to stream to"):
-        loop(**inputs.by_name())
+        loop(**inputs.by_name(gguf.cache_layout))
 
 
 # ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from gguf_writer import write_gguf_from_hf
 
 import mlxprog as mp
 from mlxprog.llm import ModelError
+from mlxprog.llm.cache import CacheLayout
 from mlxprog.llm.config import GGMLQuantization
 from mlxprog.llm.programs import PrefillInputs, build_prefill
 
@@ -152,8 +153,7 @@ def test_exported_program_binds_its_blocks_from_the_file(pair):
         last_index=mx.array([len(PROMPT_IDS) - 1], dtype=mx.int32),
         rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
         key_mask=mx.ones((1, MAX_LENGTH), dtype=mx.bool_), key=mx.random.key(0),
-        caches=tuple(mx.zeros((1, c.num_kv_heads, MAX_LENGTH, c.head_dim), dtype=mx.float32)
-                     for _ in range(2 * c.num_layers))).by_name()
+        caches=CacheLayout.of(c).empty(1, MAX_LENGTH)).by_name(CacheLayout.of(c))
     from_file = mp.compile(program, weights=str(q_path))(**inputs)[0]
     from_model = mp.compile(program, captures=llm.spec.captures(llm.checkpoint))(**inputs)[0]
     np.testing.assert_array_equal(np.array(from_file), np.array(from_model))

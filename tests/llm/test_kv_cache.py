@@ -349,9 +349,9 @@ def test_prompt_cache_of_another_layout_is_rejected_at_store(plain):
 # The server
 
 
-# Without a float window: a prefix reused from a prompt cache then holds the
+# Without a recent ring: a prefix reused from a prompt cache then holds the
 # numbers a fresh prefill writes (a window's ring holds only the stored
-# sequence's last tokens: see test_prompt_cache_reuse_with_a_float_window).
+# sequence's last tokens: see test_prompt_cache_reuse_with_a_recent_ring).
 @pytest.mark.parametrize("kv", [dict(kv_bits=8, kv_group_size=32, kv_recent=0),
                                 dict(kv_bits=4, max_kv_size=48, kv_recent=0)])
 def test_the_server_serves_each_layout(model_path, kv):
@@ -394,7 +394,7 @@ def test_the_server_serves_each_layout(model_path, kv):
 
 
 # ---------------------------------------------------------------------------
-# The quantized cache's float window (kv_recent)
+# The quantized cache's recent ring (kv_recent)
 
 
 def test_kv_recent_defaults_with_kv_bits_and_is_checked(model_path):
@@ -408,7 +408,7 @@ def test_kv_recent_defaults_with_kv_bits_and_is_checked(model_path):
         llm_with(model_path, kv_bits=4, kv_recent=-1)
 
 
-def test_a_window_as_long_as_the_text_scores_as_the_float_cache(model_path, plain):
+def test_a_ring_as_long_as_the_text_scores_as_the_float_cache(model_path, plain):
     # Every key within the window: each query reads all its keys unrounded.
     reference = perplexity(plain, TEXT, chunk=8)
     for native in (False, True):
@@ -425,7 +425,7 @@ def test_a_window_as_long_as_the_text_scores_as_the_float_cache(model_path, plai
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_the_window_follows_batches_speculation_and_prompt_caches(model_path, native):
+def test_the_ring_follows_batches_speculation_and_prompt_caches(model_path, native):
     """Greedy tokens with a 4-bit cache and its window are the same alone,
     in a batch whose rows join at other lengths (their slots shifted, the
     window's entries with them), decoded speculatively (rejected drafts'
@@ -448,7 +448,7 @@ def test_the_window_follows_batches_speculation_and_prompt_caches(model_path, na
     assert first.stats.cached_tokens == 0
 
 
-def test_prompt_cache_reuse_with_a_float_window(model_path, tmp_path):
+def test_prompt_cache_reuse_with_a_recent_ring(model_path, tmp_path):
     """A saved prompt cache keeps its window; a file saved with another
     window (or none) loads with an empty one; a prefix shorter than the
     stored sequence finds the window's entries stale and reads those keys
@@ -476,7 +476,7 @@ def test_prompt_cache_reuse_with_a_float_window(model_path, tmp_path):
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_a_wrapped_rotating_cache_drops_the_window_entries_it_overwrites(model_path, native):
+def test_a_wrapped_rotating_cache_drops_the_ring_entries_it_overwrites(model_path, native):
     """Once a rotating cache wraps, each step's token goes from the spare
     slot to the oldest slot past the kept ones: the window's entry for that
     slot (its earlier token's float keys) must go, or later steps would read
@@ -499,7 +499,7 @@ def test_a_wrapped_rotating_cache_drops_the_window_entries_it_overwrites(model_p
     assert tags.max() == size  # the spare slot: the newest token's entry
 
 
-def test_the_server_serves_a_cache_with_a_float_window(model_path):
+def test_the_server_serves_a_cache_with_a_recent_ring(model_path):
     """Concurrent requests over a 4-bit cache with its window answer as the
     LLM does alone (their rows join the batch at other lengths); a request
     continuing a finished one (as a chat's next turn does) reuses its stored

@@ -21,6 +21,8 @@ from llm_fixtures import TINY, TINY_UNEVEN, write_gguf, write_hf
 
 import mlxprog as mp
 from mlxprog.llm import ModelSpec, Quantization, build_decode, build_prefill, load_checkpoint
+from mlxprog.llm.cache import CacheLayout
+from mlxprog.llm.models import model_spec
 from mlxprog.llm.programs import DecodeInputs, LogitsOutputs, PrefillInputs
 
 MAX_LENGTH = 32
@@ -60,25 +62,25 @@ def step_logits(spec: ModelSpec, checkpoint, world_size: int = 1, rank: int = 0,
                                        rank=rank), captures=captures, native=native)
     decode = mp.compile(build_decode(spec, MAX_LENGTH, None, world_size=world_size,
                                      rank=rank), captures=captures, native=native)
-    heads = spec.shard(world_size, rank).num_kv_heads
-    caches = tuple(mx.zeros((1, heads, MAX_LENGTH, c.head_dim))
-                   for _ in range(2 * c.num_layers))
+    # The programs' float cache, of the rank's KV heads.
+    layout = CacheLayout(c.num_layers, spec.shard(world_size, rank).num_kv_heads, c.head_dim)
+    caches = layout.empty(1, MAX_LENGTH)
     mask, key = mx.ones((1, MAX_LENGTH), dtype=mx.bool_), mx.random.key(0)
     first = LogitsOutputs.of(prefill(**PrefillInputs(
         tokens=mx.array([PROMPT], dtype=mx.int32),
         last_index=mx.array([len(PROMPT) - 1], dtype=mx.int32),
         rope_offset=mx.array([0], dtype=mx.int32), cache_offset=mx.array(0, dtype=mx.int32),
-        key_mask=mask, key=key, caches=caches).by_name()))
+        key_mask=mask, key=key, caches=caches).by_name(layout)))
     n = len(PROMPT)
     second = LogitsOutputs.of(decode(**DecodeInputs(
         tokens=mx.array([3], dtype=mx.int32), rope_offset=mx.array([n], dtype=mx.int32),
         cache_offset=mx.array(n, dtype=mx.int32), key_mask=mask, key=key,
-        caches=first.caches).by_name()))
+        caches=first.caches).by_name(layout)))
     return np.array(first.logits), np.array(second.logits), decode
 
 
 def test_projections_are_fused_where_packed_alike(checkpoints, kind):
-    spec = ModelSpec.of(checkpoints[kind])
+    spec = model_spec(checkpoints[kind])
     assert spec.fused == {
         f"layers.{i}.{name}": tuple(f"layers.{i}.{p}" for p in parts)
         for i in range(TINY["num_layers"]) for name, parts in (
@@ -97,14 +99,14 @@ def test_a_projection_packed_differently_is_not_fused(checkpoints):
     checkpoint = checkpoints["hf-q"]
     quantization = dict(checkpoint.quantization)
     quantization["layers.1.self_attn.k_proj"] = Quantization(bits=8, group_size=32)
-    spec = ModelSpec.of(dataclasses.replace(checkpoint, quantization=quantization))
+    spec = model_spec(dataclasses.replace(checkpoint, quantization=quantization))
     assert "layers.1.self_attn.qkv_proj" not in spec.fused
     assert {"layers.0.self_attn.qkv_proj", "layers.1.mlp.gate_up_proj"} <= set(spec.fused)
 
 
 def test_fused_projections_give_the_separate_ones_logits(checkpoints, kind):
     checkpoint = checkpoints[kind]
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     fused = step_logits(spec, checkpoint)
     separate = step_logits(unfused(spec), checkpoint)
     for a, b in zip(fused[:2], separate[:2]):
@@ -117,7 +119,7 @@ def test_fused_projections_give_the_separate_ones_logits(checkpoints, kind):
 def test_fused_rank_captures_fit_the_rank_programs(checkpoints, world_size):
     # 3 KV heads: rank blocks of unequal size over 2 ranks.
     checkpoint = checkpoints["hf-q"]
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     for rank in range(world_size):
         shard = spec.shard(world_size, rank)
         captures = spec.captures(checkpoint, world_size, rank)
@@ -132,7 +134,7 @@ def test_the_decode_step_has_no_transposes(checkpoints):
     """On the CPU's native kernels (MLX's ops compose the fused ops with
     transposes)."""
     checkpoint = checkpoints["hf-q"]
-    *_, decode = step_logits(ModelSpec.of(checkpoint), checkpoint, native=True)
+    *_, decode = step_logits(model_spec(checkpoint), checkpoint, native=True)
     primitives = decode.stats.segments[0].primitives
     assert "Transpose" not in primitives
     assert decode.stats.as_dict()["segment_nodes"] == [decode.stats.segments[0].nodes]
@@ -148,7 +150,7 @@ def test_quantized_layers_are_one_op_each(checkpoints):
     the separate projections' (the test above), and the step is a few nodes
     besides the layers."""
     checkpoint = checkpoints["hf-q"]
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     layers = TINY["num_layers"]
     assert _ops(build_decode(spec, MAX_LENGTH, None)).count("transformer_layer") == layers
     *_, decode = step_logits(spec, checkpoint, native=True)
@@ -161,7 +163,7 @@ def test_quantized_layers_are_one_op_each(checkpoints):
 def test_other_layers_keep_the_separate_ops(checkpoints, kind, world_size):
     """Projection biases (Qwen2), float weights and split ranks (whose
     partial sums meet between the ops) keep the ops one by one."""
-    spec = ModelSpec.of(checkpoints[kind])
+    spec = model_spec(checkpoints[kind])
     for rank in range(world_size):
         ops = _ops(build_decode(spec, MAX_LENGTH, None, world_size=world_size, rank=rank))
         assert "transformer_layer" not in ops and "kv_cache_attention_block" in ops
@@ -173,7 +175,7 @@ def test_layers_of_both_kinds_mix(checkpoints, separate):
     MLP output is added before a whole layer, or by the final norm); the
     rest are whole-layer ops, with the same logits as all separate."""
     checkpoint = checkpoints["hf-q"]
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     spec = dataclasses.replace(spec, fused={name: parts for name, parts in spec.fused.items()
                                             if not name.startswith(f"layers.{separate}.")})
     ops = _ops(build_decode(spec, MAX_LENGTH, None))

@@ -28,9 +28,10 @@ from llm_reference import KVCache, ReferenceModel
 
 from mlxprog.cli import main
 from mlxprog.llm import (
-    Checkpoint, ModelError, ModelSpec, Quantization, build_decode, build_decode_loop,
-    build_prefill, load, load_checkpoint, load_exported,
+    Checkpoint, ModelError, Quantization, build_decode, build_decode_loop, build_prefill, load,
+    load_checkpoint, load_exported,
 )
+from mlxprog.llm.models import model_spec
 
 MAX_LENGTH = 64
 KINDS = ["gguf", "hf-q"]
@@ -58,7 +59,7 @@ def kind(request) -> str:
 
 # -- the split -----------------------------------------------------------------
 def test_uneven_split_follows_kv_heads(checkpoints):
-    spec = ModelSpec.of(checkpoints["hf-q"])
+    spec = model_spec(checkpoints["hf-q"])
     # 3 KV heads over 2 ranks: 2 and 1, each with the 2 query heads of its groups;
     # the intermediate dim (128 = 4 groups of 32) evenly.
     shards = [spec.shard(2, r) for r in range(2)]
@@ -73,7 +74,7 @@ def test_uneven_split_follows_kv_heads(checkpoints):
 
 
 def test_dense_intermediate_splits_by_element(checkpoints):
-    shards = [ModelSpec.of(checkpoints["gguf"]).shard(3, r) for r in range(3)]
+    shards = [model_spec(checkpoints["gguf"]).shard(3, r) for r in range(3)]
     assert [s.intermediate for s in shards] == [(0, 43), (43, 86), (86, 128)]
 
 
@@ -84,7 +85,7 @@ def test_dense_intermediate_splits_by_element(checkpoints):
     (2, -1, "rank -1 is not in [0, world_size 2)"),
 ])
 def test_bad_world_sizes(checkpoints, world_size, rank, message):
-    spec = ModelSpec.of(checkpoints["gguf"])
+    spec = model_spec(checkpoints["gguf"])
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace(")", r"\)")):
         build_decode(spec, MAX_LENGTH, world_size=world_size, rank=rank)
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace(")", r"\)")):
@@ -94,7 +95,7 @@ def test_bad_world_sizes(checkpoints, world_size, rank, message):
 def test_split_must_keep_whole_quantization_groups(checkpoints):
     # Over 3 ranks each holds 2 query heads of 16 columns: rank 1's start at
     # o_proj's column 32, a group boundary with groups of 32 but not of 64.
-    spec = ModelSpec.of(checkpoints["hf-q"])
+    spec = model_spec(checkpoints["hf-q"])
     coarse = dataclasses.replace(spec, quantization={
         n: Quantization(q.bits, 64) for n, q in spec.quantization.items()})
     coarse.shard(2, 1)  # 4 and 2 heads: columns 0 and 64
@@ -112,7 +113,7 @@ def test_split_must_keep_whole_quantization_groups(checkpoints):
 # -- programs ------------------------------------------------------------------
 @pytest.mark.parametrize("build", BUILDERS)
 def test_world_size_one_is_the_unsharded_program(checkpoints, kind, build):
-    spec = ModelSpec.of(checkpoints[kind])
+    spec = model_spec(checkpoints[kind])
     assert (build(spec, MAX_LENGTH, world_size=1, rank=0).model_dump_json()
             == build(spec, MAX_LENGTH).model_dump_json())
     assert spec.captures(checkpoints[kind], 1, 0).keys() == spec.captures(checkpoints[kind]).keys()
@@ -122,7 +123,7 @@ def test_world_size_one_is_the_unsharded_program(checkpoints, kind, build):
 @pytest.mark.parametrize("build", BUILDERS)
 def test_rank_programs(checkpoints, kind, build, world_size, kv_heads):
     checkpoint = checkpoints[kind]
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     layers = checkpoint.config.num_layers
     for rank in range(world_size):
         program = build(spec, MAX_LENGTH, world_size=world_size, rank=rank)
@@ -153,7 +154,7 @@ def test_export_writes_each_ranks_programs(model_paths, tmp_path, capsys):
     assert manifest["world_size"] == 2
     checkpoint = load_checkpoint(model_paths["hf-q"])
     for rank in range(2):
-        expected = build_decode(ModelSpec.of(checkpoint), MAX_LENGTH, None, world_size=2,
+        expected = build_decode(model_spec(checkpoint), MAX_LENGTH, None, world_size=2,
                                 rank=rank)
         assert (out / f"rank{rank}" / "decode.json").read_text() == \
             expected.to_pretty_json() + "\n"
@@ -182,7 +183,7 @@ def test_a_group_of_one_runs_the_whole_model(model_paths):
 def _rank_models(checkpoint: Checkpoint, world_size: int) -> list[ReferenceModel]:
     """Each rank's plain-MLX model: its sliced weights (by mlxprog name) and
     a config of its heads and intermediate size."""
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     by_source = {source: name for name, source in spec.source_names.items()}
     models = []
     for rank in range(world_size):
@@ -224,7 +225,7 @@ def test_sum_of_rank_outputs_is_the_whole_model(checkpoints, kind, world_size):
 
 def test_captures_are_sliced_along_rows_and_whole_groups(checkpoints):
     checkpoint = checkpoints["hf-q"]
-    spec = ModelSpec.of(checkpoint)
+    spec = model_spec(checkpoint)
     w = checkpoint.weights
     ranks = [spec.captures(checkpoint, 3, r) for r in range(3)]
     q, o, down = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj",

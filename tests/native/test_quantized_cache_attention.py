@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.ops.quantized_attention import dequantize_cache, hadamard_groups, quantize_cache
+from mlxprog.cache_kinds import AffineCache, hadamard_groups
 
 from test_cache_attention_window_softcap import f64, reference
 
@@ -24,12 +24,12 @@ QUANTIZATIONS = [(8, 32), (8, 64), (4, 32), (4, 64), (4, 128), (8, 128)]
 def quantized(x: mx.array, bits: int, group_size: int, hadamard: bool = False
               ) -> list[mx.array]:
     """x as a quantized cache holds it: [codes, scales, biases]."""
-    return quantize_cache(x, bits, group_size, hadamard)
+    return AffineCache(bits, group_size, hadamard).encode(x, "k")
 
 
 def dequantized(parts: list[mx.array], bits: int, group_size: int,
                 hadamard: bool = False) -> mx.array:
-    return dequantize_cache(parts, bits, group_size, hadamard)
+    return AffineCache(bits, group_size, hadamard).decode(parts, "k")
 
 
 @pytest.mark.parametrize("group_size", [1, 2, 32, 64, 128])
@@ -89,8 +89,9 @@ def test_kernel_matches_float_attention_over_the_dequantized_cache(
                              mx.array(np.arange(S)[None, :].repeat(B, 0) >= 100)):
                 got = ext.cache_attention(q, parts, mx.array([start], mx.int32), key_mask,
                                           scale=0.125, window=window, softcap=softcap,
-                                          kv_bits=bits, kv_group_size=group_size,
-                                          kv_hadamard=hadamard)
+                                          format=ext.CacheFormat(kv_bits=bits,
+                                                                 kv_group_size=group_size,
+                                                                 hadamard=hadamard))
                 want = reference(q, k_held, v_held, start, key_mask, 0.125, window, softcap)
                 np.testing.assert_allclose(f64(got), want, rtol=1e-4, atol=5e-5)
 
@@ -100,31 +101,35 @@ def test_kernel_non_finite_scores_and_unseen_keys(ext, isa):
     q = mx.concatenate([mx.full((1, 1, 1, 32), float("nan")), mx.ones((1, 1, 1, 32))], axis=1)
     k = v = mx.ones((1, 1, 8, 32))
     parts = quantized(k, 8, 32) + quantized(v, 8, 32)
+    eight = ext.CacheFormat(kv_bits=8, kv_group_size=32)
     got = np.array(ext.cache_attention(q, parts, mx.array([7], mx.int32), None, scale=1.0,
-                                       kv_bits=8, kv_group_size=32))
+                                       format=eight))
     assert np.isnan(got[0, 0]).all()
     np.testing.assert_allclose(got[0, 1], 1.0, rtol=1e-6)
     hidden = mx.zeros((1, 8), dtype=mx.bool_)
     got = np.array(ext.cache_attention(q[:, 1:], parts, mx.array([7], mx.int32), hidden,
-                                       scale=1.0, kv_bits=8, kv_group_size=32))
+                                       scale=1.0, format=eight))
     np.testing.assert_array_equal(got, 0.0)
 
 
 def test_kernel_refuses_a_malformed_cache(ext):
     q = mx.ones((1, 2, 1, 32))
     parts = quantized(mx.ones((1, 1, 4, 32)), 8, 32) * 2
+    eight = ext.CacheFormat(kv_bits=8, kv_group_size=32)
     with pytest.raises(ValueError, match="kv_bits must be 0"):
-        ext.cache_attention(q, parts, mx.array([0], mx.int32), None, scale=1.0, kv_bits=3,
-                            kv_group_size=32)
+        ext.CacheFormat(kv_bits=3, kv_group_size=32)
+    with pytest.raises(ValueError, match="kv_group_size must be 32, 64 or 128"):
+        ext.CacheFormat(kv_bits=8, kv_group_size=16)
     with pytest.raises(ValueError, match="a quantized cache is six arrays"):
         ext.cache_attention(q, parts[:4], mx.array([0], mx.int32), None, scale=1.0,
-                            kv_bits=8, kv_group_size=32)
+                            format=eight)
     with pytest.raises(ValueError, match="codes: uint32"):
         ext.cache_attention(q, [parts[1]] + parts[1:], mx.array([0], mx.int32), None,
-                            scale=1.0, kv_bits=8, kv_group_size=32)
-    with pytest.raises(ValueError, match="kv_hadamard is a quantized cache's setting"):
-        ext.cache_attention(q, [mx.ones((1, 1, 4, 32))] * 2, mx.array([0], mx.int32), None,
-                            scale=1.0, kv_hadamard=True)
+                            scale=1.0, format=eight)
+    with pytest.raises(ValueError, match="a float cache is two arrays"):
+        ext.cache_attention(q, parts, mx.array([0], mx.int32), None, scale=1.0)
+    with pytest.raises(ValueError, match="hadamard is a quantized cache's setting"):
+        ext.CacheFormat(hadamard=True)
 
 
 # -- the ops -------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""The quantized cache's float window (``quantized_kv_cache_sdpa_update``
+"""The quantized cache's recent ring (``quantized_kv_cache_sdpa_update``
 with ``recent``): each query reads the last ``recent`` slots up to its own
 unrounded (the step's new keys and values, or the ring's entries whose
 slots still match) and every other key quantized; the step writes its last
 ``min(T, recent)`` tokens into the ring. Checked against a float64 loop
 written from that rule, on MLX's ops and on the native kernels, and through
-the two fused ops that take a window too."""
+the two fused ops that take a ring too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.ops.quantized_attention import cache_basis, dequantize_cache, quantize_cache
+from mlxprog.cache_kinds import AffineCache
 
 B, H, H_KV, S, D = 2, 4, 2, 24, 64
 
@@ -48,10 +48,11 @@ def _reference(q, new_k, new_v, old_k, old_v, ring_k, ring_v, tags, start, key_m
     k_cache = np.array(old_k, dtype=np.float64)
     v_cache = np.array(old_v, dtype=np.float64)
     k_cache[:, :, start:start + T], v_cache[:, :, start:start + T] = new_k, new_v
-    held = [np.array(dequantize_cache(quantize_cache(mx.array(c.astype(np.float32)), *quant),
-                                      *quant), dtype=np.float64) for c in (k_cache, v_cache)]
-    to_float = (lambda x: np.array(cache_basis(mx.array(x), group_size, hadamard),
-                                   dtype=np.float64) / group_size) if hadamard else \
+    kind = AffineCache(*quant)
+    held = [np.array(kind.decode(kind.encode(mx.array(c.astype(np.float32)), side), side),
+                     dtype=np.float64) for side, c in (("k", k_cache), ("v", v_cache))]
+    to_float = (lambda x: np.array(kind.basis(mx.array(x)), dtype=np.float64) / group_size) \
+        if hadamard else \
         (lambda x: np.array(x, dtype=np.float64))
     ring = [to_float(ring_k), to_float(ring_v)]
     scale = scale or D ** -0.5
@@ -89,8 +90,8 @@ def _case(rng, T, recent, start, quant):
         for s in range(max(start - recent, 0), start):
             tags[b, s % recent] = s
             for ring, cache in ((ring_k, old_k), (ring_v, old_v)):
-                ring[b, :, s % recent] = np.array(cache_basis(
-                    mx.array(cache[b, :, s]), quant[1], quant[2]))
+                ring[b, :, s % recent] = np.array(AffineCache(*quant).basis(
+                    mx.array(cache[b, :, s])))
     if start > 2:
         tags[0, (start - 2) % recent] = start - 2 + recent  # a rejected draft's slot
         tags[1, (start - 1) % recent] = -1
@@ -105,13 +106,14 @@ def _case(rng, T, recent, start, quant):
 @pytest.mark.parametrize("T, recent, start", [(1, 1, 9), (1, 4, 13), (1, 16, 23), (5, 4, 7),
                                               (3, 16, 17), (6, 2, 0), (8, 16, 16)])
 @pytest.mark.parametrize("native", [False, True])
-def test_window_reads_recent_keys_unrounded_and_updates_the_ring(quant, T, recent, start,
+def test_ring_reads_recent_keys_unrounded_and_is_updated(quant, T, recent, start,
                                                                    native):
     rng = np.random.default_rng(T * 100 + recent + start)
     q, new_k, new_v, old_k, old_v, ring_k, ring_v, tags, key_mask = _case(
         rng, T, recent, start, quant)
     bits, group_size, hadamard = quant
-    caches = quantize_cache(mx.array(old_k), *quant) + quantize_cache(mx.array(old_v), *quant)
+    kind = AffineCache(*quant)
+    caches = kind.encode(mx.array(old_k), "k") + kind.encode(mx.array(old_v), "v")
     prog = _program(T, recent, bits, group_size, {"hadamard": hadamard})
     args = [mx.array(a) for a in (q, new_k, new_v)] + caches
     args += [mx.array(a) for a in (ring_k, ring_v, tags)]
@@ -126,7 +128,7 @@ def test_window_reads_recent_keys_unrounded_and_updates_the_ring(quant, T, recen
     # the key mask keeps (those it keeps) at slot % recent, the rest as it was.
     want_tags = tags.copy()
     want_k, want_v = ring_k.copy(), ring_v.copy()
-    basis = lambda x: np.array(cache_basis(mx.array(x), group_size, hadamard))  # noqa: E731
+    basis = lambda x: np.array(kind.basis(mx.array(x)))  # noqa: E731
     for b in range(B):
         kept = [start + t for t in range(T) if key_mask[b, start + t]]
         for s in [s for s in kept if s > max(kept) - recent]:
@@ -140,17 +142,18 @@ def test_window_reads_recent_keys_unrounded_and_updates_the_ring(quant, T, recen
         assert exe.stats.native_ops == {"quantized_kv_cache_sdpa_update": 1}
 
 
-def test_a_window_as_long_as_the_cache_is_float_attention():
-    # Every slot in the window and in the ring: no key is read quantized.
+def test_a_ring_as_long_as_the_cache_is_float_attention():
+    # Every slot in the ring's reach and in the ring: no key is read quantized.
     rng = np.random.default_rng(5)
     T, start, quant = 1, S - 1, (4, 32, True)
     recent = S
     q, new_k, new_v, old_k, old_v, ring_k, ring_v, tags, _ = _case(rng, T, recent, start, quant)
     tags = np.array([[s if s < start else -1 for s in range(S)]] * B, np.int32)
+    kind = AffineCache(*quant)
     for s in range(start):
-        ring_k[:, :, s] = np.array(cache_basis(mx.array(old_k[:, :, s]), 32, True))
-        ring_v[:, :, s] = np.array(cache_basis(mx.array(old_v[:, :, s]), 32, True))
-    caches = quantize_cache(mx.array(old_k), *quant) + quantize_cache(mx.array(old_v), *quant)
+        ring_k[:, :, s] = np.array(kind.basis(mx.array(old_k[:, :, s])))
+        ring_v[:, :, s] = np.array(kind.basis(mx.array(old_v[:, :, s])))
+    caches = kind.encode(mx.array(old_k), "k") + kind.encode(mx.array(old_v), "v")
     prog = _program(T, recent, 4, 32, {"hadamard": True})
     out = mp.run(prog, *[mx.array(a) for a in (q, new_k, new_v)], *caches,
                  *[mx.array(a) for a in (ring_k, ring_v, tags)], mx.array(start, mx.int32),
@@ -163,7 +166,7 @@ def test_a_window_as_long_as_the_cache_is_float_attention():
     np.testing.assert_allclose(np.array(out), want, rtol=1e-4, atol=2e-5)
 
 
-def test_window_operands_are_checked_by_name():
+def test_ring_operands_are_checked_by_name():
     b = mp.ProgramBuilder("bad")
     q = b.input("q", (1, 2, 1, 64), "float32")
     new = [b.input(n, (1, 2, 1, 64), "float32") for n in ("k", "v")]

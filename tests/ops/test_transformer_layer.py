@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.ops.quantized_attention import quantize_cache
+from mlxprog.cache_kinds import AffineCache
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
@@ -118,7 +118,7 @@ def arguments(rng, case, offset, positions, freqs=False, key_mask=True) -> list[
         if "kv" not in case:
             args[f"{kind}_cache"] = cache
             continue
-        parts = quantize_cache(cache, *case["kv"])
+        parts = AffineCache(*case["kv"]).encode(cache, kind)
         args.update({f"{kind}_{part}": a for part, a in zip(("values", "scales", "biases"),
                                                            parts)})
     order = list(shapes(B, case["T"], case["H"], Hkv, D, S, case["hidden"], case["width"],

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..config import ModelConfig, ModelError
-from .base import Family
+from ..config import Checkpoint, ModelConfig, ModelError
+from ..spec import ModelSpec
+from .base import Family, splits
 
 
 def _family_modules() -> list[str]:
@@ -67,3 +68,10 @@ def family_of(config: ModelConfig) -> Family:
     except KeyError:
         raise ModelError(f"model config: family {config.family!r} is not one of "
                          f"{', '.join(sorted(FAMILIES))}") from None
+
+
+def model_spec(checkpoint: Checkpoint) -> ModelSpec:
+    """The :class:`~mlxprog.llm.ModelSpec` of a loaded checkpoint, its
+    layers split as its family's weight table says."""
+    config = checkpoint.config
+    return ModelSpec.of(checkpoint, splits(family_of(config).weights(config), config))

@@ -19,6 +19,7 @@ embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,41 +28,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 import mlx.core as mx
 
 from ...ggml import types as ggml_types
-from ..cache import CacheLayout
+from ..cache import CacheLayout, LayerCache
 from ..config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization
 from ..config import infer_quantization
 from ..config import is_int, metadata_value
+from ..spec import ModelSpec, Shard, Split
 
 if TYPE_CHECKING:
     from ...builder import ProgramBuilder, Value
-    from ..spec import ModelSpec, Shard
     from ..tokenizer import Tokenizer
-
-    #: One layer's keys (or values) as the decoder passes them: a float cache
-    #: array, or a quantized cache's (values, scales, biases).
-    LayerCache = Value | tuple[Value, ...]
-
-
-# -- tensor-parallel splits ---------------------------------------------------
-
-@dataclass(frozen=True)
-class Split:
-    """How a weight is cut across tensor-parallel ranks: by output rows
-    (``axis`` 0) or input columns (``axis`` 1), following one block of a
-    :class:`~mlxprog.llm.spec.Shard` (``"heads"``, ``"kv_heads"`` or
-    ``"intermediate"``). A row split's bias is cut with it; a column split's
-    bias is of its outputs, held whole by every rank and added once after the
-    ranks' sum."""
-
-    axis: Literal[0, 1]
-    block: Literal["heads", "kv_heads", "intermediate"]
-
-
-ROWS_BY_HEADS = Split(0, "heads")
-ROWS_BY_KV_HEADS = Split(0, "kv_heads")
-ROWS_BY_INTERMEDIATE = Split(0, "intermediate")
-COLUMNS_BY_HEADS = Split(1, "heads")
-COLUMNS_BY_INTERMEDIATE = Split(1, "intermediate")
 
 
 # -- the weight table ---------------------------------------------------------
@@ -534,27 +509,12 @@ class Decoder:
         self.spec = spec
         self.shard = shard
         self.numerics = numerics
-        #: The KV cache's layout (None: float32, unbounded).
-        self.kv = kv
         self.c = spec.config
+        #: The KV cache's layout (given None: float32, unbounded), with the
+        #: rank's KV heads.
+        self.kv = dataclasses.replace(kv or CacheLayout.of(self.c),
+                                      num_kv_heads=shard.num_kv_heads)
         self._captures: dict[str, Value] = {}
-
-    @property
-    def float_cache(self) -> bool:
-        """Whether the caches hold float keys and values (else each layer's
-        keys and values are a quantized cache's (values, scales, biases))."""
-        return self.kv is None or not self.kv.quantized
-
-    def cache_attributes(self) -> dict[str, int | bool]:
-        """The cache ops' attributes for this cache: none for a float cache,
-        ``kv_bits`` and ``kv_group_size`` for a quantized one, which holds
-        its groups' Walsh-Hadamard transforms (``kv_hadamard``; see
-        :class:`~mlxprog.llm.CacheLayout`)."""
-        if self.float_cache:
-            return {}
-        window = {"kv_recent": self.kv.kv_recent} if self.kv.kv_recent else {}
-        return dict(kv_bits=self.kv.kv_bits, kv_group_size=self.kv.kv_group_size,
-                    kv_hadamard=True, **window)
 
     def weight(self, name: str) -> Value:
         """The capture of logical weight ``name`` (declared on first use)."""
@@ -647,31 +607,27 @@ class Decoder:
                             base=c.rope_theta if base is None else base, scale=scale, **extra)
 
     def attend(self, sb, q: Value, k: Value, v: Value, T, cache_offset, key_mask,
-               k_cache: LayerCache, v_cache: LayerCache,
-               **settings: Any) -> tuple[Value, LayerCache, LayerCache]:
-        """q, k, v [B, heads, T, D] (q and k rotated) written into the caches
-        at ``cache_offset`` and attended (``kv_cache_sdpa_update``, or
-        ``quantized_kv_cache_sdpa_update`` where the caches are quantized:
-        then ``k_cache`` and ``v_cache`` are each the (values, scales,
-        biases) arrays, the float window's after the values' if any;
-        settings: the op's ``scale``, ``softcap``, ``window``): [B, T, heads
-        * D] and the new caches."""
+               cache: LayerCache, **settings: Any) -> tuple[Value, LayerCache]:
+        """q, k, v [B, heads, T, D] (q and k rotated) written into the
+        layer's ``cache`` (its arrays as the cache ops take them,
+        :meth:`CacheLayout.layers <mlxprog.llm.CacheLayout.layers>`) at
+        ``cache_offset`` and attended by the layout's op
+        (``kv_cache_sdpa_update``, or ``quantized_kv_cache_sdpa_update``
+        where the cache is quantized; settings: the op's ``scale``,
+        ``softcap``, ``window``): [B, T, heads * D] and the layer's new
+        cache."""
         settings = {k: v for k, v in settings.items() if v is not None}
-        caches = self.flat_caches((k_cache, v_cache))
-        if self.float_cache:
-            attn, *new = sb.kv_cache_sdpa_update(q, k, v, *caches, cache_offset, key_mask,
-                                                 layout="BHTD", **settings)
-        else:
-            window = {"recent": self.kv.kv_recent} if self.kv.kv_recent else {}
-            attn, *new = sb.quantized_kv_cache_sdpa_update(
-                q, k, v, *caches, cache_offset, key_mask, bits=self.kv.kv_bits,
-                group_size=self.kv.kv_group_size, hadamard=True, **window, **settings)
-        return (self.merge_heads(sb, attn, self.shard.num_heads, T), *self.layer_caches(new))
+        op, attributes = self.kv.sdpa_op()
+        attn, *new = sb.op(op, q, k, v, *cache, cache_offset, key_mask, **attributes,
+                           **settings)
+        return self.merge_heads(sb, attn, self.shard.num_heads, T), tuple(new)
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
-              caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
+              caches: Sequence[LayerCache]) -> tuple[Value, tuple[LayerCache, ...]]:
         """Every layer on the embedded tokens ``h`` [B, T, hidden], then the
-        final norm: the normed hidden states and the new caches."""
+        final norm: the normed hidden states and each layer's new cache
+        (``caches``: each layer's, :meth:`CacheLayout.layers
+        <mlxprog.llm.CacheLayout.layers>`)."""
         raise NotImplementedError
 
     def logits(self, sb, h: Value) -> Value:
@@ -687,30 +643,29 @@ class Decoder:
         each of them (a speculative verify step), and the new caches
         (program order, as ``caches``).
 
-        With a quantized cache, each layer's keys and values reach
-        :meth:`trunk` (and :meth:`attend`) as tuples of their arrays. With a
-        rotating one (``max_kv_size`` W, ``keep``), ``cache_offset`` counts
-        every slot written so far, and the caches have W + 1 slots once it
-        reaches W: from then on a decode step writes its token into the
-        spare slot W (the attention ops write at the offset clamped to it)
-        and then over the oldest slot past the kept ones, slot
+        :meth:`trunk` takes the caches by layer (:meth:`CacheLayout.layers
+        <mlxprog.llm.CacheLayout.layers>`). With a rotating cache (capacity
+        ``max_kv_size`` W, ``keep``), ``cache_offset`` counts every slot
+        written so far, and the caches have W + 1 slots once it reaches W:
+        from then on a decode step writes its token into the spare slot W
+        (the attention ops write at the offset clamped to it) and then over
+        the oldest of the rotating slots (those past the kept ones), slot
         ``keep + (cache_offset - W) % (W - keep)``, which the step's
         attention no longer sees; slots rewritten so far are seen whatever
         ``key_mask`` says of them (it marks the batch's left padding, which
         the rotation overwrites). Keys are stored rotated, so the slots'
         order does not matter to attention. A prefill never wraps: it writes
         below W (a prompt fits the rotating cache)."""
-        layer_caches = self.layer_caches(caches)
-        rotates = self.kv is not None and self.kv.rotating and T == 1
+        rotates = self.kv.rotating and T == 1
         if rotates:
             cache_offset, key_mask, slot, wrapped = self._rotation(sb, cache_offset, key_mask)
         h, new_caches = self.trunk(sb, self.embed(sb, tokens), T, rope_offset, cache_offset,
-                                   key_mask, layer_caches)
-        new_caches = self.flat_caches(new_caches)
+                                   key_mask, self.kv.layers(caches))
+        new_caches = self.kv.flatten(new_caches)
         if rotates:
             # Copied from where the ops wrote it: the spare slot once wrapped,
-            # else the slot itself (then the copy changes nothing); a float
-            # window's entry for the slot the copy overwrites is then stale.
+            # else the slot itself (then the copy changes nothing); a recent
+            # ring's entry for the slot the copy overwrites is then stale.
             written = sb.reshape(cache_offset, shape=[1])
 
             def copied(c: Value) -> Value:
@@ -728,49 +683,24 @@ class Decoder:
         h = sb.reshape(h, shape=["B", self.c.hidden_size])
         return self.logits(sb, h), new_caches
 
-    def layer_caches(self, caches: Sequence[Value]) -> Sequence[LayerCache]:
-        """The caches (program order) as :meth:`trunk` takes them: ``k.0,
-        v.0, k.1, ...``, each a Value, or with a quantized cache a tuple of
-        its arrays; with a float window each layer's values are followed by
-        its window's keys and values and the window's slots, the operands
-        the cache ops take after the keys' (also one layer's keys and
-        values from the cache arrays an op returns)."""
-        if self.float_cache:
-            return caches
-        n, per_layer = len(self.kv.parts), len(self.kv.layer_names(0))
-        tags = tuple(caches[-1:]) if self.kv.kv_recent else ()
-        layers = caches[:len(caches) - len(tags)]
-        return [part for i in range(0, len(layers), per_layer)
-                for part in (tuple(layers[i:i + n]), tuple(layers[i + n:i + per_layer]) + tags)]
-
-    def flat_caches(self, caches: Sequence[LayerCache]) -> tuple[Value, ...]:
-        """The caches :meth:`trunk` returns in program order (the inverse of
-        :meth:`layer_caches`, the window's slots the last layer's; also one
-        layer's keys and values as the cache ops take them)."""
-        if self.float_cache or not self.kv.kv_recent:
-            return tuple(a for c in caches for a in (c if isinstance(c, tuple) else (c,)))
-        # Every layer's op writes the same slots: the last one's stand for all.
-        return tuple(a for k, v in zip(caches[0::2], caches[1::2])
-                     for a in (*k, *v[:-1])) + (caches[-1][-1],)
-
     def _rotation(self, sb, cache_offset: Value, key_mask: Value
                   ) -> tuple[Value, Value, Value, Value]:
         """A rotating cache's decode step at ``cache_offset`` (the slots
         written so far; see :meth:`forward`): the offset the attention ops
         write at, the key mask they use, the slot the token lands in, and
         whether the cache has wrapped."""
-        size, keep = self.kv.max_kv_size, self.kv.keep
-        past = cache_offset - size  # rotations done before this step (once wrapped)
-        wrapped = sb.greater_equal(cache_offset, size)
-        slot = sb.select(wrapped, sb.remainder(sb.max(past, 0), size - keep) + keep,
+        capacity, keep = self.kv.max_kv_size, self.kv.keep
+        past = cache_offset - capacity  # rotations done before this step (once wrapped)
+        wrapped = sb.greater_equal(cache_offset, capacity)
+        slot = sb.select(wrapped, sb.remainder(sb.max(past, 0), capacity - keep) + keep,
                         cache_offset)
         slots = sb.iota(shape=["B", "S"], dtype="int32", axis=1)
         rewritten = sb.logical_and(
-            sb.logical_and(sb.greater_equal(slots, keep), sb.less(slots, size)),
+            sb.logical_and(sb.greater_equal(slots, keep), sb.less(slots, capacity)),
             sb.less(slots - keep, past))
         evicted = sb.logical_and(wrapped, sb.equal(slots, slot))
         mask = sb.logical_and(sb.logical_or(key_mask, rewritten), sb.logical_not(evicted))
-        return sb.min(cache_offset, size), mask, slot, wrapped
+        return sb.min(cache_offset, capacity), mask, slot, wrapped
 
     def pick(self, sb, logits: Value, key: Value, sampling) -> tuple[Value, Value]:
         """The next tokens from ``logits`` by ``sampling``, and the next key."""

@@ -38,6 +38,7 @@ from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf
 
 if TYPE_CHECKING:
     from ...builder import Value
+    from ..cache import LayerCache
 
 
 @dataclass(frozen=True)
@@ -253,20 +254,19 @@ class GemmaDecoder(LlamaDecoder):
         return self.linear(sb, f"{p}.down_proj", gated, reduce=True)
 
     def layer(self, sb, i: int, h: Value, x: Value, T, rope_offset, cache_offset, key_mask,
-              k_cache: Value, v_cache: Value) -> tuple[Value, Value, Value, Value]:
+              cache: LayerCache) -> tuple[Value, Value, LayerCache]:
         """Layer ``i`` on ``h`` and its input norm ``x``: ``h`` plus the
         normed attention output, the normed MLP output (left for the caller
-        to add with the next norm) and the new caches. mlx-lm's Gemma 3
+        to add with the next norm) and the layer's new cache. mlx-lm's Gemma 3
         clips these residual sums to float16's range in float16; in float32,
         as here, its sums are plain adds."""
         p = f"layers.{i}"
-        attn, k_cache, v_cache = self.attention(sb, i, x, T, rope_offset, cache_offset,
-                                                key_mask, k_cache, v_cache)
+        attn, cache = self.attention(sb, i, x, T, rope_offset, cache_offset, key_mask, cache)
         y = self.norm(sb, f"{p}.post_attention_layernorm.weight",
                       self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True))
         h, x = self.add_norm(sb, f"{p}.pre_feedforward_layernorm.weight", h, y)
         out = self.norm(sb, f"{p}.post_feedforward_layernorm.weight", self.mlp(sb, i, x))
-        return h, out, k_cache, v_cache
+        return h, out, cache
 
     def logits(self, sb, h: Value) -> Value:
         """The head's logits, soft-capped where the config caps them."""

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from ..config import GGMLQuantization, ModelConfig, ModelError, Quantization
-from .base import (COLUMNS_BY_HEADS, COLUMNS_BY_INTERMEDIATE, ROWS_BY_HEADS,
-                   ROWS_BY_INTERMEDIATE, ROWS_BY_KV_HEADS, Decoder, Family, GGUFMetadata,
-                   HFConfig, Weight)
+from ..spec import (COLUMNS_BY_HEADS, COLUMNS_BY_INTERMEDIATE, ROWS_BY_HEADS,
+                    ROWS_BY_INTERMEDIATE, ROWS_BY_KV_HEADS)
+from .base import Decoder, Family, GGUFMetadata, HFConfig, Weight
 
 if TYPE_CHECKING:
     from ...builder import Value
-    from .base import LayerCache
+    from ..cache import LayerCache
 
 
 def _q_out(c: ModelConfig) -> int:
@@ -231,16 +231,16 @@ class LlamaDecoder(Decoder):
         return q, k, v
 
     def attention(self, sb, i: int, x: Value, T, rope_offset, cache_offset, key_mask,
-                  k_cache: LayerCache, v_cache: LayerCache
-                  ) -> tuple[Value, LayerCache, LayerCache]:
+                  cache: LayerCache) -> tuple[Value, LayerCache]:
         """Layer ``i``'s attention of the normed ``x`` (before the output
-        projection): [B, T, heads * D] and the new caches."""
+        projection) over its ``cache``: [B, T, heads * D] and the new
+        cache."""
         p = f"layers.{i}.self_attn"
         if f"{p}.qkv_proj" in self.spec.fused and self.fused_attention:
             return self.attention_block(sb, self.linear(sb, f"{p}.qkv_proj", x), rope_offset,
-                                        cache_offset, key_mask, k_cache, v_cache)
+                                        cache_offset, key_mask, cache)
         q, k, v = self.qkv(sb, i, x, T, rope_offset)
-        return self.attend(sb, q, k, v, T, cache_offset, key_mask, k_cache, v_cache,
+        return self.attend(sb, q, k, v, T, cache_offset, key_mask, cache,
                            **self.attention_settings(i))
 
     def rope_attributes(self) -> dict[str, Any]:
@@ -255,18 +255,17 @@ class LlamaDecoder(Decoder):
         return [sb.constant(list(c.rope_freqs), "float32")] if c.rope_freqs is not None else []
 
     def attention_block(self, sb, qkv: Value, rope_offset, cache_offset, key_mask,
-                        k_cache: LayerCache, v_cache: LayerCache
-                        ) -> tuple[Value, LayerCache, LayerCache]:
+                        cache: LayerCache) -> tuple[Value, LayerCache]:
         """Attention from the fused projection's output ``qkv`` [B, T,
         (heads + 2 kv_heads) D]: one ``kv_cache_attention_block`` (heads,
         RoPE, cache writes and attention in one node on the CPU) giving
-        [B, T, heads * D] and the new caches."""
-        attn, *caches = sb.kv_cache_attention_block(
-            qkv, *self.flat_caches((k_cache, v_cache)), cache_offset, rope_offset,
-            *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
+        [B, T, heads * D] and the new cache."""
+        attn, *new = sb.kv_cache_attention_block(
+            qkv, *cache, cache_offset, rope_offset, *self.rope_freqs_operand(sb), key_mask,
+            heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(),
-            **self.cache_attributes())
-        return (attn, *self.layer_caches(caches))
+            **self.kv.block_attributes())
+        return attn, tuple(new)
 
     def mlp(self, sb, i: int, x: Value) -> Value:
         """Layer ``i``'s SwiGLU MLP of the normed ``x`` (before the ranks'
@@ -293,18 +292,16 @@ class LlamaDecoder(Decoder):
         return sb.fast_add_rms_norm(h, y, weight, eps=self.c.norm_eps)
 
     def layer(self, sb, i: int, h: Value, x: Value, T, rope_offset, cache_offset, key_mask,
-              k_cache: LayerCache, v_cache: LayerCache
-              ) -> tuple[Value, Value, LayerCache, LayerCache]:
+              cache: LayerCache) -> tuple[Value, Value, LayerCache]:
         """Transformer layer ``i`` on the hidden states ``h`` [B, T, hidden]
         and ``x``, their norm by the layer's input norm: ``h`` plus the
         attention, the MLP's output (left for the caller to add with the
-        next norm, see :meth:`trunk`) and the layer's new caches."""
+        next norm, see :meth:`trunk`) and the layer's new cache."""
         p = f"layers.{i}"
-        attn, k_cache, v_cache = self.attention(sb, i, x, T, rope_offset, cache_offset,
-                                                key_mask, k_cache, v_cache)
+        attn, cache = self.attention(sb, i, x, T, rope_offset, cache_offset, key_mask, cache)
         h, x = self.add_norm(sb, f"{p}.post_attention_layernorm.weight", h,
                              self.linear(sb, f"{p}.self_attn.o_proj", attn, reduce=True))
-        return h, self.mlp(sb, i, x), k_cache, v_cache
+        return h, self.mlp(sb, i, x), cache
 
     def whole_layer(self, i: int) -> Quantization | tuple[tuple[str, ...], ...] | None:
         """How layer ``i`` can be one ``transformer_layer`` op, or None: the
@@ -349,11 +346,11 @@ class LlamaDecoder(Decoder):
         return out
 
     def transformer_layer(self, sb, i: int, quant, h: Value, rope_offset,
-                          cache_offset, key_mask, k_cache: LayerCache,
-                          v_cache: LayerCache) -> tuple[Value, LayerCache, LayerCache]:
+                          cache_offset, key_mask, cache: LayerCache
+                          ) -> tuple[Value, LayerCache]:
         """Layer ``i`` as one ``transformer_layer`` op (see
         :meth:`whole_layer`, whose result ``quant`` is): the layer's hidden
-        states and new caches."""
+        states and new cache."""
         p = f"layers.{i}"
         if isinstance(quant, Quantization):
             projections = [self.weight(f"{p}.{name}.{part}")
@@ -367,20 +364,21 @@ class LlamaDecoder(Decoder):
                       for group in self.ggml_parts(i)]
             attention, mlp = groups[0] + groups[1], groups[2] + groups[3]
             packing = dict(ggml_parts=[[t for _, t in group] for group in self.ggml_parts(i)])
-        h, *caches = sb.transformer_layer(
+        h, *new = sb.transformer_layer(
             h, self.weight(f"{p}.input_layernorm.weight"), *attention,
             self.weight(f"{p}.post_attention_layernorm.weight"), *mlp,
-            *self.flat_caches((k_cache, v_cache)), cache_offset, rope_offset,
+            *cache, cache_offset, rope_offset,
             *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
-            **packing, **self.cache_attributes(),
+            **packing, **self.kv.block_attributes(),
             **({} if self.numerics == "exact" else {"numerics": self.numerics}))
-        return (h, *self.layer_caches(caches))
+        return h, tuple(new)
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
-              caches: Sequence[Value]) -> tuple[Value, tuple[Value, ...]]:
-        """Every layer on the embedded tokens ``h`` [B, T, hidden], then the
-        final norm: the normed hidden states and the new caches. A layer is
+              caches: Sequence[LayerCache]) -> tuple[Value, tuple[LayerCache, ...]]:
+        """Every layer on the embedded tokens ``h`` [B, T, hidden], each over
+        its cache, then the final norm: the normed hidden states and each
+        layer's new cache (see :meth:`Decoder.trunk`). A layer is
         one ``transformer_layer`` op where it can be (:meth:`whole_layer`);
         between the others each residual add is done with the norm after it
         (:meth:`add_norm`: a layer's MLP output is added there)."""
@@ -394,20 +392,19 @@ class LlamaDecoder(Decoder):
             pending = None
             return x
 
-        new_caches: list[Value] = []
-        for i in range(self.c.num_layers):
-            k_cache, v_cache = caches[2 * i], caches[2 * i + 1]
+        new_caches: list[LayerCache] = []
+        for i, cache in enumerate(caches):
             quant = self.whole_layer(i)
             if quant is not None:
                 if pending is not None:
                     h, pending = sb.add(h, pending), None
-                h, k_cache, v_cache = self.transformer_layer(
-                    sb, i, quant, h, rope_offset, cache_offset, key_mask, k_cache, v_cache)
+                h, cache = self.transformer_layer(sb, i, quant, h, rope_offset, cache_offset,
+                                                  key_mask, cache)
             else:
                 x = normed(f"layers.{i}.input_layernorm.weight")
-                h, pending, k_cache, v_cache = self.layer(
-                    sb, i, h, x, T, rope_offset, cache_offset, key_mask, k_cache, v_cache)
-            new_caches += [k_cache, v_cache]
+                h, pending, cache = self.layer(sb, i, h, x, T, rope_offset, cache_offset,
+                                               key_mask, cache)
+            new_caches.append(cache)
         return normed("norm.weight"), tuple(new_caches)
 
 

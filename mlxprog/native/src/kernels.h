@@ -84,27 +84,48 @@ struct RopeProblem {
 // zeros. Scores are q . k * scale, capped at softcap * tanh(score / softcap)
 // when softcap > 0. float32 throughout.
 //
-// A quantized cache (kv_bits 4 or 8) holds its keys and values as MLX's
-// affine quantization along D (see QuantizedRows) in k_quantized and
+// A quantized cache (format.kv_bits 4 or 8) holds its keys and values as
+// MLX's affine quantization along D (see QuantizedRows) in k_quantized and
 // v_quantized instead of k and v; the quantized kernel takes work items
 // (batch, KV head, query position), so that every query head of a group
-// reads one dequantized copy of each key and value. With kv_hadamard the
-// cache holds the quantization of each group's Walsh-Hadamard transform (see
-// Kernels::hadamard): the kernel transforms the queries to match and its
-// results back (H H = group_size I, so q . k = (H q / group_size) . (H k)).
+// reads one dequantized copy of each key and value. With format.hadamard
+// the cache holds the quantization of each group's Walsh-Hadamard transform
+// (see Kernels::hadamard): the kernel transforms the queries to match and
+// its results back (H H = group_size I, so q . k = (H q / group_size) .
+// (H k)).
+//
+// A cache's format, as Python's cache kind (mlxprog/cache_kinds.py) gives
+// it (its native_format): float32 keys and values (kv_bits 0), or MLX's
+// affine quantization of them (kv_bits 4 or 8, groups of kv_group_size
+// features), with hadamard of each group's Walsh-Hadamard transform.
+struct CacheFormat {
+  int kv_bits = 0;
+  int kv_group_size = 0;
+  bool hadamard = false;
+
+  bool quantized() const { return kv_bits != 0; }
+  // The arrays a cache is: k and v, or the codes, scales and biases of each.
+  size_t arrays() const { return quantized() ? 6 : 2; }
+  // Whether array i holds packed codes (uint32; the others are float32).
+  bool codes(size_t i) const { return quantized() && i % 3 == 0; }
+  bool operator==(const CacheFormat& o) const {
+    return kv_bits == o.kv_bits && kv_group_size == o.kv_group_size && hadamard == o.hadamard;
+  }
+};
+
 struct QuantizedRows {
   const uint8_t* codes;  // D * bits / 8 bytes a row: codes packed little-endian
   const float* scales;   // D / group_size a row: value = scale * code + bias
   const float* biases;
 };
 
-// A quantized cache's float window of recent tokens (KIVI's full-precision
-// residual): a query at slot pos reads each key and value of the last R slots
-// up to pos (j > pos - R) in float instead of dequantized: this step's own
+// A quantized cache's recent ring, its last tokens in float (KIVI's
+// full-precision residual): a query at slot pos reads each key and value of
+// the last R slots up to pos (j > pos - R) in float, not dequantized: its own
 // new row where j >= start, else the ring's entry j % R while that entry
 // still holds slot j (slots[b, j % R] == j; -1 or any other slot: the cache's
-// row). Rows are in the cache's basis (with kv_hadamard, each group's
-// transform), as the rows that the cache quantizes. R = 0: no window.
+// row). Rows are in the cache's basis (with format.hadamard, each group's
+// transform), as the rows that the cache quantizes. R = 0: no ring.
 struct RecentRows {
   int64_t R;
   const float* k_recent;  // [B, H_kv, R, D]
@@ -125,9 +146,7 @@ struct AttentionProblem {
   float scale;
   int64_t window;           // sliding window in keys; 0: every key up to the query's
   float softcap;            // 0: scores uncapped
-  int kv_bits;              // 0: float32 k and v; 4 or 8: k_quantized, v_quantized
-  int64_t kv_group_size;
-  bool kv_hadamard;
+  CacheFormat format;       // float: k and v; quantized: k_quantized, v_quantized
   QuantizedRows k_quantized, v_quantized;
   RecentRows recent;        // quantized caches only
 };

@@ -17,8 +17,9 @@ from family_checks import (MlxLmParity, MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, loa
                            mlx_lm_logits, mlx_lm_model, program_logits, write_checkpoint)
 from mlx.utils import tree_flatten
 
-from mlxprog.llm import ModelError, ModelSpec, build_prefill, load
+from mlxprog.llm import ModelError, build_prefill, load
 from mlxprog.llm.hf import config_from_hf
+from mlxprog.llm.models import model_spec
 
 pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
 
@@ -83,7 +84,7 @@ def test_fused_tensors_are_split_at_load_and_fused_again(checkpoint):
     assert mx.array_equal(w["layers.1.mlp.up_proj.weight"], gate_up[128:])
     assert llm.checkpoint.source_names["layers.1.self_attn.k_proj.weight"] == \
         f"model.layers.1.self_attn.qkv_proj.weight[{q}:{q + kv}]"
-    spec = ModelSpec.of(llm.checkpoint)
+    spec = model_spec(llm.checkpoint)
     assert {"layers.1.self_attn.qkv_proj", "layers.1.mlp.gate_up_proj"} <= spec.fused.keys()
     # Split by rows like llama's projections: 2 ranks of one KV head each.
     rank1 = spec.captures(llm.checkpoint, 2, 1)

@@ -67,9 +67,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t D, int bits, int64_t gr
 // A cache's arrays as the attention kernels read them: `arrays` holds k and
 // v, or k's codes, scales, biases and v's (row-contiguous data pointers).
 void set_cache(AttentionProblem& p, const CacheFormat& format, const void* const* arrays) {
-  p.kv_bits = format.kv_bits;
-  p.kv_group_size = format.kv_group_size;
-  p.kv_hadamard = format.hadamard;
+  p.format = format;
   if (!format.quantized()) {
     p.k = static_cast<const float*>(arrays[0]);
     p.v = static_cast<const float*>(arrays[1]);
@@ -83,7 +81,7 @@ void set_cache(AttentionProblem& p, const CacheFormat& format, const void* const
   }
 }
 
-// A quantized cache's float window as the kernel reads it (RecentRows), of R
+// A quantized cache's recent ring as the kernel reads it (RecentRows), of R
 // entries: `arrays` holds k_recent, v_recent, recent_slots, then the step's
 // new keys and values (row-contiguous data pointers).
 void set_recent(AttentionProblem& p, int64_t R, const void* const* arrays) {
@@ -99,7 +97,7 @@ void set_recent(AttentionProblem& p, int64_t R, const void* const* arrays) {
 // query rows (float), or (batch, KV head, query position) (quantized).
 void run_attention(const AttentionProblem& p) {
   const Kernels& kernels = *active_kernels;
-  if (p.kv_bits == 0) {
+  if (!p.format.quantized()) {
     ThreadPool::instance().parallel_for(p.B * p.H * p.T, 1, [&](int64_t i0, int64_t i1) {
       kernels.attention(p, i0, i1);
     });
@@ -126,7 +124,7 @@ class CacheAttention : public CpuPrimitive {
   // S, D] float32, or of each the codes [B, H_kv, S, D * bits / 32] uint32
   // and the scales and biases [B, H_kv, S, D / group_size] float32), start
   // (int32, one element), key_mask [B, S] (bool) when has_key_mask, and a
-  // quantized cache's float window when has_recent: k_recent, v_recent [B,
+  // quantized cache's recent ring when has_recent: k_recent, v_recent [B,
   // H_kv, R, D] (float32), recent_slots [B, R] (int32), new_k, new_v [B,
   // H_kv, T, D] (float32), see RecentRows.
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -184,41 +182,47 @@ class CacheAttention : public CpuPrimitive {
   bool has_recent_;
 };
 
-// The cache format of `caches` (two float32 arrays, or six of a quantized
-// cache with kv_bits 4 or 8), checked; `where` names the caller.
-CacheFormat cache_format(const std::vector<mx::array>& caches, int kv_bits, int kv_group_size,
-                         bool kv_hadamard, const char* where) {
-  const CacheFormat format{kv_bits, kv_group_size, kv_hadamard};
-  const std::string at = std::string("mlxprog native ") + where + ": ";
+// A cache format the kernels read (Python's CacheFormat(kv_bits=,
+// kv_group_size=, hadamard=), which a cache kind's native_format gives):
+// float32 caches (kv_bits 0), or kv_bits 4 or 8 in groups of 32, 64 or 128.
+CacheFormat make_cache_format(int kv_bits, int kv_group_size, bool hadamard) {
+  const CacheFormat format{kv_bits, kv_group_size, hadamard};
+  const std::string at = "mlxprog native CacheFormat: ";
   if (kv_bits != 0 && kv_bits != 4 && kv_bits != 8)
     throw std::invalid_argument(at + "kv_bits must be 0 (float caches), 4 or 8");
-  if (kv_hadamard && !format.quantized())
-    throw std::invalid_argument(at + "kv_hadamard is a quantized cache's setting");
+  if (hadamard && !format.quantized())
+    throw std::invalid_argument(at + "hadamard is a quantized cache's setting");
   if (format.quantized() && kv_group_size != 32 && kv_group_size != 64 && kv_group_size != 128)
     throw std::invalid_argument(at + "kv_group_size must be 32, 64 or 128");
+  return format;
+}
+
+// Check that `caches` are a cache of `format` (two float32 arrays, or six
+// of a quantized cache); `where` names the caller.
+void check_cache(const std::vector<mx::array>& caches, const CacheFormat& format,
+                 const char* where) {
+  const std::string at = std::string("mlxprog native ") + where + ": ";
   if (caches.size() != format.arrays())
     throw std::invalid_argument(at + (format.quantized()
                                           ? "a quantized cache is six arrays"
                                           : "a float cache is two arrays, k and v"));
-  for (size_t i = 0; i < caches.size(); ++i) {
-    const bool codes = format.quantized() && i % 3 == 0;
-    if (caches[i].ndim() != 4 || caches[i].dtype() != (codes ? mx::uint32 : mx::float32))
+  for (size_t i = 0; i < caches.size(); ++i)
+    if (caches[i].ndim() != 4 ||
+        caches[i].dtype() != (format.codes(i) ? mx::uint32 : mx::float32))
       throw std::invalid_argument(at + "cache arrays are [B, H_kv, S, ...], float32 (codes: "
                                   "uint32)");
-  }
-  return format;
 }
 
-// Check a quantized cache's float window (`ring`: k_recent, v_recent [B,
+// Check a quantized cache's recent ring (`ring`: k_recent, v_recent [B,
 // H_kv, R, D] float32 and recent_slots [B, R] int32, R >= 1) against the
 // cache whose first array is `k`; `where` names the caller.
 void check_recent(const std::vector<mx::array>& ring, const mx::array& k,
                   const CacheFormat& format, const char* where) {
   const std::string at = std::string("mlxprog native ") + where + ": ";
   if (!format.quantized())
-    throw std::invalid_argument(at + "a float window of recent tokens needs a quantized cache");
+    throw std::invalid_argument(at + "a recent ring needs a quantized cache");
   if (ring.size() != 3)
-    throw std::invalid_argument(at + "the float window is three arrays: k_recent, v_recent, "
+    throw std::invalid_argument(at + "the recent ring is three arrays: k_recent, v_recent, "
                                 "recent_slots");
   const int R = ring[0].ndim() == 4 ? ring[0].shape(2) : 0;
   const mx::Shape rows = {k.shape(0), k.shape(1), R, static_cast<int>(cache_head_dim(k, format))};
@@ -232,13 +236,11 @@ void check_recent(const std::vector<mx::array>& ring, const mx::array& k,
 
 mx::array cache_attention(const mx::array& q, const std::vector<mx::array>& caches,
                           const mx::array& start, std::optional<mx::array> key_mask,
-                          float scale, int64_t window, float softcap, int kv_bits,
-                          int kv_group_size, bool kv_hadamard,
+                          float scale, int64_t window, float softcap, const CacheFormat& format,
                           std::optional<std::vector<mx::array>> recent) {
   if (window < 0 || !(softcap >= 0.f))
     throw std::invalid_argument("cache_attention: window and softcap must be >= 0 (0: none)");
-  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard,
-                                          "cache_attention");
+  check_cache(caches, format, "cache_attention");
   std::vector<mx::array> inputs = {q};
   inputs.insert(inputs.end(), caches.begin(), caches.end());
   inputs.push_back(start);
@@ -336,7 +338,7 @@ void write_cache_rows(const AttentionBlock& c, const float* rows, void* const* c
   }
 }
 
-// The float window after the step (`ring`: k_recent, v_recent, recent_slots,
+// The recent ring after the step (`ring`: k_recent, v_recent, recent_slots,
 // holding the step's input window), row by row: of the R slots up to the
 // row's last new token that key_mask keeps (all T without a mask), each new
 // one (s >= start) that the mask keeps goes into entry s % R, its key and
@@ -403,7 +405,7 @@ void run_attention_block(const AttentionBlock& c, const float* x, void* const* c
                                         [&](int64_t r0, int64_t r1) { kernels.rope(r, r0, r1); });
   }
   // The new keys and values in the cache's basis, as the cache quantizes
-  // them and the float window holds them.
+  // them and the recent ring holds them.
   if (c.format.hadamard)
     for (float* rows : {k.data(), v.data()})
       kernels.hadamard(rows, B * H_kv * T * D, c.format.kv_group_size);
@@ -445,9 +447,8 @@ BlockSettings block_settings(const std::vector<mx::array>& caches,
                              const std::optional<std::vector<mx::array>>& recent, int heads,
                              int kv_heads, int dims, bool traditional, float base,
                              float rope_scale, float scale, bool has_freqs, bool has_key_mask,
-                             int kv_bits, int kv_group_size, bool kv_hadamard,
-                             const char* where) {
-  const CacheFormat format = cache_format(caches, kv_bits, kv_group_size, kv_hadamard, where);
+                             const CacheFormat& format, const char* where) {
+  check_cache(caches, format, where);
   if (recent) check_recent(*recent, caches[0], format, where);
   return {heads,        kv_heads, dims,   traditional, base, rope_scale, scale, has_freqs,
           has_key_mask, format,   recent.has_value()};
@@ -551,7 +552,7 @@ class CacheAttentionBlock : public mx::Primitive {
 
   // inputs: qkv [B, T, (H + 2 H_kv) D] (float32), then the BlockOperands.
   // outputs: attention [B, T, H D], then the new cache arrays (and float
-  // window's).
+  // ring's).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const std::vector<bool> shared = share_caches(inputs, 1, outputs, stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
@@ -599,13 +600,13 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv,
                                              int heads, int kv_heads, int dims, bool traditional,
                                              float base, float rope_scale, float scale,
                                              std::optional<mx::array> freqs,
-                                             std::optional<mx::array> key_mask, int kv_bits,
-                                             int kv_group_size, bool kv_hadamard,
+                                             std::optional<mx::array> key_mask,
+                                             const CacheFormat& format,
                                              std::optional<std::vector<mx::array>> recent) {
   const BlockSettings settings =
       block_settings(caches, recent, heads, kv_heads, dims, traditional, base, rope_scale,
-                     scale, freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size,
-                     kv_hadamard, "cache_attention_block");
+                     scale, freqs.has_value(), key_mask.has_value(), format,
+                     "cache_attention_block");
   const mx::Shape out_shape = {
       qkv.shape(0), qkv.shape(1),
       heads * static_cast<int>(cache_head_dim(caches[0], settings.format))};
@@ -619,18 +620,31 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv,
 }  // namespace
 
 void bind_attention(nb::module_& m) {
+  nb::class_<CacheFormat>(m, "CacheFormat",
+                          "A KV cache's format as the kernels read it: float32 keys and "
+                          "values (kv_bits 0), or MLX's affine quantization of them (kv_bits 4 "
+                          "or 8, groups of kv_group_size features; with hadamard, of each "
+                          "group's Walsh-Hadamard transform, see hadamard). A cache kind's "
+                          "native_format gives the fields (mlxprog/cache_kinds.py).")
+      .def("__init__",
+           [](CacheFormat* format, int kv_bits, int kv_group_size, bool hadamard) {
+             new (format) CacheFormat(make_cache_format(kv_bits, kv_group_size, hadamard));
+           },
+           nb::kw_only(), nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0,
+           nb::arg("hadamard") = false)
+      .def_ro("kv_bits", &CacheFormat::kv_bits)
+      .def_ro("kv_group_size", &CacheFormat::kv_group_size)
+      .def_ro("hadamard", &CacheFormat::hadamard);
   m.def("cache_attention", &cache_attention, nb::arg("q"), nb::arg("caches"),
         nb::arg("start"), nb::arg("key_mask").none() = nb::none(), nb::kw_only(),
         nb::arg("scale"), nb::arg("window") = 0, nb::arg("softcap") = 0.f,
-        nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
-        nb::arg("recent").none() = nb::none(),
-        "Attention of q [B, H, T, D] over a cache: caches = [k, v] ([B, H_kv, S, D] "
-        "float32), or with kv_bits 4 or 8 the codes, scales and biases of k, then of v "
-        "(MLX's affine quantization in groups of kv_group_size; with kv_hadamard, of each "
-        "group's Walsh-Hadamard transform, see hadamard). Query t sees key j when "
+        nb::arg("format") = CacheFormat{}, nb::arg("recent").none() = nb::none(),
+        "Attention of q [B, H, T, D] over a cache of `format` (a CacheFormat): caches = "
+        "[k, v] ([B, H_kv, S, D] float32), or quantized the codes, scales and biases of k, "
+        "then of v. Query t sees key j when "
         "j <= start + t, j > start + t - window (window > 0) and key_mask[b, j]; scores "
         "capped at softcap * tanh(s / softcap) when softcap > 0; a query that sees no key "
-        "gets zeros. recent (a quantized cache's float window): [k_recent, v_recent "
+        "gets zeros. recent (a quantized cache's recent ring): [k_recent, v_recent "
         "[B, H_kv, R, D] float32, recent_slots [B, R] int32, new_k, new_v [B, H_kv, T, D] "
         "float32], all in the cache's basis: query t (slot p = start + t) reads key and "
         "value j with p - j < R from new_k/new_v (j >= start) or from the ring's entry "
@@ -640,13 +654,12 @@ void bind_attention(nb::module_& m) {
         nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"),
         nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
-        nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
-        nb::arg("recent").none() = nb::none(),
+        nb::arg("format") = CacheFormat{}, nb::arg("recent").none() = nb::none(),
         "A fused attention block: q, k, v heads of qkv [B, T, (H + 2 H_kv) D], q and k "
         "rotated at positions[b] + t, k and v written into the cache (as cache_attention's "
         "caches; quantized as mx.quantize does) at slot start, attention as "
         "cache_attention; returns [out [B, T, H D], *caches]. recent: a quantized cache's "
-        "float window [k_recent, v_recent, recent_slots] (as cache_attention's, the new "
+        "recent ring [k_recent, v_recent, recent_slots] (as cache_attention's, the new "
         "rows being the block's own), read as cache_attention reads it; then, in each row, "
         "the new tokens among the R slots up to the row's last one key_mask keeps go into "
         "entry slot % R where the mask keeps them; returns [out, *caches, k_recent, "

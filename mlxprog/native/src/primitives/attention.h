@@ -13,22 +13,6 @@
 
 namespace mlxprog {
 
-// A KV cache's layout: float32 keys and values (kv_bits 0), or MLX's affine
-// quantization of them (kv_bits 4 or 8, groups of kv_group_size features),
-// with hadamard of each group's Walsh-Hadamard transform (AttentionProblem).
-struct CacheFormat {
-  int kv_bits = 0;
-  int kv_group_size = 0;
-  bool hadamard = false;
-
-  bool quantized() const { return kv_bits != 0; }
-  // The arrays a cache is: k and v, or the codes, scales and biases of each.
-  size_t arrays() const { return quantized() ? 6 : 2; }
-  bool operator==(const CacheFormat& o) const {
-    return kv_bits == o.kv_bits && kv_group_size == o.kv_group_size && hadamard == o.hadamard;
-  }
-};
-
 // A llama-style attention block's sizes and settings (see
 // run_attention_block).
 struct AttentionBlock {
@@ -41,8 +25,8 @@ struct AttentionBlock {
   bool traditional;
   float scale;
   const uint8_t* key_mask;      // B x S, or null
-  CacheFormat format;
-  int64_t R;                    // a quantized cache's float window (RecentRows); 0: none
+  CacheFormat format;           // (kernels.h)
+  int64_t R;                    // a quantized cache's recent ring (RecentRows); 0: none
 };
 
 // The attributes of an attention block (a transformer layer has them too).
@@ -52,10 +36,10 @@ struct BlockSettings {
   float base, rope_scale, scale;
   bool has_freqs, has_key_mask;
   CacheFormat format;
-  bool has_recent;  // a quantized cache's float window (RecentRows)
+  bool has_recent;  // a quantized cache's recent ring (RecentRows)
 
   // The arrays the block carries from step to step: the cache's, then the
-  // float window's k_recent, v_recent and recent_slots.
+  // recent ring's k_recent, v_recent and recent_slots.
   size_t carried() const { return format.arrays() + (has_recent ? 3 : 0); }
 
   bool operator==(const BlockSettings& o) const {
@@ -67,7 +51,7 @@ struct BlockSettings {
 };
 
 // An attention block's operands after qkv: the cache's arrays (two, or six
-// of a quantized cache), with a float window its three arrays (`ring`),
+// of a quantized cache), with a recent ring its three arrays (`ring`),
 // start (int32, one element: the clamped cache slot of token 0), positions
 // (int32, one or B: the RoPE position of token 0), then freqs [dims / 2] and
 // key_mask [B, S] (bool) where the settings say; `first` is the index of
@@ -97,53 +81,51 @@ struct BlockScratch {
 
 // From the fused projection qkv [B, T, (H + 2 H_kv) D]: q and k heads
 // rotated, k and v written into the cache (`cache`: its arrays in set_cache's
-// order, already holding the old entries; with a float window (c.R > 0) then
-// k_recent, v_recent and recent_slots, holding the input window, which the
+// order, already holding the old entries; with a recent ring (c.R > 0) then
+// k_recent, v_recent and recent_slots, holding the input ring, which the
 // attention reads and update_recent then updates) at slot start, attention
 // into out [B, T, H D].
 void run_attention_block(const AttentionBlock& c, const float* x, void* const* cache,
                          float* out);
 
 // The settings of an attention block (alone, or inside a transformer layer),
-// its cache checked against kv_bits, kv_group_size and kv_hadamard
-// (cache_format) and its float window, if any, against the cache
-// (check_recent); `where` names the op.
+// its cache checked against its format (check_cache) and its recent ring, if
+// any, against the cache (check_recent); `where` names the op.
 BlockSettings block_settings(const std::vector<mx::array>& caches,
                              const std::optional<std::vector<mx::array>>& recent, int heads,
                              int kv_heads, int dims, bool traditional, float base,
                              float rope_scale, float scale, bool has_freqs, bool has_key_mask,
-                             int kv_bits, int kv_group_size, bool kv_hadamard,
-                             const char* where);
+                             const CacheFormat& format, const char* where);
 
 // Give each carried output (outputs[1..]: the cache's arrays, then the float
-// window's) the input's buffer where it may be donated (see
+// ring's) the input's buffer where it may be donated (see
 // share_or_allocate); which ones were shared.
 std::vector<bool> share_caches(const std::vector<mx::array>& inputs, size_t first,
                                std::vector<mx::array>& outputs, const mx::Stream& stream);
 
 // The outputs' carried arrays (`cache_out`: the cache's, then the float
-// window's), filled with the old ones where their buffers were not donated
+// ring's), filled with the old ones where their buffers were not donated
 // (`shared`), and the block's sizes and settings for T tokens.
 AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, int64_t T,
                              const std::vector<bool>& shared, std::vector<mx::array>& cache_out,
                              BlockScratch& scratch);
 
 // The writable data of the output caches, in set_cache's order, then of the
-// float window's arrays.
+// recent ring's arrays.
 std::vector<void*> cache_pointers(std::vector<mx::array>& cache_out);
 
 // Weak copies of outputs[1..] (the carried arrays), for a task that fills them.
 std::vector<mx::array> weak_caches(std::vector<mx::array>& outputs);
 
 // `inputs` followed by the BlockOperands (`carried`: the cache's arrays,
-// then the float window's).
+// then the recent ring's).
 std::vector<mx::array> block_inputs(std::vector<mx::array> inputs,
                                     const std::vector<mx::array>& carried,
                                     const mx::array& start, const mx::array& positions,
                                     const std::optional<mx::array>& freqs,
                                     const std::optional<mx::array>& key_mask);
 
-// The arrays a block carries: the cache's, then its float window's, if any.
+// The arrays a block carries: the cache's, then its recent ring's, if any.
 std::vector<mx::array> carried_arrays(const std::vector<mx::array>& caches,
                                       const std::optional<std::vector<mx::array>>& recent);
 

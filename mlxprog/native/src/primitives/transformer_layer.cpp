@@ -62,7 +62,7 @@ class TransformerLayer : public mx::Primitive {
   // norm's weight, the gate/up projection (gate, then up rows) and the down
   // projection, each as its packed (w, scales, biases) or its GGML parts'
   // blocks (InputLayout); then the BlockOperands. outputs: the layer's h
-  // [B, T, hidden], the new cache arrays (and float window's).
+  // [B, T, hidden], the new cache arrays (and recent ring's).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const std::vector<bool> shared = share_caches(inputs, layout_.block, outputs, stream());
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
@@ -167,7 +167,7 @@ std::vector<mx::array> transformer_layer(
     const std::vector<mx::array>& caches, const mx::array& start, const mx::array& positions,
     int heads, int kv_heads, int dims, bool traditional, float base, float rope_scale,
     float scale, float eps, int group_size, int bits, bool int8, std::optional<mx::array> freqs,
-    std::optional<mx::array> key_mask, int kv_bits, int kv_group_size, bool kv_hadamard,
+    std::optional<mx::array> key_mask, const CacheFormat& format,
     std::optional<std::vector<mx::array>> recent, std::optional<PartTypes> part_types) {
   const PartTypes parts = part_types.value_or(PartTypes{});
   const std::vector<const std::vector<mx::array>*> projections = {&qkv, &o, &gate_up, &down};
@@ -200,8 +200,8 @@ std::vector<mx::array> transformer_layer(
     throw std::invalid_argument("mlxprog native transformer_layer: int8 numerics need 4 or 8 bits");
   const BlockSettings settings =
       block_settings(caches, recent, heads, kv_heads, dims, traditional, base, rope_scale,
-                     scale, freqs.has_value(), key_mask.has_value(), kv_bits, kv_group_size,
-                     kv_hadamard, "transformer_layer");
+                     scale, freqs.has_value(), key_mask.has_value(), format,
+                     "transformer_layer");
   std::vector<mx::array> inputs = {h, input_norm};
   inputs.insert(inputs.end(), qkv.begin(), qkv.end());
   inputs.insert(inputs.end(), o.begin(), o.end());
@@ -226,8 +226,8 @@ void bind_transformer_layer(nb::module_& m) {
         nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"), nb::arg("eps"),
         nb::arg("group_size"), nb::arg("bits"), nb::arg("int8") = false,
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
-        nb::arg("kv_bits") = 0, nb::arg("kv_group_size") = 0, nb::arg("kv_hadamard") = false,
-        nb::arg("recent").none() = nb::none(), nb::arg("part_types").none() = nb::none(),
+        nb::arg("format") = CacheFormat{}, nb::arg("recent").none() = nb::none(),
+        nb::arg("part_types").none() = nb::none(),
         "A llama-style layer: x = rms_norm(h, input_norm); the attention block of "
         "qmm(x, qkv) (as cache_attention_block); h += qmm(attention, o); x = rms_norm(h, "
         "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "

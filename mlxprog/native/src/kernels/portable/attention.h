@@ -152,7 +152,7 @@ void attention(const AttentionProblem& p, int64_t i0, int64_t i1) {
 
 // Put into `rows` (the dequantized rows of slots [slot0, slot0 + n) of batch
 // b, KV head kv: keys, or values with `values`) the rows that the query at
-// slot `pos` reads from the float window instead (RecentRows): only slots of
+// slot `pos` reads from the recent ring instead (RecentRows): only slots of
 // the last R up to pos can differ, so the loop visits at most R.
 void read_recent(const AttentionProblem& p, bool values, int64_t b, int64_t kv, int64_t pos,
                  int64_t slot0, int64_t n, float* rows) {
@@ -171,19 +171,20 @@ void read_recent(const AttentionProblem& p, bool values, int64_t b, int64_t kv, 
 // One work item per (batch, KV head, query position): the group's query
 // heads at that position see the same keys, so each block of keys and of
 // values is dequantized once for all of them (into L1-sized scratch), the
-// float window's rows put in, then scored and summed as the float kernel does.
+// recent ring's rows put in, then scored and summed as the float kernel does.
 template <class Loops>
 void attention_quantized(const AttentionProblem& p, int64_t i0, int64_t i1) {
   constexpr int64_t kBlock = 64;  // keys dequantized at a time
   const int64_t S = p.S, D = p.D, group = p.H / p.H_kv;
   const int64_t visible_end = imin(S, p.start + p.T);
+  const CacheFormat& format = p.format;
   // Raw arrays: a std::vector would be instantiated in every table's copy.
   float* scores = new float[group * (visible_end > 0 ? visible_end : 1)];
   float* rows = new float[kBlock * D];
-  float* queries = new float[group * D];  // the group's queries, transformed with kv_hadamard
+  float* queries = new float[group * D];  // the group's queries, transformed with hadamard
   Seen* seen = new Seen[group];
   // 1 / group_size is a power of two: scaling by it rounds nothing.
-  const float unscale = p.kv_hadamard ? 1.f / static_cast<float>(p.kv_group_size) : 1.f;
+  const float unscale = format.hadamard ? 1.f / static_cast<float>(format.kv_group_size) : 1.f;
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t t = i % p.T, kv = (i / p.T) % p.H_kv, b = i / (p.T * p.H_kv);
     const int64_t end = imin(S, p.start + t + 1);
@@ -196,15 +197,15 @@ void attention_quantized(const AttentionProblem& p, int64_t i0, int64_t i1) {
     for (int64_t g = 0; g < group; ++g) {
       float* q = queries + g * D;
       std::memcpy(q, p.q + query(g), D * sizeof(float));
-      if (p.kv_hadamard) {
-        hadamard(q, D, p.kv_group_size);
+      if (format.hadamard) {
+        hadamard(q, D, format.kv_group_size);
         for (int64_t d = 0; d < D; ++d) q[d] *= unscale;
       }
     }
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t count = imin(kBlock, n - j0);
-      Loops::dequantize_rows(p.k_quantized, p.kv_bits, p.kv_group_size, D, row0 + j0, count,
-                             rows);
+      Loops::dequantize_rows(p.k_quantized, format.kv_bits, format.kv_group_size, D, row0 + j0,
+                             count, rows);
       if (p.recent.R > 0)
         read_recent(p, false, b, kv, p.start + t, begin + j0, count, rows);
       for (int64_t g = 0; g < group; ++g)
@@ -218,19 +219,19 @@ void attention_quantized(const AttentionProblem& p, int64_t i0, int64_t i1) {
     }
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t count = imin(kBlock, n - j0);
-      Loops::dequantize_rows(p.v_quantized, p.kv_bits, p.kv_group_size, D, row0 + j0, count,
-                             rows);
+      Loops::dequantize_rows(p.v_quantized, format.kv_bits, format.kv_group_size, D, row0 + j0,
+                             count, rows);
       if (p.recent.R > 0)
         read_recent(p, true, b, kv, p.start + t, begin + j0, count, rows);
       for (int64_t g = 0; g < group; ++g)
         if (seen[g] == Seen::keys)
           Loops::weighted_rows(&scores[g * n + j0], rows, count, D, p.out + query(g), true);
     }
-    if (p.kv_hadamard)  // the weighted sum of transformed values, transformed back
+    if (format.hadamard)  // the weighted sum of transformed values, transformed back
       for (int64_t g = 0; g < group; ++g)
         if (seen[g] == Seen::keys) {
           float* out = p.out + query(g);
-          hadamard(out, D, p.kv_group_size);
+          hadamard(out, D, format.kv_group_size);
           for (int64_t d = 0; d < D; ++d) out[d] *= unscale;
         }
   }

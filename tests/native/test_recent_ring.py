@@ -1,4 +1,4 @@
-"""The float window of recent keys and values of a quantized KV cache (KIVI's
+"""The recent ring: the last keys and values of a quantized KV cache in float (KIVI's
 full-precision residual) on the native kernels: ``cache_attention`` with
 ``recent`` against a float64 reference written from the read rule on both
 instruction-set paths; ``cache_attention_block`` and ``transformer_layer``
@@ -23,7 +23,7 @@ import pytest
 
 import mlxprog as mp
 from mlxprog.native import Setting, kernels
-from mlxprog.ops.quantized_attention import cache_basis
+from mlxprog.cache_kinds import AffineCache, FloatCache, hadamard_groups
 
 from test_cache_attention_window_softcap import f64
 from test_quantized_cache_attention import assert_same, cache_inputs, random_cache
@@ -34,7 +34,8 @@ QUANTIZATIONS = [(8, 32, False), (4, 64, False), (4, 32, True), (8, 64, True)]
 def basis(x: np.ndarray, group_size: int, hadamard: bool) -> np.ndarray:
     """float32 rows ``[..., D]`` in the cache's basis (the ops' MLX transform,
     which the kernels match bit for bit)."""
-    return np.array(cache_basis(mx.array(x.astype(np.float32)), group_size, hadamard))
+    x = mx.array(x.astype(np.float32))
+    return np.array(hadamard_groups(x, group_size) if hadamard else x)
 
 
 def original(rows: np.ndarray, group_size: int, hadamard: bool) -> np.ndarray:
@@ -73,7 +74,7 @@ def ring_tags(rng, B: int, R: int, start: int) -> np.ndarray:
 def float_rows(held: np.ndarray, new: np.ndarray, ring: np.ndarray, tags: np.ndarray,
                start: int, p: int) -> np.ndarray:
     """The key (or value) rows ``[B, H_kv, S, D]`` the query at slot p reads:
-    the cache's dequantized rows with the float window's in place."""
+    the cache's dequantized rows with the recent ring's in place."""
     rows, R = held.copy(), tags.shape[1]
     for j in range(max(0, p - R + 1), p + 1):
         if j >= start:
@@ -140,7 +141,7 @@ def random_ring(rng, B, H_kv, R, D, start, quant):
 
 @pytest.mark.parametrize("quant", QUANTIZATIONS)
 @pytest.mark.parametrize("R", [1, 4, 16])
-def test_kernel_reads_the_float_window(ext, isa, R, quant):
+def test_kernel_reads_the_recent_ring(ext, isa, R, quant):
     rng = np.random.default_rng(R)
     bits, group_size, hadamard = quant
     B, H, H_kv, S, D = 2, 6, 2, 90, 64  # S spans a block of 64 keys and a partial one
@@ -157,8 +158,10 @@ def test_kernel_reads_the_float_window(ext, isa, R, quant):
         recent = [mx.array(a) for a in (k_ring, v_ring, tags, new_k, new_v)]
         for window, key_mask in ((0, None), (6, mx.array(rng.random((B, S)) > 0.3))):
             got = ext.cache_attention(q, parts, mx.array([start], mx.int32), key_mask,
-                                      scale=0.125, window=window, kv_bits=bits,
-                                      kv_group_size=group_size, kv_hadamard=hadamard,
+                                      scale=0.125, window=window,
+                                      format=ext.CacheFormat(kv_bits=bits,
+                                                             kv_group_size=group_size,
+                                                             hadamard=hadamard),
                                       recent=recent)
             want = reference(q, k_held, v_held, new_k, new_v, k_ring, v_ring, tags, start,
                              key_mask, 0.125, window, quant)
@@ -166,8 +169,8 @@ def test_kernel_reads_the_float_window(ext, isa, R, quant):
                                        err_msg=f"T={T} start={start} window={window}")
 
 
-def test_kernel_window_changes_what_it_should(ext):
-    """Only the window's slots change: a ring of -1 tags and a step of T = 1
+def test_kernel_ring_changes_what_it_should(ext):
+    """Only the ring's slots change: a ring of -1 tags and a step of T = 1
     reads the query's own key unrounded; without R the result is the plain
     quantized attention's."""
     rng = np.random.default_rng(5)
@@ -176,7 +179,7 @@ def test_kernel_window_changes_what_it_should(ext):
     parts = quantized(k_all, bits, group_size) + quantized(v_all, bits, group_size)
     q = mx.array(rng.standard_normal((B, H, 1, D)).astype(np.float32))
     start = mx.array([30], mx.int32)
-    settings = dict(scale=0.2, kv_bits=bits, kv_group_size=group_size)
+    settings = dict(scale=0.2, format=ext.CacheFormat(kv_bits=bits, kv_group_size=group_size))
     plain = np.array(ext.cache_attention(q, parts, start, None, **settings))
     ring = [np.zeros((B, 1, 4, D), np.float32)] * 2 + [np.full((B, 4), -1, np.int32)]
     own = [mx.array(a) for a in ring + [k_all[:, :, 30:31], v_all[:, :, 30:31]]]
@@ -189,12 +192,12 @@ def test_kernel_window_changes_what_it_should(ext):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=5e-5)
 
 
-def test_kernel_refuses_a_malformed_window(ext):
+def test_kernel_refuses_a_malformed_ring(ext):
     q = mx.ones((1, 2, 1, 32))
     parts = quantized(np.ones((1, 1, 8, 32), np.float32), 8, 32) * 2
     rows, slots = mx.ones((1, 1, 4, 32)), mx.full((1, 4), -1, mx.int32)
     new = mx.ones((1, 1, 1, 32))
-    call = dict(scale=1.0, kv_bits=8, kv_group_size=32)
+    call = dict(scale=1.0, format=ext.CacheFormat(kv_bits=8, kv_group_size=32))
     start = mx.array([3], mx.int32)
     with pytest.raises(ValueError, match="recent is k_recent, v_recent, recent_slots"):
         ext.cache_attention(q, parts, start, None, **call, recent=[rows, rows, slots])
@@ -207,7 +210,7 @@ def test_kernel_refuses_a_malformed_window(ext):
     with pytest.raises(ValueError, match="new_k and new_v must be float32"):
         ext.cache_attention(q, parts, start, None, **call,
                             recent=[rows, rows, slots, mx.ones((1, 1, 2, 32)), new])
-    with pytest.raises(ValueError, match="needs a quantized cache"):
+    with pytest.raises(ValueError, match="recent ring needs a quantized cache"):
         ext.cache_attention(q, [mx.ones((1, 1, 8, 32))] * 2, start, None, scale=1.0,
                             recent=[rows, rows, slots, new, new])
 
@@ -244,7 +247,8 @@ def block_call(ext, qkv, state, start, H, H_kv, quant, key_mask, scale, with_rin
     return ext.cache_attention_block(
         qkv, state[:6], mx.array([start], mx.int32), mx.array([start], mx.int32), heads=H,
         kv_heads=H_kv, dims=D, traditional=False, base=10000.0, rope_scale=1.0, scale=scale,
-        key_mask=key_mask, kv_bits=bits, kv_group_size=group_size, kv_hadamard=hadamard,
+        key_mask=key_mask,
+        format=ext.CacheFormat(kv_bits=bits, kv_group_size=group_size, hadamard=hadamard),
         recent=state[6:] if with_ring else None)
 
 
@@ -297,11 +301,11 @@ def test_block_decode_loop_reads_and_updates_the_ring(ext, R, quant):
         np.testing.assert_array_equal(np.array(array), original_data)
 
 
-def test_block_refuses_a_malformed_window(ext):
+def test_block_refuses_a_malformed_ring(ext):
     rng = np.random.default_rng(0)
     state = quantized(rng.standard_normal((1, 1, 8, 32)).astype(np.float32), 8, 32) * 2
     qkv = mx.ones((1, 1, 3 * 32))
-    with pytest.raises(ValueError, match="cache_attention_block: the float window is three"):
+    with pytest.raises(ValueError, match="cache_attention_block: the recent ring is three"):
         block_call(ext, qkv, state + [mx.ones((1, 1, 4, 32))] * 2, 0, 1, 1, (8, 32, False),
                    None, 1.0)
     with pytest.raises(ValueError, match="cache_attention_block: recent_slots must be int32"):
@@ -335,8 +339,9 @@ def test_transformer_layer_with_a_ring_is_its_parts(ext, T, quant):
     h = mx.array(rng.standard_normal((B, T, hidden)).astype(np.float32))
     offsets = mx.array([start], mx.int32)
     attrs = dict(heads=H, kv_heads=H_kv, dims=D, traditional=False, base=10000.0,
-                 rope_scale=1.0, scale=0.125, kv_bits=bits, kv_group_size=group_size,
-                 kv_hadamard=hadamard)
+                 rope_scale=1.0, scale=0.125,
+                 format=ext.CacheFormat(kv_bits=bits, kv_group_size=group_size,
+                                        hadamard=hadamard))
     got = ext.transformer_layer(h, norms[0], proj["qkv"], proj["o"], norms[1], proj["gate_up"],
                                 proj["down"], state[:6], offsets, offsets, eps=eps,
                                 group_size=64, bits=4, recent=state[6:], **attrs)
@@ -356,7 +361,7 @@ def test_transformer_layer_with_a_ring_is_its_parts(ext, T, quant):
 
 # -- the wrappers --------------------------------------------------------------------------
 
-def test_wrappers_cover_only_a_fitting_window(ext):
+def test_wrappers_cover_only_a_fitting_ring(ext):
     B, H, H_kv, S, D, R, T = 1, 4, 2, 16, 32, 4, 2
     caches = quantized(np.ones((B, H_kv, S, D), np.float32), 8, 32) * 2
     ring = [mx.zeros((B, H_kv, R, D)), mx.zeros((B, H_kv, R, D)), mx.full((B, R), -1, mx.int32)]
@@ -364,42 +369,41 @@ def test_wrappers_cover_only_a_fitting_window(ext):
     q = mx.ones((B, H, T, D))
     avals = [kernels.AVal.of(a) for a in ring]
     cache_avals = [kernels.AVal.of(c) for c in caches]
-    assert kernels.covers_cache_attention(kernels.AVal.of(q), cache_avals, 8, 32, avals)
-    assert not kernels.covers_cache_attention(kernels.AVal.of(q), cache_avals, 8, 32,
+    eight = AffineCache(8, 32)
+    assert kernels.covers_cache_attention(kernels.AVal.of(q), cache_avals, eight, avals)
+    assert not kernels.covers_cache_attention(kernels.AVal.of(q), cache_avals, eight,
                                               avals[:2] + [kernels.AVal((B, R), mx.int64)])
-    assert not kernels.covers_cache_attention(kernels.AVal.of(q), cache_avals, 8, 32,
+    assert not kernels.covers_cache_attention(kernels.AVal.of(q), cache_avals, eight,
                                               [kernels.AVal((B, H_kv, 0, D), mx.float32)] * 2
                                               + [kernels.AVal((B, 0), mx.int32)])
     qkv = kernels.AVal((B, T, (H + 2 * H_kv) * D), mx.float32)
-    assert kernels.covers_cache_attention_block(qkv, cache_avals, 8, 32, avals)
+    assert kernels.covers_cache_attention_block(qkv, cache_avals, eight, avals)
     assert not kernels.covers_cache_attention_block(
-        qkv, cache_avals, 8, 32, [kernels.AVal((B, H_kv, R, D), mx.float16)] + avals[1:])
+        qkv, cache_avals, eight, [kernels.AVal((B, H_kv, R, D), mx.float16)] + avals[1:])
     float_caches = [kernels.AVal((B, H_kv, S, D), mx.float32)] * 2
-    assert not kernels.covers_cache_attention_block(qkv, float_caches, None, None, avals)
+    assert not kernels.covers_cache_attention_block(qkv, float_caches, FloatCache(), avals)
 
     setting = Setting(enabled=True)
     start = mx.array([3], mx.int32)
-    got = kernels.cache_attention(setting, q, caches, start, None, 0.5, kv_bits=8,
-                                  kv_group_size=32, recent=ring + new)
+    got = kernels.cache_attention(setting, q, caches, start, None, 0.5, None, None, eight,
+                                  recent=ring + new)
     assert got is not None and got.shape == (B, H, T, D)
     assert setting.counts == {"quantized_kv_cache_sdpa_update": 1}
     # New rows of another T, or of float16: MLX's ops instead.
-    assert kernels.cache_attention(setting, q, caches, start, None, 0.5, kv_bits=8,
-                                   kv_group_size=32,
+    assert kernels.cache_attention(setting, q, caches, start, None, 0.5, None, None, eight,
                                    recent=ring + [mx.ones((B, H_kv, 1, D))] * 2) is None
-    assert kernels.cache_attention(setting, q, caches, start, None, 0.5, kv_bits=8,
-                                   kv_group_size=32,
+    assert kernels.cache_attention(setting, q, caches, start, None, 0.5, None, None, eight,
                                    recent=ring + [n.astype(mx.float16) for n in new]) is None
 
     reason = kernels.transformer_layer_uncovered_reason(
         kernels.AVal((B, T, 64), mx.float32), kernels.AVal((64,), mx.float32),
         kernels.AVal((64,), mx.float32), {}, cache_avals, group_size=64, bits=4,
-        numerics="float", kv_bits=8, kv_group_size=32, recent=avals[:2])
-    assert "float window" in reason
+        numerics="float", kind=eight, recent=avals[:2])
+    assert "recent ring" in reason
     assert not kernels.transformer_layer_uncovered_reason(
         kernels.AVal((B, T, 64), mx.float32), kernels.AVal((64,), mx.float32),
         kernels.AVal((64,), mx.float32), {}, cache_avals, group_size=64, bits=4,
-        numerics="float", kv_bits=8, kv_group_size=32, recent=avals)
+        numerics="float", kind=eight, recent=avals)
 
 
 # -- the op --------------------------------------------------------------------------------
