@@ -24,9 +24,10 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from ..arrays import AVal
+from ..arrays import AVal, is_int
+from ..errors import ModelError, SettingError
 from ..ops.quantized_attention import dequantize_cache, quantize_cache
-from .config import ModelConfig, ModelError, SettingError, is_int
+from .config import ModelConfig
 
 FORMAT = "mlxprog.prompt_cache/1"
 

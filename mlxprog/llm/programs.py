@@ -74,11 +74,12 @@ from typing import Any, Generic, Sequence, TypeVar
 
 import mlx.core as mx
 
-from ..arrays import name_of
+from ..arrays import is_int, name_of
 from ..builder import ProgramBuilder, Value
+from ..errors import ModelError
 from ..format.program import Program
 from .cache import QUANTIZED_PARTS, RECENT_PARTS, CacheLayout
-from .config import ModelConfig, ModelError, is_int
+from .config import ModelConfig
 from .models import family_of
 from .models.base import Decoder
 from .spec import ModelSpec

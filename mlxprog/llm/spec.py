@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from ..arrays import name_of
-from .config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization, is_int
+from ..arrays import is_int, name_of
+from ..errors import ModelError
+from .checkpoint import Checkpoint, GGMLQuantization, Quantization
+from .config import ModelConfig
 from .models import family_of
 from .models.base import Split, splits
 

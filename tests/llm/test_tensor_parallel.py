@@ -28,9 +28,10 @@ from llm_reference import KVCache, ReferenceModel
 
 from mlxprog.cli import main
 from mlxprog.llm import (
-    Checkpoint, ModelError, ModelSpec, Quantization, build_decode, build_decode_loop,
-    build_prefill, load, load_checkpoint, load_exported,
+    Checkpoint, ModelError, ModelSpec, build_decode, build_decode_loop, build_prefill, load,
+    load_checkpoint, load_exported,
 )
+from mlxprog.llm.checkpoint import Quantization
 
 MAX_LENGTH = 64
 KINDS = ["gguf", "hf-q"]

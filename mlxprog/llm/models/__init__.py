@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..config import ModelConfig, ModelError
+from ...errors import ModelError
+from ..config import ModelConfig
 from .base import Family
 
 

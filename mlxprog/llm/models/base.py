@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 import mlx.core as mx
 
+from ...arrays import is_int
+from ...errors import ModelError
 from ...ggml import types as ggml_types
+from ...ggml.gguf_file import metadata_value
 from ..cache import CacheLayout
-from ..config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization
-from ..config import infer_quantization
-from ..config import is_int, metadata_value
+from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
+from ..config import ModelConfig
 
 if TYPE_CHECKING:
     from ...builder import ProgramBuilder, Value
