@@ -16,7 +16,8 @@ import time
 
 import mlx.core as mx
 
-from mlxprog.llm import LLM, default_model_path, load_checkpoint
+from mlxprog.llm import LLM, load_checkpoint
+from mlxprog.llm.model_files import default_model_path
 from mlxprog.llm.programs import DecodeInputs, LogitsOutputs
 
 

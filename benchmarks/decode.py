@@ -310,7 +310,7 @@ class LlamaCppImpl:
 
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else os.cpu_count()
-        self.llm = llama_cpp.Llama(model_path=str(mlxprog.llm.default_model_path()),
+        self.llm = llama_cpp.Llama(model_path=str(mlxprog.llm.model_files.default_model_path()),
                                    n_ctx=max_length, n_threads=threads,
                                    n_threads_batch=threads, verbose=False)
         self.eos = set(checkpoint.tokenizer.eos_token_ids)
@@ -370,7 +370,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=2048,
                         help="KV-cache limit for mlxprog and the hand-written loop")
-    parser.add_argument("--cache-step", type=int, default=mlxprog.llm.generate.DEFAULT_CACHE_STEP,
+    parser.add_argument("--cache-step", type=int, default=mlxprog.llm.options.DEFAULT_CACHE_STEP,
                         help="KV-cache growth step for mlxprog and the hand-written loop "
                              "(>= --max-length: a fixed-size cache)")
     parser.add_argument("--only", help="comma-separated implementations to run besides mlxprog")

@@ -46,7 +46,7 @@ import numpy as np
 
 import mlxprog.llm
 import mlxprog.native
-from mlxprog.llm.config import ModelError
+from mlxprog.errors import ModelError
 from mlxprog.llm.perplexity import perplexity
 
 TEXT = Path(__file__).parent.parent / "tests" / "data" / "declaration_constitution.txt"

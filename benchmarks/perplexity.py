@@ -8,7 +8,7 @@ tokens) with :func:`mlxprog.llm.perplexity.perplexity`, once with
 prints both perplexities, their ratio (int8 / exact; the issue's bound is
 1.01) and how long each took.
 
-    python benchmarks/perplexity.py [--text FILE] [--window N] [--stride N]
+    python benchmarks/perplexity.py [--text FILE] [--segment-length N] [--stride N]
                                     [--chunk 256] [--model PATH]
 """
 
@@ -32,10 +32,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="the text to score")
     parser.add_argument("--model", default=None, help="model file (default: SmolLM2)")
-    parser.add_argument("--window", type=int, default=None,
-                        help="tokens of context per window (default: the whole text)")
+    parser.add_argument("--segment-length", type=int, default=None,
+                        help="tokens of context per segment (default: the whole text)")
     parser.add_argument("--stride", type=int, default=None,
-                        help="how far windows start apart (default: half the window)")
+                        help="how far segments start apart (default: half the segment length)")
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                         help="tokens per program call")
     args = parser.parse_args()
@@ -49,10 +49,11 @@ def main() -> None:
     results = {}
     for numerics in ("exact", "int8"):
         llm = mlxprog.llm.LLM(checkpoint, numerics=numerics)
-        results[numerics] = r = perplexity(llm, text, window=args.window, stride=args.stride,
-                                           chunk=args.chunk)
+        results[numerics] = r = perplexity(llm, text, segment_length=args.segment_length,
+                                           stride=args.stride, chunk=args.chunk)
         print(f"{numerics}: perplexity {r.perplexity:.4f} (nll {r.nll:.5f} nats/token) over "
-              f"{r.tokens} tokens | window {r.window}, stride {r.stride}, chunk {r.chunk} | "
+              f"{r.tokens} tokens | segment length {r.segment_length}, stride {r.stride}, "
+              f"chunk {r.chunk} | "
               f"{r.seconds:.1f} s, {r.tokens / r.seconds:.1f} tok/s")
     exact, int8 = results["exact"], results["int8"]
     ratio = int8.perplexity / exact.perplexity

@@ -90,8 +90,9 @@ from typing import Any
 
 import openai
 
-from mlxprog.llm import LLM, PromptCache, default_model_path, load
+from mlxprog.llm import LLM, PromptCache, load
 from mlxprog.llm.gguf import load_gguf
+from mlxprog.llm.model_files import default_model_path
 from mlxprog.llm.server import Server
 
 TOPICS = [

@@ -117,7 +117,7 @@ def main() -> None:
 
     llm = mlxprog.llm.load(
         draft_model=None if args.no_draft_model
-        else args.draft_model or mlxprog.llm.default_model_path())
+        else args.draft_model or mlxprog.llm.model_files.default_model_path())
     costs = time_verify(llm, *PROMPTS["copy-code"])
     print("verify step cost (ms; T tokens, vs one decode step "
           f"{costs[0]:.1f} ms): " + ", ".join(f"T={t}: {ms:.1f} ({ms / costs[0]:.2f}x)"

@@ -1,6 +1,6 @@
 """Arrays as every layer sees them: the dtype names of format v1 and their
-MLX counterparts, abstract values (shape and dtype without data), and the exact
-conversion of Python values to arrays."""
+MLX counterparts, abstract values (shape and dtype without data), the exact
+conversion of Python values to arrays, and what counts as an integer value."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ DTYPES: dict[str, mx.Dtype] = {
 _NAMES: dict[mx.Dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a Python integer (a bool is not one): what a
+    setting that counts something must be."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def to_mlx(name: str) -> mx.Dtype:

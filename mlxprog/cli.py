@@ -36,6 +36,7 @@ from . import __version__, native
 from .arrays import AVal, to_mlx
 from .docs import attr_docs, describe_outputs, render_op_reference
 from .errors import EvaluationError, ProgramError, UnboundError, UsageError
+from .flags import add_command, flag
 from .format.program import Instruction, Program
 from .format.schema import full_schema
 from .llm.cli import add_commands as add_llm_commands
@@ -144,6 +145,34 @@ class _Parser(argparse.ArgumentParser):
                      f"Run '{self.prog} --help' for usage.\n")
 
 
+PROGRAM = flag("program", help="program file (.json)")
+INPUT = flag("-i", "--input", action="append", default=[], metavar="NAME=VALUE",
+             help="an input: NAME=FILE.npy or NAME=JSON literal (repeat per input)")
+WEIGHTS = flag("-w", "--weights", action="append", default=[], metavar="FILE",
+               help="a weights file (.safetensors, .npz, .gguf) binding captures by name "
+               "(repeatable)")
+CALLBACK = flag("--callback", action="append", default=[], metavar="NAME=MODULE:FUNCTION",
+                help="bind the runtime_call callback NAME to FUNCTION of MODULE, a module name "
+                "or a .py file (repeatable)")
+EAGER = flag("--eager", action="store_true",
+             help="run instruction by instruction, without mx.compile")
+CHECK_NUMERICS = flag("--check-numerics", action="store_true",
+                      help="stop at the first instruction producing NaN/Inf (implies --eager)")
+STATS = flag("--stats", action="store_true", help="print execution statistics")
+OUTPUTS_FILE = flag("-o", "--out", metavar="FILE.npz",
+                    help="also write the outputs to an .npz file (output_0, output_1, ...)")
+MARKDOWN = flag("--markdown", action="store_true",
+                help="print the Markdown op reference (docs/ops.md)")
+ONNX_MODEL = flag("model", help="ONNX model file (.onnx; external data beside it)")
+ONNX_OUT = flag("-o", "--out", required=True, metavar="DIR",
+                help="directory to write the program and weights into (created if missing)")
+PROGRAM_NAME = flag("--name", help="the program's name (default: the graph's)")
+FOLD_BATCH_NORM = flag("--fold-batch-norm", action=argparse.BooleanOptionalAction,
+                       default=True,
+                       help="fold a BatchNormalization (or a per-channel constant Mul/Add) "
+                       "after a Conv into the Conv's weight and bias")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mlxprog",
@@ -151,75 +180,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mlxprog {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    run = commands.add_parser(
-        "run", help="run a program and print its outputs",
-        description="Run a program once and print each output. Inputs are given by name: "
-        "NAME=FILE.npy (the array must have the input's dtype and shape) or "
-        "NAME=JSON (a number or nested list, converted to the input's dtype).",
-    )
-    run.add_argument("program", help="program file (.json)")
-    run.add_argument("-i", "--input", action="append", default=[], metavar="NAME=VALUE",
-                     help="an input: NAME=FILE.npy or NAME=JSON literal (repeat per input)")
-    run.add_argument("-w", "--weights", action="append", default=[], metavar="FILE",
-                     help="a weights file (.safetensors, .npz, .gguf) binding captures by "
-                     "name (repeatable)")
-    run.add_argument("--callback", action="append", default=[],
-                     metavar="NAME=MODULE:FUNCTION",
-                     help="bind the runtime_call callback NAME to FUNCTION of MODULE, a module "
-                     "name or a .py file (repeatable)")
-    run.add_argument("--eager", action="store_true",
-                     help="run instruction by instruction, without mx.compile")
-    run.add_argument("--check-numerics", action="store_true",
-                     help="stop at the first instruction producing NaN/Inf (implies --eager)")
-    run.add_argument("--stats", action="store_true", help="print execution statistics")
-    run.add_argument("-o", "--out", metavar="FILE.npz",
-                     help="also write the outputs to an .npz file (output_0, output_1, ...)")
-    run.set_defaults(handler=_cmd_run)
-
-    check = commands.add_parser("validate", help="validate a program",
-                                description="Check a program completely without running it.")
-    check.add_argument("program", help="program file (.json)")
-    check.set_defaults(handler=_cmd_validate)
-
-    inspect = commands.add_parser(
-        "inspect", help="summarise a program or a GGUF model file",
-        description="Show a program's inputs, captures, constants, op histogram and "
-        "inferred output shapes; or a GGUF model file's architecture, size, tokenizer and "
-        "tensor types (from its header: no tensor data is read).",
-    )
-    inspect.add_argument("program", help="program file (.json) or GGUF model file")
-    inspect.set_defaults(handler=_cmd_inspect)
-
-    ops = commands.add_parser("ops", help="list the registered ops",
-                              description="List every registered op with its attributes.")
-    ops.add_argument("--markdown", action="store_true",
-                     help="print the Markdown op reference (docs/ops.md)")
-    ops.set_defaults(handler=_cmd_ops)
-
-    onnx_import = commands.add_parser(
-        "import-onnx", help="convert an ONNX model into a program and its weights",
-        description="Convert an ONNX model into DIR/program.json and DIR/weights.safetensors "
-        "(float64 weights, which MLX's safetensors writer cannot hold, go to "
-        "DIR/weights-float64.npz), for 'mlxprog run DIR/program.json --weights ...'. Ops "
-        "without a converter are all listed in one error. Needs the onnx package "
-        "(pip install 'mlxprog[onnx]').",
-    )
-    onnx_import.add_argument("model", help="ONNX model file (.onnx; external data beside it)")
-    onnx_import.add_argument("-o", "--out", required=True, metavar="DIR",
-                             help="directory to write the program and weights into "
-                             "(created if missing)")
-    onnx_import.add_argument("--name", help="the program's name (default: the graph's)")
-    onnx_import.add_argument("--fold-batch-norm", action=argparse.BooleanOptionalAction,
-                             default=True,
-                             help="fold a BatchNormalization (or a per-channel constant "
-                             "Mul/Add) after a Conv into the Conv's weight and bias")
-    onnx_import.set_defaults(handler=_cmd_import_onnx)
-
-    schema = commands.add_parser("schema", help="print the JSON Schema of the format",
-                                 description="Print the JSON Schema (draft 2020-12) of "
-                                 "format v1, with the attributes of every registered op.")
-    schema.set_defaults(handler=_cmd_schema)
+    add_command(commands, "run", _cmd_run, "run a program and print its outputs",
+                [PROGRAM, INPUT, WEIGHTS, CALLBACK, EAGER, CHECK_NUMERICS, STATS, OUTPUTS_FILE])
+    add_command(commands, "validate", _cmd_validate, "validate a program", [PROGRAM])
+    add_command(commands, "inspect", _cmd_inspect, "summarise a program or a GGUF model file",
+                [PROGRAM.but(help="program file (.json) or GGUF model file")])
+    add_command(commands, "ops", _cmd_ops, "list the registered ops", [MARKDOWN])
+    add_command(commands, "import-onnx", _cmd_import_onnx,
+                "convert an ONNX model into a program and its weights",
+                [ONNX_MODEL, ONNX_OUT, PROGRAM_NAME, FOLD_BATCH_NORM])
+    add_command(commands, "schema", _cmd_schema, "print the JSON Schema of the format", [])
     add_llm_commands(commands)
     return parser
 
@@ -236,6 +206,9 @@ line (its message says how in Python)."""
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    """Run a program once and print each output. Inputs are given by name:
+    NAME=FILE.npy (the array must have the input's dtype and shape) or
+    NAME=JSON (a number or nested list, converted to the input's dtype)."""
     inputs = _parse_inputs(args.input)
     callbacks = _load_callbacks(args.callback)
     program = Program.load(args.program)
@@ -349,6 +322,7 @@ def _format_array(array: np.ndarray) -> str:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    """Check a program completely without running it."""
     program = Program.load(args.program)
     validate(program)
     n = _count(program.instructions)
@@ -357,6 +331,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    """Show a program's inputs, captures, constants, op histogram and
+    inferred output shapes; or a GGUF model file's architecture, size,
+    tokenizer and tensor types (from its header: no tensor data is read)."""
     if _is_gguf(args.program):
         from .ggml.gguf_file import describe, open_gguf
 
@@ -469,6 +446,11 @@ def _bytes(n: int) -> str:
 
 
 def _cmd_import_onnx(args: argparse.Namespace) -> int:
+    """Convert an ONNX model into DIR/program.json and
+    DIR/weights.safetensors (float64 weights, which MLX's safetensors writer
+    cannot hold, go to DIR/weights-float64.npz), for 'mlxprog run
+    DIR/program.json --weights ...'. Ops without a converter are all listed
+    in one error. Needs the onnx package (pip install 'mlxprog[onnx]')."""
     if importlib.util.find_spec("onnx") is None:
         raise ProgramError("import-onnx needs the onnx package: pip install 'mlxprog[onnx]'")
     from .onnx import import_model
@@ -499,6 +481,7 @@ def _cmd_import_onnx(args: argparse.Namespace) -> int:
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
+    """List every registered op with its attributes."""
     if args.markdown:
         sys.stdout.write(render_op_reference())
         return 0
@@ -517,6 +500,8 @@ def _cmd_ops(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
+    """Print the JSON Schema (draft 2020-12) of format v1, with the
+    attributes of every registered op."""
     print(json.dumps(full_schema(), indent=2))
     return 0
 

@@ -42,6 +42,18 @@ class ModelError(ProgramError):
     (a GGUF file's header, metadata or tensors included)."""
 
 
+class SettingError(ModelError):
+    """A bad value of one of :func:`~mlxprog.llm.load`'s model settings:
+    ``setting`` is the parameter's name (``"chat_template"``,
+    ``"extra_eos_tokens"``), ``problem`` what is wrong, so that the CLI can
+    report it under the flag's name instead."""
+
+    def __init__(self, setting: str, problem: str):
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
+
+
 class UnboundError(BindingError):
     """A capture or a ``runtime_call`` callback that the program names was not
     given. ``kind`` is ``"capture"`` or ``"callback"`` and ``name`` its name;

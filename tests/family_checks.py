@@ -22,9 +22,10 @@ from mlx.utils import tree_flatten, tree_map_with_path
 import mlxprog as mp
 from mlxprog.llm import LLM, load
 from mlxprog.llm.cache import CacheLayout
-from mlxprog.llm.generate import program_numerics
-from mlxprog.llm.programs import (DecodeInputs, LogitsOutputs, PrefillInputs,
-                                  build_decode, build_prefill)
+from mlxprog.llm.compiled import program_numerics
+from mlxprog.llm.programs import (
+    DecodeInputs, LogitsOutputs, PrefillInputs, build_decode, build_prefill,
+)
 
 MAX_LENGTH = 96
 #: Every family's tiny sizes: 2 query heads per KV head, a vocabulary the

@@ -10,7 +10,9 @@ import mlx.core as mx
 import pytest
 from tokenizers import pre_tokenizers
 
-from mlxprog.llm import ModelError, Quantization, Tokenizer, default_model_path
+from mlxprog.llm import ModelError, Tokenizer
+from mlxprog.llm.checkpoint import Quantization
+from mlxprog.llm.model_files import default_model_path
 
 CHAT_PROMPT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
                "<|im_start|>assistant\n")

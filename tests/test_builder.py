@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
+from mlxprog.format.program import Constant, Instruction, Ref
 from helpers import assert_close
 
 
@@ -58,7 +59,7 @@ def test_a_method_per_registered_op(b):
         assert callable(method) and method.__name__ == name
     x = b.input("x", (4,), "float32")
     y = b.exp(x)
-    assert b.instructions[-1] == mp.Instruction(op="exp", operands=[x.ref])
+    assert b.instructions[-1] == Instruction(op="exp", operands=[x.ref])
     (out,) = mp.run(b.build([y]), mx.array([0.0, 1.0, 2.0, 3.0]))
     assert_close(out, np.exp([0.0, 1.0, 2.0, 3.0]))
 
@@ -99,14 +100,14 @@ def test_multi_output_ops_return_tuples(b):
 def test_python_scalars_become_constants_of_a_matching_dtype(b, dtype, scalar, const_dtype):
     x = b.input("x", (3,), dtype)
     b.multiply(x, scalar)
-    assert b.constants == [mp.Constant(value=scalar, dtype=const_dtype)]
-    assert b.instructions[-1].operands == [x.ref, mp.Ref.of("const", 0)]
+    assert b.constants == [Constant(value=scalar, dtype=const_dtype)]
+    assert b.instructions[-1].operands == [x.ref, Ref.of("const", 0)]
 
 
 def test_scalar_first_operand(b):
     x = b.input("x", (3,), "float16")
     y = b.subtract(1, x)
-    assert b.instructions[-1].operands == [mp.Ref.of("const", 0), x.ref]
+    assert b.instructions[-1].operands == [Ref.of("const", 0), x.ref]
     assert y.dtype == mx.float16
     (out,) = mp.run(b.build([y]), mx.array([1.0, 2.0, 3.0], dtype=mx.float16))
     assert_close(out, [0.0, -1.0, -2.0], dtype=mx.float16)
@@ -114,8 +115,8 @@ def test_scalar_first_operand(b):
 
 def test_scalars_without_an_array_operand(b):
     y = b.add(1, 2.5)
-    assert b.constants == [mp.Constant(value=1, dtype="int32"),
-                           mp.Constant(value=2.5, dtype="float32")]
+    assert b.constants == [Constant(value=1, dtype="int32"),
+                           Constant(value=2.5, dtype="float32")]
     (out,) = mp.run(b.build([y]))
     assert out.item() == 3.5
 
@@ -145,7 +146,7 @@ def test_equal_constants_are_shared(b):
     assert b.constant(0.5) is first
     b.add(x, 0.5)
     b.multiply(x, 0.5)
-    assert b.constants == [mp.Constant(value=0.5, dtype="float32")]
+    assert b.constants == [Constant(value=0.5, dtype="float32")]
     assert b.constant(0.5, "float16") is not first
     assert b.constant([1, 2], "int32") is b.constant([1, 2], "int32")
     assert len(b.constants) == 3
@@ -154,7 +155,7 @@ def test_equal_constants_are_shared(b):
 def test_array_constant(b):
     c = b.constant(mx.array([[1.0, 2.0]]))
     assert c.shape == (1, 2)
-    assert b.constants == [mp.Constant(value=[[1.0, 2.0]], dtype="float32")]
+    assert b.constants == [Constant(value=[[1.0, 2.0]], dtype="float32")]
 
 
 def test_bad_constant_fails_at_the_call(b):

@@ -23,8 +23,9 @@ import mlxprog.llm.server
 from mlxprog.cli import EXIT_BROKEN_PIPE, _parser, main
 from mlxprog.docs import render_op_reference
 from mlxprog.format.schema import full_schema
-from mlxprog.llm import ModelError, default_model_path, model_files
+from mlxprog.llm import ModelError, model_files
 from mlxprog.llm.cli import _generation_options, read_prompt
+from mlxprog.llm.model_files import default_model_path
 
 from helpers import ROOT, prefill_like
 
@@ -518,8 +519,8 @@ def test_help_shows_every_default_once(command):
     parser = commands()[command]
     entries = help_entries(parser.format_help())
     for action in parser._actions:
-        if not action.option_strings:
-            continue
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue  # a positional, or an old name kept working but not shown
         entry = entries[action.option_strings[0]]
         assert entry.count("default") <= 1, entry
         for says_nothing in ("(default: None)", "(default: False)", "(default: [])"):

@@ -14,8 +14,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 import mlxprog as mp
-from mlxprog.ops.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
 from mlxprog.docs import REGENERATE, attr_docs, builtin_ops, render_op_reference, type_name
+from mlxprog.format.program import Instruction
+from mlxprog.ops.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
 
 from helpers import readme_commands
 
@@ -174,7 +175,7 @@ def test_format_md_json_blocks():
             mp.validate(mp.Program.from_dict(data))
             programs += 1
         else:
-            mp.Instruction.model_validate(data)
+            Instruction.model_validate(data)
     assert programs >= 1
 
 

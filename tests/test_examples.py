@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
-from mlxprog.arrays import is_floating, is_integer, name_of, to_mlx
+from mlxprog.arrays import AVal, is_floating, is_integer, name_of, to_mlx
 from mlxprog.cli import main
 
 from helpers import ROOT, readme_commands
@@ -18,7 +18,7 @@ from helpers import ROOT, readme_commands
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
-def generate(aval: mp.AVal, rng: np.random.Generator) -> mx.array:
+def generate(aval: AVal, rng: np.random.Generator) -> mx.array:
     """A random array for an input or capture: floats in [0.5, 2) (inside the
     domain of log, sqrt, divide), small integers, or random booleans."""
     if aval.dtype == mx.bool_:

@@ -1,5 +1,6 @@
 """The package layout: no module of mlxprog imports, directly or through
-others, a module that imports it back (function-level imports included)."""
+others, a module that imports it back (function-level imports and imports
+under ``TYPE_CHECKING`` included: a type-only import is a dependency too)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The mlxprog modules a file imports anywhere, except under TYPE_CHECKING."""
+    """The mlxprog modules a file imports anywhere: at module level, in a
+    function, under ``TYPE_CHECKING``."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    return _imported(ast.parse(path.read_text()), name, package, modules)
+
+
+def _imported(tree: ast.Module, name: str, package: str, modules: set[str]) -> set[str]:
+    """The ``modules`` that the code ``tree`` of module ``name`` (in
+    ``package``) imports."""
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -77,7 +80,16 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    assert _cycles(_graph()) == []
+    cycles = [set(c) for c in _cycles(_graph())]
+    assert cycles == []
+
+
+def test_type_only_and_function_level_imports_count():
+    code = ("from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from .b import B\n"
+            "def f():\n    from ..c import d\n")
+    modules = {"p.q.a", "p.q.b", "p.c", "p.c.d"}
+    assert _imported(ast.parse(code), "p.q.a", "p.q", modules) == {"p.q.b", "p.c.d"}
 
 
 def test_the_pipeline_is_visible_in_the_tree():

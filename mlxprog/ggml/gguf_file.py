@@ -6,7 +6,7 @@ tensor data) and checks all of them: every count and length is held against
 the bytes the file has left before anything is allocated for it, every
 tensor's type, shape, offset and extent against the type table
 (:mod:`mlxprog.ggml.types`), the alignment and the file's size, and no two
-tensors may share bytes. Any problem is a :class:`~mlxprog.llm.config.ModelError`
+tensors may share bytes. Any problem is a :class:`~mlxprog.errors.ModelError`
 naming the file, the header field, metadata key or tensor, and what is
 wrong. :meth:`GGUFFile.read` then hands out one tensor's bytes as they are
 stored (quantized blocks stay blocks).
@@ -35,6 +35,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import mlx.core as mx
 import numpy as np
 
 from ..errors import ModelError
@@ -262,6 +263,15 @@ def open_gguf(path: str | Path, *, strict_types: bool = True) -> GGUFFile:
         raise
     parsed._file = file
     return parsed
+
+
+def metadata_value(value: Any) -> Any:
+    """A GGUF metadata value as plain Python: ``mx.load`` returns numbers as 0-d
+    arrays and numeric lists as 1-d arrays (:func:`open_gguf` returns plain
+    Python already); everything else passes through."""
+    if isinstance(value, mx.array):
+        return value.item() if value.ndim == 0 else value.tolist()
+    return value
 
 
 def _error(path: Path, problem: str) -> ModelError:

@@ -42,14 +42,14 @@ from typing import Any, Literal
 
 import mlx.core as mx
 
-from ..arrays import name_of
+from ..arrays import is_int, name_of
+from ..errors import ModelError, SettingError
 from ..ggml import types as ggml_types
 from ..ggml.dequantize import dequantize as dequantize_blocks
 from ..runtime.binding import weights_file_problem
-from .config import (
-    Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization, SettingError, is_int,
-    read_json_object,
-)
+from .checkpoint import Checkpoint, GGMLQuantization, Quantization
+from .config import ModelConfig
+from .hf import read_json_object
 from .models import family_of
 from .models.base import Source, expand
 
@@ -119,7 +119,7 @@ def load_adapter(path: str | Path) -> Adapter:
     fine-tune, PEFT options that change the update, are refused), every key
     of the weights file (a LoRA matrix of finite floating-point values),
     and each pair's ranks. Problems raise
-    :class:`~mlxprog.llm.config.SettingError` for ``adapter_path``, naming
+    :class:`~mlxprog.llm.SettingError` for ``adapter_path``, naming
     the file."""
     path = Path(path)
     if not path.is_dir():
@@ -298,7 +298,7 @@ def apply_adapter(checkpoint: Checkpoint, adapter: Adapter, source: Source) -> C
     bits and group size (see :func:`requantize`). The adapted arrays' capture names end in
     :data:`ADAPTED`. An adapter that does not fit the model (a projection
     it has not, other shapes, more layers) raises
-    :class:`~mlxprog.llm.config.SettingError` for ``adapter_path`` before
+    :class:`~mlxprog.llm.SettingError` for ``adapter_path`` before
     any weight changes."""
     config = checkpoint.config
     where = adapter.weights_file

@@ -25,10 +25,11 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from ..arrays import AVal
+from ..arrays import AVal, is_int
 from ..cache_kinds import (AFFINE_BITS, AFFINE_GROUP_SIZES, SIDES, CacheKind, RecentRing,
                            cache_kind)
-from .config import ModelConfig, ModelError, SettingError, is_int
+from ..errors import ModelError, SettingError
+from .config import ModelConfig
 
 FORMAT = "mlxprog.prompt_cache/1"
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .config import ModelError
+from ..errors import ModelError
 from .engine import Piece, PromptTooLongError
+from .options import GenerationOptions
 
 if TYPE_CHECKING:
-    from .generate import LLM, GenerationOptions
+    from .generate import LLM
 
 
 class Chat:
@@ -38,8 +39,6 @@ class Chat:
 
     def __init__(self, llm: LLM, *, options: GenerationOptions | None = None,
                  **overrides: Any):
-        from .generate import GenerationOptions
-
         self.llm = llm
         self.options = GenerationOptions.given(options, overrides)
         #: The user and assistant messages so far (the system prompt apart).

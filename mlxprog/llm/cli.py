@@ -1,14 +1,18 @@
 """The LLM commands of the ``mlxprog`` CLI: ``generate``, ``chat``, ``export-llm``,
 ``serve``, ``perplexity``, ``embed``.
 
-The generation flags store under :class:`~mlxprog.llm.GenerationOptions`'
-field names, so each command builds its options once from the flags it has
-(:func:`_generation_options`). Numeric flags are checked as they are parsed:
-a value out of range exits with status 2 and names the flag
+Every option is declared once, below, as a :class:`~mlxprog.flags.Flag`;
+each command lists the flags it takes (:func:`add_commands`). The generation
+flags store under :class:`~mlxprog.llm.GenerationOptions`' field names, so
+each command builds its options once from the flags it has
+(:func:`_generation_options`), and the model settings under
+:func:`~mlxprog.llm.load`'s parameter names. Numeric flags are checked as
+they are parsed: a value out of range exits with status 2 and names the flag
 (``argument --max-tokens: must be at least 1, got 0``), before any model loads.
 The model settings (``--chat-template``, ``--extra-eos-token``,
-``--adapter-path``, ...) are checked as the model loads, before anything is generated; a bad one exits with
-status 2 too, naming the flag (:func:`_setting_flags`).
+``--adapter-path``, ...) are checked as the model loads, before anything is
+generated; a bad one exits with status 2 too, naming the flag
+(:func:`_setting_flags`).
 """
 
 from __future__ import annotations
@@ -20,286 +24,261 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from ..errors import ProgramError, UsageError
-from ..native import MAX_THREADS
-from .config import AUTO_NUMERICS, NUMERICS, SettingError
-from .engine import SIZE_FLAGS, PromptTooLongError
-from .programs import POOLINGS
-from .speculative import (
-    DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
+from ..errors import ProgramError, SettingError, UsageError
+from ..flags import (
+    OneOf, add_command, at_least, choice, choices_metavar, flag, in_range, non_empty, number,
 )
+from ..native import MAX_THREADS
+from .engine import SIZE_FLAGS, PromptTooLongError
+from .options import (
+    AUTO_NUMERICS, DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DEFAULT_MAX_LENGTH, DRAFTS,
+    MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM, NUMERICS, GenerationOptions,
+)
+from .programs import POOLINGS
 
 if TYPE_CHECKING:
-    from . import LLM, Generation, GenerationOptions, GenerationStats, Piece, PromptCache
+    from .cache import PromptCache
+    from .engine import Generation, GenerationStats, Piece
+    from .generate import LLM
+
+
+def _origins(value: str) -> list[str]:
+    """An argparse ``type=`` for ``--allowed-origins``: comma-separated
+    origins (``scheme://host[:port]``, as browsers send them: no path) or ``*``."""
+    origins = [o.strip() for o in value.split(",") if o.strip()]
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin):
+            raise argparse.ArgumentTypeError(
+                f"{origin!r} is not an origin such as https://example.com:8443 (a scheme and "
+                "a host, no path), or *")
+    if not origins:
+        raise argparse.ArgumentTypeError("no origin given")
+    return origins
+
+
+# -- the flags ----------------------------------------------------------------
+
+MODEL = flag("-m", "--model", metavar="PATH",
+             help="a .gguf file, a Hugging Face directory or a directory written by mlxprog "
+             "export-llm (default: SmolLM2-135M-Instruct)")
+#: ``export-llm`` takes the model as a positional argument too.
+MODEL_FILE = flag("model_file", nargs="?", metavar="MODEL",
+                  help="the model; the same as -m PATH")
+MAX_LENGTH_DEFAULT = ("unless the model is a directory written by export-llm, whose programs "
+                      f"have theirs (default: {DEFAULT_MAX_LENGTH})")
+"""The end of the ``--max-length`` help of the commands that load a model
+(the flag's default is None): an exported directory's programs are built
+for the length they were exported with."""
+MAX_LENGTH = flag("--max-length", type=at_least(2), metavar="N",
+                  help=f"KV-cache length: prompt plus generated tokens, {MAX_LENGTH_DEFAULT}")
+NUMERICS_FLAG = flag("--numerics", default=AUTO_NUMERICS, type=choice((AUTO_NUMERICS, *NUMERICS)),
+                     metavar=choices_metavar((AUTO_NUMERICS, *NUMERICS)),
+                     help="the quantized matmuls' numerics: int8 (llama.cpp's: activations "
+                     "quantized to 8 bits, integer dot products), exact (MLX's float "
+                     "numerics); auto: int8 on the CPU, exact otherwise")
+THREADS = flag("--threads", type=in_range(1, MAX_THREADS), metavar="N",
+               help="threads of the native CPU kernels, the calling one included "
+               "(default: MLXPROG_NATIVE_THREADS, else the usable cores)")
+ADAPTER_PATH = flag("--adapter-path", metavar="DIR",
+                    help="a LoRA adapter directory (mlx-lm's adapters.safetensors or PEFT's "
+                    "adapter_model.safetensors, with adapter_config.json) fused into the "
+                    "model's weights as it loads")
+CHAT_TEMPLATE = flag("--chat-template", metavar="TEMPLATE",
+                     help="a Jinja chat template in place of the model's: the template "
+                     "itself (any text with {{ or {%%}) or a file holding it")
+EXTRA_EOS_TOKEN = flag("--extra-eos-token", dest="extra_eos_tokens", action="append",
+                       default=[], metavar="TEXT",
+                       help="a token, given as its text (such as '<|im_end|>'), that ends "
+                       "generation as the model's EOS does (repeatable)")
+KV_BITS = flag("--kv-bits", type=number(int, lambda v: v in (4, 8), "4 or 8"),
+               metavar="BITS", help="store the KV cache's keys and values quantized to 4 or 8 "
+               "bits (default: float32)")
+KV_GROUP_SIZE = flag("--kv-group-size", metavar="N",
+                     type=number(int, lambda v: v in (32, 64, 128), "32, 64 or 128"),
+                     help="features sharing one scale and bias in the quantized KV cache "
+                     "(default 32 with 4 bits, 64 with 8; needs --kv-bits)")
+KV_RECENT = flag("--kv-recent", type=at_least(0), metavar="N",
+                 help="the last N tokens' keys and values the quantized KV cache also keeps "
+                 "in float, read unrounded by each query (default 16, 0: none; needs "
+                 "--kv-bits)")
+MAX_KV_SIZE = flag("--max-kv-size", type=at_least(2), metavar="N",
+                   help="a rotating KV cache of N tokens: the first --kv-keep and the most "
+                   "recent ones, so generation goes on past N and past --max-length "
+                   "(prompts must fit in N; default: no bound)")
+KV_KEEP = flag("--kv-keep", dest="keep", type=at_least(0), metavar="N",
+               help="the first tokens the rotating cache always keeps (default 4; needs "
+               "--max-kv-size)")
+DRAFT_MODEL = flag("--draft-model", metavar="PATH",
+                   help="a smaller model with the same vocabulary to draft tokens with "
+                   "(speculative decoding; generations draft with it unless --draft or a "
+                   "request's draft field says otherwise)")
+
+TEMP = flag("--temp", dest="temperature", metavar="TEMP", default=0.0,
+            type=number(float, lambda v: v >= 0, ">= 0"), help="temperature (0: greedy)")
+TOP_P = flag("--top-p", metavar="P", default=1.0,
+             type=number(float, lambda v: 0 < v <= 1, "in (0, 1]"), help="nucleus sampling mass")
+TOP_K = flag("--top-k", metavar="K", type=at_least(1),
+             help="keep the k most likely tokens (default: all)")
+MIN_P = flag("--min-p", metavar="P", default=0.0,
+             type=number(float, lambda v: 0 <= v < 1, "in [0, 1)"),
+             help="keep tokens at least this times as likely as the best")
+SYSTEM_PROMPT = flag("--system-prompt", metavar="TEXT",
+                     help="a system message before the conversation")
+SEED = flag("--seed", metavar="N", default=0,
+            type=number(int, lambda v: 0 <= v < 2**64, "a non-negative integer below 2**64"),
+            help="sampling seed")
+REPETITION_PENALTY = flag("--repetition-penalty", metavar="PENALTY",
+                          type=number(float, lambda v: v > 0, "> 0"),
+                          help="make recent tokens less likely (mlx-lm's rule; default: off)")
+REPETITION_CONTEXT_SIZE = flag("--repetition-context-size", metavar="N", type=at_least(1),
+                               default=20,
+                               help="how many recent tokens the repetition penalty counts")
+DRAFT = flag("--draft", type=choice(DRAFTS), metavar=choices_metavar(DRAFTS),
+             help="speculative decoding: prompt-lookup drafts tokens from n-grams of the "
+             "prompt and the reply (no second model), model from --draft-model, none decodes "
+             "plainly (default: model with --draft-model, else none); the output stays the "
+             "same")
+NUM_DRAFT_TOKENS = flag("--num-draft-tokens", type=in_range(1, MAX_DRAFT_TOKENS),
+                        default=DEFAULT_DRAFT_TOKENS, metavar="N",
+                        help="the most drafted tokens each step verifies")
+PROMPT_LOOKUP_NGRAM = flag("--prompt-lookup-ngram", type=in_range(1, MAX_LOOKUP_NGRAM),
+                           default=DEFAULT_LOOKUP_NGRAM, metavar="N",
+                           help="the longest n-gram prompt lookup matches")
+MAX_TOKENS = flag("--max-tokens", type=at_least(1), default=256, metavar="N",
+                  help="tokens to generate")
+VERBOSE = flag("--verbose", action=argparse.BooleanOptionalAction, default=True,
+               help="print the stats line on stderr")
+JSON = flag("--json", action="store_true",
+            help="instead of streaming, print one JSON object on stdout at the end: the "
+            "text, finish_reason, cache_full, the token ids and the stats")
+
+PROMPT = OneOf((flag("-p", "--prompt", help="the prompt text; - reads it from stdin"),
+                flag("--prompt-file", metavar="FILE", help="read the prompt from FILE")),
+               required=True)
+STOP = flag("--stop", action="append", default=[], metavar="TEXT",
+            help="stop when this text appears (repeatable)")
+CHAT = flag("--chat", action=argparse.BooleanOptionalAction, default=True,
+            help="wrap the prompt in the model's chat template")
+IN_PROGRAM = flag("--in-program", action="store_true",
+                  help="run the decode loop as one program (while + runtime_call)")
+PROMPT_CACHE = flag("--prompt-cache", metavar="FILE",
+                    help="reuse the KV cache saved in FILE (.safetensors) for the prefix it "
+                    "shares with the prompt, and save the prompt and reply to it afterwards "
+                    "(a new file if FILE does not exist)")
+
+OUTPUT = flag("-o", "--output", required=True, metavar="DIR", help="output directory")
+WORLD_SIZE = flag("--world-size", type=at_least(1), default=1, metavar="N",
+                  help="split the model over N processes (tensor parallelism): one directory "
+                  "of programs per rank")
+
+HOST = flag("--host", default="127.0.0.1", help="address to listen on")
+PORT = flag("--port", type=in_range(0, 65535), default=8080,
+            help="port to listen on; 0 picks a free one")
+MAX_BATCH = flag("--max-batch", type=in_range(1, 64), default=8, metavar="N",
+                 help="requests decoded together; more wait in order")
+PROMPT_CACHE_SIZE = flag("--prompt-cache-size", type=at_least(0), default=8, metavar="N",
+                         help="prompt prefixes kept for reuse; 0 turns the cache off")
+PREFILL_CHUNK = flag("--prefill-chunk", type=at_least(1), default=128, metavar="N",
+                     help="prompt tokens prefilled at a time between decode steps, so a long "
+                     "prompt does not stall the other requests")
+MAX_QUEUE = flag("--max-queue", type=at_least(0), default=64, metavar="N",
+                 help="requests that may wait for a row; more get a 503")
+MODEL_ID = flag("--model-id", metavar="ID",
+                help="the model's name in the API (default: the model file's stem)")
+API_KEY = flag("--api-key", type=non_empty("the API key"), metavar="KEY",
+               help="require 'Authorization: Bearer KEY' on every request but /health "
+               "(default: no key)")
+ALLOWED_ORIGINS = flag("--allowed-origins", type=_origins, default=[], metavar="ORIGINS",
+                       help="comma-separated origins (https://app.example.com, or *) whose "
+                       "web pages may call the server (CORS)")
+SHUTDOWN_GRACE = flag("--shutdown-grace", type=number(float, lambda v: v >= 0, "at least 0"),
+                      default=5, metavar="SECONDS",
+                      help="how long running requests may take to finish once SIGINT or "
+                      "SIGTERM stops the server; then they end with an error")
+
+TEXT_FILE = flag("file", metavar="FILE", help="the text (UTF-8); - reads stdin")
+SEGMENT_LENGTH = flag("--segment-length", type=at_least(2), metavar="N",
+                      help="the most tokens of context a segment holds (default: the whole "
+                      "text, up to the model's context length)")
+#: ``--segment-length``'s name before it had its own: still taken, not shown.
+SEGMENT_LENGTH_ALIAS = flag("--window", dest="segment_length", type=at_least(2),
+                            help=argparse.SUPPRESS)
+STRIDE = flag("--stride", type=at_least(1), metavar="N",
+              help="how far each segment starts after the previous one (default: half the "
+              "segment length)")
+CHUNK = flag("--chunk", type=at_least(1), default=256, metavar="N",
+             help="tokens per program call (bounds the logits held at once)")
+
+TEXTS = OneOf((flag("text", nargs="*", default=[], metavar="TEXT",
+                    help="the texts to embed, one input each"),
+               flag("--file", metavar="FILE",
+                    help="embed each non-empty line of FILE (- reads stdin)")),
+              required=True)
+POOLING = flag("--pooling", type=choice(POOLINGS), default="mean",
+               metavar=choices_metavar(POOLINGS),
+               help="mean: the average over the input's tokens; last: the last token's")
+NORMALIZE = flag("--normalize", action=argparse.BooleanOptionalAction, default=True,
+                 help="divide each embedding by its L2 norm")
+
+#: How a command that runs a model runs it (see :func:`_set_threads`).
+RUNTIME = (NUMERICS_FLAG, THREADS)
+#: The model and how it loads, for the commands that load one by ``-m``.
+LOADING = (MODEL, MAX_LENGTH, *RUNTIME, ADAPTER_PATH)
+#: The quantized KV cache's settings.
+KV_CACHE = (KV_BITS, KV_GROUP_SIZE, KV_RECENT)
+#: :func:`~mlxprog.llm.load`'s model settings, for the commands that render
+#: chats and generate.
+MODEL_SETTINGS = (CHAT_TEMPLATE, EXTRA_EOS_TOKEN, *KV_CACHE, MAX_KV_SIZE, KV_KEEP, DRAFT_MODEL)
+#: The sampling attributes (:class:`~mlxprog.llm.Sampling`).
+SAMPLING = (TEMP, TOP_P, TOP_K, MIN_P)
+#: The generation flags beyond sampling, for the commands that generate.
+GENERATION = (SYSTEM_PROMPT, SEED, REPETITION_PENALTY, REPETITION_CONTEXT_SIZE, DRAFT,
+              NUM_DRAFT_TOKENS, PROMPT_LOOKUP_NGRAM)
+
+#: The model settings of :func:`~mlxprog.llm.load` that flags give: their
+#: parameter (and ``argparse`` dest) -> the flag.
+SETTING_FLAGS = {f.dest: f.names[0] for f in (*MODEL_SETTINGS, ADAPTER_PATH)}
 
 
 def add_commands(commands: Any) -> None:
     """Register the LLM subcommands on the main parser's subparsers."""
-    generate = commands.add_parser(
-        "generate", help="generate text with an LLM",
-        description="Stream a completion of PROMPT, then print a stats line. The default "
-        "model is SmolLM2-135M-Instruct (installed on first use).",
-    )
-    prompt = generate.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("-p", "--prompt", help="the prompt text; - reads it from stdin")
-    prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
-    _model_options(generate)
-    _model_settings(generate)
-    _sampling_options(generate)
-    _generation_flags(generate)
-    generate.add_argument("--max-tokens", type=_at_least(1), default=256, metavar="N",
-                          help="tokens to generate")
-    generate.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                          help="stop when this text appears (repeatable)")
-    generate.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                          help="wrap the prompt in the model's chat template")
-    generate.add_argument("--in-program", action="store_true",
-                          help="run the decode loop as one program (while + runtime_call)")
-    generate.add_argument("--verbose", action=argparse.BooleanOptionalAction, default=True,
-                          help="print the stats line on stderr")
-    generate.add_argument("--json", action="store_true",
-                          help="instead of streaming, print one JSON object on stdout at the "
-                          "end: the text, finish_reason, cache_full, the token ids and the "
-                          "stats")
-    generate.add_argument("--prompt-cache", metavar="FILE",
-                          help="reuse the KV cache saved in FILE (.safetensors) for the "
-                          "prefix it shares with the prompt, and save the prompt and reply "
-                          "to it afterwards (a new file if FILE does not exist)")
-    generate.set_defaults(handler=_cmd_generate)
-
-    chat = commands.add_parser("chat", help="chat with an LLM interactively",
-                               description="An interactive chat that keeps the conversation; "
-                               "an empty line or end of input quits, /reset starts over.")
-    _model_options(chat)
-    _model_settings(chat)
-    _sampling_options(chat)
-    _generation_flags(chat)
-    chat.add_argument("--max-tokens", type=_at_least(1), default=512, metavar="N",
-                      help="tokens per reply")
-    chat.add_argument("--verbose", action="store_true",
-                      help="print a stats line on stderr after each reply")
-    chat.set_defaults(handler=_cmd_chat)
-
-    export = commands.add_parser(
-        "export-llm", help="write an LLM's programs as JSON",
-        description="Write prefill.json, decode.json, decode_loop.json and manifest.json; "
-        "the weights stay in the model file and bind to the programs' captures by name. "
-        "With --world-size N, each rank's tensor-parallel programs go to rank0/ ... "
-        "rank<N-1>/.",
-    )
-    given = export.add_mutually_exclusive_group()
-    given.add_argument("model_file", nargs="?", default=None, metavar="MODEL",
-                       help="the model; the same as -m PATH")
-    given.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
-    export.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
-    export.add_argument("--max-length", type=_at_least(2), default=2048, metavar="N",
-                        help="KV-cache length")
-    export.add_argument("--world-size", type=_at_least(1), default=1, metavar="N",
-                        help="split the model over N processes (tensor parallelism): one "
-                        "directory of programs per rank")
-    _numerics_option(export)
-    _adapter_option(export)
+    add_command(commands, "generate", _cmd_generate, "generate text with an LLM",
+                [PROMPT, *LOADING, *MODEL_SETTINGS, *SAMPLING, *GENERATION, MAX_TOKENS, STOP,
+                 CHAT, IN_PROGRAM, VERBOSE, JSON, PROMPT_CACHE])
+    add_command(commands, "chat", _cmd_chat, "chat with an LLM interactively",
+                [*LOADING, *MODEL_SETTINGS, *SAMPLING, *GENERATION,
+                 MAX_TOKENS.but(default=512, help="tokens per reply"),
+                 VERBOSE.but(action="store_true", default=False,
+                             help="print a stats line on stderr after each reply")])
     # Only the sampling attributes: the seed is no part of the programs (the
     # PRNG key is an input of each call).
-    _sampling_options(export)
-    export.set_defaults(handler=_cmd_export)
-
-    serve = commands.add_parser(
-        "serve", help="serve an LLM over an OpenAI-compatible API",
-        description="Serve an LLM over an OpenAI-compatible HTTP API: /v1/chat/completions "
-        "and /v1/completions (streaming or not), /v1/embeddings, /v1/models, /health, "
-        "/metrics. Requests are decoded together in one batch; Ctrl-C stops the server. See "
-        "docs/serving.md.")
-    serve.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=_number(int, lambda v: 0 <= v <= 65535, "in [0, 65535]"),
-                       default=8080, help="port to listen on; 0 picks a free one")
-    serve.add_argument("--max-length", type=_at_least(2), default=None, metavar="N",
-                       help="KV-cache length of each request: prompt plus generated tokens, "
-                       f"{MAX_LENGTH_DEFAULT}")
-    serve.add_argument("--max-batch", type=_number(int, lambda v: 1 <= v <= 64, "in [1, 64]"),
-                       default=8, metavar="N",
-                       help="requests decoded together; more wait in order")
-    serve.add_argument("--prompt-cache-size", type=_at_least(0), default=8, metavar="N",
-                       help="prompt prefixes kept for reuse; 0 turns the cache off")
-    serve.add_argument("--prefill-chunk", type=_at_least(1), default=128, metavar="N",
-                       help="prompt tokens prefilled at a time between decode steps, so a "
-                            "long prompt does not stall the other requests")
-    serve.add_argument("--max-queue", type=_at_least(0), default=64, metavar="N",
-                       help="requests that may wait for a row; more get a 503")
-    serve.add_argument("--model-id", default=None, metavar="ID",
-                       help="the model's name in the API (default: the model file's stem)")
-    serve.add_argument("--api-key", type=_text("the API key"), default=None, metavar="KEY",
-                       help="require 'Authorization: Bearer KEY' on every request but /health "
-                       "(default: no key)")
-    serve.add_argument("--allowed-origins", type=_origins, default=[], metavar="ORIGINS",
-                       help="comma-separated origins (https://app.example.com, or *) whose web "
-                       "pages may call the server (CORS)")
-    serve.add_argument("--shutdown-grace", type=_number(float, lambda v: v >= 0, "at least 0"),
-                       default=5, metavar="SECONDS",
-                       help="how long running requests may take to finish once SIGINT or "
-                       "SIGTERM stops the server; then they end with an error")
-    _runtime_options(serve)
-    _adapter_option(serve)
-    _model_settings(serve)
-    serve.set_defaults(handler=_cmd_serve)
-
-    score = commands.add_parser(
-        "perplexity", help="measure an LLM's perplexity on a text",
-        description="Print the model's perplexity on FILE (its text tokenized as it is, no "
-        "chat template): the exponential of the mean negative log-likelihood of each token "
-        "after the ones before it. Texts longer than --window tokens are scored in "
-        "overlapping windows. See docs/llm.md.")
-    score.add_argument("file", metavar="FILE", help="the text (UTF-8); - reads stdin")
-    score.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
-    _runtime_options(score)
-    _adapter_option(score)
-    score.add_argument("--window", type=_at_least(2), default=None, metavar="N",
-                       help="the most tokens of context (default: the whole text, up to the "
-                       "model's context length)")
-    score.add_argument("--stride", type=_at_least(1), default=None, metavar="N",
-                       help="how far each window starts after the previous one "
-                       "(default: half the window)")
-    score.add_argument("--chunk", type=_at_least(1), default=256, metavar="N",
-                       help="tokens per program call (bounds the logits held at once)")
-    _kv_cache_settings(score)
-    score.add_argument("--json", action="store_true",
-                       help="print one JSON object: perplexity, nll, tokens, numerics, window, "
-                       "stride, chunk, seconds")
-    score.set_defaults(handler=_cmd_perplexity)
-
-    embed = commands.add_parser(
-        "embed", help="print embeddings of texts",
-        description="Print one JSON array per input on stdout: the model's final hidden "
-        "states pooled over the input's tokens (texts tokenized as they are, no chat "
-        "template), of norm 1 unless --no-normalize. See docs/llm.md.")
-    texts = embed.add_mutually_exclusive_group(required=True)
-    texts.add_argument("text", nargs="*", default=[], metavar="TEXT",
-                       help="the texts to embed, one input each")
-    texts.add_argument("--file", metavar="FILE",
-                       help="embed each non-empty line of FILE (- reads stdin)")
-    _model_options(embed)
-    embed.add_argument("--pooling", type=_choice(POOLINGS), default="mean",
-                       metavar="{" + ",".join(POOLINGS) + "}",
-                       help="mean: the average over the input's tokens; last: the last "
-                       "token's")
-    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
-                       help="divide each embedding by its L2 norm")
-    embed.set_defaults(handler=_cmd_embed)
+    add_command(commands, "export-llm", _cmd_export, "write an LLM's programs as JSON",
+                [OneOf((MODEL_FILE, MODEL)), OUTPUT,
+                 MAX_LENGTH.but(default=DEFAULT_MAX_LENGTH, help="KV-cache length"),
+                 WORLD_SIZE, NUMERICS_FLAG, ADAPTER_PATH, *SAMPLING])
+    add_command(commands, "serve", _cmd_serve, "serve an LLM over an OpenAI-compatible API",
+                [MODEL, HOST, PORT, MAX_LENGTH.but(help="KV-cache length of each request: "
+                                                   f"prompt plus generated tokens, "
+                                                   f"{MAX_LENGTH_DEFAULT}"),
+                 MAX_BATCH, PROMPT_CACHE_SIZE, PREFILL_CHUNK, MAX_QUEUE, MODEL_ID, API_KEY,
+                 ALLOWED_ORIGINS, SHUTDOWN_GRACE, *RUNTIME, ADAPTER_PATH, *MODEL_SETTINGS])
+    add_command(commands, "perplexity", _cmd_perplexity, "measure an LLM's perplexity on a text",
+                [TEXT_FILE, MODEL, *RUNTIME, ADAPTER_PATH, SEGMENT_LENGTH, SEGMENT_LENGTH_ALIAS,
+                 STRIDE, CHUNK, *KV_CACHE,
+                 JSON.but(help="print one JSON object: perplexity, nll, tokens, numerics, "
+                          "segment_length, stride, chunk, seconds")])
+    add_command(commands, "embed", _cmd_embed, "print embeddings of texts",
+                [TEXTS, *LOADING, POOLING, NORMALIZE])
 
 
-MODEL_HELP = ("a .gguf file, a Hugging Face directory or a directory written by mlxprog "
-              "export-llm (default: SmolLM2-135M-Instruct)")
-"""The help of ``-m/--model``, which every LLM command takes."""
-
-MAX_LENGTH_DEFAULT = ("unless the model is a directory written by export-llm, whose programs "
-                      "have theirs (default: 2048)")
-"""The end of the ``--max-length`` help of the commands that load a model
-(the flag's default is None): an exported directory's programs are built
-for the length they were exported with."""
-
-
-def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", "--model", default=None, metavar="PATH", help=MODEL_HELP)
-    parser.add_argument("--max-length", type=_at_least(2), default=None, metavar="N",
-                        help=f"KV-cache length: prompt plus generated tokens, {MAX_LENGTH_DEFAULT}")
-    _runtime_options(parser)
-    _adapter_option(parser)
-
-
-def _model_path(model: str | None, flag: str = "-m") -> str | None:
+def _model_path(model: str | None, flag_name: str = "-m") -> str | None:
     """The model a command line names (None: the default model), checked to
-    exist so that a mistyped path is an error naming ``flag``."""
+    exist so that a mistyped path is an error naming ``flag_name``."""
     if model is not None and not os.path.exists(model):
-        raise ProgramError(f"{flag} {model}: no such file or directory")
+        raise ProgramError(f"{flag_name} {model}: no such file or directory")
     return model
-
-
-def _numerics_option(parser: argparse.ArgumentParser) -> None:
-    """The ``--numerics`` flag of the commands that load a model: the
-    quantized matmuls' numerics (:func:`~mlxprog.llm.config.resolve_numerics`);
-    another value exits with status 2, naming the flag."""
-    choices = (AUTO_NUMERICS, *NUMERICS)
-    parser.add_argument("--numerics", default=AUTO_NUMERICS, metavar="{" + ",".join(choices) + "}",
-                        type=_choice(choices),
-                        help="the quantized matmuls' numerics: int8 (llama.cpp's: activations "
-                        "quantized to 8 bits, integer dot products), exact (MLX's float "
-                        "numerics); auto: int8 on the CPU, exact otherwise")
-
-
-def _runtime_options(parser: argparse.ArgumentParser) -> None:
-    """The flags of how the commands that run a model run it: ``--numerics``
-    and ``--threads`` (see :func:`_set_threads`)."""
-    _numerics_option(parser)
-    parser.add_argument("--threads", type=_number(int, lambda v: 1 <= v <= MAX_THREADS,
-                                                  f"in [1, {MAX_THREADS}]"),
-                        default=None, metavar="N",
-                        help="threads of the native CPU kernels, the calling one included "
-                        "(default: MLXPROG_NATIVE_THREADS, else the usable cores)")
-
-
-#: The model settings of :func:`~mlxprog.llm.load` that flags give: their
-#: parameter (and ``argparse`` dest) -> the flag.
-SETTING_FLAGS = {"chat_template": "--chat-template", "extra_eos_tokens": "--extra-eos-token",
-                 "kv_bits": "--kv-bits", "kv_group_size": "--kv-group-size",
-                 "kv_recent": "--kv-recent", "max_kv_size": "--max-kv-size", "keep": "--kv-keep",
-                 "adapter_path": "--adapter-path", "draft_model": "--draft-model"}
-
-
-def _adapter_option(parser: argparse.ArgumentParser) -> None:
-    """``--adapter-path``, for every command that loads a model: a LoRA
-    adapter fused into its weights (``adapter_path`` of
-    :func:`~mlxprog.llm.load`)."""
-    parser.add_argument("--adapter-path", default=None, metavar="DIR",
-                        help="a LoRA adapter directory (mlx-lm's adapters.safetensors or "
-                        "PEFT's adapter_model.safetensors, with adapter_config.json) fused "
-                        "into the model's weights as it loads")
-
-
-def _model_settings(parser: argparse.ArgumentParser) -> None:
-    """The flags of :func:`~mlxprog.llm.load`'s model settings, for the
-    commands that render chats and generate (:data:`SETTING_FLAGS`)."""
-    parser.add_argument("--chat-template", default=None, metavar="TEMPLATE",
-                        help="a Jinja chat template in place of the model's: the template "
-                        "itself (any text with {{ or {%%}) or a file holding it")
-    parser.add_argument("--extra-eos-token", dest="extra_eos_tokens", action="append",
-                        default=[], metavar="TEXT",
-                        help="a token, given as its text (such as '<|im_end|>'), that ends "
-                        "generation as the model's EOS does (repeatable)")
-    _kv_cache_settings(parser)
-    parser.add_argument("--max-kv-size", type=_at_least(2), default=None, metavar="N",
-                        help="a rotating KV cache of N tokens: the first --kv-keep and the most "
-                        "recent ones, so generation goes on past N and past --max-length "
-                        "(prompts must fit in N; default: no bound)")
-    parser.add_argument("--kv-keep", dest="keep", type=_at_least(0), default=None, metavar="N",
-                        help="the first tokens the rotating cache always keeps (default 4; "
-                        "needs --max-kv-size)")
-    parser.add_argument("--draft-model", default=None, metavar="PATH",
-                        help="a smaller model with the same vocabulary to draft tokens with "
-                        "(speculative decoding; generations draft with it unless --draft or "
-                        "a request's draft field says otherwise)")
-
-
-def _kv_cache_settings(parser: argparse.ArgumentParser) -> None:
-    """The quantized KV cache's flags (``kv_bits``, ``kv_group_size``,
-    ``kv_recent`` of :func:`~mlxprog.llm.load`), for the commands that run a
-    model's cache."""
-    parser.add_argument("--kv-bits", type=_number(int, lambda v: v in (4, 8), "4 or 8"),
-                        default=None, metavar="BITS",
-                        help="store the KV cache's keys and values quantized to 4 or 8 bits "
-                        "(default: float32)")
-    parser.add_argument("--kv-group-size", type=_number(int, lambda v: v in (32, 64, 128),
-                                                        "32, 64 or 128"),
-                        default=None, metavar="N",
-                        help="features sharing one scale and bias in the quantized KV cache "
-                        "(default 32 with 4 bits, 64 with 8; needs --kv-bits)")
-    parser.add_argument("--kv-recent", dest="kv_recent", type=_at_least(0), default=None,
-                        metavar="N",
-                        help="the last N tokens' keys and values the quantized KV cache also "
-                        "keeps in float, read unrounded by each query (default 16, 0: none; "
-                        "needs --kv-bits)")
 
 
 def _settings_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -310,7 +289,7 @@ def _settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _setting_flags() -> Iterator[None]:
-    """Report a bad model setting (:class:`~mlxprog.llm.config.SettingError`,
+    """Report a bad model setting (:class:`~mlxprog.llm.SettingError`,
     raised as the model loads) as a bad flag: exit status 2, naming the flag
     instead of the parameter."""
     try:
@@ -342,111 +321,6 @@ def _load(args: argparse.Namespace, model: str | None, **options: Any) -> LLM:
         return load(model, numerics=args.numerics, **_settings_of(args), **options)
 
 
-def _sampling_options(parser: argparse.ArgumentParser) -> None:
-    """The flags of the sampling attributes (:class:`~mlxprog.llm.Sampling`)."""
-    parser.add_argument("--temp", dest="temperature", metavar="TEMP", default=0.0,
-                        type=_number(float, lambda v: v >= 0, ">= 0"),
-                        help="temperature (0: greedy)")
-    parser.add_argument("--top-p", metavar="P", default=1.0,
-                        type=_number(float, lambda v: 0 < v <= 1, "in (0, 1]"),
-                        help="nucleus sampling mass")
-    parser.add_argument("--top-k", metavar="K", type=_at_least(1), default=None,
-                        help="keep the k most likely tokens (default: all)")
-    parser.add_argument("--min-p", metavar="P", default=0.0,
-                        type=_number(float, lambda v: 0 <= v < 1, "in [0, 1)"),
-                        help="keep tokens at least this times as likely as the best")
-
-
-def _generation_flags(parser: argparse.ArgumentParser) -> None:
-    """The generation flags beyond sampling, for the commands that generate."""
-    parser.add_argument("--system-prompt", metavar="TEXT",
-                        help="a system message before the conversation")
-    parser.add_argument("--seed", metavar="N", default=0,
-                        type=_number(int, lambda v: 0 <= v < 2**64,
-                                     "a non-negative integer below 2**64"),
-                        help="sampling seed")
-    parser.add_argument("--repetition-penalty", metavar="PENALTY", default=None,
-                        type=_number(float, lambda v: v > 0, "> 0"),
-                        help="make recent tokens less likely (mlx-lm's rule; default: off)")
-    parser.add_argument("--repetition-context-size", metavar="N", type=_at_least(1),
-                        default=20, help="how many recent tokens the repetition penalty counts")
-    parser.add_argument("--draft", type=_choice(DRAFTS), default=None,
-                        metavar="{" + ",".join(DRAFTS) + "}",
-                        help="speculative decoding: prompt-lookup drafts tokens from n-grams "
-                        "of the prompt and the reply (no second model), model from "
-                        "--draft-model, none decodes plainly (default: model with "
-                        "--draft-model, else none); the output stays the same")
-    parser.add_argument("--num-draft-tokens", type=_number(int, lambda v: 1 <= v <= MAX_DRAFT_TOKENS,
-                                                           f"in [1, {MAX_DRAFT_TOKENS}]"),
-                        default=DEFAULT_DRAFT_TOKENS, metavar="N",
-                        help="the most drafted tokens each step verifies")
-    parser.add_argument("--prompt-lookup-ngram", type=_number(
-                            int, lambda v: 1 <= v <= MAX_LOOKUP_NGRAM, f"in [1, {MAX_LOOKUP_NGRAM}]"),
-                        default=DEFAULT_LOOKUP_NGRAM, metavar="N",
-                        help="the longest n-gram prompt lookup matches")
-
-
-def _number(kind: type, accept: Callable[[Any], bool], requirement: str) -> Callable[[str], Any]:
-    """An argparse ``type=``: the flag's text as a ``kind`` (int or float)
-    that ``accept`` holds for; argparse reports anything else as
-    ``argument --flag: must be {requirement}, got {text}`` and exits with
-    status 2. NaN fails every comparison, so it is never accepted."""
-    expected = "an integer" if kind is int else "a number"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not accept(value):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
-        return value
-
-    return parse
-
-
-def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
-    """An argparse ``type=`` for one of ``choices``, reported as the numeric
-    flags are: ``argument --flag: must be one of a, b, got c`` (exit status 2)."""
-
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text}")
-        return text
-
-    return parse
-
-
-def _at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type=`` for an integer of at least ``low``."""
-    return _number(int, lambda v: v >= low, f"at least {low}")
-
-
-def _text(what: str) -> Callable[[str], str]:
-    """An argparse ``type=`` for a non-empty string (``what`` it is)."""
-
-    def parse(text: str) -> str:
-        if not text:
-            raise argparse.ArgumentTypeError(f"{what} must not be empty")
-        return text
-
-    return parse
-
-
-def _origins(text: str) -> list[str]:
-    """An argparse ``type=`` for ``--allowed-origins``: comma-separated
-    origins (``scheme://host[:port]``, as browsers send them: no path) or ``*``."""
-    origins = [o.strip() for o in text.split(",") if o.strip()]
-    for origin in origins:
-        if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin):
-            raise argparse.ArgumentTypeError(
-                f"{origin!r} is not an origin such as https://example.com:8443 (a scheme and "
-                "a host, no path), or *")
-    if not origins:
-        raise argparse.ArgumentTypeError("no origin given")
-    return origins
-
-
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt a ``generate`` command line gives: ``--prompt TEXT``,
     ``--prompt -`` (stdin) or ``--prompt-file FILE``. What is read from stdin
@@ -476,14 +350,14 @@ def read_text(path: str | None, what: str, where: str) -> str:
 def _generation_options(args: argparse.Namespace) -> GenerationOptions:
     """The generation options given by a command's flags (validated before the
     model loads); the options it has no flags for keep their defaults."""
-    from . import GenerationOptions
-
     given = vars(args)
     names = [f.name for f in dataclasses.fields(GenerationOptions) if f.init]
     return GenerationOptions(**{name: given[name] for name in names if name in given})
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    """Stream a completion of PROMPT, then print a stats line. The default
+    model is SmolLM2-135M-Instruct (installed on first use)."""
     import mlx.core as mx
 
     options = _generation_options(args)
@@ -587,6 +461,8 @@ def _single_process(command: str) -> None:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    """An interactive chat that keeps the conversation; an empty line or
+    end of input quits, /reset starts over."""
     from . import Chat
 
     _single_process("chat")
@@ -639,6 +515,10 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    """Write prefill.json, decode.json, decode_loop.json and
+    manifest.json; the weights stay in the model file and bind to the
+    programs' captures by name. With --world-size N, each rank's
+    tensor-parallel programs go to rank0/ ... rank<N-1>/."""
     from . import export, load
 
     sampling = _generation_options(args).sampling
@@ -654,6 +534,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serve an LLM over an OpenAI-compatible HTTP API:
+    /v1/chat/completions and /v1/completions (streaming or not),
+    /v1/embeddings, /v1/models, /health, /metrics. Requests are decoded
+    together in one batch; Ctrl-C stops the server. See docs/serving.md."""
     # Imported here: the ASGI stack is needed only by this command.
     from .server import serve
 
@@ -670,6 +554,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
+    """Print the model's perplexity on FILE (its text tokenized as it is,
+    no chat template): the exponential of the mean negative log-likelihood
+    of each token after the ones before it. Texts longer than
+    --segment-length tokens are scored in overlapping segments. See
+    docs/llm.md."""
     from .perplexity import perplexity
 
     _single_process("perplexity")
@@ -680,20 +569,24 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     # Loaded by load, as generate's model is, so that -m takes an exported
     # directory too (perplexity() itself loads model files only).
     llm = _load(args, model)
-    result = perplexity(llm, text, window=args.window, stride=args.stride, chunk=args.chunk)
+    result = perplexity(llm, text, segment_length=args.segment_length, stride=args.stride,
+                        chunk=args.chunk)
     if args.json:
-        fields = ("perplexity", "nll", "tokens", "numerics", "window", "stride", "chunk",
+        fields = ("perplexity", "nll", "tokens", "numerics", "segment_length", "stride", "chunk",
                   "seconds")
         print(json.dumps({name: getattr(result, name) for name in fields}))
     else:
         print(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens (nll "
-              f"{result.nll:.4f} nats/token; numerics {result.numerics}, window "
-              f"{result.window}, stride {result.stride}, chunk {result.chunk}; "
+              f"{result.nll:.4f} nats/token; numerics {result.numerics}, segment length "
+              f"{result.segment_length}, stride {result.stride}, chunk {result.chunk}; "
               f"{result.seconds:.1f} s)")
     return 0
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
+    """Print one JSON array per input on stdout: the model's final hidden
+    states pooled over the input's tokens (texts tokenized as they are, no
+    chat template), of norm 1 unless --no-normalize. See docs/llm.md."""
     from .generate import EmbeddingInputError
 
     _single_process("embed")

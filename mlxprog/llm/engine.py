@@ -43,13 +43,14 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
 import mlx.core as mx
 
+from ..errors import ModelError
 from .cache import common_prefix
-from .config import ModelError
 from .programs import DecodeInputs, LogitsOutputs, PrefillInputs, VerifyInputs
 from .speculative import Draft, Drafter, drafter_for, judge
 
 if TYPE_CHECKING:
-    from .generate import LLM, GenerationOptions
+    from .compiled import CompiledModel
+    from .options import GenerationOptions
 
 FINISH_REASONS = ("eos", "stop", "length", "cancelled")
 
@@ -176,7 +177,7 @@ class Request:
     ``cancel()`` may be called from any thread; the engine drops the row at
     its next step."""
 
-    def __init__(self, llm: LLM, ids: Sequence[int], options: GenerationOptions,
+    def __init__(self, llm: CompiledModel, ids: Sequence[int], options: GenerationOptions,
                  prompt_cache: CacheStore | None = None):
         self.ids = list(ids)
         if not self.ids:
@@ -262,7 +263,7 @@ class Request:
                           self.stats(), list(self.logprobs), self.cache_full)
 
     # -- picking ---------------------------------------------------------------
-    def pick(self, llm: LLM, logits: mx.array) -> tuple[mx.array, ...]:
+    def pick(self, llm: CompiledModel, logits: mx.array) -> tuple[mx.array, ...]:
         """Dispatch the pick of the next token from ``logits [1, V]``; the
         picked token becomes the one fed next."""
         token, self.key, *rest = llm.picker(self.picking)(logits, self.key, self.history)
@@ -350,7 +351,7 @@ class Engine:
     ``max_batch`` rows run or prefill at once (the programs' batch dim
     allows 64)."""
 
-    def __init__(self, llm: LLM, max_batch: int = 64, prefill_chunk: int | None = None):
+    def __init__(self, llm: CompiledModel, max_batch: int = 64, prefill_chunk: int | None = None):
         if not 1 <= max_batch <= 64:
             raise ModelError(f"max_batch must be in [1, 64], got {max_batch}")
         if prefill_chunk is not None and prefill_chunk < 1:
@@ -438,7 +439,7 @@ class Engine:
         (tokens, padded length): at most ``prefill_chunk`` tokens each,
         padded on the right to a bucket length (prompts of nearby lengths
         share one trace and its compiled kernels), none past the cache's
-        last slot (:attr:`LLM.cache_slots <mlxprog.llm.LLM.cache_slots>`)."""
+        last slot (:attr:`~mlxprog.llm.compiled.CompiledModel.cache_slots`)."""
         step = tokens if self.prefill_chunk is None else self.prefill_chunk
         chunks, at = [], start
         while at < start + tokens:
@@ -703,8 +704,8 @@ class Engine:
 
     def _make_room(self, tokens: int = 1) -> None:
         """Make the caches ``offset + tokens`` slots or more wide (the next
-        multiple of ``cache_step``, at most :attr:`LLM.cache_slots
-        <mlxprog.llm.LLM.cache_slots>`: a rotating cache then rotates)."""
+        multiple of ``cache_step``, at most :attr:`CompiledModel.cache_slots
+        <mlxprog.llm.compiled.CompiledModel.cache_slots>`: a rotating cache then rotates)."""
         llm = self.llm
         if self.offset + 1 > llm.cache_slots:
             self._trim()  # each row has room, so some slots are padding everywhere
@@ -739,7 +740,7 @@ def prefill_bucket(n: int) -> int:
     return _round_up(n, 32 if n <= 512 else 256)
 
 
-def run(llm: LLM, requests: Iterable[Request]) -> Iterator[tuple[Request, Piece]]:
+def run(llm: CompiledModel, requests: Iterable[Request]) -> Iterator[tuple[Request, Piece]]:
     """Generate ``requests`` together (joining as rows free up); yield
     ``(request, piece)`` as tokens are read. Closed early, or left by an
     exception (a Ctrl-C), it cancels the rows still running: they leave the

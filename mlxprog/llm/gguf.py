@@ -14,9 +14,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..ggml.gguf_file import open_gguf
+from ..errors import ModelError
+from ..ggml.gguf_file import metadata_value, open_gguf
 from ..ggml.tensors import float_tensor, read_tensors
-from .config import Checkpoint, ModelError, metadata_value
+from .checkpoint import Checkpoint
 from .models import family_for_gguf
 from .models.base import GGUFMetadata, load_checkpoint_tensors
 from .tokenizer import Tokenizer

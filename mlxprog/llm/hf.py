@@ -9,14 +9,17 @@ tensors) stay quantized.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
+from ..errors import ModelError
 from ..runtime.binding import weights_file_problem
-from .config import Checkpoint, ModelConfig, ModelError, read_json_object
+from .checkpoint import Checkpoint
+from .config import ModelConfig
 from .models import family_for_model_type, family_of
 from .models.base import HFConfig, load_checkpoint_tensors
 from .tokenizer import Tokenizer
@@ -57,3 +60,16 @@ def config_from_hf(raw: Mapping[str, Any], tokenizer: Tokenizer | None = None) -
     supplies BOS/EOS ids the config does not give."""
     family = family_for_model_type(raw.get("model_type"))
     return family.config_from_hf(HFConfig(raw, tokenizer))
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (a model's or an adapter's
+    config); a :class:`ModelError` naming the file if it cannot be read or
+    holds anything but an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: cannot read JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ModelError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..errors import ModelError
 from .adapters import apply_adapter, load_adapter
-from .config import Checkpoint, ModelError
+from .checkpoint import Checkpoint
 from .gguf import load_gguf
 from .hf import load_hf
 

@@ -6,12 +6,12 @@ prefill (the model's embedding, layers, final norm and head, from
 log-probability of the token that follows it there; the perplexity is the
 exponential of their negated mean.
 
-Long texts are split into **segments** of at most ``window`` tokens, each
-started from an empty KV cache; a segment starts ``stride`` tokens after the
-previous one and scores only the tokens the previous one did not, so every
-scored token after the first segment sees at least ``window - stride`` tokens
-of context (Hugging Face's strided perplexity). With ``window`` at least the
-text's length (the default, up to the model's context length) there is one
+Long texts are split into **segments** of at most ``segment_length`` tokens,
+each started from an empty KV cache; a segment starts ``stride`` tokens after
+the previous one and scores only the tokens the previous one did not, so every
+scored token after the first segment sees at least ``segment_length - stride``
+tokens of context (Hugging Face's strided perplexity). With ``segment_length``
+at least the text's length (the default, up to the model's context length) there is one
 segment and every token sees the whole text before it. Within a segment the
 tokens go through the program in **chunks** of ``chunk`` tokens, each
 attending to the chunks before it through the KV cache, so the logits held
@@ -35,14 +35,17 @@ from typing import Sequence, Union
 
 import mlx.core as mx
 
+from ..arrays import is_int
 from ..builder import ProgramBuilder
+from ..errors import ModelError
 from ..format.program import Program
 from ..runtime.executable import Executable
 from .cache import CacheLayout
-from .config import Checkpoint, ModelError, is_int, resolve_numerics
+from .checkpoint import Checkpoint
 from .generate import LLM
 from .model_files import load_checkpoint
 from .models import family_of
+from .options import resolve_numerics
 from .programs import declare_caches
 from .spec import ModelSpec
 
@@ -54,8 +57,8 @@ class Perplexity:
     """The result of :func:`perplexity`: ``perplexity`` (``exp(nll)``), the
     mean negative log-likelihood ``nll`` in nats per scored token, the number
     of ``tokens`` scored (the text's tokens but the first, and the first of
-    each segment when ``stride == window``), the ``numerics``, ``window``,
-    ``stride`` and ``chunk`` used, the wall-clock ``seconds`` the scoring
+    each segment when ``stride == segment_length``), the ``numerics``,
+    ``segment_length``, ``stride`` and ``chunk`` used, the wall-clock ``seconds`` the scoring
     took, and each scored token's log-probability (``logprobs``, in text
     order)."""
 
@@ -63,7 +66,7 @@ class Perplexity:
     nll: float
     tokens: int
     numerics: str
-    window: int
+    segment_length: int
     stride: int
     chunk: int
     seconds: float
@@ -92,8 +95,8 @@ def build_scoring(spec: ModelSpec, chunk: int, cache_length: int,
     b.dim("B", min=1, max=1)
     kv = kv or CacheLayout.of(c)
     if kv.rotating:
-        raise ModelError("perplexity scores in windows of --window tokens; it takes no "
-                         "rotating cache (max_kv_size)")
+        raise ModelError("perplexity scores in segments of --segment-length tokens; it takes "
+                         "no rotating cache (max_kv_size)")
     model = family_of(c).decoder(b, spec, spec.shard(), numerics, kv)
     tokens = b.input("tokens", ["B", chunk], "int32")
     targets = b.input("targets", ["B", chunk], "int32")
@@ -120,7 +123,7 @@ Model = Union[LLM, Checkpoint, str, Path, None]
 
 
 def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None = None,
-               window: int | None = None, stride: int | None = None,
+               segment_length: int | None = None, stride: int | None = None,
                chunk: int = DEFAULT_CHUNK, native: bool | None = None) -> Perplexity:
     """The perplexity of ``model`` on ``text`` (a string, tokenized as it is
     with the model's tokenizer, no chat template; or token ids).
@@ -129,10 +132,10 @@ def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None 
     and, unless ``numerics`` is given, its numerics), a
     :class:`~mlxprog.llm.Checkpoint`, or a model file or directory (None:
     the default model), loaded with ``native`` and ``numerics`` (see
-    :func:`~mlxprog.llm.load`). ``window`` is the most tokens a segment holds
-    (default: the whole text, up to the model's context length), ``stride``
-    how far each segment starts after the previous one (default: half the
-    window), ``chunk`` the tokens per program call (see the module
+    :func:`~mlxprog.llm.load`). ``segment_length`` is the most tokens a
+    segment holds (default: the whole text, up to the model's context
+    length), ``stride`` how far each segment starts after the previous one
+    (default: half the segment length), ``chunk`` the tokens per program call (see the module
     docstring). Bad values raise :class:`~mlxprog.llm.ModelError` naming them.
     """
     llm = _llm(model, numerics, native)
@@ -142,27 +145,28 @@ def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None 
     if len(ids) < 2:
         raise ModelError(f"perplexity needs a text of at least 2 tokens, got {len(ids)}")
     context = llm.config.context_length
-    window = min(len(ids), context) if window is None else window
-    if not is_int(window) or not 2 <= window <= context:
-        raise ModelError(f"window must be an integer in [2, {context}] (the model's context "
-                         f"length), got {window!r}")
-    stride = max(window // 2, 1) if stride is None else stride
-    if not is_int(stride) or not 1 <= stride <= window:
-        raise ModelError(f"stride must be an integer in [1, window {window}], got {stride!r}")
+    length = min(len(ids), context) if segment_length is None else segment_length
+    if not is_int(length) or not 2 <= length <= context:
+        raise ModelError(f"segment_length must be an integer in [2, {context}] (the model's "
+                         f"context length), got {length!r}")
+    stride = max(length // 2, 1) if stride is None else stride
+    if not is_int(stride) or not 1 <= stride <= length:
+        raise ModelError(f"stride must be an integer in [1, segment_length {length}], "
+                         f"got {stride!r}")
     if not is_int(chunk) or chunk < 1:
         raise ModelError(f"chunk must be a positive integer, got {chunk!r}")
 
-    # A segment of `window` tokens runs its first window - 1 through the
+    # A segment of `length` tokens runs its first length - 1 through the
     # program (the last is only a target); caches of whole chunks.
-    chunk = min(chunk, window - 1)
-    cache_length = -(-(window - 1) // chunk) * chunk
+    chunk = min(chunk, length - 1)
+    cache_length = -(-(length - 1) // chunk) * chunk
     start = time.perf_counter()
     score = llm.compile(build_scoring(llm.spec, chunk, cache_length, numerics,
                                       llm.cache_layout))
     logprobs: list[float] = []
     scored_to = 1  # the first token has no prediction
     for begin in range(0, len(ids), stride):
-        end = min(begin + window, len(ids))
+        end = min(begin + length, len(ids))
         first = max(scored_to, begin + 1)
         logprobs += _score_segment(score, llm, ids[begin:end], chunk, cache_length)[
             first - begin - 1:]
@@ -170,7 +174,7 @@ def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None 
         if end == len(ids):
             break
     nll = -math.fsum(logprobs) / len(logprobs)
-    return Perplexity(math.exp(nll), nll, len(logprobs), numerics, window, stride, chunk,
+    return Perplexity(math.exp(nll), nll, len(logprobs), numerics, length, stride, chunk,
                       time.perf_counter() - start, logprobs)
 
 

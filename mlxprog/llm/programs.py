@@ -74,11 +74,11 @@ from dataclasses import dataclass, field, fields
 from itertools import islice
 from typing import Any, Generic, Sequence, TypeVar
 
-from ..arrays import name_of
+from ..arrays import is_int, name_of
 from ..builder import ProgramBuilder, Value
+from ..errors import ModelError
 from ..format.program import Program
 from .cache import CacheLayout
-from .config import ModelError, is_int
 from .models import family_of
 from .models.base import Decoder
 from .spec import ModelSpec

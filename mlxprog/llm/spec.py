@@ -19,8 +19,10 @@ from typing import Literal
 
 import mlx.core as mx
 
-from ..arrays import name_of
-from .config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization, is_int
+from ..arrays import is_int, name_of
+from ..errors import ModelError
+from .checkpoint import Checkpoint, GGMLQuantization, Quantization
+from .config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -31,26 +31,13 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import mlx.core as mx
 
+from ..errors import ModelError, SettingError
 from ..ops.sampling import RepetitionPenaltyAttrs, SampleAttrs, filter_logits, repetition_penalty
-from .config import ModelError, SettingError
 from .programs import DecodeInputs, LogitsOutputs, Picking, PrefillInputs, VerifyInputs
 
 if TYPE_CHECKING:
-    from .generate import LLM
+    from .compiled import CompiledModel
 
-#: The drafting methods a generation can ask for (``draft``): ``"prompt-lookup"``
-#: (n-grams of the sequence itself) and ``"model"`` (the draft model the LLM
-#: was loaded with), or ``"none"`` (plain decoding).
-DRAFTS = ("prompt-lookup", "model", "none")
-#: The drafts a step verifies by default and at most: on the CPU each
-#: drafted token costs about a third of a decode step to verify, and longer
-#: drafts are kept less often (on the benchmark's copy prompts 2 to 3 drafts
-#: gave the most, 5 less).
-DEFAULT_DRAFT_TOKENS = 3
-MAX_DRAFT_TOKENS = 16
-#: The longest n-gram prompt lookup matches, by default and at most.
-DEFAULT_LOOKUP_NGRAM = 3
-MAX_LOOKUP_NGRAM = 8
 #: Prompt lookup pauses when fewer than this share of its drafted tokens
 #: were accepted over its last :data:`LOOKUP_WINDOW` drafted tokens: a
 #: verify step of k + 1 tokens costs more than a decode step (on the CPU
@@ -184,15 +171,15 @@ class PromptLookup:
 
 
 class DraftModel:
-    """Drafting with a smaller model of the same vocabulary (``draft``, an
-    :class:`~mlxprog.llm.LLM`): ``num_draft_tokens`` decode steps of it a
+    """Drafting with a smaller model of the same vocabulary (``draft``, a
+    :class:`~mlxprog.llm.compiled.CompiledModel`): ``num_draft_tokens`` decode steps of it a
     round, each token picked by ``picking``'s sampling (greedy: its argmax;
     otherwise drawn from its tempered, filtered distribution, which
     :func:`judge` needs). Its KV cache holds one sequence; after a round it
     keeps the tokens the target kept and catches up on the rest (one or two
     tokens) in the next round's first step."""
 
-    def __init__(self, draft: LLM, num_draft_tokens: int, picking: Picking):
+    def __init__(self, draft: CompiledModel, num_draft_tokens: int, picking: Picking):
         self.llm = draft
         self.num_draft_tokens = num_draft_tokens
         self.sampling = picking.sampling
@@ -286,7 +273,7 @@ def _bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def drafter_for(llm: LLM, draft: str | None, num_draft_tokens: int, max_ngram: int,
+def drafter_for(llm: CompiledModel, draft: str | None, num_draft_tokens: int, max_ngram: int,
                 picking: Picking) -> Drafter | None:
     """The drafter a request asks for: ``draft`` ``"prompt-lookup"``,
     ``"model"`` (``llm``'s draft model), ``"none"``, or None (the draft model
@@ -303,8 +290,8 @@ def drafter_for(llm: LLM, draft: str | None, num_draft_tokens: int, max_ngram: i
     return DraftModel(llm.draft, num_draft_tokens, picking)
 
 
-def check_draft_model(target: LLM, draft: LLM) -> None:
-    """A :class:`~mlxprog.llm.config.SettingError` naming ``draft_model``
+def check_draft_model(target: CompiledModel, draft: CompiledModel) -> None:
+    """A :class:`~mlxprog.llm.SettingError` naming ``draft_model``
     unless ``draft`` shares ``target``'s vocabulary (its size and every
     token's text: the drafts are token ids the target reads)."""
     ours, theirs = target.config.vocab_size, draft.config.vocab_size

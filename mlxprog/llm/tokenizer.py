@@ -26,7 +26,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from .config import ModelError, SettingError, metadata_value
+from ..errors import ModelError, SettingError
+from ..ggml.gguf_file import metadata_value
 
 # GGUF token types (llama.cpp's llama_token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -263,7 +264,7 @@ class ChatTemplate:
         a string holding ``{{`` or ``{%`` is the template itself, any other
         string a file's path (a template without either tag would render
         the same text for every conversation). The template is compiled
-        here, so a syntax error is a :class:`~mlxprog.llm.config.SettingError`
+        here, so a syntax error is a :class:`~mlxprog.llm.SettingError`
         (``chat_template``) naming the file, before any model loads."""
         if isinstance(value, ChatTemplate):
             return value
@@ -285,7 +286,7 @@ class ChatTemplate:
 
     def compile(self) -> jinja2.Template:
         """The compiled template; a syntax error is a
-        :class:`~mlxprog.llm.config.SettingError` naming :attr:`source`."""
+        :class:`~mlxprog.llm.SettingError` naming :attr:`source`."""
         try:
             return _template_environment().from_string(self.text)
         except jinja2.TemplateSyntaxError as exc:
@@ -430,7 +431,7 @@ class Tokenizer:
         """A copy of this tokenizer whose :attr:`eos_token_ids` also hold the
         tokens ``texts`` name (see :meth:`token_id`), so that generation
         ends at them too; a text that is not one token is a
-        :class:`~mlxprog.llm.config.SettingError` (``extra_eos_tokens``)."""
+        :class:`~mlxprog.llm.SettingError` (``extra_eos_tokens``)."""
         if isinstance(texts, str):  # one token text, not one per character
             texts = [texts]
         ids = []
@@ -452,7 +453,7 @@ class Tokenizer:
         :meth:`ChatTemplate.of`) in place of the model's chat template,
         checked to render :data:`SAMPLE_CONVERSATION` with this tokenizer's
         BOS and EOS: a template that fails is a
-        :class:`~mlxprog.llm.config.SettingError` (``chat_template``) naming
+        :class:`~mlxprog.llm.SettingError` (``chat_template``) naming
         where it came from, raised now rather than at the first request."""
         template = ChatTemplate.of(template)
         tokenizer = copy.copy(self)

@@ -11,6 +11,7 @@ import pydantic
 import pytest
 
 import mlxprog as mp
+from mlxprog.format.program import Constant, Instruction, Ref
 
 
 def doc(**fields) -> dict:
@@ -42,17 +43,17 @@ def strict_json(text: str):
 
 @pytest.mark.parametrize("kind", ["input", "capture", "const", "result", "carry"])
 def test_ref_kind_index_and_serialisation(kind):
-    ref = mp.Ref.of(kind, 3)
+    ref = Ref.of(kind, 3)
     assert (ref.kind, ref.index) == (kind, 3)
     assert ref.model_dump() == {kind: 3}
     assert str(ref) == f"{kind} 3"
-    assert mp.Ref.parse({kind: 3}) == ref
+    assert Ref.parse({kind: 3}) == ref
 
 
 @pytest.mark.parametrize("data", [{}, {"input": 0, "result": 1}])
 def test_ref_needs_exactly_one_key(data):
     with pytest.raises(pydantic.ValidationError, match="exactly one key"):
-        mp.Ref.parse(data)
+        Ref.parse(data)
     bad = doc(instructions=[{"op": "exp", "operands": [data]}])
     assert "instruction 0 > operand 0" in format_error(bad)
 
@@ -118,8 +119,8 @@ def test_to_json_is_standard_json_with_nonfinite_strings():
 
 def test_python_nonfinite_floats_are_written_as_strings():
     prog = mp.Program(
-        constants=[mp.Constant(value=[math.nan, math.inf, -math.inf, 0.25], dtype="float32")],
-        instructions=[mp.Instruction(op="exp", operands=[mp.Ref.of("const", 0)],
+        constants=[Constant(value=[math.nan, math.inf, -math.inf, 0.25], dtype="float32")],
+        instructions=[Instruction(op="exp", operands=[Ref.of("const", 0)],
                                      attrs={"value": -math.inf})],
     )
     data = strict_json(prog.to_json())

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from llm_fixtures import smollm_path
 
+from mlxprog.errors import ModelError
+from mlxprog.ggml.gguf_file import TensorInfo, metadata_value, open_gguf
 from mlxprog.ggml.types import BY_NAME
-from mlxprog.llm.config import ModelError, metadata_value
-from mlxprog.ggml.gguf_file import TensorInfo, open_gguf
 
 # -- building files byte by byte --------------------------------------------------
 

@@ -17,8 +17,8 @@ from family_checks import PROMPT_IDS, TINY_CONFIG, load_tiny, program_logits, wr
 from mlx.utils import tree_flatten
 
 from mlxprog.cli import main
-from mlxprog.llm import LLM, SettingError, export, load, load_adapter, load_checkpoint
-from mlxprog.llm.adapters import ADAPTED
+from mlxprog.llm import LLM, SettingError, export, load, load_checkpoint
+from mlxprog.llm.adapters import ADAPTED, load_adapter
 
 tuner = pytest.importorskip("mlx_lm.tuner.utils",
                             reason="mlx-lm (test-only dependency) is not installed")

@@ -26,11 +26,13 @@ from family_checks import TINY_CONFIG, mlx_lm_model, write_checkpoint
 from llm_fixtures import mlx_lm_llama, tiny_gguf, write_hf
 
 from mlxprog.cli import main as cli_main
-from mlxprog.llm import LLM, ModelError, Quantization, load
+from mlxprog.llm import LLM, ModelError, load
+from mlxprog.llm.checkpoint import Quantization
 from mlxprog.llm.generate import EMBED_BATCH, EmbeddingInputError
-from mlxprog.llm.scheduler import APIError
+from mlxprog.llm.models import FAMILIES as MODEL_FAMILIES
 from mlxprog.llm.server import Server
 from mlxprog.llm.server.embeddings import Embedder, EmbeddingJob
+from mlxprog.llm.server.errors import APIError
 from mlxprog.llm.server.schemas import MAX_EMBEDDING_INPUTS
 
 MAX_LENGTH = 64
@@ -93,6 +95,11 @@ FAMILIES = {
                         num_hidden_layers=4, sliding_window=8, sliding_window_pattern=3,
                         query_pre_attn_scalar=24, rope_theta=1e6, rope_local_base_freq=1e4),
 }
+
+
+def test_every_family_is_in_the_table():
+    # A family added under mlxprog/llm/models/ fails here until it is in FAMILIES.
+    assert {"llama", *FAMILIES} == set(MODEL_FAMILIES)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -15,11 +15,9 @@ import pytest
 from llm_fixtures import write_gguf
 from llm_reference import KVCache, ReferenceModel
 
-from mlxprog.llm import (
-    LLM, Chat, Engine, GenerationOptions, ModelError, PromptCache, PromptCachePool, load,
-)
-from mlxprog.llm.cache import CacheLayout, common_prefix
-from mlxprog.llm.engine import PromptTooLongError, prefill_bucket
+from mlxprog.llm import LLM, Chat, GenerationOptions, ModelError, PromptCache, load
+from mlxprog.llm.cache import CacheLayout, PromptCachePool, common_prefix
+from mlxprog.llm.engine import Engine, PromptTooLongError, prefill_bucket
 
 MAX_LENGTH = 64
 PROMPT = "the quick brown fox"

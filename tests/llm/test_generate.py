@@ -30,10 +30,11 @@ from llm_reference import KVCache, ReferenceModel, greedy_generate
 import mlxprog as mp
 from mlxprog.cli import main
 from mlxprog.llm import (
-    LLM, GenerationOptions, ModelError, Quantization, Sampling, build_decode, build_decode_loop,
-    build_prefill, export, load, load_exported,
+    LLM, GenerationOptions, ModelError, Sampling, build_decode, build_decode_loop, build_prefill,
+    export, load, load_exported,
 )
 from mlxprog.llm.cache import CacheLayout
+from mlxprog.llm.checkpoint import Quantization
 from mlxprog.llm.programs import (
     DecodeInputs, DecodeLoopInputs, LogitsOutputs, LoopOutputs, PrefillInputs, StepOutputs,
 )

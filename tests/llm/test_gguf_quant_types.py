@@ -23,7 +23,8 @@ from gguf_writer import write_gguf_from_hf
 import mlxprog as mp
 from mlxprog.llm import ModelError
 from mlxprog.llm.cache import CacheLayout
-from mlxprog.llm.config import GGMLQuantization
+from mlxprog.llm.checkpoint import GGMLQuantization
+from mlxprog.llm.models import FAMILIES, family_for_model_type
 from mlxprog.llm.programs import PrefillInputs, build_prefill
 
 pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
@@ -46,6 +47,12 @@ CONFIGS = {
     "phi3": dict(TINY_CONFIG, **SIZES, model_type="phi3", hidden_act="silu",
                  partial_rotary_factor=1.0),
 }
+
+def test_every_family_is_in_the_table():
+    # A family added under mlxprog/llm/models/ fails here until it is in CONFIGS.
+    assert {family_for_model_type(c["model_type"]).name for c in CONFIGS.values()} == \
+        set(FAMILIES)
+
 
 #: The types a mixture cycles through: what llama.cpp's quantizer writes
 #: for its common file types (and the types it falls back to), then the

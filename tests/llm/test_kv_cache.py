@@ -16,10 +16,10 @@ from llm_reference import KVCache, ReferenceModel
 
 import mlxprog
 from mlxprog.cli import main as cli_main
-from mlxprog.llm import LLM, CacheLayout, Chat, GenerationOptions, ModelError, PromptCache, load
-from mlxprog.llm.cache import kv_cache_layout
+from mlxprog.errors import SettingError
+from mlxprog.llm import LLM, Chat, GenerationOptions, ModelError, PromptCache, load
+from mlxprog.llm.cache import CacheLayout, kv_cache_layout
 from mlxprog.llm.engine import PromptTooLongError
-from mlxprog.llm.config import SettingError
 from mlxprog.llm.perplexity import perplexity
 
 MAX_LENGTH = 96

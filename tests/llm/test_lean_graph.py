@@ -20,8 +20,9 @@ import pytest
 from llm_fixtures import TINY, TINY_UNEVEN, write_gguf, write_hf
 
 import mlxprog as mp
-from mlxprog.llm import ModelSpec, Quantization, build_decode, build_prefill, load_checkpoint
+from mlxprog.llm import ModelSpec, build_decode, build_prefill, load_checkpoint
 from mlxprog.llm.cache import CacheLayout
+from mlxprog.llm.checkpoint import Quantization
 from mlxprog.llm.models import model_spec
 from mlxprog.llm.programs import DecodeInputs, LogitsOutputs, PrefillInputs
 

@@ -17,8 +17,9 @@ from llm_fixtures import write_gguf
 
 from mlxprog import native
 from mlxprog.cli import main
-from mlxprog.llm import Chat, ChatTemplate, SettingError, load
+from mlxprog.llm import Chat, SettingError, load
 from mlxprog.llm.server import Server
+from mlxprog.llm.tokenizer import ChatTemplate
 
 PROMPT = "the quick brown fox"
 #: A template unlike the tiny model's own (ChatML).

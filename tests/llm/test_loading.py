@@ -21,11 +21,12 @@ from llm_fixtures import (
 from llm_reference import KVCache, ReferenceModel, greedy_generate
 
 import mlxprog as mp
-from mlxprog.llm import (
-    ModelConfig, ModelError, Quantization, Tokenizer, default_model_path, load_checkpoint,
-    load_gguf, load_hf, model_files,
-)
-from mlxprog.llm.config import infer_quantization
+from mlxprog.llm import ModelError, Tokenizer, load_checkpoint, model_files
+from mlxprog.llm.checkpoint import Quantization, infer_quantization
+from mlxprog.llm.config import ModelConfig
+from mlxprog.llm.gguf import load_gguf
+from mlxprog.llm.hf import load_hf
+from mlxprog.llm.model_files import default_model_path
 from mlxprog.llm.models import llama
 from mlxprog.llm.models.base import expand
 

@@ -16,11 +16,11 @@ from llm_fixtures import write_hf
 from mlxprog.cli import main
 from mlxprog.format.program import Program
 from mlxprog.llm import (
-    ModelError, Quantization, build_decode, build_decode_loop, build_prefill, export, load,
-    load_exported,
+    ModelError, build_decode, build_decode_loop, build_prefill, export, load, load_exported,
 )
-from mlxprog.llm.config import resolve_numerics
-from mlxprog.llm.generate import program_numerics
+from mlxprog.llm.checkpoint import Quantization
+from mlxprog.llm.compiled import program_numerics
+from mlxprog.llm.options import resolve_numerics
 from mlxprog.llm.server import Server
 
 MAX_LENGTH = 64

@@ -1,6 +1,6 @@
 """Perplexity (:mod:`mlxprog.llm.perplexity`): the scoring program against the
 plain-MLX reference model on tiny checkpoints (whole texts, chunks, strided
-windows, bad arguments), then SmolLM2 on the shipped public-domain text in
+segments, bad arguments), then SmolLM2 on the shipped public-domain text in
 both numerics modes (skipped when the model cannot be had)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from llm_reference import KVCache, ReferenceModel
 
 from mlxprog import native
 from mlxprog.cli import main
-from mlxprog.llm import LLM, ModelError, Quantization, load
+from mlxprog.llm import LLM, ModelError, load
+from mlxprog.llm.checkpoint import Quantization
 from mlxprog.llm.perplexity import perplexity
 
 TEXT_FILE = Path(__file__).parent.parent / "data" / "declaration_constitution.txt"
@@ -50,43 +51,45 @@ def test_whole_text_matches_the_reference(tiny, chunk):
     result = perplexity(tiny, SHORT, chunk=chunk)
     expected = reference_logprobs(tiny, ids)
     np.testing.assert_allclose(result.logprobs, expected, rtol=1e-4, atol=1e-4)
-    assert (result.tokens, result.window, result.numerics) == (len(ids) - 1, len(ids), "exact")
+    assert (result.tokens, result.segment_length, result.numerics) == (len(ids) - 1, len(ids),
+                                                                   "exact")
     assert result.nll == pytest.approx(-sum(expected) / len(expected), rel=1e-4)
     assert result.perplexity == pytest.approx(math.exp(result.nll))
     # Token ids score the same as the text they encode.
     assert perplexity(tiny, ids, chunk=chunk).logprobs == result.logprobs
 
 
-@pytest.mark.parametrize("window, stride", [(16, 8), (16, 5), (12, 12)])
-def test_strided_windows_score_each_token_once_after_its_window(tiny, window, stride):
+@pytest.mark.parametrize("length, stride", [(16, 8), (16, 5), (12, 12)])
+def test_strided_segments_score_each_token_once_after_its_segment(tiny, length, stride):
     ids = tiny.tokenizer.encode(SHORT)
     expected, scored_to = [], 1
     for begin in range(0, len(ids), stride):
-        end = min(begin + window, len(ids))
+        end = min(begin + length, len(ids))
         first = max(scored_to, begin + 1)
-        # Token p is predicted from the window's tokens before it only.
+        # Token p is predicted from the segment's tokens before it only.
         expected += reference_logprobs(tiny, ids[begin:end])[first - begin - 1:]
         scored_to = end
         if end == len(ids):
             break
-    result = perplexity(tiny, ids, window=window, stride=stride, chunk=5)
+    result = perplexity(tiny, ids, segment_length=length, stride=stride, chunk=5)
     np.testing.assert_allclose(result.logprobs, expected, rtol=1e-4, atol=1e-4)
-    # Non-overlapping windows cannot score their first token.
-    segments = -(-(len(ids) - window) // stride) + 1
-    skipped = segments - 1 if stride == window else 0
+    # Non-overlapping segments cannot score their first token.
+    segments = -(-(len(ids) - length) // stride) + 1
+    skipped = segments - 1 if stride == length else 0
     assert result.tokens == len(ids) - 1 - skipped
-    assert (result.window, result.stride) == (window, stride)
+    assert (result.segment_length, result.stride) == (length, stride)
 
 
-def test_the_default_stride_is_half_the_window(tiny):
-    assert perplexity(tiny, SHORT, window=10).stride == 5
+def test_the_default_stride_is_half_the_segment_length(tiny):
+    assert perplexity(tiny, SHORT, segment_length=10).stride == 5
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"window": 1}, "window must be an integer in [2, "),
-    ({"window": 10**6}, "(the model's context length), got 1000000"),
-    ({"stride": 0}, "stride must be an integer in [1, window "),
-    ({"window": 8, "stride": 9}, "stride must be an integer in [1, window 8], got 9"),
+    ({"segment_length": 1}, "segment_length must be an integer in [2, "),
+    ({"segment_length": 10**6}, "(the model's context length), got 1000000"),
+    ({"stride": 0}, "stride must be an integer in [1, segment_length "),
+    ({"segment_length": 8, "stride": 9},
+     "stride must be an integer in [1, segment_length 8], got 9"),
     ({"chunk": 0}, "chunk must be a positive integer, got 0"),
     ({"numerics": "fp8"}, "numerics must be one of"),
 ])
@@ -104,12 +107,16 @@ def test_a_text_of_one_token_is_an_error(tiny):
 def test_the_cli_prints_the_perplexity(tiny, tmp_path, capsys):
     path = tmp_path / "text.txt"
     path.write_text(SHORT, encoding="utf-8")
-    expected = perplexity(tiny, SHORT, window=16)
-    assert main(["perplexity", "-m", str(tiny.checkpoint.path), str(path), "--window", "16",
-                 "--numerics", "exact"]) == 0
+    expected = perplexity(tiny, SHORT, segment_length=16)
+    assert main(["perplexity", "-m", str(tiny.checkpoint.path), str(path),
+                 "--segment-length", "16", "--numerics", "exact"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"perplexity {expected.perplexity:.4f} over {expected.tokens} tokens")
-    assert "numerics exact, window 16, stride 8, chunk 15" in out
+    assert "numerics exact, segment length 16, stride 8, chunk 15" in out
+    # --window, the flag's name before segments had their own, still sets it.
+    assert main(["perplexity", "-m", str(tiny.checkpoint.path), str(path), "--window", "16",
+                 "--numerics", "exact"]) == 0
+    assert "segment length 16, stride 8" in capsys.readouterr().out
 
 
 def test_the_cli_names_an_unreadable_file(tmp_path, capsys):
@@ -123,7 +130,7 @@ def test_the_cli_names_an_unreadable_file(tmp_path, capsys):
 # SmolLM2 on the shipped text (tests/data/README.md)
 
 #: The exact-mode perplexity of SmolLM2-135M-Instruct Q4_1 on the shipped
-#: text, measured with mlxprog's native kernels (one window, chunks of 256).
+#: text, measured with mlxprog's native kernels (one segment, chunks of 256).
 MEASURED_EXACT = 15.55
 
 

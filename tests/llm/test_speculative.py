@@ -15,11 +15,11 @@ import openai
 import pytest
 from llm_fixtures import TINY, TINY_VOCAB, smollm_path, tiny_tokenizer_metadata, write_gguf
 
-from mlxprog.llm import GenerationOptions, ModelError, PromptLookup, SettingError, load
+from mlxprog.llm import GenerationOptions, ModelError, SettingError, load
 from mlxprog.llm.cli import add_commands
 from mlxprog.llm.programs import Picking, Sampling
 from mlxprog.llm.server import Server
-from mlxprog.llm.speculative import Draft, judge
+from mlxprog.llm.speculative import Draft, PromptLookup, judge
 
 MAX_LENGTH = 96
 # Repeats, so that prompt lookup finds matches.

@@ -28,9 +28,10 @@ from llm_reference import KVCache, ReferenceModel
 
 from mlxprog.cli import main
 from mlxprog.llm import (
-    Checkpoint, ModelError, Quantization, build_decode, build_decode_loop, build_prefill, load,
+    Checkpoint, ModelError, build_decode, build_decode_loop, build_prefill, load,
     load_checkpoint, load_exported,
 )
+from mlxprog.llm.checkpoint import Quantization
 from mlxprog.llm.models import model_spec
 
 MAX_LENGTH = 64

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mlxprog as mp
+from mlxprog.arrays import AVal
 from helpers import assert_close, assert_invalid, run_isolated, run_op
 
 RNG = np.random.default_rng(11)
@@ -191,7 +192,7 @@ def test_invalid(op, operands, attrs, message):
 
 def test_maxpool_conv_example():
     prog = mp.Program.load(EXAMPLE)
-    assert mp.validate(prog).out_avals == [mp.AVal((1, 4, 4, 4), mx.float32)]
+    assert mp.validate(prog).out_avals == [AVal((1, 4, 4, 4), mx.float32)]
     x, w = _data((1, 8, 8, 3), (4, 3, 3, 3))
     bias = RNG.standard_normal(4).astype(np.float32)
     weights = {"conv_weight": mx.array(w), "conv_bias": mx.array(bias)}

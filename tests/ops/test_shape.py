@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import mlxprog as mp
+from mlxprog.arrays import AVal
 from helpers import assert_close, assert_invalid, one_op_program, run_op
 
 FAST = settings(max_examples=25, deadline=None)
@@ -38,7 +39,7 @@ def test_attrs_validate_without_operands(op, attrs):
     # op's check rule sees the operands.
     spec = mp.lookup(op)
     validated = spec.attrs.model_validate(attrs)
-    avals = [mp.AVal((2, 3, 4), mx.float32), mp.AVal((), mx.float32)][: spec.operand_range()[0]]
+    avals = [AVal((2, 3, 4), mx.float32), AVal((), mx.float32)][: spec.operand_range()[0]]
     with pytest.raises(ValueError):
         spec.check(avals, validated)
 

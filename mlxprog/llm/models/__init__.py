@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..config import Checkpoint, ModelConfig, ModelError
+from ...errors import ModelError
+from ..checkpoint import Checkpoint
+from ..config import ModelConfig
 from ..spec import ModelSpec
 from .base import Family, splits
 

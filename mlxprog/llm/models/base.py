@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 import mlx.core as mx
 
+from ...arrays import is_int
+from ...errors import ModelError
 from ...ggml import types as ggml_types
+from ...ggml.gguf_file import metadata_value
 from ..cache import CacheLayout, LayerCache
-from ..config import Checkpoint, GGMLQuantization, ModelConfig, ModelError, Quantization
-from ..config import infer_quantization
-from ..config import is_int, metadata_value
+from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
+from ..config import ModelConfig
 from ..spec import ModelSpec, Shard, Split
 
 if TYPE_CHECKING:

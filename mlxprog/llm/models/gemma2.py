@@ -8,7 +8,7 @@ MLP (GELU's tanh approximation), grouped-query attention scaled by
 (``cap * tanh(s / cap)``), the logits soft-capped too, the embeddings
 scaled by ``sqrt(hidden_size)`` and tied to the head. Even layers attend
 over a sliding window of ``sliding_window`` tokens, the odd ones over the
-whole context (Hugging Face's Gemma 2; mlx-lm's ignores the window).
+whole context (Hugging Face's Gemma 2; mlx-lm's ignores the sliding window).
 
 Every norm scales by ``1 + w``: the Hugging Face weights get the one added
 at load (:data:`~.base.PLUS_ONE`, in their stored dtype as mlx-lm adds
@@ -20,7 +20,7 @@ A sliding window is a mask over the full-length cache (``kv_cache_sdpa_update``'
 ``window``: a query at slot p sees slots p - window < j <= p), so the cache
 layout, prompt caches and batches are those of every family: a row's
 tokens sit in consecutive slots, left padding or a cached prefix included,
-so a window over slots is the window over its positions.
+so a sliding window over slots is the one over its positions.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ..config import ModelConfig, ModelError
+from ...errors import ModelError
+from ..config import ModelConfig
 from .base import PLUS_ONE, Family, GGUFMetadata, HFConfig, Weight
 from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf
 
@@ -170,32 +171,33 @@ class Gemma2Family(Family):
 
     def config_from_hf(self, hf: HFConfig) -> GemmaConfig:
         """Gemma 2 ``config.json``; Hugging Face's defaults (soft-caps 50
-        and 30, a null one off; window 4096 on even layers); RoPE scaling
+        and 30, a null one off; sliding window 4096 on even layers); RoPE scaling
         none or linear."""
         fields = hf_gemma_fields(hf)
         n = fields["num_layers"]
-        window = hf.integer("sliding_window", 4096)
+        sliding_window = hf.integer("sliding_window", 4096)
         scale, _ = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
                                         allowed=("default", "linear"))
         return GemmaConfig(
             **fields, family=self.name, rope_scale=scale,
             attn_softcap=optional_number(hf, "attn_logit_softcapping", 50.0),
             final_softcap=optional_number(hf, "final_logit_softcapping", 30.0),
-            sliding_window=positive(window, "config.json: sliding_window"),
+            sliding_window=positive(sliding_window, "config.json: sliding_window"),
             sliding_layers=hf_sliding_layers(hf, n, [i % 2 == 0 for i in range(n)]))
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> GemmaConfig:
         """Gemma 2 GGUF metadata, with llama.cpp's defaults (soft-caps 50
-        and 30, window 4096 on even layers) and attention scale."""
+        and 30, sliding window 4096 on even layers) and attention scale."""
         fields = gguf_gemma_fields(gguf, self.name)
-        window = int(gguf.get("attention.sliding_window", 4096))
+        sliding_window = int(gguf.get("attention.sliding_window", 4096))
         return GemmaConfig(
             **fields, family=self.name, query_scale=gguf_query_scale(fields, big_layers=46),
             attn_softcap=positive(float(gguf.get("attn_logit_softcapping", 50.0)),
                                   "GGUF metadata: gemma2.attn_logit_softcapping"),
             final_softcap=positive(float(gguf.get("final_logit_softcapping", 30.0)),
                                    "GGUF metadata: gemma2.final_logit_softcapping"),
-            sliding_window=positive(window, "GGUF metadata: gemma2.attention.sliding_window"),
+            sliding_window=positive(sliding_window,
+                                    "GGUF metadata: gemma2.attention.sliding_window"),
             sliding_layers=tuple(i % 2 == 0 for i in range(fields["num_layers"])))
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
@@ -210,7 +212,7 @@ class GemmaDecoder(LlamaDecoder):
     settings and the capped logits."""
 
     # The fused attention block and whole-layer op take no attention scale,
-    # soft-cap or window, and have no place for the post-norms.
+    # soft-cap or sliding window, and have no place for the post-norms.
     fused_attention = False
     c: GemmaConfig
 
@@ -235,7 +237,7 @@ class GemmaDecoder(LlamaDecoder):
 
     def attention_settings(self, i: int) -> dict[str, Any]:
         """The attention scale, the scores' soft-cap and, on a sliding
-        layer, the window."""
+        layer, the sliding window."""
         c = self.c
         return dict(scale=c.query_scale, softcap=c.attn_softcap,
                     window=c.sliding_window if c.sliding_layers[i] else None)

@@ -12,17 +12,20 @@ mlx-lm's Gemma 3 does in every dtype. The logits are capped only where
 ``final_logit_softcapping`` is set (Hugging Face's; no released Gemma 3
 sets it).
 
-llama.cpp reads a GGUF's window but fixes the rest: every sixth layer
+llama.cpp reads a GGUF's sliding window but fixes the rest: every sixth layer
 global, the local base 10000, and the attention scale by model size
 (:func:`~.gemma2.gguf_query_scale`).
 """
 
 from __future__ import annotations
 
+from ...errors import ModelError
 from ..config import ModelConfig
 from .base import PLUS_ONE, Family, GGUFMetadata, HFConfig, Weight
-from .gemma2 import (WEIGHTS, GemmaConfig, GemmaDecoder, gguf_gemma_fields, gguf_query_scale,
-                     hf_gemma_fields, hf_sliding_layers, optional_number, positive)
+from .gemma2 import (
+    WEIGHTS, GemmaConfig, GemmaDecoder, gguf_gemma_fields, gguf_query_scale, hf_gemma_fields,
+    hf_sliding_layers, optional_number, positive,
+)
 from .llama import rope_scaling_from_hf
 from .qwen3 import Qwen3Decoder
 
@@ -51,7 +54,7 @@ class Gemma3TextFamily(Family):
 
     def config_from_hf(self, hf: HFConfig) -> GemmaConfig:
         """Gemma 3 ``config.json``, with Hugging Face's defaults (global
-        theta 1e6, local 1e4, window 4096, pattern 6); RoPE scaling none or
+        theta 1e6, local 1e4, sliding window 4096, pattern 6); RoPE scaling none or
         linear, on the global layers. ``attn_logit_softcapping`` is ignored,
         as Hugging Face's Gemma 3 and mlx-lm's ignore it."""
         fields = hf_gemma_fields(hf)
@@ -71,16 +74,16 @@ class Gemma3TextFamily(Family):
             embed_scale_dtype="bfloat16")
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> GemmaConfig:
-        """Gemma 3 GGUF metadata as llama.cpp reads it: no window (every
-        layer global) without ``gemma3.attention.sliding_window``; the
-        window layers by ``attention.sliding_window_pattern`` (a period n:
-        layer i slides when ``i % n < n - 1``, n 0 all of them; or one bool
-        per layer), by default every sixth layer global; the local RoPE base
+        """Gemma 3 GGUF metadata as llama.cpp reads it: no sliding window
+        (every layer global) without ``gemma3.attention.sliding_window``; the
+        sliding-window layers by ``attention.sliding_window_pattern`` (a
+        period n: layer i slides when ``i % n < n - 1``, n 0 all of them; or
+        one bool per layer), by default every sixth layer global; the local RoPE base
         ``rope.freq_base_swa``, by default 10000; the logits capped where
         ``gemma3.final_logit_softcapping`` is set."""
         fields = gguf_gemma_fields(gguf, self.name)
         n = fields["num_layers"]
-        window = int(gguf.get("attention.sliding_window", 0)) or None
+        sliding_window = int(gguf.get("attention.sliding_window", 0)) or None
         cap = float(gguf.get("final_logit_softcapping", 0.0)) or None
         pattern = gguf.get("attention.sliding_window_pattern", GGUF_PATTERN)
         if isinstance(pattern, list):
@@ -95,8 +98,9 @@ class Gemma3TextFamily(Family):
         return GemmaConfig(
             **fields, family=self.name, query_scale=gguf_query_scale(fields, big_layers=62),
             final_softcap=positive(cap, "GGUF metadata: gemma3.final_logit_softcapping"),
-            sliding_window=positive(window, "GGUF metadata: gemma3.attention.sliding_window"),
-            sliding_layers=tuple(window is not None and s for s in sliding),
+            sliding_window=positive(sliding_window,
+                                    "GGUF metadata: gemma3.attention.sliding_window"),
+            sliding_layers=tuple(sliding_window is not None and s for s in sliding),
             local_rope_theta=float(gguf.get("rope.freq_base_swa", GGUF_LOCAL_ROPE_THETA)))
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:

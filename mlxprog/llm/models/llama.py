@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ..config import GGMLQuantization, ModelConfig, ModelError, Quantization
+from ...errors import ModelError
+from ..checkpoint import GGMLQuantization, Quantization
+from ..config import ModelConfig
 from ..spec import (COLUMNS_BY_HEADS, COLUMNS_BY_INTERMEDIATE, ROWS_BY_HEADS,
                     ROWS_BY_INTERMEDIATE, ROWS_BY_KV_HEADS)
 from .base import Decoder, Family, GGUFMetadata, HFConfig, Weight
@@ -132,13 +134,15 @@ def rope_scaling_from_hf(hf: HFConfig, theta: float, head_dim: int,
 
 
 def reject_sliding_window(hf: HFConfig, context: int) -> None:
-    """A family without sliding-window attention refuses a window shorter
-    than the context it would run (Mistral v0.1 declares one; later Mistral
-    and Qwen2 leave it off or at the context)."""
-    window = hf.get("sliding_window", None) if hf.get("use_sliding_window", True) else None
-    if window is not None and window < context:
-        raise ModelError(f"config.json: sliding_window {window} (< max_position_embeddings "
-                         f"{context}) is not supported by the {hf.model_type} family")
+    """A family without sliding-window attention refuses a sliding window
+    shorter than the context it would run (Mistral v0.1 declares one; later
+    Mistral and Qwen2 leave it off or at the context)."""
+    sliding_window = (hf.get("sliding_window", None) if hf.get("use_sliding_window", True)
+                      else None)
+    if sliding_window is not None and sliding_window < context:
+        raise ModelError(f"config.json: sliding_window {sliding_window} (< "
+                         f"max_position_embeddings {context}) is not supported by the "
+                         f"{hf.model_type} family")
 
 
 class LlamaFamily(Family):

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from ..config import ModelConfig, ModelError
+from ...errors import ModelError
+from ..config import ModelConfig
 from .base import Family, GGUFMetadata, HFConfig, Rows, Weight
 from .llama import LlamaDecoder, decoder_weights
 

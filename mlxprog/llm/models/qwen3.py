@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import ModelConfig, ModelError
+from ...errors import ModelError
+from ..config import ModelConfig
 from .base import Family, GGUFMetadata, HFConfig, Weight
 from .llama import LlamaDecoder, decoder_weights, reject_sliding_window, rope_scaling_from_hf
 
@@ -47,8 +48,9 @@ class Qwen3Family(Family):
         # Qwen3 has one.
         hf.reject("attention_bias", "projection biases")
         fields = hf.common()
-        # Unlike Mistral's, Qwen3's window is off unless use_sliding_window
-        # turns it on (its configs often name a window they do not use).
+        # Unlike Mistral's, Qwen3's sliding window is off unless
+        # use_sliding_window turns it on (its configs often name one they do
+        # not use).
         if hf.get("use_sliding_window", False):
             reject_sliding_window(hf, fields["context_length"])
         scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],

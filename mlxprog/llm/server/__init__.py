@@ -7,10 +7,10 @@ docs/serving.md for the fields and the behaviour.
 
 Two threads share the work. uvicorn runs the Starlette app on one asyncio
 event loop: a handler (:mod:`.routes`) validates a request (:mod:`.schemas`),
-submits a :class:`~mlxprog.llm.scheduler.Job` to the
-:class:`~mlxprog.llm.scheduler.Scheduler` and awaits the job's pieces,
+submits a :class:`~mlxprog.llm.server.scheduler.Job` to the
+:class:`~mlxprog.llm.server.scheduler.Scheduler` and awaits the job's pieces,
 which it renders as OpenAI's answers (:mod:`.rendering`, :mod:`.responses`).
-The scheduler's thread runs the model (see :mod:`mlxprog.llm.scheduler`);
+The scheduler's thread runs the model (see :mod:`mlxprog.llm.server.scheduler`);
 embeddings run on a third thread, beside it (:mod:`.embeddings`).
 Rows leave the batch when they finish or when their client goes away.
 
@@ -43,13 +43,17 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from ...errors import ProgramError
-from ..generate import DEFAULT_MAX_LENGTH, LLM, load
-from ..scheduler import (DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, DEFAULT_PREFILL_CHUNK,
-                         DEFAULT_PROMPT_CACHE_SIZE, Scheduler)
+from ..generate import LLM
+from ..loading import load
+from ..options import ModelOptions
 from .connections import Connection, Guard, default_max_connections
 from .embeddings import Embedder
 from .middleware import CORS, AccessLog, APIKey, log
 from .routes import Endpoints
+from .scheduler import (
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, DEFAULT_PREFILL_CHUNK, DEFAULT_PROMPT_CACHE_SIZE,
+    Scheduler,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -311,23 +315,21 @@ def model_name(llm: LLM) -> str:
 
 
 def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-          max_length: int = DEFAULT_MAX_LENGTH, max_batch: int = DEFAULT_MAX_BATCH,
+          *, options: ModelOptions | None = None, max_batch: int = DEFAULT_MAX_BATCH,
           prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE,
           prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_waiting: int = DEFAULT_MAX_WAITING,
-          model_id: str | None = None, native: bool | None = None,
-          numerics: str | None = None, api_key: str | None = None,
+          model_id: str | None = None, api_key: str | None = None,
           allowed_origins: Sequence[str] = (), shutdown_grace: float = SHUTDOWN_GRACE,
-          chat_template: str | Path | None = None, extra_eos_tokens: Sequence[str] = (),
-          kv_bits: int | None = None, kv_group_size: int | None = None,
-          max_kv_size: int | None = None, keep: int | None = None,
-          adapter_path: str | Path | None = None,
-          draft_model: str | Path | None = None, kv_recent: int | None = None) -> None:
-    """Load ``model`` (see :func:`~mlxprog.llm.load` for ``native``,
-    ``numerics``, ``chat_template``, ``extra_eos_tokens``, the KV cache's
-    ``kv_bits``, ``kv_group_size``, ``kv_recent``, ``max_kv_size`` and ``keep``, the
-    LoRA adapter ``adapter_path`` and the speculative ``draft_model``) and serve it
+          adapter_path: str | Path | None = None, draft_model: str | Path | None = None,
+          **overrides: Any) -> None:
+    """Load ``model`` under ``options`` (:class:`~mlxprog.llm.ModelOptions`,
+    and/or keyword arguments named as its fields: the KV cache's length and
+    settings, ``native``, ``numerics``, ``chat_template``,
+    ``extra_eos_tokens``), with the LoRA adapter ``adapter_path`` and the
+    speculative ``draft_model`` (see :func:`~mlxprog.llm.load`), and serve it
     until Ctrl-C or SIGTERM, logging one line per request on stderr (see
     :class:`Server` for the other settings)."""
+    options = ModelOptions.given(options, overrides)
     # Checked before the model loads, which takes a while.
     _check_settings(api_key, list(allowed_origins), shutdown_grace, REQUEST_TIMEOUT,
                     WRITE_TIMEOUT, None)
@@ -339,11 +341,7 @@ def serve(model: str | Path | None = None, host: str = DEFAULT_HOST, port: int =
         log.setLevel(logging.INFO)
         log.propagate = False
     try:
-        llm = load(model, max_length=max_length, native=native, numerics=numerics,
-                   chat_template=chat_template, extra_eos_tokens=extra_eos_tokens,
-                   kv_bits=kv_bits, kv_group_size=kv_group_size, max_kv_size=max_kv_size,
-                   keep=keep, adapter_path=adapter_path, draft_model=draft_model,
-                   kv_recent=kv_recent)
+        llm = load(model, options=options, adapter_path=adapter_path, draft_model=draft_model)
         Server(llm, model_id=model_id, max_batch=max_batch, prompt_cache_size=prompt_cache_size,
                prefill_chunk=prefill_chunk, max_waiting=max_waiting, api_key=api_key,
                allowed_origins=allowed_origins, shutdown_grace=shutdown_grace).run(host, port)

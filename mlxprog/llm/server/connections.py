@@ -12,7 +12,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..scheduler import APIError
+from .errors import APIError
 from .middleware import AccessLog
 from .responses import error_response
 

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..generate import LLM, EmbeddingInput, EmbeddingInputError
-from ..scheduler import RETRY_AFTER, SHUTTING_DOWN, APIError
+from .errors import RETRY_AFTER, SHUTTING_DOWN, APIError
 
 log = logging.getLogger("mlxprog.serve")
 
@@ -41,7 +41,7 @@ class Embeddings:
 class EmbeddingJob:
     """One ``/v1/embeddings`` request on its way through the :class:`Embedder`:
     its inputs and pooling, and the future its answer (or an
-    :class:`~mlxprog.llm.scheduler.APIError`) arrives on. A job cancelled
+    :class:`~mlxprog.llm.server.errors.APIError`) arrives on. A job cancelled
     before the thread reaches it is skipped."""
 
     def __init__(self, inputs: list[EmbeddingInput], pooling: str,

@@ -12,7 +12,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..scheduler import APIError
+from .errors import APIError
 from .responses import error_response
 
 #: The server's logger: one line per request (``serve`` shows it on stderr).

@@ -9,8 +9,9 @@ from typing import Any, AsyncIterator
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..scheduler import APIError, Job
+from .errors import APIError
 from .rendering import Output
+from .scheduler import Job
 
 
 def json_bytes(data: Any) -> bytes:

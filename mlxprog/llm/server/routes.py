@@ -1,5 +1,5 @@
 """The server's endpoints: a handler validates a request, submits a
-:class:`~mlxprog.llm.scheduler.Job` to the scheduler and awaits the job's
+:class:`~mlxprog.llm.server.scheduler.Job` to the scheduler and awaits the job's
 pieces, answering as OpenAI does (one JSON object, or server-sent chunks);
 errors of every kind are answered in OpenAI's shape."""
 
@@ -21,12 +21,14 @@ from starlette.routing import Route
 from starlette.types import Receive
 
 from ..engine import Piece
-from ..generate import LLM, GenerationOptions, Prompt
-from ..scheduler import APIError, Job, Scheduler
+from ..generate import LLM, Prompt
+from ..options import GenerationOptions
 from .embeddings import Embedder, EmbeddingJob
+from .errors import APIError
 from .metrics import prometheus_text
 from .rendering import Output, TokenText, usage
 from .responses import EventStream, error_response, event, json_response
+from .scheduler import Job, Scheduler
 from .schemas import (
     ChatCompletionBody, CompletionBody, EmbeddingBody, GenerationBody, invalid, shown,
 )
@@ -214,7 +216,7 @@ class Endpoints:
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def stats(self) -> dict[str, float]:
-        """The scheduler's :meth:`~mlxprog.llm.scheduler.Scheduler.stats`
+        """The scheduler's :meth:`~mlxprog.llm.server.scheduler.Scheduler.stats`
         and the embedder's :meth:`~mlxprog.llm.server.embeddings.Embedder.stats`."""
         return {**self.scheduler.stats(), **self.embedder.stats()}
 

@@ -12,13 +12,13 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config import ModelError
-from ..generate import MAX_TOP_LOGPROBS, GenerationOptions
-from ..programs import POOLINGS
-from ..scheduler import APIError
-from ..speculative import (
+from ...errors import ModelError
+from ..options import (
     DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
+    MAX_TOP_LOGPROBS, GenerationOptions,
 )
+from ..programs import POOLINGS
+from .errors import APIError
 
 #: OpenAI's default temperature; 0 is greedy.
 DEFAULT_TEMPERATURE = 1.0

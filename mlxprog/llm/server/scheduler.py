@@ -1,12 +1,13 @@
 """The server's scheduling: a :class:`Job` is one generation on its way
 through the server, and the :class:`Scheduler`'s thread runs the model for
-all of them (see :mod:`mlxprog.llm.server` for the HTTP side).
+all of them (the HTTP side is the rest of :mod:`mlxprog.llm.server`).
 
 The scheduler's thread owns the :class:`~mlxprog.llm.engine.Engine` (whose
 methods must all be called from one thread) and a
 :class:`~mlxprog.llm.PromptCachePool`; it hands every piece to the event
-loop that awaits it with ``call_soon_threadsafe``. An :class:`APIError` is
-an OpenAI-style error, which a job's client receives instead of pieces.
+loop that awaits it with ``call_soon_threadsafe``. An
+:class:`~mlxprog.llm.server.errors.APIError` is an OpenAI-style error, which
+a job's client receives instead of pieces.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any
 
 import mlx.core as mx
 
-from .cache import PromptCachePool
-from .config import ModelError
-from .engine import SIZE_FLAGS, Engine, Piece, PromptTooLongError, Request
-from .generate import LLM, GenerationOptions, Prompt
+from ...errors import ModelError
+from ..cache import PromptCachePool
+from ..engine import SIZE_FLAGS, Engine, Piece, PromptTooLongError, Request
+from ..generate import LLM, Prompt
+from ..options import GenerationOptions
+from .errors import RETRY_AFTER, SHUTTING_DOWN, APIError
 
 DEFAULT_MAX_BATCH = 8
 DEFAULT_PROMPT_CACHE_SIZE = 8
@@ -33,8 +35,6 @@ DEFAULT_PROMPT_CACHE_SIZE = 8
 DEFAULT_PREFILL_CHUNK = 128
 #: Jobs that may wait for a row before the server answers 503.
 DEFAULT_MAX_WAITING = 64
-#: The ``Retry-After`` seconds of a 503 for a full queue.
-RETRY_AFTER = 1
 #: Prompt lengths the scheduler prefills before it serves (their prefill
 #: buckets 8 to 128 tokens, and a second cache width), greedy; the shortest
 #: also with OpenAI's default temperature and two of them together: the
@@ -42,33 +42,8 @@ RETRY_AFTER = 1
 #: :meth:`Scheduler.warm_up`).
 WARM_UP_PROMPTS = (5, 12, 28, 60, 120, 250)
 WARM_UP_TEMPERATURE = 1.0
-#: The ``code`` of the error a job gets when the server stops before its end.
-SHUTTING_DOWN = "server_shutting_down"
 
 log = logging.getLogger("mlxprog.serve")
-
-
-class APIError(Exception):
-    """A request answered with an OpenAI-style error body: ``status`` (4xx: the
-    request's fault, 5xx: the server's), ``message``, the request field it is
-    about (``param``), the error ``type`` and ``code``, and HTTP ``headers``
-    its response carries (``Retry-After``, say)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.headers = dict(headers or {})
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
-
-    def body(self) -> dict[str, Any]:
-        """``{"error": {message, type, param, code}}``."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
 
 
 class Job:
