@@ -105,7 +105,7 @@ class CacheLayout:
     is that many tokens, the first ``keep`` and the most recent ones, in
     ``max_kv_size + 1`` slots (:meth:`Decoder.forward
     <mlxprog.llm.models.base.Decoder.forward>`).
-    Values out of range are a :class:`~mlxprog.llm.config.SettingError`
+    Values out of range are a :class:`~mlxprog.errors.SettingError`
     naming the parameter."""
 
     num_layers: int
@@ -287,7 +287,7 @@ class CacheLayout:
 
     def check(self, caches: Sequence[mx.array], n: int) -> None:
         """That ``caches`` hold ``n`` slots of this layout (one row); a
-        :class:`~mlxprog.llm.config.ModelError` names the array that does
+        :class:`~mlxprog.errors.ModelError` names the array that does
         not."""
         names = self.array_names()
         if len(caches) != len(names):
@@ -368,7 +368,7 @@ def kv_cache_layout(num_layers: int, num_kv_heads: int, head_dim: int, max_lengt
     :data:`DEFAULT_KV_RECENT` with ``kv_bits``, ``keep`` to
     :data:`DEFAULT_KEEP` (at most ``max_kv_size - 1``) with ``max_kv_size``,
     which must leave the spare slot a rotating cache writes to within
-    ``max_length``. Bad values raise :class:`~mlxprog.llm.config.SettingError`
+    ``max_length``. Bad values raise :class:`~mlxprog.errors.SettingError`
     naming the parameter."""
     if kv_bits is not None and kv_group_size is None:
         # An unknown kv_bits (the layout names it) leaves no default.
@@ -404,7 +404,7 @@ class PromptCache:
     ``layout`` three arrays each, see :meth:`CacheLayout.array_names`), or is
     empty when nothing is cached yet. A saved file records the layout, and
     loading it for a model whose cache has another (another quantization or
-    bound included) is a :class:`~mlxprog.llm.config.ModelError`.
+    bound included) is a :class:`~mlxprog.errors.ModelError`.
 
     Make one with :meth:`LLM.prompt_cache <mlxprog.llm.LLM.prompt_cache>` (empty)
     or :meth:`LLM.cache_prompt <mlxprog.llm.LLM.cache_prompt>` (a prefilled

@@ -22,7 +22,7 @@ left-padded: ``rope_offset`` (one start position per row) and ``key_mask``
 
 Each program's inputs and outputs are declared once, as dataclasses whose
 field order is the program order (the ``caches`` field stands for the KV
-cache's arrays, which its :class:`~mlxprog.llm.CacheLayout` names and
+cache's arrays, which its :class:`~mlxprog.llm.cache.CacheLayout` names and
 declares: ``k_cache.i``/``v_cache.i`` per layer for a float cache): the
 builders declare the inputs and outputs from them, and
 :class:`~mlxprog.llm.LLM` calls the executables by input name and reads
@@ -35,7 +35,7 @@ Inputs (:class:`PrefillInputs`, :class:`DecodeInputs`, :class:`DecodeLoopInputs`
   tokens after it are padding), ``rope_offset [B]``, ``cache_offset []`` (the
   slot of the first token: 0 for a whole prompt, the length of a cached
   prefix otherwise), ``key_mask [B, S]``, ``key [2]``, then the caches
-  (:meth:`CacheLayout.program_names <mlxprog.llm.CacheLayout.program_names>`).
+  (:meth:`CacheLayout.program_names <mlxprog.llm.cache.CacheLayout.program_names>`).
 - decode: ``tokens [B]``, ``rope_offset [B]``, ``cache_offset []``,
   ``key_mask [B, S]``, ``key [2]``, then the caches (``cache_offset < S``).
 - decode loop: as decode plus ``max_new []``; a ``while`` loop runs decode
@@ -125,7 +125,7 @@ class ProgramValues(Generic[A]):
     A subclass is a frozen dataclass whose field order is the program order.
     Each field holds one value, except ``caches``: a tuple of the KV cache's
     arrays in program order (:meth:`CacheLayout.program_names
-    <mlxprog.llm.CacheLayout.program_names>`: ``k_cache.0, v_cache.0,
+    <mlxprog.llm.cache.CacheLayout.program_names>`: ``k_cache.0, v_cache.0,
     k_cache.1, ...`` for a float cache). The fields hold builder Values
     while a program is built and arrays when it runs.
     """
@@ -177,9 +177,9 @@ class ProgramValues(Generic[A]):
 
 def declare_caches(b: ProgramBuilder, kv: CacheLayout, slots: int | str) -> tuple[Value, ...]:
     """Declare the cache inputs of layout ``kv`` on ``b`` in program order
-    (:meth:`CacheLayout.program_names <mlxprog.llm.CacheLayout.program_names>`),
+    (:meth:`CacheLayout.program_names <mlxprog.llm.cache.CacheLayout.program_names>`),
     ``[B, ...]`` of ``slots`` slots each (:meth:`CacheLayout.slot_specs
-    <mlxprog.llm.CacheLayout.slot_specs>`: the layout's KV heads, which are
+    <mlxprog.llm.cache.CacheLayout.slot_specs>`: the layout's KV heads, which are
     the rank's in a split model)."""
     return tuple(b.input(name, ["B", *shape[1:]], name_of(dtype))
                  for name, (shape, dtype) in zip(kv.program_names(), kv.slot_specs(slots)))
@@ -342,7 +342,7 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
     (``"exact"``: MLX's float numerics; ``"int8"``: 8-bit activations and
     integer dot products, see the ``quantized_matmul`` op). ``kv`` is the KV
     cache's layout (None: float32, unbounded; see
-    :class:`~mlxprog.llm.CacheLayout`): a quantized cache's keys and values
+    :class:`~mlxprog.llm.cache.CacheLayout`): a quantized cache's keys and values
     are three arrays each, a rotating one has ``max_kv_size + 1`` slots (see
     :meth:`Decoder.forward <mlxprog.llm.models.base.Decoder.forward>`)."""
     b, model = _builder(spec, "prefill", max_length, max_batch, world_size, rank, numerics,
@@ -462,7 +462,7 @@ def build_embed(spec: ModelSpec, max_length: int, pooling: str = "mean",
     row's embedding does not depend on the others in its batch. The
     quantized matmuls are exact, as the prefill's (a row per token: int8
     activations would save nothing; see
-    :func:`~mlxprog.llm.generate.program_numerics`). ``world_size`` and
+    :func:`~mlxprog.llm.compiled.program_numerics`). ``world_size`` and
     ``rank`` as in :func:`build_prefill` (every rank ends with the whole
     hidden states)."""
     if pooling not in POOLINGS:

@@ -612,7 +612,7 @@ class Decoder:
                cache: LayerCache, **settings: Any) -> tuple[Value, LayerCache]:
         """q, k, v [B, heads, T, D] (q and k rotated) written into the
         layer's ``cache`` (its arrays as the cache ops take them,
-        :meth:`CacheLayout.layers <mlxprog.llm.CacheLayout.layers>`) at
+        :meth:`CacheLayout.layers <mlxprog.llm.cache.CacheLayout.layers>`) at
         ``cache_offset`` and attended by the layout's op
         (``kv_cache_sdpa_update``, or ``quantized_kv_cache_sdpa_update``
         where the cache is quantized; settings: the op's ``scale``,
@@ -629,7 +629,7 @@ class Decoder:
         """Every layer on the embedded tokens ``h`` [B, T, hidden], then the
         final norm: the normed hidden states and each layer's new cache
         (``caches``: each layer's, :meth:`CacheLayout.layers
-        <mlxprog.llm.CacheLayout.layers>`)."""
+        <mlxprog.llm.cache.CacheLayout.layers>`)."""
         raise NotImplementedError
 
     def logits(self, sb, h: Value) -> Value:
@@ -646,7 +646,7 @@ class Decoder:
         (program order, as ``caches``).
 
         :meth:`trunk` takes the caches by layer (:meth:`CacheLayout.layers
-        <mlxprog.llm.CacheLayout.layers>`). With a rotating cache (capacity
+        <mlxprog.llm.cache.CacheLayout.layers>`). With a rotating cache (capacity
         ``max_kv_size`` W, ``keep``), ``cache_offset`` counts every slot
         written so far, and the caches have W + 1 slots once it reaches W:
         from then on a decode step writes its token into the spare slot W
