@@ -487,12 +487,13 @@ def _rebased(schema: Any, base: str, data: bool = False) -> Any:
 
 
 def _text_or_calls(tools: Sequence[Tool], parallel: bool) -> str:
-    """The Lark grammar of a reply under the generic syntax: text that does
-    not start with ``{``, or a generic call whose arguments fit."""
+    """The Lark grammar of a reply under the generic syntax: text whose
+    first non-blank character is no ``{``, or a generic call whose
+    arguments fit (starting with its ``{``)."""
     schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE},
               **_calls_schema(tools, parallel)}
     return ("start: TEXT | calls\n"
-            "TEXT: /[^{](.|\\n)*/\n"
+            "TEXT: /\\s*[^{\\s](.|\\n)*/\n"
             f"calls: %json {json.dumps(schema, ensure_ascii=False)}\n")
 
 
@@ -506,12 +507,13 @@ class ToolCallStream:
     end of the reply. Text that may start a call is held back until it is
     known: a possible start of a call marker (``<tool_call>``,
     ``[TOOL_CALLS]``, ``<|python_tag|>``), or a reply whose first non-blank
-    character is ``{`` or ``[`` (the JSON syntaxes: ``llama3``, ``json``,
-    ``generic``). Hermes calls come out as each ``</tool_call>`` arrives,
-    the others at the end. What turns out not to be a valid call of one of
-    ``tools`` is content after all; line breaks next to ``<tool_call>``
-    tags are not content. Content and calls are the same however the reply
-    is cut into pieces."""
+    character is ``{`` or ``[`` (``llama3`` and ``json``: an object per
+    call, or a list of them) or ``{`` (``generic``: only
+    ``{"tool_calls": [...]}``, the form its constraint makes). Hermes calls
+    come out as each ``</tool_call>`` arrives, the others at the end. What
+    turns out not to be a valid call of one of ``tools`` is content after
+    all; blanks next to ``<tool_call>`` tags are not content. Content and
+    calls are the same however the reply is cut into pieces."""
 
     def __init__(self, syntax: str, tools: Sequence[Tool]):
         if syntax not in SYNTAXES:
@@ -521,7 +523,9 @@ class ToolCallStream:
         self._marker = _MARKERS.get(syntax)
         self._held = ""         # text not yet known to be content or calls
         self._calling = False   # whether the held text starts with a call
-        self._at_start = syntax in ("llama3", "json", "generic")  # a JSON reply may start
+        # The characters that start a JSON reply of calls ("" for none).
+        self._json_start = {"llama3": "{[", "json": "{[", "generic": "{"}.get(syntax, "")
+        self._at_start = bool(self._json_start)
         self._after_call = False  # whether a Hermes call just ended (blanks follow it)
         self._done = False
 
@@ -585,7 +589,7 @@ class ToolCallStream:
         content = ""
         if not self._calling and self._at_start:
             stripped = self._held.lstrip()
-            if stripped and stripped[0] in "{[":
+            if stripped and stripped[0] in self._json_start:
                 self._calling = True
             elif stripped:
                 self._at_start = False
@@ -616,6 +620,12 @@ class ToolCallStream:
         tools."""
         if self.syntax == "mistral":
             return self._mistral(text.removeprefix(_MISTRAL_CALLS))
+        if self.syntax == "generic":  # only the form the constraint makes
+            value = _json_value(text)
+            if not isinstance(value, Mapping) or set(value) != {"tool_calls"} or \
+                    not isinstance(value["tool_calls"], list):
+                return None
+            return self._all_calls(value["tool_calls"])
         values = _json_values(text.removeprefix(_LLAMA_TAG) if self.syntax == "llama3" else text)
         if values is None:
             return None

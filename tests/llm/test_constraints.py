@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llm_fixtures import smollm_path
+from llm_fixtures import smollm_tokenizer
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers
 
 from mlxprog.errors import ModelError
-from mlxprog.ggml.gguf_file import open_gguf
 from mlxprog.llm import Tokenizer
 from mlxprog.llm.constraints import (
     JSON_WHITESPACE, Constraint, ConstraintError, ConstraintVocabulary, LogitBias, MaskBatch,
@@ -42,8 +41,7 @@ _SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, dat
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    with open_gguf(smollm_path()) as model:
-        return Tokenizer.from_gguf_metadata(model.metadata)
+    return smollm_tokenizer()
 
 
 @pytest.fixture(scope="module")
