@@ -145,11 +145,11 @@ class Constraint:
         """Exactly one of the strings ``options``."""
         if isinstance(options, str) or not isinstance(options, Sequence) or not options:
             raise ConstraintError(field, "expected a non-empty list of strings, got "
-                                  f"{_shown(options)}")
+                                  f"{shown(options)}")
         for i, option in enumerate(options):
             if not isinstance(option, str) or not option:
                 raise ConstraintError(f"{field}[{i}]", "a choice must be a non-empty string, "
-                                      f"got {_shown(option)}")
+                                      f"got {shown(option)}")
         return cls("choice", json.dumps(list(options), ensure_ascii=False), field)
 
     @classmethod
@@ -159,7 +159,7 @@ class Constraint:
         llama.cpp's GBNF (a ``root ::=`` rule), told apart as llguidance
         does."""
         if not isinstance(text, str) or not text.strip():
-            raise ConstraintError(field, f"expected a grammar text, got {_shown(text)}")
+            raise ConstraintError(field, f"expected a grammar text, got {shown(text)}")
         return cls("grammar", text, field)
 
     @classmethod
@@ -173,7 +173,7 @@ class Constraint:
         if value is None:
             return None
         if not isinstance(value, Mapping):
-            raise ConstraintError(field, f"expected an object, got {_shown(value)}")
+            raise ConstraintError(field, f"expected an object, got {shown(value)}")
         kind = value.get("type")
         if kind == "text":
             return None
@@ -183,17 +183,17 @@ class Constraint:
             return cls.json_object(field)
         if kind != "json_schema":
             raise ConstraintError(f"{field}.type", "must be 'text', 'json_object' or "
-                                  f"'json_schema', got {_shown(kind)}")
+                                  f"'json_schema', got {shown(kind)}")
         spec = value.get("json_schema")
         if not isinstance(spec, Mapping):
             raise ConstraintError(f"{field}.json_schema", "is required with type "
                                   "'json_schema': an object with the schema under 'schema', got "
-                                  f"{_shown(spec)}")
+                                  f"{shown(spec)}")
         for key, kinds in (("name", str), ("description", str), ("strict", bool)):
             if spec.get(key) is not None and not isinstance(spec[key], kinds):
                 raise ConstraintError(f"{field}.json_schema.{key}", f"must be a "
                                       f"{'boolean' if kinds is bool else 'string'}, got "
-                                      f"{_shown(spec[key])}")
+                                      f"{shown(spec[key])}")
         if "schema" not in spec:
             raise ConstraintError(f"{field}.json_schema.schema", "is required")
         return cls.json_schema(spec["schema"], f"{field}.json_schema.schema")
@@ -224,8 +224,8 @@ class Constraint:
         return ConstraintState(self, vocabulary)
 
 
-def _shown(value: Any) -> str:
-    """A value as JSON cut to 60 characters (for messages)."""
+def shown(value: Any) -> str:
+    """A value a client gave, as JSON cut to 60 characters (for messages)."""
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
@@ -249,7 +249,7 @@ def _schema_text(schema: Any, field: str) -> str:
             raise ConstraintError(field, f"the schema is not valid JSON: {exc}") from None
     if not isinstance(schema, (Mapping, bool)):
         raise ConstraintError(field, f"a JSON schema is an object (or true/false), got "
-                              f"{_shown(schema)}")
+                              f"{shown(schema)}")
     try:
         return json.dumps(schema, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -284,7 +284,7 @@ def _compile(kind: str, source: str, field: str) -> str:
 def _problem(kind: str, source: str, message: str) -> str:
     """llguidance's reason for refusing a constraint, in our words."""
     if kind == "regex":
-        return f"the regex {_shown(source)} does not compile: {_regex_reason(message)}"
+        return f"the regex {shown(source)} does not compile: {_regex_reason(message)}"
     if kind == "grammar":
         return f"the grammar does not compile: {_grammar_reason(message)}"
     if kind == "choice":  # every choice is a string literal: only limits can fail
@@ -561,10 +561,14 @@ class ConstraintState:
     Each step: :meth:`apply` the mask to the step's logits (or read
     :meth:`bitmask` / :meth:`allowed`), sample, then :meth:`advance` with
     the sampled token. The mask is computed on first use after each
-    :meth:`advance` and kept for that step. When :attr:`finished`, only an
-    end-of-sequence token may follow (the engine can end the generation);
-    :attr:`accepting` says whether the output so far is a complete match,
-    so a generation cut by ``max_tokens`` is known to be incomplete."""
+    :meth:`advance` and kept for that step. Where the constraint forces the
+    next bytes, the mask allows only the first token of their canonical
+    tokenization (llguidance's rule), so forced text is tokenized as the
+    tokenizer would. End-of-sequence tokens are allowed where the output is
+    a complete match; when :attr:`finished`, nothing else is (the engine
+    can end the generation). :attr:`accepting` says whether the output so
+    far is a complete match, so a generation cut by ``max_tokens`` is known
+    to be incomplete."""
 
     def __init__(self, constraint: Constraint, vocabulary: ConstraintVocabulary):
         self.constraint = constraint
@@ -574,7 +578,11 @@ class ConstraintState:
         if self.matcher.is_error():  # a grammar that depends on the vocabulary (special tokens)
             raise ConstraintError(constraint.field, _problem(
                 constraint.kind, constraint.source, self.matcher.get_error()))
+        #: The tokens taken, an end-of-sequence token last if one was.
         self.tokens: list[int] = []
+        # llguidance stops at an end-of-sequence token without counting it
+        # as a token it can roll back: it is kept here instead.
+        self._ended = False
         self._mask: np.ndarray | None = None
 
     @property
@@ -584,17 +592,23 @@ class ConstraintState:
 
     @property
     def finished(self) -> bool:
-        """Whether nothing but an end-of-sequence token may follow (the
-        match is complete and cannot grow, or an EOS was taken)."""
-        return self.matcher.is_stopped()
+        """Whether the output can take no more tokens: an end-of-sequence
+        token was taken, or the match is complete and cannot grow (only an
+        end-of-sequence token may follow)."""
+        return self._ended or self.matcher.is_stopped()
 
     def bitmask(self) -> np.ndarray:
         """The next token's mask as int32 words (``vocabulary.words`` of
         them): token ``t`` is allowed when bit ``t % 32`` of word ``t // 32``
         is set."""
         if self._mask is None:
-            mask = np.empty(self.vocabulary.words, dtype=np.int32)
-            self.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+            mask = np.zeros(self.vocabulary.words, dtype=np.int32)
+            if self._ended:  # the output is over: it may only go on ending
+                for token in self.vocabulary.eos_token_ids:
+                    mask.view(np.uint32)[token // _WORD_BITS] |= np.uint32(
+                        1 << (token % _WORD_BITS))
+            else:
+                self.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
             self._mask = mask
         return self._mask
 
@@ -610,14 +624,19 @@ class ConstraintState:
 
     def check(self, token: int) -> str:
         """Why ``token`` may not come next ("" when it may)."""
-        mask = self._mask
-        if mask is not None:
-            if 0 <= token < self.vocabulary.size and (mask[token // _WORD_BITS]
-                                                      >> (token % _WORD_BITS)) & 1:
+        if self._ended:
+            return f"token {token} comes after the end-of-sequence token that ended the output"
+        if 0 <= token < self.vocabulary.size:
+            mask = self._mask
+            if mask is not None:
+                if (mask[token // _WORD_BITS] >> (token % _WORD_BITS)) & 1:
+                    return ""
+            elif token in self.vocabulary.eos_token_ids:
+                if self.matcher.is_accepting():
+                    return ""
+            elif self.matcher.validate_tokens([token]) == 1:
                 return ""
-        elif 0 <= token < self.vocabulary.size and self.matcher.validate_tokens([token]) == 1:
-            return ""
-        return (f"token {token} ({self._shown(token)}) does not fit the constraint after "
+        return (f"token {token} ({self._shown_token(token)}) does not fit the constraint after "
                 f"{len(self.tokens)} tokens ({self._shown_text()})")
 
     def advance(self, token: int) -> None:
@@ -628,7 +647,9 @@ class ConstraintState:
         problem = self.check(token)
         if problem:
             raise ConstraintError(self.constraint.field, problem)
-        if not self.matcher.consume_token(token):
+        if token in self.vocabulary.eos_token_ids:
+            self._ended = True
+        elif not self.matcher.consume_token(token):
             raise ConstraintError(self.constraint.field, f"llguidance failed on token {token}: "
                                   f"{_one_line(self.matcher.get_error())}")
         self.tokens.append(token)
@@ -642,20 +663,42 @@ class ConstraintState:
     def fitting_prefix(self, draft: Sequence[int]) -> int:
         """How many of the tokens ``draft`` could be taken from here on
         (leading ones): a draft is cut there before it is verified."""
-        return self.matcher.validate_tokens([int(t) for t in draft]) if len(draft) else 0
+        if self._ended:
+            return 0
+        draft = [int(t) for t in draft]
+        eos = next((i for i, t in enumerate(draft) if t in self.vocabulary.eos_token_ids),
+                   len(draft))
+        fitting = self.matcher.validate_tokens(draft[:eos]) if eos else 0
+        if fitting == eos < len(draft) and self._accepting_after(draft[:eos]):
+            fitting += 1  # the end-of-sequence token ends a complete match
+        return fitting
+
+    def _accepting_after(self, tokens: list[int]) -> bool:
+        """Whether the output would be a complete match after ``tokens``
+        (which fit)."""
+        if not tokens:
+            return self.matcher.is_accepting()
+        if not self.matcher.consume_tokens(tokens):
+            raise ConstraintError(self.constraint.field, "llguidance failed on tokens it "
+                                  f"validated: {_one_line(self.matcher.get_error())}")
+        accepting = self.matcher.is_accepting()
+        self.matcher.rollback(len(tokens))
+        return accepting
 
     def draft_bitmasks(self, draft: Sequence[int]) -> np.ndarray:
         """The masks of the ``len(draft) + 1`` positions a verify step
         scores, as int32 rows: row ``i`` allows the tokens that may follow
-        ``draft[:i]``. Past the first draft token that does not fit, rows
-        repeat the mask of its position (verification rejects that token,
-        so they are never used). The state is left as it was."""
+        ``draft[:i]``. Past the first draft token that does not fit, or an
+        end-of-sequence token, rows repeat the mask before it (verification
+        rejects that token or the output ends there, so they are never
+        used). The state is left as it was."""
         masks = np.empty((len(draft) + 1, self.vocabulary.words), dtype=np.int32)
         masks[0] = self.bitmask()
         taken = 0
         for i, token in enumerate(draft, start=1):
-            if taken == i - 1 and not self.check(int(token)) and \
-                    self.matcher.consume_token(int(token)):
+            token = int(token)
+            if taken == i - 1 and token not in self.vocabulary.eos_token_ids and \
+                    not self.check(token) and self.matcher.consume_token(token):
                 taken += 1
                 self._mask = None
                 masks[i] = self.bitmask()
@@ -673,13 +716,24 @@ class ConstraintState:
                                   f"{len(self.tokens)} were taken")
         if count == 0:
             return
-        if not self.matcher.rollback(count):
-            raise ConstraintError(self.constraint.field, f"llguidance cannot roll back {count} "
-                                  f"tokens: {_one_line(self.matcher.get_error())}")
+        in_matcher = count - 1 if self._ended else count
+        if in_matcher and not self.matcher.rollback(in_matcher):
+            raise ConstraintError(self.constraint.field, f"llguidance cannot roll back "
+                                  f"{in_matcher} tokens: {_one_line(self.matcher.get_error())}")
+        self._ended = False
         del self.tokens[len(self.tokens) - count:]
         self._mask = None
 
-    def _shown(self, token: int) -> str:
+    def _pending(self) -> bool:
+        """Whether this step's mask is still to be computed by llguidance."""
+        return self._mask is None and not self._ended
+
+    def _keep(self, mask: np.ndarray) -> None:
+        """Keep ``mask``, computed elsewhere (:class:`MaskBatch`), as this
+        step's."""
+        self._mask = mask
+
+    def _shown_token(self, token: int) -> str:
         if not 0 <= token < self.vocabulary.size:
             return f"outside the vocabulary of {self.vocabulary.size}"
         return repr(self.vocabulary.token_bytes(token).decode("utf-8", "replace"))
@@ -733,14 +787,13 @@ class MaskBatch:
             return None
         words = constrained[0][1].vocabulary.words
         masks = np.full((len(states), words), -1, dtype=np.int32)
-        todo = [(s.matcher, i) for i, s in constrained if s._mask is None]
-        if todo:
-            llguidance_numpy.fill_next_token_bitmask_par(self._executor, todo, masks)
+        pending = [(s.matcher, i) for i, s in constrained if s._pending()]
+        if pending:
+            llguidance_numpy.fill_next_token_bitmask_par(self._executor, pending, masks)
+            for _, i in pending:
+                states[i]._keep(masks[i].copy())
         for i, state in constrained:
-            if state._mask is None:
-                state._mask = masks[i].copy()
-            else:
-                masks[i] = state._mask
+            masks[i] = state.bitmask()
         return masks
 
 
@@ -765,20 +818,20 @@ class LogitBias:
             return None
         if not isinstance(value, Mapping):
             raise ConstraintError(field, f"expected an object mapping token ids to biases, got "
-                                  f"{_shown(value)}")
+                                  f"{shown(value)}")
         ids: dict[int, float] = {}
         for key, bias in value.items():
             where = f"{field}.{key}"
             token = _token_id(key)
             if token is None or not 0 <= token < vocab_size:
                 raise ConstraintError(where, f"the key must be a token id (an integer in "
-                                      f"[0, {vocab_size})), got {_shown(key)}")
+                                      f"[0, {vocab_size})), got {shown(key)}")
             if token in ids:
                 raise ConstraintError(where, f"token {token} is given twice")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
                     not -100 <= bias <= 100:
                 raise ConstraintError(where, f"the bias must be a number in [-100, 100], got "
-                                      f"{_shown(bias)}")
+                                      f"{shown(bias)}")
             ids[token] = float(bias)
         if not ids:
             return None

@@ -44,7 +44,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .constraints import JSON_WHITESPACE, Constraint, OptionError
+from .constraints import JSON_WHITESPACE, Constraint, OptionError, shown
 
 #: Tool-call syntaxes: ``hermes`` (``<tool_call>`` tags: Qwen, Hermes),
 #: ``llama3`` (JSON with ``parameters``), ``mistral`` (``[TOOL_CALLS]``),
@@ -137,20 +137,20 @@ def parse_tools(value: Any, field: str = "tools") -> tuple[Tool, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise ToolError(field, f"expected a list of tools, got {_shown(value)}")
+        raise ToolError(field, f"expected a list of tools, got {shown(value)}")
     tools, names = [], set()
     for i, item in enumerate(value):
         where = f"{field}[{i}]"
         if not isinstance(item, Mapping):
-            raise ToolError(where, f"expected a tool object, got {_shown(item)}")
+            raise ToolError(where, f"expected a tool object, got {shown(item)}")
         if item.get("type", "function") != "function":
             raise ToolError(f"{where}.type", f"only 'function' tools are supported, got "
-                            f"{_shown(item.get('type'))}")
+                            f"{shown(item.get('type'))}")
         if isinstance(item.get("function"), Mapping):
             function, where = item["function"], f"{where}.function"
         elif "function" in item:
             raise ToolError(f"{where}.function", f"expected an object, got "
-                            f"{_shown(item['function'])}")
+                            f"{shown(item['function'])}")
         else:
             function = item
         name = function.get("name")
@@ -158,20 +158,20 @@ def parse_tools(value: Any, field: str = "tools") -> tuple[Tool, ...]:
             raise ToolError(f"{where}.name", "a tool needs a name")
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
             raise ToolError(f"{where}.name", "must be 1 to 64 letters, digits, underscores or "
-                            f"dashes, got {_shown(name)}")
+                            f"dashes, got {shown(name)}")
         if name in names:
             raise ToolError(f"{where}.name", f"two tools are named {name!r}")
         names.add(name)
         description = function.get("description") or ""
         if not isinstance(description, str):
             raise ToolError(f"{where}.description", f"must be a string, got "
-                            f"{_shown(description)}")
+                            f"{shown(description)}")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, Mapping):
             raise ToolError(f"{where}.parameters", "must be a JSON schema object, got "
-                            f"{_shown(parameters)}")
+                            f"{shown(parameters)}")
         source = Constraint.json_schema(parameters, f"{where}.parameters").source
         tools.append(Tool(name, description, source))
     return tuple(tools)
@@ -190,19 +190,19 @@ def parse_tool_choice(value: Any, tools: Sequence[Tool],
     if isinstance(value, str):
         if value not in ("auto", "none", "required"):
             raise ToolError(field, f"must be 'auto', 'none', 'required' or a function, got "
-                            f"{_shown(value)}")
+                            f"{shown(value)}")
         if value == "required" and not tools:
             raise ToolError(field, "'required' needs tools: the request has none")
         return ToolChoice(value)
     if not isinstance(value, Mapping) or value.get("type") != "function":
         raise ToolError(field, "must be 'auto', 'none', 'required' or {\"type\": \"function\", "
-                        f"\"function\": {{\"name\": ...}}}}, got {_shown(value)}")
+                        f"\"function\": {{\"name\": ...}}}}, got {shown(value)}")
     if isinstance(value.get("function"), Mapping):
         name, where = value["function"].get("name"), f"{field}.function.name"
     else:
         name, where = value.get("name"), f"{field}.name"
     if not isinstance(name, str):
-        raise ToolError(where, f"expected the function's name, got {_shown(name)}")
+        raise ToolError(where, f"expected the function's name, got {shown(name)}")
     known = [t.name for t in tools]
     if name not in known:
         listed = ", ".join(map(repr, known)) if known else "none"
@@ -227,9 +227,8 @@ def tool_call_syntax(chat_template: str | None) -> str:
     """The tool-call syntax (one of :data:`SYNTAXES`) a model with this
     chat template writes, known from the tokens the template writes calls
     with; ``generic`` for a template that takes no tools."""
-    if not template_takes_tools(chat_template):
+    if chat_template is None or not template_takes_tools(chat_template):
         return "generic"
-    assert chat_template is not None
     if _HERMES_OPEN in chat_template:
         return "hermes"
     if _MISTRAL_CALLS in chat_template:
@@ -294,20 +293,15 @@ def prepare_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool],
     constraint = None
     if choice.forced:
         called = [t for t in offered if choice.mode == "required" or t.name == choice.name]
+        if not called:
+            raise ToolError("tool_choice", f"{choice.name or choice.mode!r} calls a tool, and "
+                            "none of the tools is that one")
         constraint = Constraint.json_schema(_calls_schema(called, parallel_tool_calls),
                                             "tool_choice")
         syntax = "generic"
     elif syntax == "generic" and offered:
         constraint = Constraint.grammar(_text_or_calls(offered, parallel_tool_calls), "tools")
     return ToolPrompt(rendered, kwargs, constraint, syntax, offered)
-
-
-def _shown(value: Any) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -348,22 +342,22 @@ def _history_call(call: Any, where: str) -> _Call:
     """An assistant message's ``tool_calls`` item, checked."""
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         raise ToolError(where, "expected {\"id\": ..., \"type\": \"function\", \"function\": "
-                        f"{{\"name\": ..., \"arguments\": ...}}}}, got {_shown(call)}")
+                        f"{{\"name\": ..., \"arguments\": ...}}}}, got {shown(call)}")
     if not isinstance(call.get("id"), str) or not call["id"]:
-        raise ToolError(f"{where}.id", f"a tool call needs an id, got {_shown(call.get('id'))}")
+        raise ToolError(f"{where}.id", f"a tool call needs an id, got {shown(call.get('id'))}")
     name = call["function"].get("name")
     if not isinstance(name, str) or not name:
-        raise ToolError(f"{where}.function.name", f"expected a function name, got {_shown(name)}")
+        raise ToolError(f"{where}.function.name", f"expected a function name, got {shown(name)}")
     arguments = call["function"].get("arguments", "{}")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
             raise ToolError(f"{where}.function.arguments", "is not JSON: "
-                            f"{_shown(arguments)}") from None
+                            f"{shown(arguments)}") from None
     if not isinstance(arguments, Mapping):
         raise ToolError(f"{where}.function.arguments", f"must be a JSON object, got "
-                        f"{_shown(arguments)}")
+                        f"{shown(arguments)}")
     return _Call(call["id"], name, dict(arguments))
 
 

@@ -451,6 +451,31 @@ def test_rollback_returns_to_the_earlier_masks(vocabulary, tokenizer):
         state.rollback(1)
 
 
+def test_an_end_of_sequence_token_ends_the_output_and_rolls_back(vocabulary, tokenizer):
+    (eos,) = vocabulary.eos_token_ids
+    state = Constraint.choice(["yes", "yes sir"]).start(vocabulary)
+    yes = tokenizer.encode("yes", add_special_tokens=False)
+    assert state.fitting_prefix([eos]) == 0  # not a complete match yet
+    with pytest.raises(ConstraintError, match="does not fit"):
+        state.advance(eos)
+    assert state.fitting_prefix([*yes, eos, *yes]) == len(yes) + 1
+    state.advance_all(yes)
+    assert state.accepting and not state.finished
+    assert state.allowed()[eos]
+    state.advance(eos)
+    assert state.finished and state.tokens == [*yes, eos]
+    assert np.flatnonzero(state.allowed()).tolist() == [eos]
+    assert state.fitting_prefix(yes) == 0
+    with pytest.raises(ConstraintError, match="comes after the end-of-sequence token"):
+        state.advance(yes[0])
+    state.rollback(1)  # the EOS alone: back to a complete match that may grow
+    assert state.tokens == yes and not state.finished and state.allowed()[eos]
+    state.advance_all(tokenizer.encode(" sir", add_special_tokens=False) + [eos])
+    state.rollback(len(state.tokens))
+    assert state.tokens == [] and not state.accepting
+    assert state.fitting_prefix([*yes, eos]) == len(yes) + 1
+
+
 def test_draft_masks_are_the_masks_of_each_position(vocabulary, tokenizer):
     constraint = Constraint.json_schema(SCHEMAS["array bounds"])
     state = constraint.start(vocabulary)
@@ -474,16 +499,30 @@ def test_draft_masks_are_the_masks_of_each_position(vocabulary, tokenizer):
     assert not bitmask_to_bool(masks[2], vocabulary.size)[wrong[2]]
     assert state.tokens == tokenizer.encode("[1,", add_special_tokens=False)
 
+    # Past an end-of-sequence token the rows repeat too: the output ends there.
+    (eos,) = vocabulary.eos_token_ids
+    done = draft + [eos] + draft[:2]
+    masks = state.draft_bitmasks(done)
+    assert bitmask_to_bool(masks[len(draft)], vocabulary.size)[eos]
+    assert all(np.array_equal(masks[i], masks[len(draft)]) for i in range(len(draft), len(done)))
+    assert state.fitting_prefix(done) == len(draft) + 1
+    assert state.tokens == tokenizer.encode("[1,", add_special_tokens=False)
+
 
 def test_a_batch_masks_constrained_rows_only(vocabulary, tokenizer):
     batch = MaskBatch(threads=2)
     assert batch.fill([None, None]) is None
     states = [Constraint.choice(["yes", "no"]).start(vocabulary), None,
-              Constraint.regex(REGEX).start(vocabulary)]
+              Constraint.regex(REGEX).start(vocabulary),
+              Constraint.choice(["no"]).start(vocabulary)]
+    states[3].advance_all([*tokenizer.encode("no", add_special_tokens=False),
+                           *vocabulary.eos_token_ids])
     states[0].advance(tokenizer.encode("yes", add_special_tokens=False)[0])
     states[2].advance_all(tokenizer.encode("12", add_special_tokens=False))
     masks = batch.fill(states)
-    assert masks.shape == (3, vocabulary.words)
+    assert masks.shape == (4, vocabulary.words)
+    assert np.flatnonzero(bitmask_to_bool(masks[3], vocabulary.size)).tolist() == list(
+        vocabulary.eos_token_ids)
     expected = Constraint.choice(["yes", "no"]).start(vocabulary)
     expected.advance_all(states[0].tokens)
     assert np.array_equal(masks[0], expected.bitmask())
@@ -493,7 +532,7 @@ def test_a_batch_masks_constrained_rows_only(vocabulary, tokenizer):
     assert np.array_equal(masks[2], expected.bitmask())
     # The states keep their step's mask: advancing needs no second computation.
     assert np.array_equal(states[2].bitmask(), masks[2])
-    logits = mx.zeros((3, vocabulary.size + 8))
+    logits = mx.zeros((4, vocabulary.size + 8))
     applied = np.array(apply_bitmask(logits, masks))
     assert np.isfinite(applied[1, :vocabulary.size]).all()
     assert np.array_equal(np.isfinite(applied[0, :vocabulary.size]),

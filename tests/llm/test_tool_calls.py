@@ -286,6 +286,13 @@ def test_a_template_without_tools_gets_them_described_in_the_system_message(toke
     assert alone.messages[0]["content"].startswith("You can call these tools")
 
 
+def test_a_forced_choice_needs_its_tool(tools):
+    with pytest.raises(ToolError, match="^tool_choice: 'gone' calls a tool, and none"):
+        prepare_tools(HISTORY[:2], tools[:1], ToolChoice("function", "gone"), HERMES_TEMPLATE)
+    with pytest.raises(ToolError, match="^tool_choice: 'required' calls a tool"):
+        prepare_tools(HISTORY[:2], (), ToolChoice("required"), HERMES_TEMPLATE)
+
+
 def test_tool_choice_none_offers_no_tools(tokenizer, tools):
     for template in (HERMES_TEMPLATE, tokenizer.chat_template):
         prompt = prepare_tools(HISTORY, tools, ToolChoice("none"), template)
