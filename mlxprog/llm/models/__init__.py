@@ -43,24 +43,27 @@ def supported_gguf_architectures() -> list[str]:
     return _supported("gguf_architectures")
 
 
+def _family_reading(attribute: str, value: object, what: str) -> Family:
+    """The family whose ``attribute`` (a collection of names) holds
+    ``value``; none is a :class:`ModelError` saying ``what`` was not
+    supported, listing the supported names."""
+    for family in FAMILIES.values():
+        if value in getattr(family, attribute):
+            return family
+    raise ModelError(f"{what} {value!r} is not supported (supported: "
+                     f"{', '.join(_supported(attribute))})")
+
+
 def family_for_model_type(model_type: object) -> Family:
     """The family of a ``config.json`` ``model_type``; an unknown one is a
     :class:`ModelError` listing the supported ones."""
-    for family in FAMILIES.values():
-        if model_type in family.hf_model_types:
-            return family
-    raise ModelError(f"config.json: model_type {model_type!r} is not supported (supported: "
-                     f"{', '.join(supported_model_types())})")
+    return _family_reading("hf_model_types", model_type, "config.json: model_type")
 
 
 def family_for_gguf(architecture: object) -> Family:
     """The family of a GGUF ``general.architecture``; an unknown one is a
     :class:`ModelError` listing the supported ones."""
-    for family in FAMILIES.values():
-        if architecture in family.gguf_architectures:
-            return family
-    raise ModelError(f"GGUF architecture {architecture!r} is not supported (supported: "
-                     f"{', '.join(supported_gguf_architectures())})")
+    return _family_reading("gguf_architectures", architecture, "GGUF architecture")
 
 
 def family_of(config: ModelConfig) -> Family:
