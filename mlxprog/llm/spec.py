@@ -142,6 +142,10 @@ class ModelSpec:
         # Computed here: a lazy array belongs to this thread's stream, and
         # the executables may be compiled in another (the server's).
         mx.eval(list(out.values()))
+        # The parts' own buffers, freed by fusing, would stay in MLX's cache
+        # of free buffers (a third of SmolLM2's weights) for the process's
+        # life: hand them back.
+        mx.clear_cache()
         return out
 
     def _slice(self, name: str, shard: Shard) -> tuple[int, int, int] | None:
