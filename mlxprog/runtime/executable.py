@@ -278,8 +278,8 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     ``limits`` (a :class:`~mlxprog.limits.Limits`; default sized from the
     machine's memory) bounds what the program may ask for: result sizes,
     results per instruction, nesting, instructions; a symbolic program is held
-    to them for every binding, before it runs. A program given already
-    validated keeps the limits it was validated under.
+    to them for every binding, before it runs; and how long a loop may run. A
+    program given already validated keeps the limits it was validated under.
 
     ``group`` is the ``mx.distributed.Group`` a program that declares
     ``world_size`` runs on (default ``mx.distributed.init()``); its size must
@@ -307,7 +307,7 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     if native is None:
         native = native_kernels.default_enabled()
     options = Options(eager, check_numerics, dict(callbacks or {}), max_iterations, fallback,
-                      bool(native))
+                      bool(native), (validated.limits or Limits()).max_loop_seconds)
     body = (validated.sample if symbolic else validated).block
     _check_options(body, options)
     if options.native and mx.default_device() == mx.cpu and any(
