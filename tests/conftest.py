@@ -4,6 +4,18 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest
+from requirements_check import missing_requirements
+
+
+def pytest_configure(config):
+    # A missing test dependency fails the run rather than letting the tests
+    # that need it skip (or fail one by one for a reason hard to see).
+    problems = missing_requirements()
+    if problems:
+        raise pytest.UsageError(
+            "the test dependencies are not all installed; run "
+            "`python -m pip install -e '.[test]'` (the README's test command):\n  "
+            + "\n  ".join(problems))
 
 
 @pytest.fixture(params=["native", "mlx-ops"])
