@@ -81,9 +81,10 @@ def from_numpy(value: np.ndarray, dtype: mx.Dtype) -> mx.array:
     """The numpy array ``value`` (of a dtype :func:`numpy_fits` accepts) as
     an array of ``dtype``, of any strides; an ml_dtypes bfloat16 array keeps
     its bits."""
-    # MLX refuses a view with negative strides (``a[::-1]``); a copy in
-    # C order is taken only where the layout is not already that.
-    value = np.ascontiguousarray(value)
+    if not value.flags.c_contiguous:
+        # MLX refuses a view with negative strides (``a[::-1]``). (Not
+        # np.ascontiguousarray: it makes a 0-d array 1-d.)
+        value = value.copy(order="C")
     if _is_numpy_bfloat16(value.dtype):
         return mx.array(value.view(np.uint16)).view(mx.bfloat16)
     return mx.array(value, dtype=dtype)

@@ -302,6 +302,14 @@ def test_a_numpy_view_with_negative_strides_binds():
     assert out.tolist() == [3.0, 2.0, 1.0, 0.0]
 
 
+def test_zero_dimensional_numpy_arrays_bind_as_scalars():
+    b = mp.ProgramBuilder("scalars")
+    x = b.input("x", (), "float32")
+    h = b.input("h", (), "bfloat16")
+    out = mp.run(b.build([x, h]), np.array(0.5, np.float32), np.array(1.5, ml_dtypes.bfloat16))
+    assert [(o.shape, o.item()) for o in out] == [((), 0.5), ((), 1.5)]
+
+
 def test_float32_numpy_arrays_still_bind_to_bfloat16_rounded():
     b = mp.ProgramBuilder("bf16")
     x = b.input("x", (2,), "bfloat16")
