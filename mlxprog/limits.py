@@ -66,7 +66,9 @@ class Limits:
     the time one run of a ``while`` may take (``math.inf``: no bound), checked
     at run time after each iteration; it stops a runaway loop long before
     the iteration limit, which is ``mlxprog.compile``'s ``max_iterations`` (a
-    ``while``'s own ``max_iterations`` can only lower it).
+    ``while``'s own ``max_iterations`` can only lower it). A program with a
+    ``world_size`` above 1 has its loops bounded by the count alone: every
+    rank must stop at the same iteration.
     """
 
     max_elements: int = field(default_factory=_default_max_elements)
