@@ -70,6 +70,32 @@ def numpy_dtype(dtype: mx.Dtype) -> np.dtype:
     return np.dtype(getattr(np, _NUMPY_NAMES.get(name, name)))
 
 
+def _is_numpy_bfloat16(found: np.dtype) -> bool:
+    # ml_dtypes' bfloat16 (the type onnx, JAX and others hand out), told by
+    # its name so that mlxprog does not need ml_dtypes installed.
+    return found.name == "bfloat16" and found.itemsize == 2
+
+
+def numpy_fits(found: np.dtype, dtype: mx.Dtype) -> bool:
+    """True when a numpy array of dtype ``found`` holds values of ``dtype``
+    exactly: ``numpy_dtype(dtype)``, or for bfloat16 also ml_dtypes'
+    bfloat16."""
+    return found == numpy_dtype(dtype) or (dtype == mx.bfloat16 and _is_numpy_bfloat16(found))
+
+
+def from_numpy(value: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    """The numpy array ``value`` (of a dtype :func:`numpy_fits` accepts) as
+    an array of ``dtype``, of any strides; an ml_dtypes bfloat16 array keeps
+    its bits."""
+    if not value.flags.c_contiguous:
+        # MLX refuses a view with negative strides (``a[::-1]``). (Not
+        # np.ascontiguousarray: it makes a 0-d array 1-d.)
+        value = value.copy(order="C")
+    if _is_numpy_bfloat16(value.dtype):
+        return mx.array(value.view(np.uint16)).view(mx.bfloat16)
+    return mx.array(value, dtype=dtype)
+
+
 def _dtype_name(value: str) -> str:
     if value not in DTYPE_NAMES:
         raise ValueError(f"unknown dtype {value!r}; known: {', '.join(DTYPE_NAMES)}")

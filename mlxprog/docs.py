@@ -168,7 +168,7 @@ def render_op_reference(ops: Mapping[str, OpSpec] | None = None) -> str:
     families: dict[str, list[OpSpec]] = {}
     for spec in sorted(ops.values(), key=lambda s: (s.family, s.name)):
         families.setdefault(spec.family, []).append(spec)
-    anchors = _Anchors()
+    anchors = GithubAnchors()
     anchors("Op reference")
     anchors("Families")
     family_anchors, op_anchors = {}, {}
@@ -201,7 +201,7 @@ def render_op_reference(ops: Mapping[str, OpSpec] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Anchors:
+class GithubAnchors:
     """GitHub's heading anchors, given the headings in document order: the text
     lowercased, punctuation dropped, spaces as hyphens, ``-1``, ``-2``, ... on
     repeats."""

@@ -75,7 +75,8 @@ class CallbackError(ProgramError):
 
 
 class LoopLimitError(ProgramError):
-    """A ``while`` loop ran past its ``max_iterations`` limit."""
+    """A ``while`` loop ran past its ``max_iterations`` limit or its time limit
+    (``Limits.max_loop_seconds``)."""
 
 
 class EvaluationError(ProgramError):

@@ -62,9 +62,13 @@ class Limits:
     all results of the program together (each subprogram counted once);
     defaults derive from the machine's memory. ``max_results``: results of one
     instruction. ``max_depth``: nesting of subprograms. ``max_instructions``:
-    instructions in the program, subprograms included. The loop limit is
-    ``mlxprog.compile``'s ``max_iterations`` (a ``while``'s own
-    ``max_iterations`` can only lower it).
+    instructions in the program, subprograms included. ``max_loop_seconds``:
+    the time one run of a ``while`` may take (``math.inf``: no bound), checked
+    at run time after each iteration; it stops a runaway loop long before
+    the iteration limit, which is ``mlxprog.compile``'s ``max_iterations`` (a
+    ``while``'s own ``max_iterations`` can only lower it). A program with a
+    ``world_size`` above 1 has its loops bounded by the count alone: every
+    rank must stop at the same iteration.
     """
 
     max_elements: int = field(default_factory=_default_max_elements)
@@ -72,6 +76,7 @@ class Limits:
     max_results: int = 4096
     max_depth: int = 32
     max_instructions: int = 10_000_000
+    max_loop_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_elements", "max_total_elements", "max_results", "max_depth",
@@ -79,3 +84,7 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ProgramError(f"Limits.{name} must be a positive integer, got {value!r}")
+        seconds = self.max_loop_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ProgramError(f"Limits.max_loop_seconds must be a positive number, "
+                               f"got {seconds!r}")

@@ -203,9 +203,8 @@ def mlx_lm_llama(llm, files: list[Path]):
     """mlx-lm's own llama model of ``llm``'s config (quantized as its
     checkpoint is), loaded from the Hugging Face safetensors ``files``
     (strictly: every parameter, nothing extra): the reference the loaders
-    and the embeddings are checked against. Skips the test without mlx-lm."""
-    mlx_lm_llama_module = pytest.importorskip(
-        "mlx_lm.models.llama", reason="mlx-lm (test-only dependency) is not installed")
+    and the embeddings are checked against."""
+    import mlx_lm.models.llama as mlx_lm_llama_module
     import mlx.nn as nn
 
     c = llm.config

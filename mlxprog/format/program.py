@@ -378,7 +378,8 @@ def gc_paused():
     Each collection it would trigger walks every object built so far and frees
     nothing. Re-enabling it alone is not enough: every object allocated during
     the pause is still in the youngest generation, so the next allocation
-    would walk them all (about 0.15 s after loading 100,000 instructions).
+    would walk them all (docs/benchmarks.md, "Where the load + validate time
+    goes", measures it).
     After a large build the young objects are therefore moved straight to the
     oldest generation, where they would end up anyway: ``gc.freeze()`` moves
     every tracked object to the permanent generation and resets the young

@@ -49,8 +49,8 @@ def sources() -> list[Path]:
 
 
 BUILD_ESTIMATE = "usually 30 s to 2 minutes"
-"""How long a build takes, as the first-use message says (43 s measured on
-2 busy cores; 101 s seen in a fresh virtual environment)."""
+"""How long a build takes, as the first-use message says (docs/benchmarks.md,
+"Building the native kernels", has the measurements)."""
 
 PROGRESS_INTERVAL_S = 15.0
 """How often a running build says it still runs."""

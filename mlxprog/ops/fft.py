@@ -79,33 +79,28 @@ _ONE_AXIS = {
     ),
 }
 
-_TWO_AXES = {
-    "fft2": (mx.fft.fft2, "Complex 2-D FFT over ``axes`` (default the last two)."),
-    "ifft2": (mx.fft.ifft2, "Inverse complex 2-D FFT over ``axes``."),
-    "rfft2": (
-        mx.fft.rfft2,
-        "2-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
-    ),
-    "irfft2": (
-        mx.fft.irfft2,
-        "Inverse of ``rfft2``: a real result, sizes ``s`` (the last axis defaults to "
-        "``2 * (size - 1)``).",
-    ),
-}
 
-_ANY_AXES = {
-    "fftn": (mx.fft.fftn, "Complex N-D FFT over ``axes`` (default all; ``s`` needs ``axes``)."),
-    "ifftn": (mx.fft.ifftn, "Inverse complex N-D FFT over ``axes``."),
-    "rfftn": (
-        mx.fft.rfftn,
-        "N-D FFT of real input; the last of ``axes`` keeps ``s[-1] // 2 + 1`` frequencies.",
-    ),
-    "irfftn": (
-        mx.fft.irfftn,
-        "Inverse of ``rfftn``: a real result, sizes ``s`` (the last axis defaults to "
-        "``2 * (size - 1)``).",
-    ),
-}
+
+def _over_axes(suffix: str, span: str, default_axes: str) -> dict:
+    """The four transforms over several axes (``fft2`` ... ``irfft2`` for
+    ``suffix`` "2", ``fftn`` ... for "n"): their ``mx.fft`` functions and
+    docs, which differ only in the span (``"2-D"``) and the default axes."""
+    return {
+        f"fft{suffix}": (getattr(mx.fft, f"fft{suffix}"),
+                         f"Complex {span} FFT over ``axes`` (default {default_axes})."),
+        f"ifft{suffix}": (getattr(mx.fft, f"ifft{suffix}"),
+                          f"Inverse complex {span} FFT over ``axes``."),
+        f"rfft{suffix}": (getattr(mx.fft, f"rfft{suffix}"),
+                          f"{span} FFT of real input; the last of ``axes`` keeps "
+                          "``s[-1] // 2 + 1`` frequencies."),
+        f"irfft{suffix}": (getattr(mx.fft, f"irfft{suffix}"),
+                           f"Inverse of ``rfft{suffix}``: a real result, sizes ``s`` (the "
+                           "last axis defaults to ``2 * (size - 1)``)."),
+    }
+
+
+_TWO_AXES = _over_axes("2", "2-D", "the last two")
+_ANY_AXES = _over_axes("n", "N-D", "all; ``s`` needs ``axes``")
 
 register_family(_ONE_AXIS, _one_axis, attrs=FFTAttrs)
 register_family(_TWO_AXES, _many_axes, attrs=FFT2Attrs)

@@ -56,11 +56,17 @@ def random_split(operands, attrs):
     return tuple(keys[i] for i in range(attrs.num))
 
 
-class UniformAttrs(Attrs):
-    """The attributes of ``random_uniform``."""
+class _SamplesAttrs(Attrs):
+    """The samples' ``shape`` and floating ``dtype``, first among the
+    attributes of ``random_uniform`` and ``random_normal``."""
 
     shape: Shape = ()
     dtype: DType = "float32"
+
+
+class UniformAttrs(_SamplesAttrs):
+    """The attributes of ``random_uniform``."""
+
     low: Float = 0.0
     high: Float = 1.0
 
@@ -72,11 +78,9 @@ def random_uniform(operands, attrs):
                              key=operands[0])
 
 
-class NormalAttrs(Attrs):
+class NormalAttrs(_SamplesAttrs):
     """The attributes of ``random_normal``."""
 
-    shape: Shape = ()
-    dtype: DType = "float32"
     loc: Float = 0.0
     scale: Float = 1.0
 

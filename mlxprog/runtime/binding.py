@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..arrays import AVal, exact_array, name_of, numpy_dtype
+from ..arrays import AVal, exact_array, from_numpy, name_of, numpy_fits
 from ..errors import BindingError, ModelError, UnboundError
 from ..ggml.tensors import load_gguf_tensors
 
@@ -36,12 +36,13 @@ def to_array(value: Any, dtype: mx.Dtype, shape: tuple[int, ...] | None) -> mx.a
     """``value`` as an array of ``dtype`` and ``shape`` (None: any shape),
     converting numpy arrays and Python scalars or lists exactly; raises
     :class:`Mismatch` when it does not fit. A numpy array must have the
-    dtype's numpy counterpart (float32 for bfloat16)."""
+    dtype's numpy counterpart (for bfloat16: float32, rounded, or ml_dtypes'
+    bfloat16, kept bit for bit)."""
     if isinstance(value, mx.array):
         found_dtype, found_shape = value.dtype, tuple(value.shape)
         array = value
     elif isinstance(value, np.ndarray):
-        if value.dtype != numpy_dtype(dtype):
+        if not numpy_fits(value.dtype, dtype):
             raise Mismatch(f"{value.dtype}{list(value.shape)}", _text(dtype, shape))
         found_dtype, found_shape = dtype, tuple(value.shape)
         array = None
@@ -59,7 +60,7 @@ def to_array(value: Any, dtype: mx.Dtype, shape: tuple[int, ...] | None) -> mx.a
         # give 0 and False); an empty array MLX makes itself is safe, and
         # there is no data to lose.
         return mx.zeros(found_shape, dtype)
-    return array if array is not None else mx.array(value, dtype=dtype)
+    return array if array is not None else from_numpy(value, dtype)
 
 
 def _text(dtype: mx.Dtype, shape: Sequence[int] | None) -> str:

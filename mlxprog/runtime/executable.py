@@ -9,6 +9,7 @@ given (its group, native-kernel setting and callbacks).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -278,8 +279,8 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     ``limits`` (a :class:`~mlxprog.limits.Limits`; default sized from the
     machine's memory) bounds what the program may ask for: result sizes,
     results per instruction, nesting, instructions; a symbolic program is held
-    to them for every binding, before it runs. A program given already
-    validated keeps the limits it was validated under.
+    to them for every binding, before it runs; and how long a loop may run. A
+    program given already validated keeps the limits it was validated under.
 
     ``group`` is the ``mx.distributed.Group`` a program that declares
     ``world_size`` runs on (default ``mx.distributed.init()``); its size must
@@ -306,8 +307,13 @@ def compile(program: Program | ValidatedProgram | SymbolicProgram,
     mx.eval(capture_values)
     if native is None:
         native = native_kernels.default_enabled()
+    # Every rank of a distributed program must leave a loop at the same
+    # iteration (its collectives wait for one another), which a clock cannot
+    # promise: such loops are bounded by the count alone.
+    loop_seconds = (math.inf if (validated.program.world_size or 1) > 1
+                    else (validated.limits or Limits()).max_loop_seconds)
     options = Options(eager, check_numerics, dict(callbacks or {}), max_iterations, fallback,
-                      bool(native))
+                      bool(native), loop_seconds)
     body = (validated.sample if symbolic else validated).block
     _check_options(body, options)
     if options.native and mx.default_device() == mx.cpu and any(

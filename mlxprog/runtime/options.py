@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from ..limits import Limits
+
 DEFAULT_MAX_ITERATIONS = 1_000_000
 DEFAULT_MAX_TRACES = 16
 
@@ -20,6 +22,9 @@ class Options:
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     fallback: str = "eager"
     native: bool = True
+    max_loop_seconds: float = Limits.max_loop_seconds
+    """The time one run of a loop may take (the program's
+    ``Limits.max_loop_seconds``)."""
 
 
 @dataclass

@@ -27,7 +27,7 @@ def validate_static(program: Program, limits: Limits | None = None) -> Validated
     context = ExecutionContext(world_size=program.world_size)
     base = Base(inputs, captures, constants, limits, context)
     block = validate_block(base, program.instructions, program.outputs, [], path=())
-    return ValidatedProgram(program, inputs, captures, constants, block)
+    return ValidatedProgram(program, inputs, captures, constants, block, limits)
 
 
 def _check_unique(specs, kind: str) -> None:

@@ -14,6 +14,7 @@ import mlx.core as mx
 from ..arrays import AVal
 from ..format.paths import StepPath, render
 from ..format.program import Program
+from ..limits import Limits
 from ..ops.attrs import Attrs
 from ..ops.registry import OpSpec
 
@@ -113,6 +114,9 @@ class ValidatedProgram:
     capture_avals: tuple[AVal, ...]
     constants: tuple[mx.array, ...]
     block: Block
+    limits: Limits | None = None
+    """The limits the program was validated under (None: the defaults); its
+    loops run under their ``max_loop_seconds``."""
 
     @property
     def out_avals(self) -> list[AVal]:

@@ -7,13 +7,12 @@ import copy
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 import mlxprog as mp
 from mlxprog.ops.attrs import Axes, Float
 from mlxprog.format.schema import DIALECT, full_schema
-
-jsonschema = pytest.importorskip("jsonschema")
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.json"))
 

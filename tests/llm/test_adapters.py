@@ -9,22 +9,20 @@ import dataclasses
 import json
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm.tuner.utils as tuner
+import mlx_lm.utils as mlx_lm_loading
 import numpy as np
 import pytest
 from family_checks import PROMPT_IDS, TINY_CONFIG, load_tiny, program_logits, write_checkpoint
+from gguf_writer import _permute, write_gguf_from_hf
 from mlx.utils import tree_flatten
 
 from mlxprog.cli import main
 from mlxprog.llm import LLM, SettingError, export, load, load_checkpoint
 from mlxprog.llm.adapters import ADAPTED, load_adapter
-
-tuner = pytest.importorskip("mlx_lm.tuner.utils",
-                            reason="mlx-lm (test-only dependency) is not installed")
-mlx_lm_loading = pytest.importorskip("mlx_lm.utils")
-gguf = pytest.importorskip("gguf", reason="gguf (llama.cpp's package, test-only) is not installed")
-from gguf_writer import _permute, write_gguf_from_hf  # noqa: E402  (needs gguf)
 
 CONFIG = dict(TINY_CONFIG, model_type="llama", rope_theta=5000.0)
 RANK, SCALE, NUM_LAYERS = 4, 2.0, 2

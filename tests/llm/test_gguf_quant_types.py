@@ -27,8 +27,6 @@ from mlxprog.llm.checkpoint import GGMLQuantization
 from mlxprog.llm.models import FAMILIES, family_for_model_type
 from mlxprog.llm.programs import PrefillInputs, build_prefill
 
-pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
-
 #: Rows of 256 values and more, so that every type's blocks fit (K-quants
 #: and IQ types store 256-value super-blocks).
 SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,

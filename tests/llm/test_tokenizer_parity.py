@@ -13,7 +13,10 @@ code, whitespace runs and special-token text, on:
   metadata): a byte-level BPE for every ``tokenizer.ggml.pre`` mlxprog
   supports (and one without ``add_bos_token``, whose default is the
   pre-tokenizer's), SentencePiece vocabularies with and without the space
-  prefix, and one with Phi-3's special tokens and name.
+  prefix, and one with Phi-3's special tokens and name;
+- the SentencePiece vocabulary of ``test_tokenizer_spm.py``, with and
+  without the space prefix, on that test's strings and 400 random strings
+  of its pieces, byte-fallback characters and special-token text.
 
 Each file is read back with mlxprog's GGUF reader; the tokenizer
 ``Tokenizer.from_gguf_metadata`` builds from it must give llama.cpp's ids,

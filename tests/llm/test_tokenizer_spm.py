@@ -5,11 +5,11 @@ vocabulary of :func:`gguf_writer.spm_tokenizer_metadata` (``<pad>``,
 score-ranked pieces).
 
 The expected pieces below are llama.cpp's: the same vocabulary in a GGUF file
-tokenized by llama.cpp (llama-cpp-python 0.3.36) gave the same ids on these
-strings and on thousands of random ones, with and without the space prefix,
-and Hugging Face's ``GemmaTokenizer`` built from the vocabulary gives them
-too; the last two tests repeat those comparisons where the packages are
-installed."""
+tokenized by llama.cpp (llama-cpp-python 0.3.36) gives the same ids on these
+strings and on random ones, with and without the space prefix
+(``tests/data/tokenizer_parity/spm_fixture*.json``, checked by
+``test_tokenizer_parity.py``), and Hugging Face's ``GemmaTokenizer`` built
+from the vocabulary gives them too (the last test)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import random
 import pytest
 from gguf_writer import SPM_PIECES, spm_tokenizer_metadata
 from llm_fixtures import TINY, write_hf
+from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+from transformers.tokenization_utils_base import generate_merges
 
 from mlxprog.llm import ModelError, Tokenizer, load
 
@@ -151,50 +153,19 @@ def test_gguf_file_with_a_sentencepiece_vocabulary(tmp_path):
     assert len(out.tokens) == 3 or out.finish_reason == "eos"
 
 
-def _random_texts(n: int, seed: int = 0) -> list[str]:
+def random_texts(n: int, seed: int = 0) -> list[str]:
+    """``n`` random strings of the vocabulary's pieces, byte-fallback
+    characters and special-token text (``tools/tokenizer_parity.py`` stores
+    llama.cpp's ids for 400 of them)."""
     rng = random.Random(seed)
     alphabet = list("thean dolwris\n") + ["é", "日", "🦙", "  ", TURN, "<bos>"]
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(n)]
 
 
-@pytest.mark.parametrize("space_prefix", [False, True])
-def test_matches_llama_cpp(tmp_path, space_prefix):
-    """Where llama-cpp-python is installed (a benchmark-only extra): the
-    same ids and text as llama.cpp's own tokenizer on random strings."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    import ctypes
-
-    from gguf_writer import write_gguf_from_hf
-
-    meta = spm_tokenizer_metadata(add_space_prefix=space_prefix, user_defined=[TURN])
-    write_hf(tmp_path / "hf", sizes=dict(TINY, vocab_size=len(meta["tokenizer.ggml.tokens"])))
-    path = write_gguf_from_hf(tmp_path / "hf", tmp_path / "spm.gguf", tokenizer_metadata=meta)
-    ours = load(path, max_length=32).tokenizer
-    theirs = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-    vocab = llama_cpp.llama_model_get_vocab(theirs.model)
-
-    def detokenize(ids: list[int]) -> str:
-        buf = ctypes.create_string_buffer(4096)
-        n = llama_cpp.llama_detokenize(vocab, (llama_cpp.llama_token * len(ids))(*ids),
-                                       len(ids), buf, len(buf), False, True)
-        return buf.raw[:n].decode("utf-8", "replace")
-
-    for text in ROUND_TRIPS + _random_texts(400):
-        for add in (True, False):
-            assert ours.encode(text, add) == theirs.tokenize(text.encode(), add_bos=add,
-                                                             special=True), (text, add)
-        ids = ours.encode(text, add_special_tokens=False)
-        assert ours.decode(ids) == detokenize(ids), text
-
-
 def test_matches_hugging_face_gemma_tokenizer():
-    """Where transformers is installed: Hugging Face's ``GemmaTokenizer``
-    built from the same vocabulary (merges by its own ``generate_merges``
-    from the scores) gives the same ids and text."""
-    pytest.importorskip("transformers")
-    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
-    from transformers.tokenization_utils_base import generate_merges
-
+    """Hugging Face's ``GemmaTokenizer`` (transformers comes with mlx-lm, a
+    test dependency) built from the same vocabulary (merges by its own
+    ``generate_merges`` from the scores) gives the same ids and text."""
     meta = spm_tokenizer_metadata()
     tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -202,7 +173,7 @@ def test_matches_hugging_face_gemma_tokenizer():
     ours = Tokenizer.from_gguf_metadata(meta)
     assert len(SPM_PIECES) < len(tokens)
     for text in ROUND_TRIPS + [t.replace(TURN, "").replace("<bos>", "")
-                               for t in _random_texts(400, seed=1)]:
+                               for t in random_texts(400, seed=1)]:
         ids = ours.encode(text, add_special_tokens=False)
         assert ids == hf(text, add_special_tokens=False)["input_ids"], text
         assert ours.decode(ids) == hf.decode(ids), text

@@ -200,35 +200,32 @@ def test_kernel_tables_by_name(ext):
         ext.integer_matmul(a, b.astype(mx.int16))
 
 
-def run_kernels_alone(compiler: str, tmp_path, avx2_flags: list[str], link_flags: list[str],
+def run_kernels_alone(compiler: str, avx2_flags: list[str], link_flags: list[str],
                       runner: list[str]) -> str:
     """Build int_matmul_selftest.cpp with the kernel tables (whose
-    micro-kernels it runs) and the thread pool, run it, and return its output
-    (which ends in "ok")."""
-    objects = kernel_tables.compile_tables(compiler, tmp_path, avx2_flags)
-    binary = tmp_path / "int_matmul_selftest"
-    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{kernel_tables.SRC}",
-                    str(Path(__file__).parent / "int_matmul_selftest.cpp"), *objects,
-                    *link_flags, "-o", str(binary), "-lpthread"], check=True, timeout=600)
+    micro-kernels it runs) and the thread pool (once per session, see
+    kernel_tables), run it, and return its output (which ends in "ok")."""
+    binary = kernel_tables.selftest(compiler, Path(__file__).parent / "int_matmul_selftest.cpp",
+                                    avx2_flags, link_flags)
     done = subprocess.run([*runner, str(binary)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
     return done.stdout
 
 
-def test_kernels_alone_on_the_host(ext, tmp_path):
+def test_kernels_alone_on_the_host(ext):
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         pytest.skip("no C++ compiler")
     x86 = platform.machine() in ("x86_64", "AMD64")
-    out = run_kernels_alone(compiler, tmp_path, kernel_tables.AVX2_FLAGS if x86 else [], [], [])
+    out = run_kernels_alone(compiler, kernel_tables.AVX2_FLAGS if x86 else [], [], [])
     assert "portable micro-kernels: every dtype exact" in out
     # The self-test runs the AVX2 micro-kernels wherever the extension's AVX2 table runs.
     assert ("avx2 micro-kernels: every dtype exact" in out) == ("avx2" in ext.isas())
 
 
-def test_kernels_alone_on_arm64_under_qemu(tmp_path):
+def test_kernels_alone_on_arm64_under_qemu():
     compiler, qemu = cross_tools()  # skips locally, fails under CI, without them
-    out = run_kernels_alone(compiler, tmp_path, [], ["-static"], [qemu])
+    out = run_kernels_alone(compiler, [], ["-static"], [qemu])
     assert "portable micro-kernels: every dtype exact" in out and "avx2" not in out
 
 

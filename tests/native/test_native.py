@@ -526,23 +526,20 @@ X86_TABLES = {  # the extra x86-64 tables: file, flags, kernels.cpp's definition
 }
 
 
-def run_selftest(compiler: str, tmp_path, avx2_flags: list[str], link_flags: list[str],
+def run_selftest(compiler: str, avx2_flags: list[str], link_flags: list[str],
                  runner: list[str], isa_name: str | None,
                  extra_tables: dict[str, tuple[str, list[str], str]] | None = None) -> str:
     """Build tests/native_selftest.cpp with the kernel tables (each with its
-    own flags, as CMakeLists.txt does; ``extra_tables`` as X86_TABLES) and run
-    it; its output."""
+    own flags, as CMakeLists.txt does; ``extra_tables`` as X86_TABLES; once
+    per session, see kernel_tables) and run it; its output."""
     import os
     import subprocess
     from pathlib import Path
 
     import kernel_tables
 
-    objects = kernel_tables.compile_tables(compiler, tmp_path, avx2_flags, extra_tables)
-    binary = tmp_path / "selftest"
-    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{kernel_tables.SRC}",
-                    str(Path(__file__).parent / "native_selftest.cpp"), *objects, *link_flags,
-                    "-o", str(binary), "-lpthread"], check=True, timeout=600)
+    binary = kernel_tables.selftest(compiler, Path(__file__).parent / "native_selftest.cpp",
+                                    avx2_flags, link_flags, extra_tables)
     env = {k: v for k, v in os.environ.items() if k != "MLXPROG_NATIVE_ISA"}
     if isa_name:
         env["MLXPROG_NATIVE_ISA"] = isa_name
@@ -553,7 +550,7 @@ def run_selftest(compiler: str, tmp_path, avx2_flags: list[str], link_flags: lis
 
 
 @pytest.mark.parametrize("isa_name", ["portable", "avx2", None])
-def test_kernel_tables_on_the_host(tmp_path, isa_name):
+def test_kernel_tables_on_the_host(isa_name):
     """Every table this CPU runs (None: the best), built as the extension is."""
     import platform
     import shutil
@@ -566,23 +563,23 @@ def test_kernel_tables_on_the_host(tmp_path, isa_name):
         pytest.skip("no AVX2 here")
     import kernel_tables
 
-    out = run_selftest(compiler, tmp_path, kernel_tables.AVX2_FLAGS if x86 else [], [], [],
-                       isa_name, X86_TABLES if x86 else None)
+    out = run_selftest(compiler, kernel_tables.AVX2_FLAGS if x86 else [], [], [], isa_name,
+                       X86_TABLES if x86 else None)
     assert out.startswith(f"table: {isa_name or native.status().isa}")
 
 
-def test_portable_kernels_on_arm64_under_qemu(tmp_path):
+def test_portable_kernels_on_arm64_under_qemu():
     compiler, qemu = cross_tools()  # skips locally, fails under CI, without them
-    out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None)
+    out = run_selftest(compiler, [], ["-static"], [qemu], None)
     assert out.startswith("table: portable")
 
 
-def test_dot_product_kernels_on_arm64_under_qemu(tmp_path):
+def test_dot_product_kernels_on_arm64_under_qemu():
     """The arm64 table with sdot (armv8.2-a+dotprod), which qemu emulates."""
     compiler, qemu = cross_tools()  # skips locally, fails under CI, without them
     tables = {"neon+dotprod": ("kernels_dotprod.cpp", ["-march=armv8.2-a+dotprod"],
                                "MLXPROG_HAVE_DOTPROD")}
-    out = run_selftest(compiler, tmp_path, [], ["-static"], [qemu], None, tables)
+    out = run_selftest(compiler, [], ["-static"], [qemu], None, tables)
     assert out.startswith("table: neon+dotprod")
 
 

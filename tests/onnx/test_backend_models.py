@@ -25,14 +25,11 @@ import os
 import tempfile
 import warnings
 
+import onnx.backend.test
 import pytest
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx.backend.test  # noqa: E402
-
-import exclusions  # noqa: E402
-from mlxprog.onnx.backend import MlxprogBackend  # noqa: E402
+import exclusions  # noqa: I001
+from mlxprog.onnx.backend import MlxprogBackend
 
 os.environ.setdefault("ONNX_HOME", tempfile.mkdtemp(prefix="mlxprog-onnx-home-"))
 

@@ -15,14 +15,11 @@ import. What does not run is listed with its reason in ``exclusions.py``
 import os
 import warnings
 
+import onnx.backend.test
 import pytest
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx.backend.test  # noqa: E402
-
-import exclusions  # noqa: E402,I001
-from mlxprog.onnx.backend import MlxprogBackend  # noqa: E402
+import exclusions  # noqa: I001
+from mlxprog.onnx.backend import MlxprogBackend
 
 
 #: The node cases run the program eagerly (no ``mx.compile``): compiled, MLX

@@ -2,16 +2,14 @@
 and initializers, layouts, unsupported ops, bad files, old opsets."""
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx_cases import OPSET, check_model, i64, node_model, run_mlxprog
 
-onnx = pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx_cases import OPSET, check_model, i64, node_model, run_mlxprog  # noqa: E402
-
-from mlxprog.onnx import ChannelsLast, OnnxImportError, import_model  # noqa: E402
-from mlxprog.onnx import registry  # noqa: E402
-from mlxprog.onnx import UnsupportedOpsError  # noqa: E402
+from mlxprog.onnx import ChannelsLast, OnnxImportError, import_model
+from mlxprog.onnx import registry
+from mlxprog.onnx import UnsupportedOpsError
 
 
 def tensor(name, dtype=TensorProto.FLOAT, shape=None):

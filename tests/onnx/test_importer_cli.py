@@ -3,14 +3,12 @@
 import json
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
-onnx = pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-from mlxprog.cli import main  # noqa: E402
+from mlxprog.cli import main
 
 
 def run_cli(capsys, *argv):

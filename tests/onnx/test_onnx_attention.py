@@ -2,11 +2,8 @@
 
 import numpy as np
 import pytest
-
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-from onnx import TensorProto, helper  # noqa: E402
-from onnx_cases import check_model, graph_model, node_model, normal_f32  # noqa: E402
+from onnx import TensorProto, helper
+from onnx_cases import check_model, graph_model, node_model, normal_f32
 
 rng = np.random.default_rng(11)
 

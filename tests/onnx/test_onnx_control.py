@@ -1,14 +1,12 @@
 """If, Loop and Scan against ONNX's reference evaluator."""
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx_cases import OPSET, check_model, run_mlxprog
 
-onnx = pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx_cases import OPSET, check_model, run_mlxprog  # noqa: E402
-
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 
 def tensor(name, dtype=TensorProto.FLOAT, shape=None):

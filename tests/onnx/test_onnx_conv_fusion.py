@@ -6,19 +6,16 @@ FusedConv nodes as onnxruntime's optimizer writes them import too."""
 from collections import Counter
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx_cases import graph_model
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-from onnx_cases import graph_model  # noqa: E402
-
-import mlxprog as mp  # noqa: E402
-from mlxprog.onnx import import_model  # noqa: E402
-from mlxprog.onnx.fold import CONTRIB_DOMAIN, fuse_conv_epilogue  # noqa: E402
-from mlxprog.onnx.importer import inferred_shapes, load_model  # noqa: E402
+import mlxprog as mp
+from mlxprog.onnx import import_model
+from mlxprog.onnx.fold import CONTRIB_DOMAIN, fuse_conv_epilogue
+from mlxprog.onnx.importer import inferred_shapes, load_model
 
 RNG = np.random.default_rng(5)
 F = TensorProto.FLOAT

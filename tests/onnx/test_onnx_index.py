@@ -1,13 +1,10 @@
 """Indexing converters against ONNX's reference evaluator."""
 
 import numpy as np
+import onnx
 import pytest
-
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
-from onnx_cases import (  # noqa: E402
+from onnx import helper, numpy_helper
+from onnx_cases import (
     OPSET, check_model, check_node, node_model, normal_f32, run_mlxprog,
 )
 

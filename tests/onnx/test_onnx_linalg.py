@@ -3,11 +3,9 @@
 import numpy as np
 import pytest
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
+from onnx_cases import check_node, node_model, normal_f32, run_mlxprog
 
-from onnx_cases import check_node, node_model, normal_f32, run_mlxprog  # noqa: E402
-
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 rng = np.random.default_rng(3)
 

@@ -2,15 +2,12 @@
 against the reference evaluator."""
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
+from onnx_cases import check_model, value_info
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import helper  # noqa: E402
-from onnx_cases import check_model, value_info  # noqa: E402
-
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 
 def _ml_model(op_type, inputs, **attrs):

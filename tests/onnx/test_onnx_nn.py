@@ -1,17 +1,14 @@
 """The nn converters (convert/nn.py) against ONNX's reference evaluator."""
 
 import numpy as np
+import onnx
 import pytest
-
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-from onnx_cases import (OPSET, check_model, check_node, node_model, run_mlxprog,  # noqa: E402
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx_cases import (OPSET, check_model, check_node, node_model, run_mlxprog,
                         value_info)
 
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 RNG = np.random.default_rng(0)
 

@@ -3,10 +3,8 @@
 import numpy as np
 import pytest
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx_cases  # noqa: E402
-from onnx_cases import check_model, check_node, node_model  # noqa: E402
+import onnx_cases
+from onnx_cases import check_model, check_node, node_model
 
 
 RNG = np.random.default_rng(0)

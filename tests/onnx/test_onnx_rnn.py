@@ -3,16 +3,13 @@ reference evaluator, and against a NumPy model for what the reference ignores
 (activations, clip, input_forget of GRU/LSTM)."""
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx_cases import OPSET, check_model, run_mlxprog, value_info
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-from onnx_cases import OPSET, check_model, run_mlxprog, value_info  # noqa: E402
-
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 RNG = np.random.default_rng(2)
 T, B, I, H = 4, 3, 5, 6

@@ -1,17 +1,14 @@
 """Shape and layout converters against ONNX's reference evaluator."""
 
 import numpy as np
+import onnx
 import pytest
-
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import helper  # noqa: E402
-from onnx_cases import (  # noqa: E402
+from onnx import helper
+from onnx_cases import (
     check_model, check_node, graph_model, i64, node_model, normal_f32, run_mlxprog,
 )
 
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 rng = np.random.default_rng(0)
 

@@ -2,14 +2,11 @@
 
 import numpy as np
 import pytest
+from onnx import TensorProto as T
+from onnx import helper
+from onnx_cases import check_model, check_node, graph_model, node_model
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-from onnx import TensorProto as T  # noqa: E402
-from onnx import helper  # noqa: E402
-from onnx_cases import check_model, check_node, graph_model, node_model  # noqa: E402
-
-from mlxprog.onnx import OnnxImportError, import_model  # noqa: E402
+from mlxprog.onnx import OnnxImportError, import_model
 
 rng = np.random.default_rng(3)
 

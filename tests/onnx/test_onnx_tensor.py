@@ -2,12 +2,9 @@
 
 import numpy as np
 import pytest
-
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-from onnx import TensorProto as T  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
-from onnx_cases import check_model, check_node, graph_model, i64, normal_f32  # noqa: E402
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+from onnx_cases import check_model, check_node, graph_model, i64, normal_f32
 
 rng = np.random.default_rng(1)
 

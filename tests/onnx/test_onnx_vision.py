@@ -1,15 +1,12 @@
 """The vision converters (convert/vision.py) against ONNX's reference evaluator."""
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
+from onnx_cases import OPSET, check_model, check_node, node_model, value_info
 
-pytest.importorskip("onnx", reason="onnx (test dependency) is not installed")
-
-import onnx  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
-from onnx_cases import OPSET, check_model, check_node, node_model, value_info  # noqa: E402
-
-from mlxprog.onnx import import_model  # noqa: E402
+from mlxprog.onnx import import_model
 
 RNG = np.random.default_rng(1)
 

@@ -299,8 +299,7 @@ def test_kv_cache_sdpa_update_sliding_window(layout, window, t, offset):
 
 def test_sliding_window_is_mlx_lms_causal_mask():
     # mlx-lm's Gemma and Mistral models mask local layers with this.
-    base = pytest.importorskip("mlx_lm.models.base",
-                               reason="mlx-lm (test-only dependency) is not installed")
+    from mlx_lm.models import base
     ops = kv_operands("BHTD", t=3, t_max=7)
     got = run_op("kv_cache_sdpa_update", *ops, mx.array(4, mx.int32), layout="BHTD", window=3)
     keep = np.array(base.create_causal_mask(3, offset=4, window_size=3))

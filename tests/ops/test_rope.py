@@ -120,8 +120,7 @@ def test_rope_rotated_scale(op, dims, dtype):
 
 
 def test_rotated_scale_is_mlx_lms_su_scaled_rope():
-    rope_utils = pytest.importorskip("mlx_lm.models.rope_utils",
-                                     reason="mlx-lm (test-only dependency) is not installed")
+    from mlx_lm.models import rope_utils
     rope = rope_utils.SuScaledRoPE(12, base=10000.0, max_position_embeddings=131072,
                                    original_max_position_embeddings=4096,
                                    long_factor=[1.0 + i / 4 for i in range(6)])

@@ -3,6 +3,7 @@ input binding, capture binding from dicts and weights files, stats, ``mp.run``."
 
 from __future__ import annotations
 
+import ml_dtypes
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -239,6 +240,7 @@ def test_wrong_input_count_or_names(exe, args, kwargs, message):
     (mx.zeros((2, 2), dtype=mx.int32), "int32[2, 2]"),
     (np.zeros((2, 2)), "float64[2, 2]"),
     (np.zeros((4,), dtype=np.float32), "float32[4]"),
+    (np.zeros((2, 2), dtype=ml_dtypes.bfloat16), "bfloat16[2, 2]"),
     ([1.0, 2.0], "float32[2]"),
     (1.0, "float32[]"),
 ])
@@ -271,6 +273,48 @@ def test_python_int_out_of_range_for_the_input_dtype():
     # Bug: mx.array(2**40, dtype=int32) raises RuntimeError std::bad_cast from MLX.
     with pytest.raises(mp.BindingError, match="input 'n'"):
         int_identity()([2**40, 1])
+
+
+def test_numpy_bfloat16_arrays_bind_bit_for_bit():
+    # Bug: ml_dtypes' bfloat16 (the numpy type onnx and JAX hand out) was refused
+    # with "input 'x' expects bfloat16[2, 3], got bfloat16[2, 3]". Every bit
+    # pattern (NaNs, infinities, subnormals, -0) must arrive unchanged, whether
+    # bound as an input, a capture or a callback's result.
+    bits = np.arange(2**16, dtype=np.uint16).reshape(256, 256)
+    values = bits.view(ml_dtypes.bfloat16)
+    b = mp.ProgramBuilder("bf16")
+    x = b.input("x", (256, 256), "bfloat16")
+    w = b.capture("w", (256, 256), "bfloat16")
+    (y,) = b.runtime_call("give", outputs=[((256, 256), "bfloat16")])
+    exe = mp.compile(b.build([x, w, y]), captures={"w": values[::-1]},
+                     callbacks={"give": lambda: values.T})
+    x_out, w_out, y_out = exe(values)
+    for out, expected in ((x_out, bits), (w_out, bits[::-1]), (y_out, bits.T)):
+        assert out.dtype == mx.bfloat16
+        np.testing.assert_array_equal(np.array(out.view(mx.uint16)), expected)
+
+
+def test_a_numpy_view_with_negative_strides_binds():
+    # Bug: MLX's "Cannot convert DLPack arrays with negative strides" escaped.
+    b = mp.ProgramBuilder("reversed")
+    x = b.input("x", (4,), "float32")
+    (out,) = mp.run(b.build([x]), np.arange(4, dtype=np.float32)[::-1])
+    assert out.tolist() == [3.0, 2.0, 1.0, 0.0]
+
+
+def test_zero_dimensional_numpy_arrays_bind_as_scalars():
+    b = mp.ProgramBuilder("scalars")
+    x = b.input("x", (), "float32")
+    h = b.input("h", (), "bfloat16")
+    out = mp.run(b.build([x, h]), np.array(0.5, np.float32), np.array(1.5, ml_dtypes.bfloat16))
+    assert [(o.shape, o.item()) for o in out] == [((), 0.5), ((), 1.5)]
+
+
+def test_float32_numpy_arrays_still_bind_to_bfloat16_rounded():
+    b = mp.ProgramBuilder("bf16")
+    x = b.input("x", (2,), "bfloat16")
+    (out,) = mp.run(b.build([x]), np.array([1.0, 1 + 2**-8 + 2**-10], np.float32))
+    assert out.dtype == mx.bfloat16 and out.tolist() == [1.0, 1 + 2**-7]
 
 
 # -- captures ------------------------------------------------------------------------

@@ -5,6 +5,8 @@ at validation, symbolic ones when a binding is specialised (before it runs)."""
 from __future__ import annotations
 
 import json
+import math
+import time
 
 import numpy as np
 import pytest
@@ -134,6 +136,42 @@ def test_the_smaller_loop_limit_wins(own, caller, expected):
     exe = mp.compile(b.build([out]), max_iterations=caller)
     with pytest.raises(mp.LoopLimitError, match=f"max_iterations={expected}$"):
         exe(0)
+
+
+def forever() -> mp.Program:
+    b = mp.ProgramBuilder("forever")
+    n = b.input("n", (), "int32")
+    (out,) = b.while_loop(lambda sb, i: sb.greater_equal(i, 0), lambda sb, i: [i + 1], [n])
+    return b.build([out])
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_runaway_loop_stops_at_the_time_limit_long_before_the_iteration_limit(eager):
+    exe = mp.compile(forever(), eager=eager, limits=mp.Limits(max_loop_seconds=0.25))
+    start = time.monotonic()
+    with pytest.raises(mp.LoopLimitError, match=r"^instruction 0 \(while\): loop did not finish "
+                                                r"within 0\.25 s \(Limits\.max_loop_seconds; "
+                                                r"[\d,]+ iterations run\)$"):
+        exe(0)
+    # Far fewer than the million iterations of the default count limit.
+    assert time.monotonic() - start < 5
+
+
+def test_a_validated_program_keeps_its_loop_time_limit_and_inf_lifts_it():
+    validated = mp.validate(forever(), mp.Limits(max_loop_seconds=0.25))
+    with pytest.raises(mp.LoopLimitError, match="0.25 s"):
+        mp.compile(validated)(0)
+    unbounded = mp.compile(forever(), max_iterations=2_000,
+                           limits=mp.Limits(max_loop_seconds=math.inf))
+    with pytest.raises(mp.LoopLimitError, match="max_iterations=2000$"):
+        unbounded(0)
+
+
+def test_the_default_loop_time_limit_is_seconds():
+    assert mp.Limits().max_loop_seconds == 10
+    for bad in (0, -1.0, "10", True, math.nan):
+        with pytest.raises(mp.ProgramError, match="Limits.max_loop_seconds must be a positive"):
+            mp.Limits(max_loop_seconds=bad)
 
 
 @pytest.mark.parametrize("op", ["sum", "mean", "var", "reduce_max", "any", "product",

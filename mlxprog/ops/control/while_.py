@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import mlx.core as mx
@@ -27,7 +28,7 @@ class While(HostOp):
     the program's inputs, captures and constants. A runaway loop ends with
     ``LoopLimitError`` after ``max_iterations`` iterations or the Executable's
     limit, whichever is smaller (a program can lower the caller's limit, never
-    raise it)."""
+    raise it), or once it has run for ``Limits.max_loop_seconds``."""
 
     def infer(self, subprograms: Subprograms, avals, attrs):
         """The carry's avals; ``cond`` must give a bool scalar, ``body`` the carry."""
@@ -43,7 +44,8 @@ class While(HostOp):
         fused = None if env.options.eager else _fuse(step, env, cond, body)
         limit = min(step.attrs.max_iterations or env.options.max_iterations,
                     env.options.max_iterations)
-        return _Loop(step.location, cond, body, fused, limit, env.stats)
+        return _Loop(step.location, cond, body, fused, limit, env.options.max_loop_seconds,
+                     env.stats)
 
 
 def _fuse(step, env: HostEnv, cond: BlockRun, body: BlockRun):
@@ -64,21 +66,30 @@ def _fuse(step, env: HostEnv, cond: BlockRun, body: BlockRun):
 class _Loop:
     """One ``while`` step, ready to run."""
 
-    def __init__(self, location: str, cond: BlockRun, body: BlockRun, fused, limit: int, stats):
+    def __init__(self, location: str, cond: BlockRun, body: BlockRun, fused, limit: int,
+                 seconds: float, stats):
         self.location = location
         self.cond, self.body, self.fused = cond, body, fused
-        self.limit = limit
+        self.limit, self.seconds = limit, seconds
         self.stats = stats
 
     def __call__(self, operands: list[mx.array], inputs: Sequence[mx.array],
                  context: ExecutionContext) -> list[mx.array]:
         carry = operands
+        # Every iteration ends in a synchronisation (`pred.item()`), so the
+        # clock read after it covers the work done so far, compiled or not;
+        # reading it costs far less than the synchronisation.
+        deadline = time.monotonic() + self.seconds
         pred = self.cond.run(inputs, carry, context)[0]
         iterations = 0
         while pred.item():
             if iterations == self.limit:
                 raise LoopLimitError(f"{self.location} (while): loop did not finish within "
                                      f"max_iterations={self.limit}")
+            if time.monotonic() > deadline:
+                raise LoopLimitError(f"{self.location} (while): loop did not finish within "
+                                     f"{self.seconds:g} s (Limits.max_loop_seconds; "
+                                     f"{iterations:,} iterations run)")
             if self.fused is not None:
                 *carry, pred = self.fused([*inputs, *carry])
             else:

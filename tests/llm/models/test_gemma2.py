@@ -28,8 +28,6 @@ from mlxprog.llm.hf import config_from_hf
 from mlxprog.llm.models import family_for_gguf
 from mlxprog.llm.models.base import GGUFMetadata
 
-pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
-
 #: hidden_size 96: sqrt(96) is not a bfloat16 value, so the embedding
 #: scale's dtype shows; query_pre_attn_scalar differs from head_dim and the
 #: attention soft-cap is low enough to bind.
@@ -180,7 +178,7 @@ def test_gguf_config_is_llama_cpps():
 
 
 def test_gguf_names_are_llama_cpps():
-    gguf = pytest.importorskip("gguf")
+    import gguf
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA2, 1)
     config = config_from_hf(GEMMA2)  # tied: llama.cpp's Gemma 2 has no output tensor
     for w in family_for_gguf("gemma2").weights(config):
@@ -195,7 +193,6 @@ def test_gguf_gives_the_checkpoints_logits(tmp_path):
     metadata, no head), gives the directory's logits. The config is one
     where llama.cpp's fixed choices agree with it: the attention scale
     ``head_dim ** -0.5`` and RoPE base 10000 (GGUF names neither)."""
-    pytest.importorskip("gguf", reason="gguf (test-only dependency) is not installed")
     from family_checks import PROMPT_IDS, load_tiny, program_logits
     from gguf_writer import write_gguf_from_hf
 

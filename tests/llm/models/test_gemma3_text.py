@@ -20,8 +20,6 @@ from mlxprog.llm.hf import config_from_hf
 from mlxprog.llm.models import family_for_gguf
 from mlxprog.llm.models.base import GGUFMetadata
 
-pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
-
 #: hidden_size 96: sqrt(96) is not a bfloat16 value, so the embedding
 #: scale's rounding shows; query_pre_attn_scalar differs from head_dim; the
 #: local and global RoPE bases and the global layers' linear scaling differ.
@@ -136,7 +134,7 @@ def test_gguf_config_is_llama_cpps():
 
 
 def test_gguf_names_are_llama_cpps():
-    gguf = pytest.importorskip("gguf")
+    import gguf
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, 1)
     config = config_from_hf(GEMMA3)
     for w in family_for_gguf("gemma3").weights(config):
@@ -152,7 +150,6 @@ def test_gguf_gives_the_checkpoints_logits(tmp_path):
     config is one where llama.cpp's fixed choices agree with it: the
     attention scale ``head_dim ** -0.5`` (GGUF names none) and an embedding
     scale exact in bfloat16 (llama.cpp's is the float32 root)."""
-    pytest.importorskip("gguf", reason="gguf (test-only dependency) is not installed")
     import numpy as np
     from family_checks import PROMPT_IDS, load_tiny, program_logits
     from gguf_writer import write_gguf_from_hf

@@ -12,8 +12,6 @@ import pytest
 from family_checks import (MlxLmParity, PROMPT_IDS, TINY_CONFIG, load_tiny,
                            program_logits, write_checkpoint)
 
-pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
-
 CONFIGS = {
     "llama": dict(TINY_CONFIG, model_type="llama", rope_theta=5000.0),
     "llama3-scaled": dict(TINY_CONFIG, model_type="llama", tie_word_embeddings=True,
@@ -42,7 +40,6 @@ def test_gguf_logits_match_the_hf_checkpoint(checkpoint, tmp_path):
     decode steps. Llama's (and Mistral's) Q/K rows are permuted into the
     interleaved RoPE layout, which the loader must undo by rotating
     traditionally; Qwen2's keep the half-split layout."""
-    pytest.importorskip("gguf", reason="gguf (llama.cpp's package, test-only) is not installed")
     from gguf_writer import write_gguf_from_hf
 
     path = write_gguf_from_hf(checkpoint, tmp_path / "model.gguf")

@@ -21,8 +21,6 @@ from mlxprog.llm import ModelError, build_prefill, load
 from mlxprog.llm.hf import config_from_hf
 from mlxprog.llm.models import model_spec
 
-pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
-
 #: The sliding_window, shorter than the prompt, is ignored (as by mlx-lm and
 #: Hugging Face).
 PHI3 = dict(TINY_CONFIG, model_type="phi3", rope_theta=10000.0, hidden_act="silu",
@@ -57,7 +55,6 @@ def test_gguf_gives_the_checkpoints_logits(tmp_path, name):
     """The GGUF file of the checkpoint (fused ``attn_qkv`` and ``ffn_up``,
     ``rope.dimension_count``, longrope factors as tensors with the
     attention factor) gives the directory's logits."""
-    pytest.importorskip("gguf", reason="gguf (test-only dependency) is not installed")
     from gguf_writer import write_gguf_from_hf
 
     directory = write_checkpoint(tmp_path / name, CONFIGS[name])

@@ -16,8 +16,6 @@ from family_checks import (MlxLmParity, MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, loa
 from mlxprog.llm import ModelError, load
 from mlxprog.llm.hf import config_from_hf
 
-pytest.importorskip("mlx_lm", reason="mlx-lm (test-only dependency) is not installed")
-
 QWEN3 = dict(TINY_CONFIG, model_type="qwen3", rope_theta=1e6, use_sliding_window=False,
              sliding_window=32, hidden_act="silu")
 #: head_dim differs from hidden_size / num_attention_heads (16) in both.
@@ -40,7 +38,6 @@ class TestMlxLmParity(MlxLmParity):
 def test_gguf_gives_the_checkpoints_logits(checkpoint, tmp_path):
     """The GGUF file of the checkpoint (llama.cpp's names, half-split RoPE,
     ``key_length`` for the explicit head_dim) gives the directory's logits."""
-    pytest.importorskip("gguf", reason="gguf (test-only dependency) is not installed")
     from gguf_writer import write_gguf_from_hf
 
     gguf = load_tiny(write_gguf_from_hf(checkpoint, tmp_path / "model.gguf"))
