@@ -215,6 +215,10 @@ class LLM(CompiledModel):
         if options.repetition_penalty is not None or options.picking.logprobs:
             raise ModelError("the in-program decode loop has no repetition_penalty, logprobs "
                              "or top_logprobs; use generate")
+        for name in ("constraint", "logit_bias"):
+            if getattr(options, name) is not None:
+                raise ModelError(f"the in-program decode loop cannot apply {name} (its "
+                                 "tokens are picked inside the program); use generate")
         if options.draft in ("prompt-lookup", "model"):
             raise ModelError(f"the in-program decode loop has no speculative decoding (draft "
                              f"{options.draft!r}); use generate")
