@@ -33,6 +33,15 @@ picked last and the drafts (written from slot ``offset`` on), and moves
 ``offset`` past the token and the drafts :func:`~mlxprog.llm.speculative.judge`
 keeps only, so the rejected drafts' slots are overwritten by the next step.
 Larger batches take plain steps.
+
+Structured output (see docs/structured_output.md): a request with a
+constraint follows it with a :class:`~mlxprog.llm.constraints.ConstraintState`,
+and its logits get its ``logit_bias`` and the constraint's mask
+(:meth:`Request.shaped`) before its picker (or the verdict on a draft)
+samples from them. A mask follows the token picked before, so a step with
+constrained rows starts its forward pass, reads those rows' tokens (the
+other rows stay asynchronous) and computes their masks while it runs.
+Requests with neither pick from the raw logits.
 """
 
 from __future__ import annotations
@@ -130,7 +139,8 @@ class Generation:
     EOS) and, if asked for (``logprobs``), their log-probabilities, why it
     stopped, and stats.
 
-    ``finish_reason`` is ``"eos"``, ``"stop"`` (a stop string), ``"length"``
+    ``finish_reason`` is ``"eos"``, ``"stop"`` (a stop string, or a
+    constrained output complete: nothing but EOS could follow), ``"length"``
     (``max_tokens``, or the KV cache full: then ``cache_full``) or
     ``"cancelled"``."""
 

@@ -164,6 +164,17 @@ def test_speculative_decoding_keeps_the_constrained_output(llm):
     jsonschema.validate(json.loads(drafted.text), schema)
 
 
+def test_finish_reasons_of_a_complete_match(llm):
+    # A match that cannot grow ends the generation ("stop"); one that could
+    # ends where the model writes EOS, which the mask allows only there.
+    out = llm.generate("Say hello.", max_tokens=40,
+                       constraint=Constraint.regex("[A-Za-z ,.!]{1,80}"))
+    assert len(out.text) == 80 and out.finish_reason == "stop", out
+    out = llm.generate("What is 2+2?", max_tokens=40,
+                       constraint=Constraint.regex("[A-Za-z0-9 ,.!]+"))
+    assert re.fullmatch("[A-Za-z0-9 ,.!]+", out.text) and out.finish_reason == "eos", out
+
+
 def test_a_constraint_cut_by_max_tokens_ends_with_length(llm):
     pieces = list(llm.stream(PROMPT, max_tokens=5, response_format={
         "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}))
