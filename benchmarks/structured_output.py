@@ -117,7 +117,7 @@ def schemas(count: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def validity(llm, args) -> None:
-    valid, cut, invalid, tokens, seconds = 0, 0, [], 0, 0.0
+    valid, cut, invalid, tokens, seconds = 0, [], [], 0, 0.0
     for i, schema in enumerate(schemas(args.schemas)):
         topic = TOPICS[i % len(TOPICS)]
         start = time.perf_counter()
@@ -126,7 +126,7 @@ def validity(llm, args) -> None:
         seconds += time.perf_counter() - start
         tokens += len(out.tokens)
         if out.finish_reason == "length":
-            cut += 1
+            cut.append((i, out.text[-80:]))
             continue
         validator = jsonschema.Draft202012Validator(
             schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
@@ -136,8 +136,10 @@ def validity(llm, args) -> None:
         except (ValueError, jsonschema.ValidationError) as exc:
             invalid.append((i, out.text, str(exc)[:200]))
     print(f"validity: {args.schemas} schemas, {valid} valid ({valid / args.schemas:.0%}), "
-          f"{cut} cut by --max-tokens {args.max_tokens}, {len(invalid)} complete but invalid; "
-          f"{tokens} tokens in {seconds:.1f} s")
+          f"{len(cut)} cut by --max-tokens {args.max_tokens}, {len(invalid)} complete but "
+          f"invalid; {tokens} tokens in {seconds:.1f} s")
+    for i, tail in cut:
+        print(f"  cut: schema {i}, ending {tail!r}")
     for i, text, reason in invalid:
         print(f"  INVALID schema {i}: {text!r}: {reason}")
 
