@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
 import mlx.core as mx
+
 from ..errors import ModelError
 from .cache import common_prefix
 from .constraints import ConstraintState, ConstraintVocabulary, MaskBatch, apply_bitmask
