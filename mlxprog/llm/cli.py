@@ -59,24 +59,24 @@ def _origins(value: str) -> list[str]:
     return origins
 
 
-def _constraint(make: Callable[[str], Constraint], from_file: bool,
-                flag_name: str) -> Callable[[str], Constraint]:
-    """An argparse ``type=`` for a constraint flag: its value (or, when
-    ``from_file``, the text of the file it names) made into a constraint by
-    ``make``, so that a schema, regex or grammar that cannot be used exits
+def _constraint(make: Callable[[str, str], Constraint], flag_name: str,
+                file_holds: str | None = None) -> Callable[[str], Constraint]:
+    """An argparse ``type=`` for the constraint flag ``flag_name``: its
+    value (or, when ``file_holds`` says what, the text of the file it names)
+    made into a constraint by ``make`` (a :class:`Constraint` constructor,
+    given the flag as the field its errors name), so that a schema, regex
+    or grammar that cannot be used, or a file that cannot be read, exits
     with status 2 naming the flag before any model loads."""
 
     def parse(value: str) -> Constraint:
         text = value
-        if from_file:
+        if file_holds is not None:
             try:
-                with open(value, encoding="utf-8") as file:
-                    text = file.read()
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise argparse.ArgumentTypeError(f"cannot read {value}: {reason}") from None
+                text = read_text(value, file_holds, f"file {value!r}")
+            except ProgramError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         try:
-            return make(text)
+            return make(text, flag_name)
         except ConstraintError as exc:
             where = exc.field.removeprefix(flag_name).lstrip(".")
             raise argparse.ArgumentTypeError(
@@ -197,16 +197,14 @@ PROMPT_CACHE = flag("--prompt-cache", metavar="FILE",
 #: Structured output: one constraint, stored as GenerationOptions' ``constraint``.
 CONSTRAINT = OneOf((
     flag("--json-schema", dest="constraint", metavar="FILE",
-         type=_constraint(lambda text: Constraint.json_schema(text, "--json-schema"), True,
-                          "--json-schema"),
+         type=_constraint(Constraint.json_schema, "--json-schema", "the schema"),
          help="the reply is JSON that the JSON schema in FILE validates (constrained "
          "decoding: it always parses and validates, unless --max-tokens cuts it)"),
     flag("--regex", dest="constraint", metavar="REGEX",
-         type=_constraint(lambda text: Constraint.regex(text, "--regex"), False, "--regex"),
+         type=_constraint(Constraint.regex, "--regex"),
          help="the reply is text that REGEX matches whole (Rust regex syntax)"),
     flag("--grammar", dest="constraint", metavar="FILE",
-         type=_constraint(lambda text: Constraint.grammar(text, "--grammar"), True,
-                          "--grammar"),
+         type=_constraint(Constraint.grammar, "--grammar", "the grammar"),
          help="the reply follows the grammar in FILE: llguidance's Lark (a start: rule) "
          "or llama.cpp's GBNF (a root ::= rule)")))
 
