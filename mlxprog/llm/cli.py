@@ -24,13 +24,14 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import ProgramError, SettingError, UsageError
 from ..flags import (
     OneOf, add_command, at_least, choice, choices_metavar, flag, in_range, non_empty, number,
 )
 from ..native import MAX_THREADS
+from .constraints import Constraint, ConstraintError
 from .engine import SIZE_FLAGS, PromptTooLongError
 from .options import (
     AUTO_NUMERICS, DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DEFAULT_MAX_LENGTH, DRAFTS,
@@ -56,6 +57,32 @@ def _origins(value: str) -> list[str]:
     if not origins:
         raise argparse.ArgumentTypeError("no origin given")
     return origins
+
+
+def _constraint(make: Callable[[str, str], Constraint], flag_name: str,
+                file_holds: str | None = None) -> Callable[[str], Constraint]:
+    """An argparse ``type=`` for the constraint flag ``flag_name``: its
+    value (or, when ``file_holds`` says what, the text of the file it names)
+    made into a constraint by ``make`` (a :class:`Constraint` constructor,
+    given the flag as the field its errors name), so that a schema, regex
+    or grammar that cannot be used, or a file that cannot be read, exits
+    with status 2 naming the flag before any model loads."""
+
+    def parse(value: str) -> Constraint:
+        text = value
+        if file_holds is not None:
+            try:
+                text = read_text(value, file_holds, f"file {value!r}")
+            except ProgramError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        try:
+            return make(text, flag_name)
+        except ConstraintError as exc:
+            where = exc.field.removeprefix(flag_name).lstrip(".")
+            raise argparse.ArgumentTypeError(
+                f"{where}: {exc.problem}" if where else exc.problem) from None
+
+    return parse
 
 
 # -- the flags ----------------------------------------------------------------
@@ -167,6 +194,19 @@ PROMPT_CACHE = flag("--prompt-cache", metavar="FILE",
                     help="reuse the KV cache saved in FILE (.safetensors) for the prefix it "
                     "shares with the prompt, and save the prompt and reply to it afterwards "
                     "(a new file if FILE does not exist)")
+#: Structured output: one constraint, stored as GenerationOptions' ``constraint``.
+CONSTRAINT = OneOf((
+    flag("--json-schema", dest="constraint", metavar="FILE",
+         type=_constraint(Constraint.json_schema, "--json-schema", "the schema"),
+         help="the reply is JSON that the JSON schema in FILE validates (constrained "
+         "decoding: it always parses and validates, unless --max-tokens cuts it)"),
+    flag("--regex", dest="constraint", metavar="REGEX",
+         type=_constraint(Constraint.regex, "--regex"),
+         help="the reply is text that REGEX matches whole (Rust regex syntax)"),
+    flag("--grammar", dest="constraint", metavar="FILE",
+         type=_constraint(Constraint.grammar, "--grammar", "the grammar"),
+         help="the reply follows the grammar in FILE: llguidance's Lark (a start: rule) "
+         "or llama.cpp's GBNF (a root ::= rule)")))
 
 OUTPUT = flag("-o", "--output", required=True, metavar="DIR", help="output directory")
 WORLD_SIZE = flag("--world-size", type=at_least(1), default=1, metavar="N",
@@ -245,10 +285,10 @@ SETTING_FLAGS = {f.dest: f.names[0] for f in (*MODEL_SETTINGS, ADAPTER_PATH)}
 def add_commands(commands: Any) -> None:
     """Register the LLM subcommands on the main parser's subparsers."""
     add_command(commands, "generate", _cmd_generate, "generate text with an LLM",
-                [PROMPT, *LOADING, *MODEL_SETTINGS, *SAMPLING, *GENERATION, MAX_TOKENS, STOP,
-                 CHAT, IN_PROGRAM, VERBOSE, JSON, PROMPT_CACHE])
+                [PROMPT, *LOADING, *MODEL_SETTINGS, *SAMPLING, *GENERATION, CONSTRAINT,
+                 MAX_TOKENS, STOP, CHAT, IN_PROGRAM, VERBOSE, JSON, PROMPT_CACHE])
     add_command(commands, "chat", _cmd_chat, "chat with an LLM interactively",
-                [*LOADING, *MODEL_SETTINGS, *SAMPLING, *GENERATION,
+                [*LOADING, *MODEL_SETTINGS, *SAMPLING, *GENERATION, CONSTRAINT,
                  MAX_TOKENS.but(default=512, help="tokens per reply"),
                  VERBOSE.but(action="store_true", default=False,
                              help="print a stats line on stderr after each reply")])
@@ -361,6 +401,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
     options = _generation_options(args)
+    if args.in_program and options.constraint is not None:
+        raise UsageError("--in-program: the in-program decode loop cannot follow "
+                         "--json-schema, --regex or --grammar; leave one out")
     prompt = read_prompt(args)
     # Under mlx.launch the processes split the model (tensor parallelism);
     # alone, init() gives a group of one and the whole model runs here.
@@ -445,7 +488,8 @@ def _finish(result: Generation, llm: LLM, max_tokens: int) -> str:
             return (f"length (the KV cache of {llm.max_length} tokens is full; "
                     "raise --max-length)")
         return f"length (--max-tokens {max_tokens})"
-    return {"eos": "eos (end of sequence)", "stop": "stop (a --stop text)"}.get(
+    return {"eos": "eos (end of sequence)",
+            "stop": "stop (a --stop text, or the constrained reply complete)"}.get(
         result.finish_reason, result.finish_reason)
 
 

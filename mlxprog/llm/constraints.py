@@ -807,12 +807,13 @@ class LogitBias:
     values: tuple[float, ...]
 
     @classmethod
-    def parse(cls, value: Mapping[Any, Any] | None, vocab_size: int,
+    def parse(cls, value: Mapping[Any, Any] | None, vocab_size: int | None,
               field: str = "logit_bias") -> LogitBias | None:
         """The bias a request's ``logit_bias`` asks for (None when absent
         or empty): keys are token ids (JSON's string keys, such as
-        ``"50256"``, or ints), below ``vocab_size``; values numbers in
-        [-100, 100]. A bad entry is a :class:`ConstraintError` naming it
+        ``"50256"``, or ints), below ``vocab_size`` (None: any non-negative
+        id; :meth:`check` them once the vocabulary is known); values numbers
+        in [-100, 100]. A bad entry is a :class:`ConstraintError` naming it
         (``logit_bias.50256``)."""
         if value is None:
             return None
@@ -823,9 +824,11 @@ class LogitBias:
         for key, bias in value.items():
             where = f"{field}.{key}"
             token = _token_id(key)
-            if token is None or not 0 <= token < vocab_size:
-                raise ConstraintError(where, f"the key must be a token id (an integer in "
-                                      f"[0, {vocab_size})), got {shown(key)}")
+            if token is None or token < 0 or (vocab_size is not None and token >= vocab_size):
+                bound = "a non-negative integer" if vocab_size is None else \
+                    f"an integer in [0, {vocab_size})"
+                raise ConstraintError(where, f"the key must be a token id ({bound}), got "
+                                      f"{shown(key)}")
             if token in ids:
                 raise ConstraintError(where, f"token {token} is given twice")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
@@ -836,6 +839,14 @@ class LogitBias:
         if not ids:
             return None
         return cls(tuple(ids), tuple(ids.values()))
+
+    def check(self, vocab_size: int, field: str = "logit_bias") -> None:
+        """Raise a :class:`ConstraintError` naming the first token id that
+        is not below ``vocab_size`` (the model's vocabulary)."""
+        for token in self.token_ids:
+            if token >= vocab_size:
+                raise ConstraintError(f"{field}.{token}", f"the key must be a token id (an "
+                                      f"integer in [0, {vocab_size})), got {token}")
 
     def apply(self, logits: mx.array) -> mx.array:
         """``logits`` (``[V]`` or ``[B, V]``) with the biases added."""

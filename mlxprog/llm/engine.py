@@ -33,6 +33,15 @@ picked last and the drafts (written from slot ``offset`` on), and moves
 ``offset`` past the token and the drafts :func:`~mlxprog.llm.speculative.judge`
 keeps only, so the rejected drafts' slots are overwritten by the next step.
 Larger batches take plain steps.
+
+Structured output (see docs/structured_output.md): a request with a
+constraint follows it with a :class:`~mlxprog.llm.constraints.ConstraintState`,
+and its logits get its ``logit_bias`` and the constraint's mask
+(:meth:`Request.shaped`) before its picker (or the verdict on a draft)
+samples from them. A mask follows the token picked before, so a step with
+constrained rows starts its forward pass, reads those rows' tokens (the
+other rows stay asynchronous) and computes their masks while it runs.
+Requests with neither pick from the raw logits.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import mlx.core as mx
 
 from ..errors import ModelError
 from .cache import common_prefix
+from .constraints import ConstraintState, ConstraintVocabulary, MaskBatch, apply_bitmask
 from .programs import DecodeInputs, LogitsOutputs, PrefillInputs, VerifyInputs
 from .speculative import Draft, Drafter, drafter_for, judge
 
@@ -130,7 +140,8 @@ class Generation:
     EOS) and, if asked for (``logprobs``), their log-probabilities, why it
     stopped, and stats.
 
-    ``finish_reason`` is ``"eos"``, ``"stop"`` (a stop string), ``"length"``
+    ``finish_reason`` is ``"eos"``, ``"stop"`` (a stop string, or a
+    constrained output complete: nothing but EOS could follow), ``"length"``
     (``max_tokens``, or the KV cache full: then ``cache_full``) or
     ``"cancelled"``."""
 
@@ -190,6 +201,14 @@ class Request:
         self.options = options
         self.picking = options.picking
         self.prompt_cache = prompt_cache
+        #: Structured output: the constraint's progress (None: unconstrained)
+        #: and the logit bias; a row with neither picks from the raw logits.
+        self.constraint: ConstraintState | None = None
+        if options.constraint is not None:
+            self.constraint = options.constraint.start(ConstraintVocabulary.of(llm.tokenizer))
+        self.logit_bias = options.logit_bias
+        if self.logit_bias is not None:
+            self.logit_bias.check(llm.config.vocab_size)
         #: Where speculative decoding gets its drafts (None: plain decoding).
         self.drafter: Drafter | None = drafter_for(
             llm, options.draft, options.num_draft_tokens, options.prompt_lookup_ngram,
@@ -266,12 +285,28 @@ class Request:
     def pick(self, llm: CompiledModel, logits: mx.array) -> tuple[mx.array, ...]:
         """Dispatch the pick of the next token from ``logits [1, V]``; the
         picked token becomes the one fed next."""
-        token, self.key, *rest = llm.picker(self.picking)(logits, self.key, self.history)
+        token, self.key, *rest = llm.picker(self.picking)(self.shaped(logits), self.key,
+                                                          self.history)
         if self.picking.repetition_penalty is not None:
             self.history = mx.concatenate([self.history[:, 1:], token[None]], axis=1)
         self.next_token = token
         self.dispatched += 1
         return (token, *rest)
+
+    def shaped(self, logits: mx.array, draft: Sequence[int] | None = None) -> mx.array:
+        """``logits`` (``[1, V]``, or a verify step's ``[k + 1, V]`` after
+        the token picked last and each token of ``draft``) with the logit
+        bias added and the tokens the constraint does not allow at ``-inf``
+        (each row under its own mask: a draft token that does not fit is
+        then never kept): what the picker or the verdict samples from and
+        reports log-probabilities of. Without either, ``logits`` as they
+        are. A constrained row's masks need its previous token taken."""
+        if self.logit_bias is not None:
+            logits = self.logit_bias.apply(logits)
+        if self.constraint is not None:
+            logits = self.constraint.apply(logits) if draft is None else \
+                apply_bitmask(logits, self.constraint.draft_bitmasks(draft))
+        return logits
 
     # -- text ------------------------------------------------------------------
     def take(self, token: int, logprob: float | None,
@@ -280,6 +315,8 @@ class Request:
         piece of text it lets through."""
         if not self.read:
             self.first_token_at = time.perf_counter()
+        if self.constraint is not None:
+            self.constraint.advance(token)
         self.read.append(token)
         if token in self.eos:
             self.finish_reason = "eos"
@@ -293,6 +330,11 @@ class Request:
                 if at >= 0:
                     self.text = self.text[:at]
                     self.finish_reason = "stop"
+            if self.finish_reason is None and self.constraint is not None \
+                    and self.constraint.finished:
+                # A complete match that cannot grow: only EOS could follow.
+                self.finish_reason = "stop"
+                self.text += self.decoder.flush()
         if self.finish_reason is None and len(self.read) >= self.budget:
             self.finish_reason = "length"
             self.cache_full = self.limited_by_cache
@@ -364,6 +406,7 @@ class Engine:
         self.caches: tuple[mx.array, ...] = ()
         self.offset = 0        # the slot every row writes its next token to
         self._key_mask: mx.array | None = None
+        self._mask_batch: MaskBatch | None = None
         # The step programs' key input is unused: each row picks with its own.
         self._step_key = mx.random.key(0)
 
@@ -575,6 +618,15 @@ class Engine:
             key=self._step_key, caches=self.caches,
         ).by_name(llm.cache_layout)))
         self.caches, self.offset = out.caches, self.offset + 1
+        constrained = [r for r in self.rows if r.constraint is not None]
+        if constrained:
+            # A constrained row's mask follows the token it picked last: start
+            # the forward pass, read those tokens (only those rows wait) and
+            # compute the masks while it runs.
+            mx.async_eval(out.logits, *out.caches)
+            pieces += self._read(constrained)
+            if len(constrained) > 1:
+                self._masks().fill([r.constraint for r in constrained])
         picked = []
         for i, row in enumerate(self.rows):
             row.fed += 1
@@ -617,7 +669,8 @@ class Engine:
             caches=self.caches,
         ).by_name(llm.cache_layout)))
         self.caches = out.caches
-        verdict = judge(out.logits[0], draft, row.picking, row.history, row.key)
+        verdict = judge(row.shaped(out.logits[0], draft.tokens.tolist()), draft, row.picking,
+                        row.history, row.key)
         fed = verdict.accepted + 1   # the token picked last and the drafts kept
         self.offset += fed
         row.fed += fed
@@ -639,10 +692,17 @@ class Engine:
         self._leave()
         return pieces
 
-    def _read(self) -> list[tuple[Request, Piece]]:
-        """Read the rows' unread tokens; their pieces."""
+    def _masks(self) -> MaskBatch:
+        """The batch's mask computer (llguidance's threads), made when two
+        constrained rows first share a step."""
+        if self._mask_batch is None:
+            self._mask_batch = MaskBatch()
+        return self._mask_batch
+
+    def _read(self, rows: Sequence[Request] | None = None) -> list[tuple[Request, Piece]]:
+        """Read the unread tokens of ``rows`` (None: every row); their pieces."""
         pieces = []
-        for row in self.rows:
+        for row in self.rows if rows is None else rows:
             if row.unread is not None and not row.finished:
                 pieces.append((row, self._take(row, row.unread)))
             row.unread = None

@@ -23,6 +23,7 @@ from ..arrays import is_int
 from ..errors import ModelError
 from .cache import PromptCache
 from .compiled import CompiledModel
+from .constraints import OptionError
 from .engine import Engine, Generation, Piece, Request, prefill_bucket, run
 from .options import GenerationOptions
 from .programs import POOLINGS, DecodeLoopInputs, EmbedInputs
@@ -215,6 +216,10 @@ class LLM(CompiledModel):
         if options.repetition_penalty is not None or options.picking.logprobs:
             raise ModelError("the in-program decode loop has no repetition_penalty, logprobs "
                              "or top_logprobs; use generate")
+        for name in ("constraint", "logit_bias"):
+            if getattr(options, name) is not None:
+                raise OptionError(name, "the in-program decode loop cannot apply it (its "
+                                  "tokens are picked inside the program); use generate")
         if options.draft in ("prompt-lookup", "model"):
             raise ModelError(f"the in-program decode loop has no speculative decoding (draft "
                              f"{options.draft!r}); use generate")

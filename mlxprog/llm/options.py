@@ -20,6 +20,7 @@ import mlx.core as mx
 from ..arrays import is_int
 from ..errors import ModelError
 from ..ops.quant import Numerics
+from .constraints import Constraint, ConstraintError, LogitBias
 from .programs import Picking, Sampling
 from .tokenizer import ChatTemplate
 
@@ -195,6 +196,21 @@ class GenerationOptions:
     ``num_draft_tokens`` drafts at once. The output is the same (greedy:
     token for token; sampling: in distribution) and only the speed changes.
     Bad values raise :class:`~mlxprog.llm.ModelError` naming the option.
+
+    Structured output (see docs/structured_output.md): ``constraint`` (a
+    :class:`~mlxprog.llm.constraints.Constraint`) makes the output follow a
+    JSON schema, a regex, a choice or a grammar, token by token: tokens
+    that do not fit get ``-inf`` before sampling and log-probabilities.
+    The generation ends as soon as the output is a complete match that
+    cannot grow (``"stop"``), at an EOS the constraint allows (``"eos"``),
+    or at ``max_tokens`` (``"length"``: the output is then incomplete).
+    :meth:`given` also takes ``response_format=`` (an OpenAI
+    ``response_format`` dict, a pydantic model class or a constraint) and
+    ``grammar=`` (Lark or GBNF text), which become ``constraint``.
+    ``logit_bias`` (OpenAI's: token id -> a number in [-100, 100] added to
+    its logit; kept as a :class:`~mlxprog.llm.constraints.LogitBias`, or None
+    when empty) applies before the constraint. A bad value of either is an
+    :class:`~mlxprog.llm.constraints.OptionError` naming the field.
     """
 
     max_tokens: int = 256
@@ -213,6 +229,8 @@ class GenerationOptions:
     draft: str | None = None
     num_draft_tokens: int = DEFAULT_DRAFT_TOKENS
     prompt_lookup_ngram: int = DEFAULT_LOOKUP_NGRAM
+    constraint: Constraint | None = None
+    logit_bias: Mapping[int, float] | LogitBias | None = None
     #: The sampling parameters (the programs' attributes), derived from the
     #: fields above once, which validates them.
     sampling: Sampling = field(init=False, repr=False, compare=False)
@@ -250,6 +268,14 @@ class GenerationOptions:
         if not all(isinstance(s, str) for s in stop):
             raise ModelError(f"stop must be strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(s for s in stop if s))
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ConstraintError("constraint", "expected a Constraint (or give "
+                                  "response_format= or grammar=), got "
+                                  f"{type(self.constraint).__name__}")
+        if not isinstance(self.logit_bias, LogitBias):
+            # The token ids are checked against the model's vocabulary when a
+            # request is made (Request), which knows the model.
+            object.__setattr__(self, "logit_bias", LogitBias.parse(self.logit_bias, None))
 
     @property
     def picking(self) -> Picking:
@@ -265,4 +291,18 @@ class GenerationOptions:
               overrides: Mapping[str, Any]) -> GenerationOptions:
         """What a generation method was given: ``options`` (None: the
         defaults) with the keyword arguments ``overrides`` replacing fields."""
+        overrides = dict(overrides)
+        response_format = overrides.pop("response_format", None)
+        grammar = overrides.pop("grammar", None)
+        given = [name for name, value in (("response_format", response_format),
+                                          ("grammar", grammar), ("constraint",
+                                                                 overrides.get("constraint")))
+                 if value is not None]
+        if len(given) > 1:
+            raise ConstraintError(given[1], f"give one of {' and '.join(given)}: each "
+                                  "constrains the whole output")
+        if response_format is not None:
+            overrides["constraint"] = Constraint.of(response_format, "response_format")
+        elif grammar is not None:
+            overrides["constraint"] = Constraint.grammar(grammar)
         return _given(cls, options, overrides, "generation")
