@@ -20,6 +20,7 @@ import mlx.core as mx
 from ..arrays import is_int
 from ..errors import ModelError
 from ..ops.quant import Numerics
+from .constraints import Constraint, LogitBias
 from .programs import Picking, Sampling
 from .tokenizer import ChatTemplate
 
@@ -213,6 +214,8 @@ class GenerationOptions:
     draft: str | None = None
     num_draft_tokens: int = DEFAULT_DRAFT_TOKENS
     prompt_lookup_ngram: int = DEFAULT_LOOKUP_NGRAM
+    constraint: Constraint | None = None
+    logit_bias: Mapping[int, float] | LogitBias | None = None
     #: The sampling parameters (the programs' attributes), derived from the
     #: fields above once, which validates them.
     sampling: Sampling = field(init=False, repr=False, compare=False)

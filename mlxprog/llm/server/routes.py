@@ -20,17 +20,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive
 
+from ...errors import ModelError
+from ..constraints import shown
 from ..engine import Piece
 from ..generate import LLM, Prompt
 from ..options import GenerationOptions
+from ..tool_calls import ToolPrompt
 from .embeddings import Embedder, EmbeddingJob
 from .errors import APIError
 from .metrics import prometheus_text
-from .rendering import Output, TokenText, usage
+from .rendering import ChatReply, Output, TokenText, usage
 from .responses import EventStream, error_response, event, json_response
 from .scheduler import Job, Scheduler
 from .schemas import (
-    ChatCompletionBody, CompletionBody, EmbeddingBody, GenerationBody, invalid, shown,
+    ChatCompletionBody, CompletionBody, EmbeddingBody, GenerationBody, invalid,
 )
 
 #: OpenAI's default ``max_tokens`` for (legacy) completions; chat completions
@@ -92,22 +95,36 @@ class Endpoints:
     # -- endpoints -------------------------------------------------------------
     async def _chat(self, request: HTTPRequest) -> Response:
         body = await self._body(request, ChatCompletionBody)
+        tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
         max_tokens = body.max_completion_tokens or body.max_tokens or self.llm.max_length
         options = body.options(max_tokens, bool(body.logprobs), body.top_logprobs or 0,
-                               chat=True)
-        return await self._answer(request, body, body.prompt(), options, chat=True)
+                               chat=False, vocab_size=self.llm.config.vocab_size,
+                               constraint=body.reply_constraint(tool_prompt))
+        return await self._answer(request, body, self._rendered(tool_prompt), options,
+                                  ChatReply(tool_prompt))
 
     async def _completions(self, request: HTTPRequest) -> Response:
         body = await self._body(request, CompletionBody)
         max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
         options = body.options(max_tokens, body.logprobs is not None, body.logprobs or 0,
-                               chat=False)
-        return await self._answer(request, body, body.prompt, options, chat=False)
+                               chat=False, vocab_size=self.llm.config.vocab_size,
+                               constraint=body.constraint())
+        return await self._answer(request, body, body.prompt, options, None)
+
+    def _rendered(self, tool_prompt: ToolPrompt) -> str:
+        """A chat's prompt text: its messages (and tools) through the chat template."""
+        try:
+            return self.llm.tokenizer.apply_chat_template(tool_prompt.messages,
+                                                          **tool_prompt.template_kwargs)
+        except ModelError as e:
+            raise APIError(400, str(e), "messages") from None
 
     async def _answer(self, request: HTTPRequest, body: GenerationBody, prompt: Prompt,
-                      options: GenerationOptions, chat: bool) -> Response:
-        """Generate, and answer as a chat or a text completion: one JSON
-        object, or (``stream``) server-sent chunks."""
+                      options: GenerationOptions, reply: ChatReply | None) -> Response:
+        """Generate, and answer as a chat (``reply`` reads its message) or a
+        text completion (``reply`` None): one JSON object, or (``stream``)
+        server-sent chunks."""
+        chat = reply is not None
         job, first = await self._submit(request, prompt, options,
                                         "messages" if chat else "prompt")
         output = Output(self.token_text, options.logprobs)
@@ -128,12 +145,16 @@ class Endpoints:
                 await self._or_disconnect(request, job, self._collect(job, first, output))
             finally:
                 request.scope["mlxprog.usage"] = output.usage
-            text = output.text
-            content = ({"message": {"role": "assistant", "content": text}} if chat
-                       else {"text": text})
+            if reply is None:
+                content, finish_reason = {"text": output.text}, output.finish_reason
+            else:
+                reply.feed(output.text)
+                reply.finish()
+                content = {"message": reply.message()}
+                finish_reason = reply.finish_reason(output.finish_reason)
             return json_response({
                 "id": reply_id, "object": kind, "created": created, "model": self.model_id,
-                "choices": [choice(content, output.tokens, output.finish_reason)],
+                "choices": [choice(content, output.tokens, finish_reason)],
                 "usage": output.usage})
 
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -152,18 +173,28 @@ class Endpoints:
             try:
                 async for piece in self._pieces(job, first):
                     tokens = output.add(piece)
-                    if piece.text or tokens:
-                        content = ({"delta": {"content": piece.text}} if chat
-                                   else {"text": piece.text})
-                        yield chunk([choice(content, tokens)])
+                    if reply is None:
+                        if piece.text or tokens:
+                            yield chunk([choice({"text": piece.text}, tokens)])
+                        continue
+                    deltas = reply.feed(piece.text)
+                    if tokens and not deltas:  # a token of no text yet: its logprobs
+                        deltas = [{"content": ""}]
+                    for i, delta in enumerate(deltas):  # the piece's logprobs on its first
+                        yield chunk([choice({"delta": delta}, tokens if i == 0 else None)])
             except APIError as e:
                 # The stream has begun (status 200): it still ends as every
                 # stream does, so that any client sees its end, then says why.
                 error = e
                 output.cut_short()
                 request.scope["mlxprog.ended"] = e.message
-            end = {"delta": {}} if chat else {"text": ""}
-            yield chunk([choice(end, None, output.finish_reason)])
+            if reply is None:
+                end, finish_reason = {"text": ""}, output.finish_reason
+            else:
+                for delta in reply.finish():
+                    yield chunk([choice({"delta": delta}, None)])
+                end, finish_reason = {"delta": {}}, reply.finish_reason(output.finish_reason)
+            yield chunk([choice(end, None, finish_reason)])
             if include_usage:
                 yield chunk([], output.usage)
             if error is not None:
