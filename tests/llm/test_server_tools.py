@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import jsonschema
 import openai
 import pydantic
@@ -148,6 +149,18 @@ HISTORY = [*USER,
            {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
 
 
+#: HISTORY with the tool WEATHER, as HERMES_TEMPLATE renders it.
+HERMES_HISTORY = (
+    '<|im_start|>system\n# Tools\n<tools>\n'
+    + json.dumps(WEATHER, ensure_ascii=False) + '\n</tools>\n'
+    'Call a function in <tool_call></tool_call> tags.<|im_end|>\n'
+    '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n'
+    '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Paris", "unit": "C"}}\n</tool_call><|im_end|>\n'
+    '<|im_start|>user\n<tool_response>\n21 degrees\n</tool_response><|im_end|>\n'
+    '<|im_start|>assistant\n')
+
+
 # -- the tool calls of a reply, as the server reads and streams them -----------
 def _hermes_prompt():
     return prepare_tools(USER, parse_tools([WEATHER, TIME]), ToolChoice("auto"),
@@ -199,15 +212,7 @@ def test_tools_reach_a_template_that_takes_them(hermes_server, hermes_client,
     tokenizer = hermes_reference.tokenizer
     reply = hermes_client.chat.completions.create(
         model=MODEL_ID, messages=HISTORY, tools=[WEATHER], max_tokens=8, temperature=0)
-    expected = (
-        '<|im_start|>system\n# Tools\n<tools>\n'
-        + json.dumps(WEATHER, ensure_ascii=False) + '\n</tools>\n'
-        'Call a function in <tool_call></tool_call> tags.<|im_end|>\n'
-        '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n'
-        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
-        '{"city": "Paris", "unit": "C"}}\n</tool_call><|im_end|>\n'
-        '<|im_start|>user\n<tool_response>\n21 degrees\n</tool_response><|im_end|>\n'
-        '<|im_start|>assistant\n')
+    expected = HERMES_HISTORY
     assert reply.usage.prompt_tokens == len(tokenizer.encode(expected))
     # The random model calls no tool: its text is the content, as generated.
     generated = hermes_reference.generate(expected, chat=False, max_tokens=8)
@@ -360,3 +365,91 @@ def test_logit_bias_bans_and_forces_tokens(constrained, client, reference):
         text = ("".join(c.choices[0].delta.content or "" for c in reply if c.choices)
                 if stream else reply.choices[0].message.content)
         assert text == "zzzz"
+
+
+# -- Anthropic's Messages API ----------------------------------------------------
+def _anthropic(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                               timeout=120)
+
+
+def test_anthropic_messages_with_system_and_stop_sequences(hermes_server, hermes_reference):
+    client = _anthropic(hermes_server)
+    # (This anthropic client takes no temperature argument: it goes in the body.)
+    kwargs = dict(model=MODEL_ID, max_tokens=12, extra_body={"temperature": 0},
+                  system="Be brief.",
+                  messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"}]}])
+    prompt = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    generated = hermes_reference.generate(prompt, chat=False, max_tokens=12)
+    message = client.messages.create(**kwargs)
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id.startswith("msg_")
+    assert [(b.type, b.text) for b in message.content] == [("text", generated.text)]
+    assert message.stop_reason == {"eos": "end_turn", "length": "max_tokens"}[
+        generated.finish_reason]
+    assert message.usage.input_tokens == len(hermes_reference.tokenizer.encode(prompt))
+    assert message.usage.output_tokens == len(generated.tokens) + (
+        generated.finish_reason == "eos")
+    # Streamed: the same text, and the events the client assembles into the same message.
+    with client.messages.stream(**kwargs) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == generated.text
+    assert final.content[0].text == generated.text and final.stop_reason == message.stop_reason
+    # A stop sequence from the middle of the text ends the reply before it.
+    stop = generated.text[3:5]
+    cut = client.messages.create(**kwargs, stop_sequences=[stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].text == generated.text[:generated.text.index(stop)]
+
+
+def test_anthropic_tool_use_and_tool_result_blocks_reach_the_template(hermes_server,
+                                                                       hermes_reference):
+    tool = {"name": "get_weather", "description": "The weather in a city.",
+            "input_schema": WEATHER["function"]["parameters"]}
+    message = _anthropic(hermes_server).messages.create(
+        model=MODEL_ID, max_tokens=1, tools=[tool], messages=[
+            {"role": "user", "content": USER[0]["content"]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                               "name": "get_weather",
+                                               "input": {"city": "Paris", "unit": "C"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                          "content": "21 degrees"}]}])
+    assert message.usage.input_tokens == len(hermes_reference.tokenizer.encode(HERMES_HISTORY))
+
+
+@pytest.mark.parametrize("fields, message, param", [
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages[0].content[0] is not a block this server takes", None),
+    ({"tools": [{"name": "bad name!", "input_schema": {"type": "object"}}]},
+     "tools[0].name: must be 1 to 64 letters", None),
+    ({"tool_choice": {"type": "tool", "name": "nope"},
+      "tools": [{"name": "f", "input_schema": {"type": "object"}}]},
+     "tool_choice.name: 'nope' is not one of the tools", None),
+    ({"max_tokens": 0}, "max_tokens must be at least 1", None),
+])
+def test_bad_anthropic_requests_are_anthropic_errors(hermes_server, fields, message, param):
+    body = {"model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            **fields}
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        _anthropic(hermes_server).messages.create(**body)
+    error = raised.value.body
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert message in error["error"]["message"]
+    # The server goes on serving.
+    assert _anthropic(hermes_server).messages.create(
+        model=MODEL_ID, max_tokens=1, messages=[{"role": "user", "content": "hi"}]).content
+
+
+def test_anthropic_forced_tool_use(constrained, server):
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    kwargs = dict(model=MODEL_ID, max_tokens=200, extra_body={"temperature": 0}, tools=[tool],
+                  tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Paris?"}])
+    message = _anthropic(server).messages.create(**kwargs)
+    assert message.stop_reason == "tool_use"
+    (use,) = [b for b in message.content if b.type == "tool_use"]
+    jsonschema.validate(use.input, tool["input_schema"])
+    with _anthropic(server).messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert [b.input for b in final.content if b.type == "tool_use"] == [use.input]

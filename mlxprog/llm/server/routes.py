@@ -26,6 +26,9 @@ from ..engine import Piece
 from ..generate import LLM, Prompt
 from ..options import GenerationOptions
 from ..tool_calls import ToolPrompt
+from .anthropic import (
+    BlockEvents, MessagesBody, anthropic_error, content_blocks, new_message_id, sse, stop_reason,
+)
 from .embeddings import Embedder, EmbeddingJob
 from .errors import APIError
 from .metrics import prometheus_text
@@ -43,7 +46,8 @@ DEFAULT_COMPLETION_TOKENS = 16
 #: takes well under it); more is a 413.
 MAX_BODY_BYTES = 16 * 2**20
 
-ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings",
+ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
+             "POST /v1/embeddings",
              "GET /v1/models", "GET /health", "GET /metrics")
 
 T = TypeVar("T")
@@ -80,6 +84,7 @@ class Endpoints:
         return [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model:path}", self._model, methods=["GET"]),
@@ -201,6 +206,90 @@ class Endpoints:
                 yield event(error.body())
 
         return EventStream(events(), job, output)
+
+    async def _messages(self, request: HTTPRequest) -> Response:
+        """Anthropic's Messages API (see :mod:`.anthropic`), its errors in
+        Anthropic's shape."""
+        try:
+            return await self._anthropic_message(request)
+        except APIError as e:
+            return json_response(anthropic_error(e), e.status, e.headers)
+
+    async def _anthropic_message(self, request: HTTPRequest) -> Response:
+        messages_body = await self._body(request, MessagesBody)
+        try:
+            body = ChatCompletionBody.model_validate(messages_body.chat_body())
+        except ValidationError as e:
+            raise invalid(e) from None
+        body.check_supported()
+        tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
+        options = body.options(messages_body.max_tokens, False, 0, chat=False,
+                               vocab_size=self.llm.config.vocab_size,
+                               constraint=body.reply_constraint(tool_prompt))
+        job, first = await self._submit(request, self._rendered(tool_prompt), options,
+                                        "messages")
+        output = Output(self.token_text, False)
+        reply = ChatReply(tool_prompt)
+        head = {"id": new_message_id(), "type": "message", "role": "assistant",
+                "model": self.model_id}
+        finish: list[str | None] = [None]  # the engine's finish reason
+
+        def stop_sequence() -> str | None:
+            # The engine says a stop string ended the reply, not which: known
+            # when only one was given.
+            stops = options.stop
+            return stops[0] if finish[0] == "stop" and len(stops) == 1 else None
+
+        def anthropic_usage() -> dict[str, int]:
+            stats = output.stats
+            return {"input_tokens": stats.prompt_tokens, "output_tokens":
+                    stats.generated_tokens}
+
+        if not body.stream:
+            async def collect() -> None:
+                async for piece in self._pieces(job, first):
+                    output.add(piece)
+                    finish[0] = piece.finish_reason
+            try:
+                await self._or_disconnect(request, job, collect())
+            finally:
+                request.scope["mlxprog.usage"] = output.usage
+            reply.feed(output.text)
+            reply.finish()
+            return json_response({**head, "content": content_blocks(reply),
+                                  "stop_reason": stop_reason(reply, finish[0]),
+                                  "stop_sequence": stop_sequence(), "usage": anthropic_usage()})
+
+        async def events() -> AsyncIterator[bytes]:
+            yield sse("message_start", {"type": "message_start", "message": {
+                **head, "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": first.stats.prompt_tokens, "output_tokens": 0}}})
+            blocks, error = BlockEvents(), None
+            try:
+                async for piece in self._pieces(job, first):
+                    output.add(piece)
+                    finish[0] = piece.finish_reason
+                    for delta in reply.feed(piece.text):
+                        for data in blocks.of(delta):
+                            yield data
+            except APIError as e:  # the stream has begun: it ends, then says why
+                error = e
+                finish[0] = "length"
+                request.scope["mlxprog.ended"] = e.message
+            for delta in reply.finish():
+                for data in blocks.of(delta):
+                    yield data
+            for data in blocks.close():
+                yield data
+            yield sse("message_delta", {
+                "type": "message_delta", "delta": {"stop_reason": stop_reason(reply, finish[0]),
+                                                   "stop_sequence": stop_sequence()},
+                "usage": {"output_tokens": anthropic_usage()["output_tokens"]}})
+            yield sse("message_stop", {"type": "message_stop"})
+            if error is not None:
+                yield sse("error", anthropic_error(error))
+
+        return EventStream(events(), job, output, last=b"")
 
     async def _embeddings(self, request: HTTPRequest) -> Response:
         """OpenAI's embeddings: one ``embedding`` per input, in input order,
