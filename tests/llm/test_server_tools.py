@@ -16,6 +16,8 @@ are skipped while it does not (:func:`engine_constrains` tries it).
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import anthropic
 import jsonschema
@@ -453,3 +455,27 @@ def test_anthropic_forced_tool_use(constrained, server):
     with _anthropic(server).messages.stream(**kwargs) as stream:
         final = stream.get_final_message()
     assert [b.input for b in final.content if b.type == "tool_use"] == [use.input]
+
+
+# -- the docs' examples ------------------------------------------------------------
+def _doc_block(containing: str) -> str:
+    text = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
+    found = [b for b in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+             if containing in b]
+    assert len(found) == 1, f"docs/serving.md needs one python block with {containing!r}"
+    return found[0]
+
+
+def test_docs_anthropic_example_works(server, capsys):
+    code = _doc_block("anthropic.Anthropic(").replace("http://127.0.0.1:8080", server.url)
+    exec(compile(code, "serving.md", "exec"), {})
+    assert capsys.readouterr().out.endswith("\n")
+
+
+@pytest.mark.parametrize("containing", ["response_format=City", "tool_choice=\"required\""])
+def test_docs_structured_examples_work(constrained, server, client, containing, capsys):
+    scope = {"client": client}
+    exec(compile(_doc_block(containing), "serving.md", "exec"), scope)
+    if containing.startswith("tool_choice"):
+        assert scope["reply"].choices[0].finish_reason == "tool_calls"
+        assert scope["messages"][-1]["role"] == "tool"
