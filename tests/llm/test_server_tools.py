@@ -276,8 +276,10 @@ def test_a_forced_tool_call_validates(constrained, which, choice, request):
 
 
 def test_a_streamed_tool_call_is_the_same_call(constrained, client):
+    # Seeded sampling: greedy, the random model pads the JSON with all the
+    # whitespace allowed until max_tokens.
     kwargs = dict(model=MODEL_ID, messages=USER, tools=[WEATHER, TIME], tool_choice="required",
-                  max_tokens=200, temperature=0)
+                  parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=1)
     whole = client.chat.completions.create(**kwargs).choices[0]
     chunks = list(client.chat.completions.create(stream=True, **kwargs))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
@@ -446,14 +448,19 @@ def test_bad_anthropic_requests_are_anthropic_errors(hermes_server, fields, mess
 
 def test_anthropic_forced_tool_use(constrained, server):
     tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
-    kwargs = dict(model=MODEL_ID, max_tokens=200, extra_body={"temperature": 0}, tools=[tool],
-                  tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Paris?"}])
+    # Seeded (an extension of the Messages API): greedy, the random model pads
+    # the JSON with all the whitespace allowed until max_tokens.
+    kwargs = dict(model=MODEL_ID, max_tokens=200, extra_body={"temperature": 1.0, "seed": 1},
+                  tools=[tool],
+                  tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                  messages=[{"role": "user", "content": "Paris?"}])
     message = _anthropic(server).messages.create(**kwargs)
     assert message.stop_reason == "tool_use"
     (use,) = [b for b in message.content if b.type == "tool_use"]
     jsonschema.validate(use.input, tool["input_schema"])
     with _anthropic(server).messages.stream(**kwargs) as stream:
         final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
     assert [b.input for b in final.content if b.type == "tool_use"] == [use.input]
 
 
@@ -475,7 +482,10 @@ def test_docs_anthropic_example_works(server, capsys):
 @pytest.mark.parametrize("containing", ["response_format=City", "tool_choice=\"required\""])
 def test_docs_structured_examples_work(constrained, server, client, containing, capsys):
     scope = {"client": client}
-    exec(compile(_doc_block(containing), "serving.md", "exec"), scope)
+    # Seeded sampling for the random model, which greedy pads the JSON with
+    # all the whitespace allowed until max_tokens.
+    code = _doc_block(containing).replace("temperature=0", "temperature=1.0, seed=1")
+    exec(compile(code, "serving.md", "exec"), scope)
     if containing.startswith("tool_choice"):
         assert scope["reply"].choices[0].finish_reason == "tool_calls"
         assert scope["messages"][-1]["role"] == "tool"

@@ -40,6 +40,7 @@ class MessagesBody(BaseModel):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
+    seed: int | None = None  # an extension, as in the chat body
     stream: bool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
@@ -57,7 +58,7 @@ class MessagesBody(BaseModel):
         body: dict[str, Any] = {"messages": messages, "max_tokens": self.max_tokens,
                                 "temperature": 1.0 if self.temperature is None
                                 else self.temperature}
-        for name in ("top_p", "top_k", "stream"):
+        for name in ("top_p", "top_k", "seed", "stream"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         if self.stop_sequences:
