@@ -450,7 +450,8 @@ def test_a_request_closed_before_its_answer_frees_its_row(server, slow_steps):
     ({"messages": []}, "messages must not be empty", "messages"),
     ({"messages": None}, "messages must be a valid list", "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]},
-     "messages[0].role must be 'system', 'developer', 'user' or 'assistant', got \"robot\"",
+     "messages[0].role must be 'system', 'developer', 'user', 'assistant' or 'tool', got "
+     "\"robot\"",
      "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content is required",
      "messages[0].content"),
@@ -458,9 +459,38 @@ def test_a_request_closed_before_its_answer_frees_its_row(server, slow_steps):
      "messages[0].content part 0 is not a text part", "messages[0].content"),
     ({"messages": ["hello"]}, "messages[0] must be a valid dictionary", "messages[0]"),
     ({"presence_penalty": 0.5}, "presence_penalty is not supported", "presence_penalty"),
-    ({"logit_bias": {"5": 10}}, "logit_bias is not supported", "logit_bias"),
-    ({"tools": [{"type": "function"}]}, "tools are not supported", "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format: only", "response_format"),
+    ({"logit_bias": {"x": 10}}, "logit_bias.x: the key must be a token id", "logit_bias.x"),
+    ({"logit_bias": {"5": 101}}, "logit_bias.5: the bias must be a number in [-100, 100], "
+     "got 101", "logit_bias.5"),
+    ({"logit_bias": {"100000": 1}}, "the key must be a token id (an integer in [0, 262))",
+     "logit_bias.100000"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name: a tool needs "
+     "a name", "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}}}}]},
+     "tools[0].function.parameters", "tools[0].function.parameters"),
+    ({"tool_choice": {"type": "function", "function": {"name": "g"}},
+      "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "'g' is not one of the tools (the tools: 'f')", "tool_choice.function.name"),
+    ({"tool_choice": "required"}, "'required' needs tools", "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "42"}]},
+     "messages[1].tool_call_id: 'call_1' matches no tool call", "messages[1].tool_call_id"),
+    ({"messages": [{"role": "tool", "content": "42"}]},
+     "messages[0].tool_call_id: a tool message needs the id", "messages[0].tool_call_id"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0] has no content",
+     "messages[0]"),
+    ({"response_format": {"type": "xml"}}, "response_format.type: must be 'text', "
+     "'json_object' or 'json_schema', got \"xml\"", "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema: is required", "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "strin"}}}}, "response_format.json_schema.schema", 
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_object"},
+      "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "response_format: a JSON reply cannot be asked for together with tools",
+     "response_format"),
 ])
 def test_bad_chat_requests(server, client, fields, message, param):
     body = {"model": MODEL_ID, "messages": chat("hi"), "max_tokens": 4, **fields}
@@ -496,6 +526,15 @@ def test_bad_chat_requests(server, client, fields, message, param):
     ({"prompt": "x", "echo": True}, "echo is not supported", "echo"),
     ({"prompt": "x", "best_of": 3}, "best_of must be 1, got 3", "best_of"),
     ({"prompt": "x", "suffix": "end"}, "suffix is not supported", "suffix"),
+    ({"prompt": "x", "grammar": "root ::= (", }, "grammar: ", "grammar"),
+    ({"prompt": "x", "grammar": 'root ::= "a"', "json_schema": {"type": "object"}},
+     "grammar: give one of response_format, json_schema and grammar, not json_schema and "
+     "grammar", "grammar"),
+    ({"prompt": "x", "json_schema": {"type": 3}}, "json_schema", "json_schema"),
+    ({"prompt": "x", "response_format": {"type": "regex"}}, "response_format.type",
+     "response_format.type"),
+    ({"prompt": "x", "logit_bias": {"1": "a"}}, "logit_bias.1: the bias must be a number",
+     "logit_bias.1"),
 ])
 def test_bad_completion_requests(server, fields, message, param):
     body = {"model": MODEL_ID, "max_tokens": 4, **fields}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+import anthropic
 import openai
 import pytest
 from llm_fixtures import tiny_gguf
@@ -153,9 +154,12 @@ def chat(text: str) -> list[dict[str, str]]:
 # -- the API key ---------------------------------------------------------------------
 def test_requests_need_the_api_key_but_health_does_not(guarded, reference):
     for headers, message in [({}, "the request has no API key; send the header "
-                                  "Authorization: Bearer <key> (the server's --api-key)"),
+                                  "Authorization: Bearer <key> (or x-api-key: <key>) (the "
+                                  "server's --api-key)"),
                              ({"Authorization": "Bearer sk-wrong"},
                               "the API key in the Authorization header is wrong"),
+                             ({"x-api-key": "sk-wrong"},
+                              "the API key in the x-api-key header is wrong"),
                              ({"Authorization": KEY}, "is wrong"),
                              ({"Authorization": f"Basic {KEY}"}, "is wrong")]:
         for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
@@ -167,12 +171,19 @@ def test_requests_need_the_api_key_but_health_does_not(guarded, reference):
             assert got["WWW-Authenticate"] == "Bearer"
     assert request(guarded, "GET", "/v1/models", headers={"Authorization": f"bearer {KEY}"}
                    )[0] == 200
+    assert request(guarded, "GET", "/v1/models", headers={"x-api-key": KEY})[0] == 200
     assert request(guarded, "GET", "/health")[0] == 200  # open: load balancers probe it
 
     with openai.OpenAI(base_url=guarded.url + "/v1", api_key="sk-wrong", max_retries=0) as client, \
             pytest.raises(openai.AuthenticationError) as raised:
         client.models.list()
     assert raised.value.body["code"] == "invalid_api_key"
+    # Anthropic's client sends its key as x-api-key.
+    with anthropic.Anthropic(base_url=guarded.url, api_key=KEY, max_retries=0) as client:
+        assert client.messages.create(model="any", max_tokens=1, messages=chat("hi")).content
+    with anthropic.Anthropic(base_url=guarded.url, api_key="sk-wrong", max_retries=0) as client, \
+            pytest.raises(anthropic.AuthenticationError):
+        client.messages.create(model="any", max_tokens=1, messages=chat("hi"))
     with openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0,
                        timeout=60) as client:
         reply = client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=5,

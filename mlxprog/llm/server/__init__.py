@@ -1,8 +1,9 @@
 """An OpenAI-compatible HTTP server for one loaded model (``mlxprog serve``).
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions``
-(streamed as server-sent events, or one JSON answer), ``POST
-/v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``; see
+(streamed as server-sent events, or one JSON answer; with structured
+output and tool calls), Anthropic's ``POST /v1/messages`` (:mod:`.anthropic`),
+``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``; see
 docs/serving.md for the fields and the behaviour.
 
 Two threads share the work. uvicorn runs the Starlette app on one asyncio

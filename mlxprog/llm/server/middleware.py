@@ -56,8 +56,8 @@ class AccessLog:
 
 class APIKey:
     """A 401 for a request without the server's API key, sent as OpenAI's
-    clients send it (``Authorization: Bearer KEY``) and compared in constant
-    time. ``/health`` stays open: load balancers and orchestrators probe it
+    clients send it (``Authorization: Bearer KEY``) or as Anthropic's
+    (``x-api-key: KEY``), and compared in constant time. ``/health`` stays open: load balancers and orchestrators probe it
     without credentials, and it tells nothing a client could misuse."""
 
     OPEN = frozenset({"/health"})
@@ -70,15 +70,20 @@ class APIKey:
         if scope["type"] != "http" or scope["path"] in self.OPEN:
             await self.app(scope, receive, send)
             return
-        given = Headers(scope=scope).get("authorization")
-        scheme, _, key = (given or "").partition(" ")
+        headers = Headers(scope=scope)
+        header = "Authorization" if "authorization" in headers or "x-api-key" not in headers \
+            else "x-api-key"
+        given = headers.get(header)
+        scheme, _, key = (given or "").partition(" ") if header == "Authorization" \
+            else ("bearer", "", given)
         # Header values arrive decoded as Latin-1: encoded back, they are the bytes sent.
         if scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode("latin-1"),
                                                               self.key):
             await self.app(scope, receive, send)
             return
-        message = ("the request has no API key; send the header Authorization: Bearer <key>"
-                   if given is None else "the API key in the Authorization header is wrong")
+        message = ("the request has no API key; send the header Authorization: Bearer <key> "
+                   "(or x-api-key: <key>)" if given is None
+                   else f"the API key in the {header} header is wrong")
         await error_response(APIError(
             401, f"{message} (the server's --api-key)", code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer"}))(scope, receive, send)

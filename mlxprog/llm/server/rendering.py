@@ -9,6 +9,7 @@ from typing import Any
 
 from ..engine import GenerationStats, Piece
 from ..tokenizer import Tokenizer
+from ..tool_calls import ToolCall, ToolPrompt
 
 #: The engine's finish reasons as OpenAI's.
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
@@ -137,6 +138,55 @@ class Output:
             out["text_offset"].append(self._offset)
             self._offset += len(text)
         return out
+
+
+class ChatReply:
+    """A chat reply's message as it streams: with tools offered, its text is
+    read for tool calls (see :class:`~mlxprog.llm.tool_calls.ToolCallStream`)
+    which come out as OpenAI's ``tool_calls``; without, the text is the
+    content. :meth:`feed` and :meth:`finish` return the deltas to stream
+    (as OpenAI streams a call: its ``id``, ``type`` and ``name`` with empty
+    ``arguments``, then the arguments); :meth:`message` is the whole
+    message once it has finished."""
+
+    def __init__(self, prompt: ToolPrompt):
+        self._stream = prompt.stream() if prompt.tools else None
+        self.content = ""
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """The deltas to send after the reply's next ``text``."""
+        if self._stream is None:
+            return self._deltas(text, [])
+        return self._deltas(*self._stream.feed(text))
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The deltas held until the reply's end."""
+        return [] if self._stream is None else self._deltas(*self._stream.finish())
+
+    def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        self.content += content
+        deltas: list[dict[str, Any]] = [{"content": content}] if content else []
+        for call in calls:
+            index = len(self.calls)
+            self.calls.append(call)
+            deltas.append({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": index,
+                                           "function": {"arguments": call.arguments}}]})
+        return deltas
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message: ``content`` (null when only calls came)
+        and ``tool_calls``, if any."""
+        if not self.calls:
+            return {"role": "assistant", "content": self.content}
+        return {"role": "assistant", "content": self.content or None,
+                "tool_calls": [call.as_openai() for call in self.calls]}
+
+    def finish_reason(self, generation: str | None) -> str | None:
+        """``"tool_calls"`` when the reply called tools, else the generation's reason."""
+        return "tool_calls" if self.calls else generation
 
 
 def usage(prompt_tokens: int, cached_tokens: int, generated_tokens: int) -> dict[str, Any]:

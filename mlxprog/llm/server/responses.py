@@ -40,15 +40,18 @@ DONE = b"data: [DONE]\n\n"
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events, then ``[DONE]``, that cancel their job however
+    """Server-sent events, then ``last`` (OpenAI's ``[DONE]``; empty: none,
+    as Anthropic's streams end), that cancel their job however
     they end: finished, failed, or cut short by the client going away
     (Starlette then cancels the stream) or not reading (its connection is
     closed: see :class:`~mlxprog.llm.server.connections.Connection`). The
     access log gets the usage so far, and why a stream cut short ended."""
 
-    def __init__(self, events: AsyncIterator[bytes], job: Job, output: Output):
+    def __init__(self, events: AsyncIterator[bytes], job: Job, output: Output,
+                 last: bytes = DONE):
         super().__init__(self._framed(events), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.last = last
         self.job = job
         self.output = output
         self.complete = False
@@ -57,7 +60,8 @@ class EventStream(StreamingResponse):
         async for data in events:
             yield data
         self.complete = True
-        yield DONE
+        if self.last:
+            yield self.last
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

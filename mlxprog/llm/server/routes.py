@@ -20,17 +20,23 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive
 
+from ...errors import ModelError
+from ..constraints import shown
 from ..engine import Piece
 from ..generate import LLM, Prompt
 from ..options import GenerationOptions
+from ..tool_calls import ToolPrompt
+from .anthropic import (
+    BlockEvents, MessagesBody, anthropic_error, content_blocks, new_message_id, sse, stop_reason,
+)
 from .embeddings import Embedder, EmbeddingJob
 from .errors import APIError
 from .metrics import prometheus_text
-from .rendering import Output, TokenText, usage
+from .rendering import ChatReply, Output, TokenText, usage
 from .responses import EventStream, error_response, event, json_response
 from .scheduler import Job, Scheduler
 from .schemas import (
-    ChatCompletionBody, CompletionBody, EmbeddingBody, GenerationBody, invalid, shown,
+    ChatCompletionBody, CompletionBody, EmbeddingBody, GenerationBody, invalid,
 )
 
 #: OpenAI's default ``max_tokens`` for (legacy) completions; chat completions
@@ -40,7 +46,8 @@ DEFAULT_COMPLETION_TOKENS = 16
 #: takes well under it); more is a 413.
 MAX_BODY_BYTES = 16 * 2**20
 
-ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings",
+ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
+             "POST /v1/embeddings",
              "GET /v1/models", "GET /health", "GET /metrics")
 
 T = TypeVar("T")
@@ -77,6 +84,7 @@ class Endpoints:
         return [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model:path}", self._model, methods=["GET"]),
@@ -92,22 +100,36 @@ class Endpoints:
     # -- endpoints -------------------------------------------------------------
     async def _chat(self, request: HTTPRequest) -> Response:
         body = await self._body(request, ChatCompletionBody)
+        tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
         max_tokens = body.max_completion_tokens or body.max_tokens or self.llm.max_length
         options = body.options(max_tokens, bool(body.logprobs), body.top_logprobs or 0,
-                               chat=True)
-        return await self._answer(request, body, body.prompt(), options, chat=True)
+                               chat=False, vocab_size=self.llm.config.vocab_size,
+                               constraint=body.reply_constraint(tool_prompt))
+        return await self._answer(request, body, self._rendered(tool_prompt), options,
+                                  ChatReply(tool_prompt))
 
     async def _completions(self, request: HTTPRequest) -> Response:
         body = await self._body(request, CompletionBody)
         max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
         options = body.options(max_tokens, body.logprobs is not None, body.logprobs or 0,
-                               chat=False)
-        return await self._answer(request, body, body.prompt, options, chat=False)
+                               chat=False, vocab_size=self.llm.config.vocab_size,
+                               constraint=body.constraint())
+        return await self._answer(request, body, body.prompt, options, None)
+
+    def _rendered(self, tool_prompt: ToolPrompt) -> str:
+        """A chat's prompt text: its messages (and tools) through the chat template."""
+        try:
+            return self.llm.tokenizer.apply_chat_template(tool_prompt.messages,
+                                                          **tool_prompt.template_kwargs)
+        except ModelError as e:
+            raise APIError(400, str(e), "messages") from None
 
     async def _answer(self, request: HTTPRequest, body: GenerationBody, prompt: Prompt,
-                      options: GenerationOptions, chat: bool) -> Response:
-        """Generate, and answer as a chat or a text completion: one JSON
-        object, or (``stream``) server-sent chunks."""
+                      options: GenerationOptions, reply: ChatReply | None) -> Response:
+        """Generate, and answer as a chat (``reply`` reads its message) or a
+        text completion (``reply`` None): one JSON object, or (``stream``)
+        server-sent chunks."""
+        chat = reply is not None
         job, first = await self._submit(request, prompt, options,
                                         "messages" if chat else "prompt")
         output = Output(self.token_text, options.logprobs)
@@ -128,12 +150,16 @@ class Endpoints:
                 await self._or_disconnect(request, job, self._collect(job, first, output))
             finally:
                 request.scope["mlxprog.usage"] = output.usage
-            text = output.text
-            content = ({"message": {"role": "assistant", "content": text}} if chat
-                       else {"text": text})
+            if reply is None:
+                content, finish_reason = {"text": output.text}, output.finish_reason
+            else:
+                reply.feed(output.text)
+                reply.finish()
+                content = {"message": reply.message()}
+                finish_reason = reply.finish_reason(output.finish_reason)
             return json_response({
                 "id": reply_id, "object": kind, "created": created, "model": self.model_id,
-                "choices": [choice(content, output.tokens, output.finish_reason)],
+                "choices": [choice(content, output.tokens, finish_reason)],
                 "usage": output.usage})
 
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -152,24 +178,118 @@ class Endpoints:
             try:
                 async for piece in self._pieces(job, first):
                     tokens = output.add(piece)
-                    if piece.text or tokens:
-                        content = ({"delta": {"content": piece.text}} if chat
-                                   else {"text": piece.text})
-                        yield chunk([choice(content, tokens)])
+                    if reply is None:
+                        if piece.text or tokens:
+                            yield chunk([choice({"text": piece.text}, tokens)])
+                        continue
+                    deltas = reply.feed(piece.text)
+                    if tokens and not deltas:  # a token of no text yet: its logprobs
+                        deltas = [{"content": ""}]
+                    for i, delta in enumerate(deltas):  # the piece's logprobs on its first
+                        yield chunk([choice({"delta": delta}, tokens if i == 0 else None)])
             except APIError as e:
                 # The stream has begun (status 200): it still ends as every
                 # stream does, so that any client sees its end, then says why.
                 error = e
                 output.cut_short()
                 request.scope["mlxprog.ended"] = e.message
-            end = {"delta": {}} if chat else {"text": ""}
-            yield chunk([choice(end, None, output.finish_reason)])
+            if reply is None:
+                end, finish_reason = {"text": ""}, output.finish_reason
+            else:
+                for delta in reply.finish():
+                    yield chunk([choice({"delta": delta}, None)])
+                end, finish_reason = {"delta": {}}, reply.finish_reason(output.finish_reason)
+            yield chunk([choice(end, None, finish_reason)])
             if include_usage:
                 yield chunk([], output.usage)
             if error is not None:
                 yield event(error.body())
 
         return EventStream(events(), job, output)
+
+    async def _messages(self, request: HTTPRequest) -> Response:
+        """Anthropic's Messages API (see :mod:`.anthropic`), its errors in
+        Anthropic's shape."""
+        try:
+            return await self._anthropic_message(request)
+        except APIError as e:
+            return json_response(anthropic_error(e), e.status, e.headers)
+
+    async def _anthropic_message(self, request: HTTPRequest) -> Response:
+        messages_body = await self._body(request, MessagesBody)
+        try:
+            body = ChatCompletionBody.model_validate(messages_body.chat_body())
+        except ValidationError as e:
+            raise invalid(e) from None
+        body.check_supported()
+        tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
+        options = body.options(messages_body.max_tokens, False, 0, chat=False,
+                               vocab_size=self.llm.config.vocab_size,
+                               constraint=body.reply_constraint(tool_prompt))
+        job, first = await self._submit(request, self._rendered(tool_prompt), options,
+                                        "messages")
+        output = Output(self.token_text, False)
+        reply = ChatReply(tool_prompt)
+        head = {"id": new_message_id(), "type": "message", "role": "assistant",
+                "model": self.model_id}
+        finish: list[str | None] = [None]  # the engine's finish reason
+
+        def stop_sequence() -> str | None:
+            # The engine says a stop string ended the reply, not which: known
+            # when only one was given.
+            stops = options.stop
+            return stops[0] if finish[0] == "stop" and len(stops) == 1 else None
+
+        def anthropic_usage() -> dict[str, int]:
+            stats = output.stats
+            return {"input_tokens": stats.prompt_tokens, "output_tokens":
+                    stats.generated_tokens}
+
+        if not body.stream:
+            async def collect() -> None:
+                async for piece in self._pieces(job, first):
+                    output.add(piece)
+                    finish[0] = piece.finish_reason
+            try:
+                await self._or_disconnect(request, job, collect())
+            finally:
+                request.scope["mlxprog.usage"] = output.usage
+            reply.feed(output.text)
+            reply.finish()
+            return json_response({**head, "content": content_blocks(reply),
+                                  "stop_reason": stop_reason(reply, finish[0]),
+                                  "stop_sequence": stop_sequence(), "usage": anthropic_usage()})
+
+        async def events() -> AsyncIterator[bytes]:
+            yield sse("message_start", {"type": "message_start", "message": {
+                **head, "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": first.stats.prompt_tokens, "output_tokens": 0}}})
+            blocks, error = BlockEvents(), None
+            try:
+                async for piece in self._pieces(job, first):
+                    output.add(piece)
+                    finish[0] = piece.finish_reason
+                    for delta in reply.feed(piece.text):
+                        for data in blocks.of(delta):
+                            yield data
+            except APIError as e:  # the stream has begun: it ends, then says why
+                error = e
+                finish[0] = "length"
+                request.scope["mlxprog.ended"] = e.message
+            for delta in reply.finish():
+                for data in blocks.of(delta):
+                    yield data
+            for data in blocks.close():
+                yield data
+            yield sse("message_delta", {
+                "type": "message_delta", "delta": {"stop_reason": stop_reason(reply, finish[0]),
+                                                   "stop_sequence": stop_sequence()},
+                "usage": {"output_tokens": anthropic_usage()["output_tokens"]}})
+            yield sse("message_stop", {"type": "message_stop"})
+            if error is not None:
+                yield sse("error", anthropic_error(error))
+
+        return EventStream(events(), job, output, last=b"")
 
     async def _embeddings(self, request: HTTPRequest) -> Response:
         """OpenAI's embeddings: one ``embedding`` per input, in input order,

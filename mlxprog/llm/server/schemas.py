@@ -5,32 +5,26 @@ worded as OpenAI's 400 naming the field."""
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator,
+)
 
 from ...errors import ModelError
+from ..constraints import Constraint, LogitBias, OptionError, shown
 from ..options import (
     DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_NGRAM, DRAFTS, MAX_DRAFT_TOKENS, MAX_LOOKUP_NGRAM,
     MAX_TOP_LOGPROBS, GenerationOptions,
 )
 from ..programs import POOLINGS
+from ..tool_calls import ToolPrompt, parse_tool_choice, parse_tools, prepare_tools
 from .errors import APIError
 
 #: OpenAI's default temperature; 0 is greedy.
 DEFAULT_TEMPERATURE = 1.0
-
-
-def shown(value: Any) -> str:
-    """A value a client sent, as JSON cut to 60 characters (for messages)."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _param(loc: Sequence[int | str]) -> str:
@@ -78,11 +72,25 @@ _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 class ChatMessage(BaseModel):
     """One message of a chat: ``role`` and text ``content`` (a string, or
     OpenAI's list of ``{"type": "text", "text": ...}`` parts, joined by line
-    breaks). ``developer`` is OpenAI's newer name for ``system``."""
+    breaks). ``developer`` is OpenAI's newer name for ``system``. An
+    assistant message may carry ``tool_calls`` (its content may then be
+    null or left out) and a ``tool`` message answers the call
+    ``tool_call_id``; :func:`~mlxprog.llm.tool_calls.prepare_tools` checks
+    them against each other."""
 
     model_config = _STRICT
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calls_without_content(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "content" not in value and value.get("tool_calls"):
+            return {**value, "content": None}
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
@@ -96,9 +104,31 @@ class ChatMessage(BaseModel):
                                      "\"text\": ...}); this server takes text only")
                 texts.append(part["text"])
             return "\n".join(texts)
-        if not isinstance(value, str):
+        if value is not None and not isinstance(value, str):
             raise ValueError(f"must be a string or a list of text parts, got {shown(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("has no content (only an assistant message with tool_calls may "
+                             "have none)")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it (``developer`` as ``system``)."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": self.content}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
+
+
+def option_error(error: OptionError) -> APIError:
+    """An option's error (a constraint, a tool, ``logit_bias``) as a 400
+    naming its field."""
+    return APIError(400, str(error), param=error.field)
 
 
 class StreamOptions(BaseModel):
@@ -127,6 +157,7 @@ class GenerationBody(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     # Speculative decoding (mlxprog's; see GenerationOptions).
     draft: Literal[DRAFTS] | None = None
     num_draft_tokens: int | None = Field(None, ge=1, le=MAX_DRAFT_TOKENS)
@@ -151,14 +182,25 @@ class GenerationBody(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise APIError(400, f"{name} is not supported (use repetition_penalty)", name)
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "logit_bias")
 
-    def options(self, max_tokens: int, logprobs: bool, top_logprobs: int,
-                chat: bool) -> GenerationOptions:
-        """The generation options the body asks for. Without a ``seed`` each
-        request draws one, so that sampling differs between requests."""
+    def constraint(self) -> Constraint | None:
+        """The constraint ``response_format`` asks for (None: plain text)."""
+        try:
+            return Constraint.from_response_format(self.response_format)
+        except OptionError as e:
+            raise option_error(e) from None
+
+    def options(self, max_tokens: int, logprobs: bool, top_logprobs: int, chat: bool,
+                vocab_size: int, constraint: Constraint | None) -> GenerationOptions:
+        """The generation options the body asks for, with ``constraint`` and
+        ``logit_bias`` (checked against the model's ``vocab_size``). Without
+        a ``seed`` each request draws one, so that sampling differs between
+        requests."""
         seed = secrets.randbits(64) if self.seed is None else self.seed % 2**64
+        try:
+            logit_bias = LogitBias.parse(self.logit_bias, vocab_size)
+        except OptionError as e:
+            raise option_error(e) from None
         try:
             return GenerationOptions(
                 max_tokens=max_tokens, logprobs=logprobs, top_logprobs=top_logprobs,
@@ -168,7 +210,8 @@ class GenerationBody(BaseModel):
                 min_p=self.min_p or 0.0, repetition_penalty=self.repetition_penalty,
                 stop=self.stop, draft=self.draft,
                 num_draft_tokens=self.num_draft_tokens or DEFAULT_DRAFT_TOKENS,
-                prompt_lookup_ngram=self.prompt_lookup_ngram or DEFAULT_LOOKUP_NGRAM)
+                prompt_lookup_ngram=self.prompt_lookup_ngram or DEFAULT_LOOKUP_NGRAM,
+                constraint=constraint, logit_bias=logit_bias)
         except ModelError as e:  # the options' own rules, past the checks above
             name = str(e).split()[0]
             raise APIError(400, str(e), name if name in type(self).model_fields else None) from None
@@ -182,24 +225,37 @@ class ChatCompletionBody(GenerationBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
-        """As for every generation, and: no tools, text responses only,
-        ``top_logprobs`` only with ``logprobs``."""
+        """As for every generation, and: ``top_logprobs`` only with ``logprobs``."""
         super().check_supported()
-        if self.tools:
-            raise APIError(400, "tools are not supported", "tools")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise APIError(400, "response_format: only {\"type\": \"text\"} is supported",
-                           "response_format")
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
 
-    def prompt(self) -> list[dict[str, str]]:
-        """The messages, as the chat template takes them."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
-                for m in self.messages]
+    def tool_prompt(self, chat_template: str | None) -> ToolPrompt:
+        """How the messages reach a model with ``chat_template``, with the
+        tools offered, and how its reply is read (see
+        :func:`~mlxprog.llm.tool_calls.prepare_tools`)."""
+        try:
+            tools = parse_tools(self.tools)
+            choice = parse_tool_choice(self.tool_choice, tools)
+            prompt = prepare_tools([m.for_template() for m in self.messages], tools, choice,
+                                   chat_template, self.parallel_tool_calls is not False)
+        except OptionError as e:
+            raise option_error(e) from None
+        if prompt.tools and (self.response_format or {}).get("type", "text") != "text":
+            raise APIError(400, "response_format: a JSON reply cannot be asked for together "
+                           "with tools (a reply is either a tool call or the JSON); send "
+                           "tool_choice 'none' or no tools", "response_format")
+        return prompt
+
+    def reply_constraint(self, prompt: ToolPrompt) -> Constraint | None:
+        """The constraint of the reply: the tool calls' (``tool_choice``
+        ``required`` or a function, or a template that takes no tools),
+        else ``response_format``'s."""
+        return prompt.constraint or self.constraint()
 
 
 class CompletionBody(GenerationBody):
@@ -212,6 +268,9 @@ class CompletionBody(GenerationBody):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    # llama.cpp's constraint fields.
+    grammar: str | None = None
+    json_schema: dict[str, Any] | bool | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -238,6 +297,24 @@ class CompletionBody(GenerationBody):
             raise APIError(400, "suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
             raise APIError(400, f"best_of must be 1, got {self.best_of}", "best_of")
+
+    def constraint(self) -> Constraint | None:
+        """The constraint of one of ``response_format``, ``json_schema`` or
+        ``grammar`` (llama.cpp's: Lark or GBNF); more than one is a 400
+        naming the second."""
+        given = [name for name in ("response_format", "json_schema", "grammar")
+                 if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise APIError(400, f"{given[1]}: give one of response_format, json_schema and "
+                           f"grammar, not {' and '.join(given)}", given[1])
+        try:
+            if self.json_schema is not None:
+                return Constraint.json_schema(self.json_schema, "json_schema")
+            if self.grammar is not None:
+                return Constraint.grammar(self.grammar, "grammar")
+        except OptionError as e:
+            raise option_error(e) from None
+        return super().constraint()
 
 
 #: The most inputs one ``/v1/embeddings`` request may hold (OpenAI's limit).
