@@ -10,6 +10,7 @@ generation methods on top of it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,6 +18,7 @@ import mlx.core as mx
 
 from .. import native as native_kernels
 from ..errors import ModelError
+from ..limits import Limits
 from ..format.program import Program
 from ..runtime.executable import Executable, compile as compile_program
 from .cache import kv_cache_layout
@@ -233,6 +235,9 @@ class CompiledModel:
                 self.program(*key),
                 callbacks={"emit": _no_generation} if kind == "decode_loop" else None,
                 max_traces=MAX_TRACES,
+                # The decode loop runs as long as its generation does, and
+                # stops at its token count (max_new): no clock bounds it.
+                limits=Limits(max_loop_seconds=math.inf) if kind == "decode_loop" else None,
             )
         return self._executables[key]
 

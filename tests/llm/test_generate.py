@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from llm_reference import KVCache, ReferenceModel, greedy_generate
 
 import mlxprog as mp
 from mlxprog.cli import main
+from mlxprog.limits import Limits
 from mlxprog.llm import (
     LLM, GenerationOptions, ModelError, Sampling, build_decode, build_decode_loop, build_prefill,
     export, load, load_exported,
@@ -536,3 +538,11 @@ def smollm() -> LLM:
 def test_smollm_greedy_answer(smollm):
     out = smollm.generate(CHAT_PROMPT, max_tokens=8, chat=False)
     assert out.text.startswith("The capital of France is Paris."), out.text
+
+
+def test_the_decode_loop_has_no_time_limit(llms):
+    # Bounded by its token count: a long in-program generation must not hit
+    # the 10 s default of Limits.max_loop_seconds.
+    llm = llms["gguf"]
+    assert llm.executable("decode_loop").options.max_loop_seconds == math.inf
+    assert llm.executable("decode").options.max_loop_seconds == Limits().max_loop_seconds
