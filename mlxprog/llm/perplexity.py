@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
@@ -124,7 +125,8 @@ Model = Union[LLM, Checkpoint, str, Path, None]
 
 def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None = None,
                segment_length: int | None = None, stride: int | None = None,
-               chunk: int = DEFAULT_CHUNK, native: bool | None = None) -> Perplexity:
+               chunk: int = DEFAULT_CHUNK, native: bool | None = None,
+               window: int | None = None) -> Perplexity:
     """The perplexity of ``model`` on ``text`` (a string, tokenized as it is
     with the model's tokenizer, no chat template; or token ids).
 
@@ -137,7 +139,14 @@ def perplexity(model: Model, text: str | Sequence[int], *, numerics: str | None 
     length), ``stride`` how far each segment starts after the previous one
     (default: half the segment length), ``chunk`` the tokens per program call (see the module
     docstring). Bad values raise :class:`~mlxprog.llm.ModelError` naming them.
+    ``window`` is ``segment_length``'s old name (deprecated).
     """
+    if window is not None:
+        if segment_length is not None:
+            raise ModelError("give segment_length only (window is its deprecated name)")
+        warnings.warn("perplexity(window=...) is deprecated: pass segment_length",
+                      DeprecationWarning, stacklevel=2)
+        segment_length = window
     llm = _llm(model, numerics, native)
     numerics = llm.numerics if numerics is None else resolve_numerics(numerics, llm.native)
     ids = (llm.tokenizer.encode(text) if isinstance(text, str)

@@ -84,6 +84,13 @@ def test_the_default_stride_is_half_the_segment_length(tiny):
     assert perplexity(tiny, SHORT, segment_length=10).stride == 5
 
 
+def test_window_is_segment_length_s_deprecated_name(tiny):
+    with pytest.warns(DeprecationWarning, match="pass segment_length"):
+        assert perplexity(tiny, SHORT, window=10).segment_length == 10
+    with pytest.raises(ModelError, match="give segment_length only"):
+        perplexity(tiny, SHORT, window=10, segment_length=10)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"segment_length": 1}, "segment_length must be an integer in [2, "),
     ({"segment_length": 10**6}, "(the model's context length), got 1000000"),
