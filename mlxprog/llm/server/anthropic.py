@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from ..constraints import shown
 from .errors import APIError
 from .rendering import ChatReply
+from .responses import named_event as sse
 from .schemas import _STRICT
 
 #: The engine's finish reasons as Anthropic's ``stop_reason``.
@@ -193,12 +194,6 @@ def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
 def stop_reason(reply: ChatReply, finish_reason: str | None) -> str | None:
     """Anthropic's ``stop_reason`` of a reply the engine ended with ``finish_reason``."""
     return "tool_use" if reply.calls else STOP_REASONS.get(finish_reason or "", "end_turn")
-
-
-def sse(kind: str, data: dict[str, Any]) -> bytes:
-    """One server-sent event with its ``event:`` name, as Anthropic sends them."""
-    return f"event: {kind}\ndata: ".encode() + json.dumps(
-        data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
 class BlockEvents:

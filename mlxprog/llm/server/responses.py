@@ -35,6 +35,12 @@ def event(data: Any) -> bytes:
     return b"data: " + json_bytes(data) + b"\n\n"
 
 
+def named_event(kind: str, data: Any) -> bytes:
+    """``data`` as one server-sent event with its ``event:`` name, as
+    Anthropic's and OpenAI's Responses streams send them."""
+    return f"event: {kind}\n".encode() + event(data)
+
+
 DONE = b"data: [DONE]\n\n"
 """The event that ends every stream, as OpenAI's do."""
 

@@ -32,6 +32,11 @@ from .anthropic import (
 from .embeddings import Embedder, EmbeddingJob
 from .errors import APIError
 from .metrics import prometheus_text
+from .openai_responses import (
+    ItemEvents, ResponsesBody, ResponseStore, conversation, new_id, output_items,
+    response_object, responses_error,
+)
+from .openai_responses import usage as responses_usage
 from .rendering import ChatReply, Output, TokenText, usage
 from .responses import EventStream, error_response, event, json_response
 from .scheduler import Job, Scheduler
@@ -47,7 +52,7 @@ DEFAULT_COMPLETION_TOKENS = 16
 MAX_BODY_BYTES = 16 * 2**20
 
 ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
-             "POST /v1/embeddings",
+             "POST /v1/responses", "POST /v1/embeddings",
              "GET /v1/models", "GET /health", "GET /metrics")
 
 T = TypeVar("T")
@@ -78,6 +83,7 @@ class Endpoints:
         self.request_timeout = request_timeout
         self.created = int(time.time())
         self.token_text = TokenText(llm.tokenizer)
+        self.stored = ResponseStore()
 
     def routes(self) -> list[Route]:
         """The app's routes (:data:`ENDPOINTS`, and ``GET /v1/models/{model}``)."""
@@ -85,6 +91,7 @@ class Endpoints:
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model:path}", self._model, methods=["GET"]),
@@ -288,6 +295,82 @@ class Endpoints:
             yield sse("message_stop", {"type": "message_stop"})
             if error is not None:
                 yield sse("error", anthropic_error(error))
+
+        return EventStream(events(), job, output, last=b"")
+
+    async def _responses(self, request: HTTPRequest) -> Response:
+        """OpenAI's Responses API (see :mod:`.openai_responses`), its errors
+        naming the Responses request's fields."""
+        try:
+            return await self._openai_response(request)
+        except APIError as e:
+            raise responses_error(e) from None
+
+    async def _openai_response(self, request: HTTPRequest) -> Response:
+        responses_body = await self._body(request, ResponsesBody)
+        history = self.stored.history(responses_body.previous_response_id)
+        try:
+            body = ChatCompletionBody.model_validate(responses_body.chat_body(history))
+        except ValidationError as e:
+            raise invalid(e) from None
+        body.check_supported()
+        tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
+        options = body.options(body.max_tokens or self.llm.max_length, False, 0, chat=False,
+                               vocab_size=self.llm.config.vocab_size,
+                               constraint=body.reply_constraint(tool_prompt))
+        job, first = await self._submit(request, self._rendered(tool_prompt), options,
+                                        "messages")
+        output = Output(self.token_text, False)
+        reply = ChatReply(tool_prompt)
+        response_id, created = new_id("resp"), int(time.time())
+
+        def answer(items: list[dict[str, Any]], finish_reason: str | None) -> dict[str, Any]:
+            stats = output.stats
+            usage_data = None if finish_reason is None else responses_usage(
+                stats.prompt_tokens, stats.cached_tokens, stats.generated_tokens)
+            return response_object(response_id, created, self.model_id, responses_body, items,
+                                   finish_reason, usage_data)
+
+        def finished() -> None:
+            if responses_body.store:
+                self.stored.keep(response_id, conversation(history, responses_body, reply))
+
+        if not body.stream:
+            try:
+                await self._or_disconnect(request, job, self._collect(job, first, output))
+            finally:
+                request.scope["mlxprog.usage"] = output.usage
+            reply.feed(output.text)
+            reply.finish()
+            finished()
+            return json_response(answer(output_items(reply), output.finish_reason))
+
+        async def events() -> AsyncIterator[bytes]:
+            items = ItemEvents()
+            yield items.event("response.created", response=answer([], None))
+            yield items.event("response.in_progress", response=answer([], None))
+            error = None
+            try:
+                async for piece in self._pieces(job, first):
+                    output.add(piece)
+                    for delta in reply.feed(piece.text):
+                        for data in items.of(delta):
+                            yield data
+            except APIError as e:  # the stream has begun: it ends, then says why
+                error = e
+                output.cut_short()
+                request.scope["mlxprog.ended"] = e.message
+            for delta in reply.finish():
+                for data in items.of(delta):
+                    yield data
+            for data in items.close():
+                yield data
+            finished()
+            final = answer(items.items, output.finish_reason)
+            yield items.event("response.completed" if final["status"] == "completed"
+                              else "response.incomplete", response=final)
+            if error is not None:
+                yield items.event("error", **error.body()["error"])
 
         return EventStream(events(), job, output, last=b"")
 
