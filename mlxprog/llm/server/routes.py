@@ -10,7 +10,7 @@ import base64
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
@@ -222,21 +222,31 @@ class Endpoints:
         except APIError as e:
             return json_response(anthropic_error(e), e.status, e.headers)
 
-    async def _anthropic_message(self, request: HTTPRequest) -> Response:
-        messages_body = await self._body(request, MessagesBody)
+    async def _converted_chat(self, request: HTTPRequest, chat_body: dict[str, Any],
+                              max_tokens: Callable[[ChatCompletionBody], int]
+                              ) -> tuple[ChatCompletionBody, GenerationOptions, Job, Piece,
+                                         Output, ChatReply]:
+        """Submit another API's request converted to a chat-completions body
+        (checked as one): the body, its options, its job and first piece, and
+        the output and reply readers; ``max_tokens`` picks the token budget
+        from the body."""
         try:
-            body = ChatCompletionBody.model_validate(messages_body.chat_body())
+            body = ChatCompletionBody.model_validate(chat_body)
         except ValidationError as e:
             raise invalid(e) from None
         body.check_supported()
         tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
-        options = body.options(messages_body.max_tokens, False, 0, chat=False,
+        options = body.options(max_tokens(body), False, 0, chat=False,
                                vocab_size=self.llm.config.vocab_size,
                                constraint=body.reply_constraint(tool_prompt))
         job, first = await self._submit(request, self._rendered(tool_prompt), options,
                                         "messages")
-        output = Output(self.token_text, False)
-        reply = ChatReply(tool_prompt)
+        return body, options, job, first, Output(self.token_text, False), ChatReply(tool_prompt)
+
+    async def _anthropic_message(self, request: HTTPRequest) -> Response:
+        messages_body = await self._body(request, MessagesBody)
+        body, options, job, first, output, reply = await self._converted_chat(
+            request, messages_body.chat_body(), lambda body: messages_body.max_tokens)
         head = {"id": new_message_id(), "type": "message", "role": "assistant",
                 "model": self.model_id}
         finish: list[str | None] = [None]  # the engine's finish reason
@@ -309,19 +319,9 @@ class Endpoints:
     async def _openai_response(self, request: HTTPRequest) -> Response:
         responses_body = await self._body(request, ResponsesBody)
         history = self.stored.history(responses_body.previous_response_id)
-        try:
-            body = ChatCompletionBody.model_validate(responses_body.chat_body(history))
-        except ValidationError as e:
-            raise invalid(e) from None
-        body.check_supported()
-        tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
-        options = body.options(body.max_tokens or self.llm.max_length, False, 0, chat=False,
-                               vocab_size=self.llm.config.vocab_size,
-                               constraint=body.reply_constraint(tool_prompt))
-        job, first = await self._submit(request, self._rendered(tool_prompt), options,
-                                        "messages")
-        output = Output(self.token_text, False)
-        reply = ChatReply(tool_prompt)
+        body, options, job, first, output, reply = await self._converted_chat(
+            request, responses_body.chat_body(history),
+            lambda body: body.max_tokens or self.llm.max_length)
         response_id, created = new_id("resp"), int(time.time())
 
         def answer(items: list[dict[str, Any]], finish_reason: str | None) -> dict[str, Any]:
