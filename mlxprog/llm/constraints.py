@@ -64,7 +64,7 @@ KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 #: comes next write blank lines until ``max_tokens``; llama.cpp bounds it
 #: in its JSON grammars for the same reason. A schema's own ``x-guidance``
 #: options take precedence.
-JSON_WHITESPACE = r"[ \t]{1,4}|\r?\n[ \t]{0,40}"
+JSON_WHITESPACE = r"[ \t]{1,4}|\r?\n[ \t]{0,20}"
 _JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
 
 #: Bits in one word of a token bitmask (llguidance's layout: token ``t`` is

@@ -265,12 +265,12 @@ def test_a_top_level_object_ends_the_output(vocabulary, tokenizer):
 
 
 def test_json_whitespace_is_bounded(vocabulary, tokenizer):
-    assert re.fullmatch(JSON_WHITESPACE, "\n" + " " * 40)
+    assert re.fullmatch(JSON_WHITESPACE, "\n" + " " * 20)
     state = Constraint.json_object().start(vocabulary)
     state.advance_all(tokenizer.encode("{", add_special_tokens=False))
-    indent = tokenizer.encode("\n" + " " * 40 + '"', add_special_tokens=False)
+    indent = tokenizer.encode("\n" + " " * 20 + '"', add_special_tokens=False)
     assert state.fitting_prefix(indent) == len(indent)
-    too_far = tokenizer.encode("\n" + " " * 41 + '"', add_special_tokens=False)
+    too_far = tokenizer.encode("\n" + " " * 21 + '"', add_special_tokens=False)
     assert state.fitting_prefix(too_far) < len(too_far)
     assert state.fitting_prefix(tokenizer.encode("\n\n", add_special_tokens=False)) == 0
 
