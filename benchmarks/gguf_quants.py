@@ -1004,11 +1004,14 @@ def native_status(threads: int) -> str:
     return out.stdout.strip()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", default=DEFAULT_FILES,
-                        help="comma-separated GGUF types (made in --dir when missing; Q4_1 is "
-                             "the shipped file) and/or .gguf paths (default: %(default)s)")
+def argument_parser(description: str, files: bool = True) -> argparse.ArgumentParser:
+    """The benchmark's flags (benchmarks/moe.py takes them too, without
+    ``--files``: it makes its own)."""
+    parser = argparse.ArgumentParser(description=description)
+    if files:
+        parser.add_argument("--files", default=DEFAULT_FILES,
+                            help="comma-separated GGUF types (made in --dir when missing; Q4_1 "
+                                 "is the shipped file) and/or .gguf paths (default: %(default)s)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                         help="where the re-quantized files are (and are made; default: "
                              "%(default)s)")
@@ -1036,12 +1039,24 @@ def main() -> None:
     parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--worker-file", help=argparse.SUPPRESS)
     parser.add_argument("--worker-ctx", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = argument_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker, args.worker_file, args.threads, args.worker_ctx,
                     args.numerics)
         return
 
+    check_arguments(parser, args)
+    have_llama_cpp = importlib.util.find_spec("llama_cpp") is not None
+    run_files(args, resolve_files(parser, args, have_llama_cpp))
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse flags out of range (``parser.error`` naming the flag)."""
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
     if args.max_tokens < 2:
@@ -1065,7 +1080,12 @@ def main() -> None:
     if not have_llama_cpp and not args.no_llama_cpp:
         parser.error("llama.cpp's side needs llama-cpp-python (pip install llama-cpp-python); "
                      "pass --no-llama-cpp to run mlxprog alone")
-    files = resolve_files(parser, args, have_llama_cpp)
+
+
+def run_files(args: argparse.Namespace, files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """Benchmark each (label, path) file with both engines (or mlxprog
+    alone), printing a table per file and the summary; returns the
+    summary rows (:func:`print_file`'s)."""
     text = TEXT.read_text(encoding="utf-8")
     engines = ["mlxprog"] if args.no_llama_cpp else list(ENGINES)
 
@@ -1084,6 +1104,7 @@ def main() -> None:
         sys.stdout.flush()
     print_summary(summaries, len(engines) == 2)
     progress(f"done in {time.perf_counter() - started:.0f} s")
+    return summaries
 
 
 def print_header(args: argparse.Namespace, native: str, bench: Bench) -> None:
