@@ -44,7 +44,7 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .constraints import JSON_WHITESPACE, Constraint, OptionError, shown
+from .constraints import JSON_WHITESPACE, SCHEMA_DATA, Constraint, OptionError, shown
 
 #: Tool-call syntaxes: ``hermes`` (``<tool_call>`` tags: Qwen, Hermes),
 #: ``llama3`` (JSON with ``parameters``), ``mistral`` (``[TOOL_CALLS]``),
@@ -56,8 +56,6 @@ SYNTAXES = ("hermes", "llama3", "mistral", "json", "generic")
 TOOL_CHOICES = ("auto", "none", "required", "function")
 #: OpenAI's rule for function names.
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: Keywords whose values are data, not schemas: ``$ref`` in them is no reference.
-_SCHEMA_DATA = frozenset({"enum", "const", "default", "examples"})
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -476,7 +474,7 @@ def _rebased(schema: Any, base: str, data: bool = False) -> Any:
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             out[key] = base + value[1:]
         else:
-            out[key] = _rebased(value, base, key in _SCHEMA_DATA)
+            out[key] = _rebased(value, base, key in SCHEMA_DATA)
     return out
 
 
