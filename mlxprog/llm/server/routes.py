@@ -111,9 +111,10 @@ class Endpoints:
         max_tokens = body.max_completion_tokens or body.max_tokens or self.llm.max_length
         options = body.options(max_tokens, bool(body.logprobs), body.top_logprobs or 0,
                                chat=False, vocab_size=self.llm.config.vocab_size,
-                               constraint=body.reply_constraint(tool_prompt))
+                               constraint=body.reply_constraint(tool_prompt),
+                               special_tokens=tool_prompt.reads_reply)
         return await self._answer(request, body, self._rendered(tool_prompt), options,
-                                  ChatReply(tool_prompt))
+                                  self._reply(tool_prompt))
 
     async def _completions(self, request: HTTPRequest) -> Response:
         body = await self._body(request, CompletionBody)
@@ -122,6 +123,11 @@ class Endpoints:
                                chat=False, vocab_size=self.llm.config.vocab_size,
                                constraint=body.constraint())
         return await self._answer(request, body, body.prompt, options, None)
+
+    def _reply(self, tool_prompt: ToolPrompt) -> ChatReply:
+        """The reader of a chat's reply (decoded with this model's special
+        tokens where it is read: see :attr:`ToolPrompt.reads_reply`)."""
+        return ChatReply(tool_prompt, self.llm.tokenizer.special_texts)
 
     def _rendered(self, tool_prompt: ToolPrompt) -> str:
         """A chat's prompt text: its messages (and tools) through the chat template."""
@@ -238,10 +244,12 @@ class Endpoints:
         tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
         options = body.options(max_tokens(body), False, 0, chat=False,
                                vocab_size=self.llm.config.vocab_size,
-                               constraint=body.reply_constraint(tool_prompt))
+                               constraint=body.reply_constraint(tool_prompt),
+                               special_tokens=tool_prompt.reads_reply)
         job, first = await self._submit(request, self._rendered(tool_prompt), options,
                                         "messages")
-        return body, options, job, first, Output(self.token_text, False), ChatReply(tool_prompt)
+        return (body, options, job, first, Output(self.token_text, False),
+                self._reply(tool_prompt))
 
     async def _anthropic_message(self, request: HTTPRequest) -> Response:
         messages_body = await self._body(request, MessagesBody)

@@ -191,11 +191,13 @@ class GenerationBody(BaseModel):
             raise option_error(e) from None
 
     def options(self, max_tokens: int, logprobs: bool, top_logprobs: int, chat: bool,
-                vocab_size: int, constraint: Constraint | None) -> GenerationOptions:
+                vocab_size: int, constraint: Constraint | None,
+                special_tokens: bool = False) -> GenerationOptions:
         """The generation options the body asks for, with ``constraint`` and
-        ``logit_bias`` (checked against the model's ``vocab_size``). Without
-        a ``seed`` each request draws one, so that sampling differs between
-        requests."""
+        ``logit_bias`` (checked against the model's ``vocab_size``), and the
+        special tokens' texts kept when ``special_tokens`` (for a reader of
+        the reply). Without a ``seed`` each request draws one, so that
+        sampling differs between requests."""
         seed = secrets.randbits(64) if self.seed is None else self.seed % 2**64
         try:
             logit_bias = LogitBias.parse(self.logit_bias, vocab_size)
@@ -211,7 +213,7 @@ class GenerationBody(BaseModel):
                 stop=self.stop, draft=self.draft,
                 num_draft_tokens=self.num_draft_tokens or DEFAULT_DRAFT_TOKENS,
                 prompt_lookup_ngram=self.prompt_lookup_ngram or DEFAULT_LOOKUP_NGRAM,
-                constraint=constraint, logit_bias=logit_bias)
+                constraint=constraint, logit_bias=logit_bias, special_tokens=special_tokens)
         except ModelError as e:  # the options' own rules, past the checks above
             name = str(e).split()[0]
             raise APIError(400, str(e), name if name in type(self).model_fields else None) from None
