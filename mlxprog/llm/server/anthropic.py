@@ -182,8 +182,12 @@ def new_message_id() -> str:
 
 
 def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
-    """A finished reply's content: its text, then a ``tool_use`` block per call."""
+    """A finished reply's content: its reasoning (if any) as a ``thinking``
+    block (with no signature: nothing is signed here), its text, then a
+    ``tool_use`` block per call."""
     blocks: list[dict[str, Any]] = []
+    if reply.reasoning:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
     if reply.content or not reply.calls:
         blocks.append({"type": "text", "text": reply.content})
     blocks += [{"type": "tool_use", "id": call.id, "name": call.name,
@@ -199,8 +203,9 @@ def stop_reason(reply: ChatReply, finish_reason: str | None) -> str | None:
 class BlockEvents:
     """A streamed reply's content-block events: OpenAI deltas (from
     :class:`~mlxprog.llm.server.rendering.ChatReply`) become
-    ``content_block_start``/``_delta``/``_stop`` events, a text block
-    while text comes, a ``tool_use`` block per call."""
+    ``content_block_start``/``_delta``/``_stop`` events, a ``thinking``
+    block while reasoning comes, a text block while text comes, a
+    ``tool_use`` block per call."""
 
     def __init__(self) -> None:
         self.index = -1
@@ -208,6 +213,12 @@ class BlockEvents:
 
     def of(self, delta: dict[str, Any]) -> Iterator[bytes]:
         """The events of one delta."""
+        if delta.get("reasoning_content"):
+            if self.open != "thinking":
+                yield from self._start({"type": "thinking", "thinking": "", "signature": ""})
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                              "delta": {"type": "thinking_delta",
+                                                        "thinking": delta["reasoning_content"]}})
         if delta.get("content"):
             if self.open != "text":
                 yield from self._start({"type": "text", "text": ""})

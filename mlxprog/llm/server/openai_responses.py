@@ -232,9 +232,22 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str,
             "arguments": arguments, "status": status}
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A ``reasoning`` output item holding ``text`` (a harmony model's
+    analysis channel) as its content; no summary."""
+    return {"id": item_id, "type": "reasoning", "summary": [], "status": status,
+            "content": [] if status == "in_progress" else [_reasoning_part(text)]}
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 def output_items(reply: ChatReply) -> list[dict[str, Any]]:
-    """A finished reply's output: its text as a message, then an item per call."""
-    items = []
+    """A finished reply's output: its reasoning (if any) as a reasoning
+    item, its text as a message, then an item per call."""
+    items = [reasoning_item(new_id("rs"), reply.reasoning, "completed")] if reply.reasoning \
+        else []
     if reply.content or not reply.calls:
         items.append(message_item(new_id("msg"), reply.content, "completed"))
     items += [call_item(new_id("fc"), call.id, call.name, call.arguments, "completed")
@@ -266,10 +279,12 @@ def response_object(response_id: str, created: int, model: str, body: ResponsesB
 
 class ItemEvents:
     """A streamed reply's output-item events: OpenAI chat deltas (from
-    :class:`~mlxprog.llm.server.rendering.ChatReply`) become a ``message``
-    item with its ``output_text`` deltas while text comes, and a
-    ``function_call`` item with its arguments per call; each event gets
-    the next ``sequence_number``. :attr:`items` are the finished items."""
+    :class:`~mlxprog.llm.server.rendering.ChatReply`) become a
+    ``reasoning`` item with its ``reasoning_text`` deltas while reasoning
+    comes, a ``message`` item with its ``output_text`` deltas while text
+    comes, and a ``function_call`` item with its arguments per call; each
+    event gets the next ``sequence_number``. :attr:`items` are the
+    finished items."""
 
     def __init__(self) -> None:
         self.sequence = 0
@@ -283,6 +298,15 @@ class ItemEvents:
 
     def of(self, delta: dict[str, Any]) -> Iterator[bytes]:
         """The events of one delta."""
+        if delta.get("reasoning_content"):
+            if self._open is None or self._open["type"] != "reasoning":
+                yield from self._close()
+                yield from self._add(reasoning_item(new_id("rs"), "", "in_progress"))
+                self._open["text"] = ""
+            self._open["text"] += delta["reasoning_content"]
+            yield self.event("response.reasoning_text.delta", item_id=self._open["id"],
+                             output_index=len(self.items), content_index=0,
+                             delta=delta["reasoning_content"])
         if delta.get("content"):
             if self._open is None or self._open["type"] != "message":
                 yield from self._close()
@@ -330,6 +354,11 @@ class ItemEvents:
             yield self.event("response.content_part.done", item_id=item["id"],
                              output_index=index, content_index=0, part=_text_part(text))
             item = message_item(item["id"], text, "completed")
+        elif item["type"] == "reasoning":
+            text = item.pop("text", "")
+            yield self.event("response.reasoning_text.done", item_id=item["id"],
+                             output_index=index, content_index=0, text=text)
+            item = reasoning_item(item["id"], text, "completed")
         else:
             yield self.event("response.function_call_arguments.done", item_id=item["id"],
                              output_index=index, name=item["name"],
