@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,6 +23,16 @@ from .schemas import _STRICT
 
 #: How many stored responses the server keeps (the least recently used go first).
 STORED_RESPONSES = 256
+#: The ``include`` values OpenAI documents. This server has no file or web
+#: search, images, code interpreter or encrypted reasoning, so there is
+#: nothing more to include for those; ``message.output_text.logprobs`` adds
+#: each output text's log-probabilities.
+INCLUDABLE = ("file_search_call.results", "web_search_call.results",
+              "web_search_call.action.sources", "message.input_image.image_url",
+              "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+              "reasoning.encrypted_content", "message.output_text.logprobs")
+#: The ``include`` value that asks for the output text's log-probabilities.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
 #: The chat body's fields as the Responses request names them.
 _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
            "messages": "input"}
@@ -30,7 +40,10 @@ _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
 
 class ResponsesBody(BaseModel):
     """A ``POST /v1/responses`` body: the fields this server reads (others,
-    such as ``metadata`` or ``reasoning``, are ignored)."""
+    such as ``metadata`` or ``reasoning``, are ignored). ``truncation``
+    ``"auto"`` drops the oldest input items (those of a stored previous
+    response first) until the prompt fits the KV cache; ``"disabled"``
+    (the default) answers a prompt that does not fit with a 400."""
 
     model_config = _STRICT
     model: str | None = None
@@ -47,9 +60,23 @@ class ResponsesBody(BaseModel):
     stream: bool | None = None
     store: bool = True
     previous_response_id: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
 
     def check_supported(self) -> None:
-        """The fields are checked as the chat body they become (:meth:`chat_body`)."""
+        """``include`` holds only values OpenAI documents (:data:`INCLUDABLE`);
+        the other fields are checked as the chat body they become
+        (:meth:`chat_body`)."""
+        for i, value in enumerate(self.include or []):
+            if value not in INCLUDABLE:
+                raise APIError(400, f"include[{i}] must be one of "
+                               f"{', '.join(map(repr, INCLUDABLE))}, got {shown(value)}",
+                               f"include[{i}]")
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether ``include`` asks for the output text's log-probabilities."""
+        return INCLUDE_LOGPROBS in (self.include or [])
 
     def chat_body(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The OpenAI chat completion body asking for the same, after the
@@ -171,32 +198,48 @@ def new_id(prefix: str) -> str:
 
 
 class ResponseStore:
-    """The stored responses' conversations (chat messages, the reply's
-    included) by response id, at most ``size``, the least recently used
-    forgotten first."""
+    """The stored responses by id: each response object and its
+    conversation (chat messages, the reply's included), at most ``size``,
+    the least recently used forgotten first."""
 
     def __init__(self, size: int = STORED_RESPONSES):
         self.size = size
-        self._conversations: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._stored: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = \
+            OrderedDict()
 
     def history(self, response_id: str | None) -> list[dict[str, Any]]:
         """The conversation of ``response_id`` (None: none); an unknown id is a 400."""
         if response_id is None:
             return []
-        if response_id not in self._conversations:
-            raise APIError(400, f"previous_response_id: no stored response {response_id!r} (it "
-                           f"was not stored, or is one of the oldest beyond the "
-                           f"{self.size} this server keeps)", "previous_response_id",
-                           code="previous_response_not_found")
-        self._conversations.move_to_end(response_id)
-        return list(self._conversations[response_id])
+        if response_id not in self._stored:
+            raise APIError(400, f"previous_response_id: {self._unknown(response_id)}",
+                           "previous_response_id", code="previous_response_not_found")
+        self._stored.move_to_end(response_id)
+        return list(self._stored[response_id][1])
 
-    def keep(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
-        """Store ``conversation`` as ``response_id``'s."""
-        self._conversations[response_id] = conversation
-        self._conversations.move_to_end(response_id)
-        while len(self._conversations) > self.size:
-            self._conversations.popitem(last=False)
+    def response(self, response_id: str) -> dict[str, Any]:
+        """The response object stored as ``response_id``; an unknown id is a 404."""
+        if response_id not in self._stored:
+            raise APIError(404, self._unknown(response_id), "response_id",
+                           code="response_not_found")
+        self._stored.move_to_end(response_id)
+        return self._stored[response_id][0]
+
+    def delete(self, response_id: str) -> None:
+        """Forget ``response_id``; an unknown id is a 404."""
+        self.response(response_id)
+        del self._stored[response_id]
+
+    def keep(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        """Store ``response`` (a response object) and its ``conversation``."""
+        self._stored[response["id"]] = (response, conversation)
+        self._stored.move_to_end(response["id"])
+        while len(self._stored) > self.size:
+            self._stored.popitem(last=False)
+
+    def _unknown(self, response_id: str) -> str:
+        return (f"no stored response {response_id!r} (it was not stored, was deleted, or is "
+                f"one of the oldest beyond the {self.size} this server keeps)")
 
 
 def conversation(history: list[dict[str, Any]], body: ResponsesBody,
@@ -215,14 +258,16 @@ def usage(prompt_tokens: int, cached_tokens: int, generated_tokens: int) -> dict
             "total_tokens": prompt_tokens + generated_tokens}
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    """A ``message`` output item holding ``text``."""
+def message_item(item_id: str, text: str, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A ``message`` output item holding ``text`` (with its tokens'
+    ``logprobs``, if asked for)."""
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [] if status == "in_progress" else [_text_part(text)]}
+            "content": [] if status == "in_progress" else [_text_part(text, logprobs)]}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str,
@@ -243,13 +288,15 @@ def _reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def output_items(reply: ChatReply) -> list[dict[str, Any]]:
+def output_items(reply: ChatReply,
+                 logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """A finished reply's output: its reasoning (if any) as a reasoning
-    item, its text as a message, then an item per call."""
+    item, its text as a message (with the reply's tokens' ``logprobs``, if
+    asked for), then an item per call."""
     items = [reasoning_item(new_id("rs"), reply.reasoning, "completed")] if reply.reasoning \
         else []
     if reply.content or not reply.calls:
-        items.append(message_item(new_id("msg"), reply.content, "completed"))
+        items.append(message_item(new_id("msg"), reply.content, "completed", logprobs))
     items += [call_item(new_id("fc"), call.id, call.name, call.arguments, "completed")
               for call in reply.calls]
     return items
@@ -273,6 +320,7 @@ def response_object(response_id: str, created: int, model: str, body: ResponsesB
             "temperature": body.temperature, "top_p": body.top_p,
             "max_output_tokens": body.max_output_tokens,
             "previous_response_id": body.previous_response_id, "store": body.store,
+            "truncation": body.truncation or "disabled",
             "text": body.text or {"format": {"type": "text"}}, "usage": usage_data,
             "metadata": {}}
 
@@ -290,6 +338,8 @@ class ItemEvents:
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being streamed
+        #: The log-probabilities of a message's text, given when it closes.
+        self.text_logprobs: list[dict[str, Any]] | None = None
 
     def event(self, kind: str, **data: Any) -> bytes:
         """One event of ``kind``, numbered."""
@@ -348,12 +398,13 @@ class ItemEvents:
         if item is None:
             return
         if item["type"] == "message":
-            text = item.pop("text", "")
+            text, logprobs = item.pop("text", ""), self.text_logprobs or []
             yield self.event("response.output_text.done", item_id=item["id"],
-                             output_index=index, content_index=0, text=text, logprobs=[])
+                             output_index=index, content_index=0, text=text, logprobs=logprobs)
             yield self.event("response.content_part.done", item_id=item["id"],
-                             output_index=index, content_index=0, part=_text_part(text))
-            item = message_item(item["id"], text, "completed")
+                             output_index=index, content_index=0,
+                             part=_text_part(text, logprobs))
+            item = message_item(item["id"], text, "completed", logprobs)
         elif item["type"] == "reasoning":
             text = item.pop("text", "")
             yield self.event("response.reasoning_text.done", item_id=item["id"],

@@ -160,6 +160,12 @@ class ChatReply:
         self.reasoning = ""
         self.calls: list[ToolCall] = []
 
+    @property
+    def reads(self) -> bool:
+        """Whether the reply is read (for tool calls or reasoning), not
+        taken as its text."""
+        return self._stream is not None
+
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The deltas to send after the reply's next ``text``."""
         if self._stream is None:
