@@ -144,6 +144,16 @@ def _chat(server: Server, stream: bool, **kwargs):
 
 
 # -- markers that are special tokens --------------------------------------------
+def test_generation_keeps_special_tokens_when_asked(model_path):
+    llm = load(model_path, max_length=MAX_LENGTH)
+    marker = llm.tokenizer.token_id("[TOOL_CALLS]")
+    assert "[TOOL_CALLS]" in llm.tokenizer.special_texts
+    kwargs = dict(chat=False, max_tokens=3, logit_bias={marker: 100})
+    assert llm.generate("x", **kwargs).text == ""
+    kept = llm.generate("x", special_tokens=True, **kwargs)
+    assert kept.text == "[TOOL_CALLS]" * 3 and kept.tokens == [marker] * 3
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("family, text, shown", [
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', None),
