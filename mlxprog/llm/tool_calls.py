@@ -40,9 +40,9 @@ for) and the special tokens' texts are left out of what it shows.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import functools
 import re
 import secrets
 from collections.abc import Collection, Mapping, Sequence
@@ -259,7 +259,9 @@ def template_takes_tools(chat_template: str | None) -> bool:
 def tool_call_syntax(chat_template: str | None) -> str:
     """The tool-call syntax (one of :data:`SYNTAXES`) a model with this
     chat template writes, known from the tokens the template writes calls
-    with; ``generic`` for a template that takes no tools."""
+    with; ``harmony`` for a template that writes the harmony format's
+    ``<|channel|>`` and ``<|message|>`` (its replies have channels, tools
+    or not); otherwise ``generic`` for a template that takes no tools."""
     if chat_template is not None and _HARMONY_CHANNEL in chat_template \
             and _HARMONY_MESSAGE in chat_template:
         return "harmony"
