@@ -412,13 +412,20 @@ def _native_history(history: list[dict[str, Any]], syntax: str) -> list[dict[str
     """The messages as Hugging Face templates take them: calls with their
     arguments as objects (templates write them with ``tojson``). Mistral's
     templates take only 9-character ids: each id becomes one derived from
-    it."""
+    it. Harmony templates (gpt-oss's) take an assistant message's
+    reasoning as ``thinking`` and test whether its content holds channel
+    markers: a null content is left out."""
     def call_id(value: str) -> str:
         return hashlib.sha256(value.encode()).hexdigest()[:9] if syntax == "mistral" else value
 
     rendered = []
     for message in history:
         out = {k: v for k, v in message.items() if k not in ("calls", "call")}
+        if syntax == "harmony":
+            if "reasoning_content" in out:
+                out["thinking"] = out.pop("reasoning_content")
+            if out.get("content", "") is None:
+                del out["content"]
         if "calls" in message:
             out["tool_calls"] = [{"id": call_id(c.id), "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}}

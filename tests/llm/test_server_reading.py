@@ -50,10 +50,20 @@ TEMPLATES = {
         "<|python_tag|>{{ m.tool_calls[0].function | tojson }}{% else %}{{ m.content }}"
         "{% endif %}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    # As gpt-oss's: a call's reasoning as "thinking", and content checked for
+    # channel markers (which a null content would fail).
     "harmony": (
         "{% if tools %}<|start|>developer<|message|>{{ tools | tojson }}<|end|>{% endif %}"
-        "{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}"
-        "<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}"
+        "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+        "{% if 'content' in m and '<|channel|>' in m.content %}"
+        "{{ raise_exception('channel markers in content') }}{% endif %}"
+        "{% if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}"
+        "<|end|>{% endif %}<|start|>assistant to=functions.{{ m.tool_calls[0].function.name }}"
+        "<|channel|>commentary json<|message|>{{ m.tool_calls[0].function.arguments | tojson }}"
+        "<|call|>{% elif m.role == 'tool' %}<|start|>functions to=assistant<|channel|>"
+        "commentary<|message|>{{ m.content | tojson }}<|end|>{% else %}<|start|>{{ m.role }}"
+        "{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}"
+        "<|end|>{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|start|>assistant{% endif %}"),
 }
 
@@ -243,3 +253,49 @@ def test_harmony_in_the_messages_api(servers, scripted):
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].thinking == "Easy: say hello."
     assert final.content[1].text == "Hello there!"
+
+
+def test_harmony_reasoning_goes_back_with_its_call(servers):
+    """A call's reasoning, sent back in the history as each API gives it
+    (``reasoning_content``, a reasoning item, a thinking block), reaches
+    the template as ``thinking``; a call's null content is left out."""
+    server = servers("harmony")
+    client = _openai(server)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
+
+    def chat_tokens(reasoning):
+        assistant = {"role": "assistant", "content": None, "tool_calls": [call]}
+        if reasoning:
+            assistant["reasoning_content"] = reasoning
+        return client.chat.completions.create(
+            model=MODEL_ID, messages=[*USER, assistant, result], tools=[WEATHER],
+            max_tokens=1).usage.prompt_tokens
+
+    with_reasoning, without = chat_tokens(ANALYSIS), chat_tokens(None)
+    encode = server.llm.tokenizer.encode
+    assert with_reasoning - without == len(encode(
+        "<|start|>assistant<|channel|>analysis<|message|>" + ANALYSIS + "<|end|>"))
+    flat = {"type": "function", **WEATHER["function"]}
+    response = client.responses.create(model=MODEL_ID, tools=[flat], max_output_tokens=1, input=[
+        {"role": "user", "content": USER[0]["content"]},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": ANALYSIS}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}])
+    assert response.usage.input_tokens == with_reasoning
+    message = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                                  timeout=120).messages.create(
+        model=MODEL_ID, max_tokens=1,
+        tools=[{"name": "get_weather", "description": "The weather in a city.",
+                "input_schema": WEATHER["function"]["parameters"]}],
+        messages=[{"role": "user", "content": USER[0]["content"]},
+                  {"role": "assistant", "content": [
+                      {"type": "thinking", "thinking": ANALYSIS, "signature": ""},
+                      {"type": "tool_use", "id": "call_1", "name": "get_weather",
+                       "input": {"city": "Paris"}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                                "content": "Sunny"}]}])
+    assert message.usage.input_tokens == with_reasoning

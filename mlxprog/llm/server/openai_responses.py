@@ -96,15 +96,20 @@ class ResponsesBody(BaseModel):
     def input_messages(self) -> list[dict[str, Any]]:
         """``input`` as chat messages: consecutive ``function_call`` items
         make one assistant message's ``tool_calls``, a ``function_call_output``
-        a ``tool`` message."""
+        a ``tool`` message; a ``reasoning`` item (as an earlier response
+        gave it) is the next assistant message's ``reasoning_content``."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         if not self.input:
             raise APIError(400, "input must not be empty", "input")
         messages: list[dict[str, Any]] = []
+        reasoning: list[str] = []  # for the next assistant message
         for i, item in enumerate(self.input):
             where = f"input[{i}]"
             kind = item.get("type", "message") if isinstance(item, dict) else None
+            if kind == "reasoning":
+                reasoning.append(_text(item.get("content") or [], f"{where}.content"))
+                continue
             if kind == "message" and isinstance(item, dict) and "role" in item:
                 messages.append(_message(item, where))
             elif kind == "function_call":
@@ -112,7 +117,7 @@ class ResponsesBody(BaseModel):
                     "name": _string(item, "name", where),
                     "arguments": _string(item, "arguments", where)}}
                 last = messages[-1] if messages else {}
-                if last.get("role") == "assistant" and last.get("tool_calls"):
+                if last.get("role") == "assistant" and last.get("tool_calls") and not reasoning:
                     last["tool_calls"].append(call)
                 else:
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -121,8 +126,11 @@ class ResponsesBody(BaseModel):
                                  "content": _text(item.get("output"), f"{where}.output")})
             else:
                 raise APIError(400, f"{where} must be a message (role and content), a "
-                               f"function_call or a function_call_output item, got "
-                               f"{shown(item)}", f"{where}.type")
+                               f"function_call, a function_call_output or a reasoning item, "
+                               f"got {shown(item)}", f"{where}.type")
+            if reasoning and messages[-1]["role"] == "assistant":
+                messages[-1]["reasoning_content"] = "\n".join(reasoning)
+                reasoning = []
         return messages
 
 
@@ -134,7 +142,8 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
 
 
 def _text(value: Any, where: str) -> str:
-    """A string, or a list of ``input_text``/``output_text`` parts joined by line breaks."""
+    """A string, or a list of ``input_text``/``output_text`` (or a reasoning
+    item's ``reasoning_text``) parts joined by line breaks."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -142,7 +151,8 @@ def _text(value: Any, where: str) -> str:
                        f"{shown(value)}", where)
     texts = []
     for i, part in enumerate(value):
-        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
+        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text",
+                                                                "reasoning_text")
                 and isinstance(part.get("text"), str)):
             raise APIError(400, f"{where}[{i}] must be a text part ({{\"type\": \"input_text\", "
                            f"\"text\": ...}}); this server takes text only, got {shown(part)}",

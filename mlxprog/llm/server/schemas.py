@@ -74,7 +74,8 @@ class ChatMessage(BaseModel):
     OpenAI's list of ``{"type": "text", "text": ...}`` parts, joined by line
     breaks). ``developer`` is OpenAI's newer name for ``system``. An
     assistant message may carry ``tool_calls`` (its content may then be
-    null or left out) and a ``tool`` message answers the call
+    null or left out) and its ``reasoning_content`` (as this server's
+    replies give it), and a ``tool`` message answers the call
     ``tool_call_id``; :func:`~mlxprog.llm.tool_calls.prepare_tools` checks
     them against each other."""
 
@@ -84,6 +85,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -119,7 +121,7 @@ class ChatMessage(BaseModel):
         """The message as chat templates take it (``developer`` as ``system``)."""
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                    "content": self.content}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
         return message
