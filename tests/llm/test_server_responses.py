@@ -195,6 +195,14 @@ def test_include_takes_the_documented_values(client, hermes_reference):
     assert [entry.logprob for entry in part.logprobs] == pytest.approx(expected.logprobs,
                                                                       abs=1e-4)
     assert "".join(entry.token for entry in part.logprobs) == part.text
+    events = list(client.responses.create(
+        model=MODEL_ID, input="Hello", max_output_tokens=6, temperature=0, stream=True,
+        include=["message.output_text.logprobs"]))
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [entry.logprob for entry in done.logprobs] == \
+        [entry.logprob for entry in part.logprobs]
+    final = events[-1].response.output[0].content[0].logprobs
+    assert [(e.token, e.logprob) for e in final] == [(e.token, e.logprob) for e in done.logprobs]
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=MODEL_ID, input="x",
                                 include=["message.output_text.logprobs", "everything"])
