@@ -59,13 +59,34 @@ if TYPE_CHECKING:
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 
 #: JSON whitespace a constrained output may have at each place JSON allows
-#: it: a few spaces or tabs, or one line break and an indent. llguidance's
-#: own default (any run of whitespace) lets a model that is unsure what
-#: comes next write blank lines until ``max_tokens``; llama.cpp bounds it
-#: in its JSON grammars for the same reason. A schema's own ``x-guidance``
+#: it: a few spaces or tabs, or one line break and an indent of at most 20
+#: spaces or 10 tabs (a tab is a level, as pretty printers write it;
+#: JavaScript's ``JSON.stringify`` caps its indent at 10). llguidance's own
+#: default (any run of whitespace) lets a model that is unsure what comes
+#: next write blank lines until ``max_tokens``; llama.cpp bounds it in its
+#: JSON grammars for the same reason (a 135M model indented every line of
+#: an array with 20 tabs, one token each). A schema's own ``x-guidance``
 #: options take precedence.
-JSON_WHITESPACE = r"[ \t]{1,4}|\r?\n[ \t]{0,20}"
+JSON_WHITESPACE = r"[ \t]{1,4}|\r?\n(?: {0,20}|\t{0,10})"
 _JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
+
+#: The most digits a constrained ``time`` or ``date-time`` string gives
+#: its fraction of a second (nanoseconds). RFC 3339 allows any number, and
+#: a model that is unsure how to end one writes zeros until ``max_tokens``;
+#: 9 is what Go's ``RFC3339Nano`` and Java's ``Instant`` write.
+FRACTION_DIGITS = 9
+_TIME = (r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)"
+         rf"(?:\.[0-9]{{1,{FRACTION_DIGITS}}})?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+_DATE = (r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+         r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-9]))")
+#: The string formats whose free-running parts a constraint bounds: the
+#: pattern that replaces each (RFC 3339's, the fraction bounded).
+_BOUNDED_FORMATS = {"time": f"^{_TIME}$", "date-time": f"^{_DATE}[tT]{_TIME}$"}
+#: Schema keywords whose values are data, not schemas.
+SCHEMA_DATA = frozenset({"enum", "const", "default", "examples"})
+#: Schema keywords whose values map names to schemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})
 
 #: Bits in one word of a token bitmask (llguidance's layout: token ``t`` is
 #: bit ``t % 32`` of int32 word ``t // 32``).
@@ -261,8 +282,8 @@ def _compile(kind: str, source: str, field: str) -> str:
     refuses is a :class:`ConstraintError` naming ``field`` with its reason."""
     if kind in ("json_object", "json_schema"):
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(source,
-                                                                  defaults=_JSON_DEFAULTS)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(_bounded_formats(json.loads(source))), defaults=_JSON_DEFAULTS)
         except ValueError as exc:
             raise ConstraintError(field, f"the schema is not a JSON object: {exc}") from None
     elif kind == "regex":
@@ -279,6 +300,31 @@ def _compile(kind: str, source: str, field: str) -> str:
     if failed:
         raise ConstraintError(field, _problem(kind, source, messages[0]))
     return grammar
+
+
+def _bounded_formats(schema: Any) -> Any:
+    """``schema`` with each ``time`` and ``date-time`` string format that
+    has no ``pattern`` of its own given as the pattern of
+    :data:`_BOUNDED_FORMATS` (its fraction of a second at most
+    :data:`FRACTION_DIGITS` digits); every string it allows is still of the
+    format. Data (``enum``, ``const``, ...) is kept as it is."""
+    if isinstance(schema, list):
+        return [_bounded_formats(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in SCHEMA_DATA:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _bounded_formats(sub) for name, sub in value.items()}
+        else:
+            out[key] = _bounded_formats(value)
+    form = out.get("format")
+    if isinstance(form, str) and form in _BOUNDED_FORMATS and "pattern" not in out:
+        del out["format"]
+        out["pattern"] = _BOUNDED_FORMATS[form]
+    return out
 
 
 def _problem(kind: str, source: str, message: str) -> str:

@@ -223,7 +223,8 @@ class Request:
         self.limited_by_cache = room < options.max_tokens
         self.cancelled = False
         # Text.
-        self.decoder = llm.tokenizer.stream_decoder(skip_special_tokens=True)
+        self.decoder = llm.tokenizer.stream_decoder(
+            skip_special_tokens=not options.special_tokens)
         self.eos = set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids)
         self.hold = max((len(s) for s in options.stop), default=1) - 1
         self.text = ""

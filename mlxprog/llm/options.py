@@ -211,6 +211,12 @@ class GenerationOptions:
     its logit; kept as a :class:`~mlxprog.llm.constraints.LogitBias`, or None
     when empty) applies before the constraint. A bad value of either is an
     :class:`~mlxprog.llm.constraints.OptionError` naming the field.
+
+    ``special_tokens`` keeps the text of special tokens in the output
+    (left out by default): a reader of the reply that needs their markers
+    (Mistral's ``[TOOL_CALLS]``, Llama 3.1's ``<|python_tag|>``, the
+    harmony format's channels; see :mod:`~mlxprog.llm.tool_calls`) asks
+    for it, and leaves them out of what it shows.
     """
 
     max_tokens: int = 256
@@ -231,6 +237,7 @@ class GenerationOptions:
     prompt_lookup_ngram: int = DEFAULT_LOOKUP_NGRAM
     constraint: Constraint | None = None
     logit_bias: Mapping[int, float] | LogitBias | None = None
+    special_tokens: bool = False
     #: The sampling parameters (the programs' attributes), derived from the
     #: fields above once, which validates them.
     sampling: Sampling = field(init=False, repr=False, compare=False)

@@ -14,6 +14,7 @@ token ids into text pieces that never split a UTF-8 character.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -412,6 +413,15 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @functools.cached_property
+    def special_texts(self) -> frozenset[str]:
+        """The texts of the special tokens: those that decoding without
+        special tokens leaves out (control tokens, EOS, ``[TOOL_CALLS]``
+        where the vocabulary marks it special, ...)."""
+        return frozenset(token.content for token in
+                         self.backend.get_added_tokens_decoder().values()
+                         if token.special and token.content)
 
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry of ``token_id`` (byte-level form), or None."""

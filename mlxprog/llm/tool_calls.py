@@ -13,8 +13,10 @@ read (a :class:`ToolPrompt`):
   objects; the reply is read in the model family's own syntax
   (:data:`SYNTAXES`): Qwen's and Hermes' ``<tool_call>{...}</tool_call>``,
   Llama 3's JSON (after ``<|python_tag|>`` or alone), Mistral's
-  ``[TOOL_CALLS]``, or plain JSON for a template whose syntax is not one
-  of these.
+  ``[TOOL_CALLS]``, the harmony format's channels (gpt-oss: reasoning in
+  the ``analysis`` channel, the answer in ``final``, calls as
+  ``commentary`` messages to ``functions.NAME``), or plain JSON for a
+  template whose syntax is not one of these.
 - A template that takes none (SmolLM2's) gets the tools described in the
   system message with a generic JSON form for calls
   (``{"tool_calls": [{"name": ..., "arguments": {...}}]}``), the history's
@@ -28,40 +30,61 @@ read (a :class:`ToolPrompt`):
 :class:`ToolCallStream` reads a reply as it streams: text that cannot be
 (part of) a tool call is content to send at once; what may be a call is
 held until it is known, and complete calls come out as :class:`ToolCall`
-objects. :meth:`ToolPrompt.parse` reads a whole reply the same way.
+objects (a harmony reply's analysis channel as reasoning). :meth:`ToolPrompt.parse`
+reads a whole reply the same way. Their markers are special tokens in some
+vocabularies (``[TOOL_CALLS]``, ``<|python_tag|>``, harmony's), so the
+reply is read as decoded with special tokens (generation's
+``special_tokens`` option, which :attr:`ToolPrompt.reads_reply` asks
+for) and the special tokens' texts are left out of what it shows.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .constraints import JSON_WHITESPACE, Constraint, OptionError, shown
+from .constraints import JSON_WHITESPACE, SCHEMA_DATA, Constraint, OptionError, shown
 
 #: Tool-call syntaxes: ``hermes`` (``<tool_call>`` tags: Qwen, Hermes),
 #: ``llama3`` (JSON with ``parameters``), ``mistral`` (``[TOOL_CALLS]``),
-#: ``json`` (a template that takes tools in a syntax not known here: the
-#: reply read as plain JSON) and ``generic`` (a template that takes no
-#: tools: described in the system message, called in generic JSON).
-SYNTAXES = ("hermes", "llama3", "mistral", "json", "generic")
+#: ``harmony`` (gpt-oss's channels), ``json`` (a template that takes tools
+#: in a syntax not known here: the reply read as plain JSON) and
+#: ``generic`` (a template that takes no tools: described in the system
+#: message, called in generic JSON).
+SYNTAXES = ("hermes", "llama3", "mistral", "harmony", "json", "generic")
 #: The ``tool_choice`` modes (``function``: one named function).
 TOOL_CHOICES = ("auto", "none", "required", "function")
 #: OpenAI's rule for function names.
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: Keywords whose values are data, not schemas: ``$ref`` in them is no reference.
-_SCHEMA_DATA = frozenset({"enum", "const", "default", "examples"})
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _LLAMA_TAG = "<|python_tag|>"
+# The harmony format's tokens: a message is [<|start|>role]<|channel|>NAME
+# [ to=RECIPIENT][ <|constrain|>json]<|message|>BODY, ended by one of _HARMONY_ENDS.
+_HARMONY_START, _HARMONY_CHANNEL = "<|start|>", "<|channel|>"
+_HARMONY_MESSAGE, _HARMONY_CONSTRAIN = "<|message|>", "<|constrain|>"
+_HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+#: The harmony channel whose messages are reasoning, and the prefix of a
+#: recipient that is one of the tools.
+_HARMONY_REASONING, _HARMONY_FUNCTIONS = "analysis", "functions."
+#: The markers each syntax reads (kept in a call's text while it is parsed).
+_SYNTAX_MARKERS = {
+    "hermes": (_HERMES_OPEN, _HERMES_CLOSE),
+    "mistral": (_MISTRAL_CALLS, _MISTRAL_ARGS, _MISTRAL_ID),
+    "llama3": (_LLAMA_TAG,),
+    "harmony": (_HARMONY_START, _HARMONY_CHANNEL, _HARMONY_MESSAGE, _HARMONY_CONSTRAIN,
+                *_HARMONY_ENDS),
+}
 
 
 class ToolError(OptionError):
@@ -120,6 +143,16 @@ class ToolCall:
         ``delta.tool_calls`` item adds its ``index``)."""
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class Reading(NamedTuple):
+    """What (a piece of) a reply was read as: ``content`` to show, the tool
+    ``calls`` it completed and its ``reasoning`` (a harmony reply's
+    analysis channel; "" in the other syntaxes)."""
+
+    content: str
+    calls: list[ToolCall]
+    reasoning: str = ""
 
 
 def new_call_id() -> str:
@@ -226,7 +259,12 @@ def template_takes_tools(chat_template: str | None) -> bool:
 def tool_call_syntax(chat_template: str | None) -> str:
     """The tool-call syntax (one of :data:`SYNTAXES`) a model with this
     chat template writes, known from the tokens the template writes calls
-    with; ``generic`` for a template that takes no tools."""
+    with; ``harmony`` for a template that writes the harmony format's
+    ``<|channel|>`` and ``<|message|>`` (its replies have channels, tools
+    or not); otherwise ``generic`` for a template that takes no tools."""
+    if chat_template is not None and _HARMONY_CHANNEL in chat_template \
+            and _HARMONY_MESSAGE in chat_template:
+        return "harmony"
     if chat_template is None or not template_takes_tools(chat_template):
         return "generic"
     if _HERMES_OPEN in chat_template:
@@ -254,17 +292,26 @@ class ToolPrompt:
     syntax: str
     tools: tuple[Tool, ...]
 
-    def stream(self) -> ToolCallStream:
-        """A :class:`ToolCallStream` reading this prompt's reply."""
-        return ToolCallStream(self.syntax, self.tools)
+    @property
+    def reads_reply(self) -> bool:
+        """Whether the reply is read (tools were offered, or the harmony
+        format's channels are to be told apart): then it is to be decoded
+        with special tokens (generation's ``special_tokens`` option), whose
+        markers the reader needs."""
+        return bool(self.tools) or self.syntax == "harmony"
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """A whole reply as its content and tool calls, as streaming it
-        through :meth:`stream` gives them."""
-        stream = self.stream()
-        content, calls = stream.feed(text)
-        more_content, more_calls = stream.finish()
-        return content + more_content, calls + more_calls
+    def stream(self, special_texts: Collection[str] = ()) -> ToolCallStream:
+        """A :class:`ToolCallStream` reading this prompt's reply (decoded
+        with the special tokens ``special_texts``, which it shows none of)."""
+        return ToolCallStream(self.syntax, self.tools, special_texts)
+
+    def parse(self, text: str, special_texts: Collection[str] = ()) -> Reading:
+        """A whole reply as its content, tool calls and reasoning, as
+        streaming it through :meth:`stream` gives them."""
+        stream = self.stream(special_texts)
+        first, rest = stream.feed(text), stream.finish()
+        return Reading(first.content + rest.content, first.calls + rest.calls,
+                       first.reasoning + rest.reasoning)
 
 
 def prepare_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool],
@@ -365,13 +412,20 @@ def _native_history(history: list[dict[str, Any]], syntax: str) -> list[dict[str
     """The messages as Hugging Face templates take them: calls with their
     arguments as objects (templates write them with ``tojson``). Mistral's
     templates take only 9-character ids: each id becomes one derived from
-    it."""
+    it. Harmony templates (gpt-oss's) take an assistant message's
+    reasoning as ``thinking`` and test whether its content holds channel
+    markers: a null content is left out."""
     def call_id(value: str) -> str:
         return hashlib.sha256(value.encode()).hexdigest()[:9] if syntax == "mistral" else value
 
     rendered = []
     for message in history:
         out = {k: v for k, v in message.items() if k not in ("calls", "call")}
+        if syntax == "harmony":
+            if "reasoning_content" in out:
+                out["thinking"] = out.pop("reasoning_content")
+            if out.get("content", "") is None:
+                del out["content"]
         if "calls" in message:
             out["tool_calls"] = [{"id": call_id(c.id), "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}}
@@ -476,7 +530,7 @@ def _rebased(schema: Any, base: str, data: bool = False) -> Any:
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             out[key] = base + value[1:]
         else:
-            out[key] = _rebased(value, base, key in _SCHEMA_DATA)
+            out[key] = _rebased(value, base, key in SCHEMA_DATA)
     return out
 
 
@@ -494,22 +548,28 @@ def _text_or_calls(tools: Sequence[Tool], parallel: bool) -> str:
 class ToolCallStream:
     """Reads a reply in ``syntax`` (one of :data:`SYNTAXES`) as it streams.
 
-    :meth:`feed` takes the next piece of text (decoded with special tokens:
-    ``[TOOL_CALLS]`` and ``<|python_tag|>`` are special tokens) and returns
-    the content that is known not to be a tool call, to send now, and the
-    calls completed by the piece; :meth:`finish` returns the rest at the
-    end of the reply. Text that may start a call is held back until it is
-    known: a possible start of a call marker (``<tool_call>``,
-    ``[TOOL_CALLS]``, ``<|python_tag|>``), or a reply whose first non-blank
-    character is ``{`` or ``[`` (``llama3`` and ``json``: an object per
-    call, or a list of them) or ``{`` (``generic``: only
-    ``{"tool_calls": [...]}``, the form its constraint makes). Hermes calls
-    come out as each ``</tool_call>`` arrives, the others at the end. What
-    turns out not to be a valid call of one of ``tools`` is content after
-    all; blanks next to ``<tool_call>`` tags are not content. Content and
-    calls are the same however the reply is cut into pieces."""
+    :meth:`feed` takes the next piece of text (decoded with special tokens,
+    whose texts are ``special_texts``: ``[TOOL_CALLS]``, ``<|python_tag|>``
+    and harmony's markers are special tokens in their vocabularies) and
+    returns a :class:`Reading`: the content that is known not to be a tool
+    call, to send now, the calls completed by the piece, and reasoning;
+    :meth:`finish` returns the rest at the end of the reply. Text that may
+    start a call is held back until it is known: a possible start of a
+    call marker (``<tool_call>``, ``[TOOL_CALLS]``, ``<|python_tag|>``), or
+    a reply whose first non-blank character is ``{`` or ``[`` (``llama3``
+    and ``json``: an object per call, or a list of them) or ``{``
+    (``generic``: only ``{"tool_calls": [...]}``, the form its constraint
+    makes). Hermes calls come out as each ``</tool_call>`` arrives, harmony
+    calls as each message to ``functions.NAME`` ends, the others at the
+    end. What turns out not to be a valid call of one of ``tools`` is
+    content after all; blanks next to ``<tool_call>`` tags are not content.
+    A harmony reply's ``analysis`` messages are reasoning, its other
+    messages (``final``, and ``commentary`` to no tool) content; a reply
+    that does not start with a harmony header is content. Content and
+    reasoning never hold the special tokens' texts. Content, calls and
+    reasoning are the same however the reply is cut into pieces."""
 
-    def __init__(self, syntax: str, tools: Sequence[Tool]):
+    def __init__(self, syntax: str, tools: Sequence[Tool], special_texts: Collection[str] = ()):
         if syntax not in SYNTAXES:
             raise ValueError(f"unknown tool-call syntax {syntax!r}; one of {', '.join(SYNTAXES)}")
         self.syntax = syntax
@@ -519,21 +579,38 @@ class ToolCallStream:
         self._calling = False   # whether the held text starts with a call
         # The characters that start a JSON reply of calls ("" for none).
         self._json_start = {"llama3": "{[", "json": "{[", "generic": "{"}.get(syntax, "")
-        self._at_start = bool(self._json_start)
+        self._at_start = bool(self._json_start) or syntax == "harmony"
         self._after_call = False  # whether a Hermes call just ended (blanks follow it)
         self._done = False
+        # Harmony: the message being read (None: its header is being read),
+        # as (channel, recipient); and whether the reply is plain text.
+        self._message: tuple[str, str] | None = None
+        self._plain = False
+        # What is shown holds no special token; a call's text only the markers.
+        special = frozenset(special_texts)
+        self._content, self._reasoning = _Unspecial(special), _Unspecial(special)
+        self._unmarked = _special_pattern(special - frozenset(_SYNTAX_MARKERS.get(syntax, ())))
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
-        """The content to send and the calls completed, after ``text``."""
+    def feed(self, text: str) -> Reading:
+        """The content to send, the calls completed and the reasoning, after ``text``."""
         if self._done:
             raise ValueError("the reply was finished")
         self._held += text
-        return self._hermes(False) if self.syntax == "hermes" else self._whole_reply(False)
+        return self._read(False)
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """The content and calls held until the end of the reply."""
+    def finish(self) -> Reading:
+        """The content, calls and reasoning held until the end of the reply."""
         self._done = True
-        return self._hermes(True) if self.syntax == "hermes" else self._whole_reply(True)
+        return self._read(True)
+
+    def _read(self, final: bool) -> Reading:
+        if self.syntax == "harmony":
+            content, calls, reasoning = self._harmony(final)
+        else:
+            (content, calls), reasoning = (self._hermes(final) if self.syntax == "hermes"
+                                           else self._whole_reply(final)), ""
+        return Reading(self._content.feed(content, final), calls,
+                       self._reasoning.feed(reasoning, final))
 
     def _hermes(self, final: bool) -> tuple[str, list[ToolCall]]:
         """``<tool_call>`` tags: text outside them is content, sent as it
@@ -559,7 +636,8 @@ class ToolCallStream:
                 break
             close = len(_HERMES_CLOSE) if end >= 0 else 0
             whole = self._held[:end + close] if end >= 0 else self._held
-            call = self._call(_json_value(whole[len(_HERMES_OPEN):len(whole) - close]))
+            call = self._call(_json_value(self._without_specials(
+                whole[len(_HERMES_OPEN):len(whole) - close])))
             if call is None:
                 content += whole
             else:
@@ -601,12 +679,79 @@ class ToolCallStream:
                 self._held = self._held[len(self._held) - keep:]
         if not final or not self._calling:
             return content, []
-        calls = self._calls(self._held)
+        calls = self._calls(self._without_specials(self._held))
         if calls is None:
             content += self._held
             calls = []
         self._held = ""
         return content, calls
+
+    def _harmony(self, final: bool) -> tuple[str, list[ToolCall], str]:
+        """The harmony format: each message's header (up to ``<|message|>``)
+        says its channel and recipient; its body runs to an end marker (or
+        the next ``<|start|>``, or the end of the reply). Bodies of
+        ``analysis`` are reasoning and of calls to a tool are held until
+        they end; others are content, sent as they come (but for an end
+        that may start a marker)."""
+        content, reasoning, calls = "", "", []
+        while self._held:
+            if self._plain:
+                content, self._held = content + self._held, ""
+                break
+            if self._message is None:
+                if self._at_start:
+                    head = self._held.lstrip()
+                    if head and not any(m.startswith(head[:len(m)])
+                                        for m in (_HARMONY_CHANNEL, _HARMONY_START, "to=")):
+                        self._plain = True  # not the harmony format: text
+                        continue
+                at = self._held.find(_HARMONY_MESSAGE)
+                if at < 0:
+                    if final:  # a header without a body
+                        content, self._held = content + self._held, ""
+                    break
+                self._message = _harmony_header(self._held[:at])
+                self._held = self._held[at + len(_HARMONY_MESSAGE):]
+                self._at_start = False
+            channel, recipient = self._message
+            end, marker = min(((self._held.find(m), m) for m in (*_HARMONY_ENDS, _HARMONY_START)
+                               if m in self._held), default=(-1, ""))
+            calling = bool(recipient)
+            if end < 0 and not final:
+                if not calling:  # send what can be no marker's start
+                    keep = max(_partial_suffix(self._held, m)
+                               for m in (*_HARMONY_ENDS, _HARMONY_START))
+                    body, self._held = self._held[:len(self._held) - keep], \
+                        self._held[len(self._held) - keep:]
+                    if channel == _HARMONY_REASONING:
+                        reasoning += body
+                    else:
+                        content += body
+                break
+            body = self._held if end < 0 else self._held[:end]
+            self._held = "" if end < 0 else self._held[end + (0 if marker == _HARMONY_START
+                                                              else len(marker)):]
+            self._message = None
+            if calling:
+                call = None
+                if recipient.startswith(_HARMONY_FUNCTIONS):
+                    call = self._call({"name": recipient[len(_HARMONY_FUNCTIONS):],
+                                       "arguments": _json_value(self._without_specials(body))})
+                if call is None:
+                    content += body
+                else:
+                    calls.append(call)
+            elif channel == _HARMONY_REASONING:
+                reasoning += body
+            else:
+                content += body
+        return content, calls, reasoning
+
+    def _without_specials(self, text: str) -> str:
+        """A call's text without the special tokens that are not this
+        syntax's markers (an end-of-turn token the vocabulary does not
+        count as EOS, say)."""
+        return text if self._unmarked is None else self._unmarked.sub("", text)
 
     def _calls(self, text: str) -> list[ToolCall] | None:
         """The calls ``text`` (from a call's start to the end of the reply)
@@ -676,6 +821,51 @@ class ToolCallStream:
 
 #: The marker that starts calls anywhere in a reply, per syntax.
 _MARKERS = {"mistral": _MISTRAL_CALLS, "llama3": _LLAMA_TAG}
+
+
+def _harmony_header(header: str) -> tuple[str, str]:
+    """A harmony message's header (``[<|start|>role]<|channel|>NAME[
+    to=RECIPIENT][ <|constrain|>json]``) as its channel and recipient ("" for none)."""
+    channel = re.search(re.escape(_HARMONY_CHANNEL) + r"\s*([^\s<]+)", header)
+    recipient = re.search(r"\bto=([^\s<]+)", header)
+    return (channel.group(1) if channel else "", recipient.group(1) if recipient else "")
+
+
+@functools.lru_cache(maxsize=16)
+def _special_pattern(texts: frozenset[str]) -> re.Pattern[str] | None:
+    """A regex matching any of ``texts`` (None for none)."""
+    texts = sorted((t for t in texts if t), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+
+@functools.lru_cache(maxsize=16)
+def _special_prefixes(texts: frozenset[str]) -> frozenset[str]:
+    """The proper prefixes of ``texts``."""
+    return frozenset(t[:i] for t in texts for i in range(1, len(t)))
+
+
+class _Unspecial:
+    """Streamed text with the special tokens' texts left out: an end that
+    may start one is held until the next piece tells."""
+
+    def __init__(self, special_texts: frozenset[str]):
+        self._pattern = _special_pattern(special_texts)
+        self._prefixes = _special_prefixes(special_texts)
+        self._longest = max(map(len, special_texts), default=0)
+        self._held = ""
+
+    def feed(self, text: str, final: bool) -> str:
+        """The text to show after ``text`` (all of it when ``final``)."""
+        text, self._held = self._held + text, ""
+        if self._pattern is None:
+            return text
+        text = self._pattern.sub("", text)
+        if not final:
+            for length in range(min(len(text), self._longest - 1), 0, -1):
+                if text[-length:] in self._prefixes:
+                    text, self._held = text[:-length], text[-length:]
+                    break
+        return text
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -273,6 +273,34 @@ def test_json_whitespace_is_bounded(vocabulary, tokenizer):
     too_far = tokenizer.encode("\n" + " " * 21 + '"', add_special_tokens=False)
     assert state.fitting_prefix(too_far) < len(too_far)
     assert state.fitting_prefix(tokenizer.encode("\n\n", add_special_tokens=False)) == 0
+    tabs = tokenizer.encode("\n" + "\t" * 10 + '"', add_special_tokens=False)
+    assert state.fitting_prefix(tabs) == len(tabs)
+    for too_deep in ("\n" + "\t" * 11 + '"', "\n \t\t" + '"'):  # deeper, or mixed
+        ids = tokenizer.encode(too_deep, add_special_tokens=False)
+        assert state.fitting_prefix(ids) < len(ids)
+
+
+def test_time_formats_bound_the_fraction_of_a_second(vocabulary, tokenizer):
+    """A ``time``/``date-time`` string ends its fraction within 9 digits
+    (RFC 3339 allows any number: a model could write zeros without end);
+    what it allows is still of the format, and a schema's own pattern, or
+    a ``format`` key that is data, is kept."""
+    def fits(schema, text):
+        ids = tokenizer.encode(json.dumps(text), add_special_tokens=False)
+        return Constraint.json_schema(schema).start(vocabulary).fitting_prefix(ids) == len(ids)
+
+    time_schema = {"type": "string", "format": "time"}
+    assert fits(time_schema, "23:59:60.123456789Z") and fits(time_schema, "08:30:00+02:00")
+    assert not fits(time_schema, "23:59:60.1234567890Z") and not fits(time_schema, "24:00:00Z")
+    stamp = {"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}}
+    assert fits(stamp["properties"]["at"], "2024-02-29T23:59:59.5z")
+    assert not fits(stamp["properties"]["at"], "2024-02-30T23:59:59Z")
+    ids = tokenizer.encode('{"at": "2024-01-01T00:00:00.' + "0" * 10,
+                           add_special_tokens=False)
+    assert Constraint.json_schema(stamp).start(vocabulary).fitting_prefix(ids) < len(ids)
+    own = {"type": "string", "format": "time", "pattern": "^1"}
+    assert fits(own, "12:00:00.1234567890Z") and not fits(own, "22:00:00Z")
+    assert fits({"const": {"format": "time"}}, {"format": "time"})
 
 
 # ---------------------------------------------------------------------------

@@ -8,9 +8,11 @@ errors naming the Responses request's fields."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 from test_server_tools import (
     HERMES_TEMPLATE, MAX_LENGTH, MODEL_ID, TIME, WEATHER, _client, _serve, constrained,
@@ -151,3 +153,110 @@ def test_a_forced_function_call(constrained, client):
         model=MODEL_ID, previous_response_id=response.id, tools=FLAT_TOOLS, max_output_tokens=2,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "20 C"}])
     assert follow.status in ("completed", "incomplete")
+
+
+# -- stored responses, include, truncation -----------------------------------------
+def test_stored_responses_are_retrieved_and_deleted(client):
+    response = client.responses.create(model=MODEL_ID, input="Hello", max_output_tokens=4,
+                                       temperature=0)
+    stored = client.responses.retrieve(response.id)
+    assert stored.id == response.id and stored.output_text == response.output_text
+    assert [item.id for item in stored.output] == [item.id for item in response.output]
+    assert stored.usage.output_tokens == response.usage.output_tokens
+    with client.responses.stream(model=MODEL_ID, input="Hello", max_output_tokens=4,
+                                 temperature=0) as stream:
+        # Cut by max_output_tokens: response.incomplete, which the helper
+        # does not take for a final response.
+        streamed = list(stream)[-1].response
+    assert streamed.output_text == response.output_text
+    assert client.responses.retrieve(streamed.id).output_text == streamed.output_text
+    client.responses.delete(response.id)
+    for gone in (lambda: client.responses.retrieve(response.id),
+                 lambda: client.responses.delete(response.id)):
+        with pytest.raises(openai.NotFoundError) as e:
+            gone()
+        assert e.value.body["param"] == "response_id" and response.id in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError):  # deleted: no follow-up either
+        client.responses.create(model=MODEL_ID, input="x", previous_response_id=response.id)
+    unstored = client.responses.create(model=MODEL_ID, input="Hello", max_output_tokens=1,
+                                       store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_include_takes_the_documented_values(client, hermes_reference):
+    response = client.responses.create(
+        model=MODEL_ID, input="Hello", max_output_tokens=6, temperature=0,
+        include=["reasoning.encrypted_content", "message.output_text.logprobs"])
+    (part,) = response.output[0].content
+    expected = hermes_reference.generate([{"role": "user", "content": "Hello"}], max_tokens=6,
+                                         logprobs=True)
+    assert [entry.logprob for entry in part.logprobs] == pytest.approx(expected.logprobs,
+                                                                      abs=1e-4)
+    assert "".join(entry.token for entry in part.logprobs) == part.text
+    events = list(client.responses.create(
+        model=MODEL_ID, input="Hello", max_output_tokens=6, temperature=0, stream=True,
+        include=["message.output_text.logprobs"]))
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [entry.logprob for entry in done.logprobs] == \
+        [entry.logprob for entry in part.logprobs]
+    final = events[-1].response.output[0].content[0].logprobs
+    assert [(e.token, e.logprob) for e in final] == [(e.token, e.logprob) for e in done.logprobs]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL_ID, input="x",
+                                include=["message.output_text.logprobs", "everything"])
+    assert e.value.body["param"] == "include[1]" and 'got "everything"' in e.value.body["message"]
+
+
+LONG = " the" * 600  # 600 tokens: two do not fit the 1024-slot cache
+
+
+def test_truncation(client):
+    turns = [{"role": "user", "content": "First" + LONG},
+             {"role": "assistant", "content": "Yes."},
+             {"role": "user", "content": "Second" + LONG}]
+    with pytest.raises(openai.BadRequestError) as e:  # "disabled", the default
+        client.responses.create(model=MODEL_ID, input=turns, max_output_tokens=1)
+    body = e.value.body
+    assert body["param"] == "input" and body["code"] == "context_length_exceeded"
+    assert "truncation" in body["message"]
+    fitted = client.responses.create(model=MODEL_ID, input=turns, max_output_tokens=1,
+                                     truncation="auto", instructions="Be brief.")
+    assert fitted.truncation == "auto" and fitted.status in ("completed", "incomplete")
+    last = client.responses.create(model=MODEL_ID, input=turns[2:], max_output_tokens=1,
+                                   instructions="Be brief.")
+    assert fitted.usage.input_tokens == last.usage.input_tokens  # the oldest turn dropped
+    # A stored conversation is dropped from the oldest too.
+    first = client.responses.create(model=MODEL_ID, input=turns[0]["content"],
+                                    max_output_tokens=1)
+    follow = client.responses.create(model=MODEL_ID, input=turns[2]["content"],
+                                     previous_response_id=first.id, max_output_tokens=1,
+                                     truncation="auto")
+    alone = client.responses.create(model=MODEL_ID, input=turns[2]["content"],
+                                    max_output_tokens=1)
+    assert follow.usage.input_tokens == alone.usage.input_tokens
+    # Only the last turn left and still too long: the limit's error.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL_ID, input="Both" + LONG + LONG,
+                                truncation="auto", max_output_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL_ID, input="x", truncation="sometimes")
+    assert e.value.body["param"] == "truncation"
+
+
+class Verdict(pydantic.BaseModel):
+    city: Literal["Paris", "Oslo"]
+    sunny: bool
+
+
+def test_parse_with_a_pydantic_text_format(constrained, client):
+    for seed in range(3):
+        response = client.responses.parse(model=MODEL_ID, input="Weather, as JSON",
+                                          text_format=Verdict, max_output_tokens=200,
+                                          temperature=1.0, extra_body={"seed": seed})
+        assert response.status == "completed"
+        assert isinstance(response.output_parsed, Verdict)
+        stored = client.responses.retrieve(response.id)
+        assert Verdict.model_validate_json(stored.output_text) == response.output_parsed

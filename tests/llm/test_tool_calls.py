@@ -366,7 +366,7 @@ def test_required_calls_a_tool_whose_arguments_validate(
     called = set()
     for seed in range(6):
         reply = greedy_reply(prompt, vocabulary, tokenizer, closing_bias, seed)
-        content, calls = prompt.parse(reply)
+        content, calls, _ = prompt.parse(reply)
         assert content == "" and calls
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), schemas(tools)[call.name])
@@ -381,7 +381,7 @@ def test_a_named_function_is_called_alone_with_valid_arguments(
     assert "Call the tool forecast now." in prompt.messages[0]["content"]
     for seed in range(4):
         reply = greedy_reply(prompt, vocabulary, tokenizer, closing_bias, seed)
-        content, calls = prompt.parse(reply)
+        content, calls, _ = prompt.parse(reply)
         assert content == "" and [c.name for c in calls] == ["forecast"]
         Forecast.model_validate_json(calls[0].arguments)  # $ref to Place, rebased, resolved
 
@@ -400,7 +400,7 @@ def test_auto_with_a_generic_template_takes_text_or_valid_calls(
     for seed in range(3):
         reply = greedy_reply(prompt, vocabulary, tokenizer, closing_bias, seed,
                              start='{"tool_calls": [')
-        content, calls = prompt.parse(reply)
+        content, calls, _ = prompt.parse(reply)
         assert content == "" and calls
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), schemas(tools)[call.name])
@@ -414,8 +414,8 @@ def test_auto_with_a_generic_template_takes_text_or_valid_calls(
 
 def read(syntax: str, text: str, tools) -> tuple[str, list[tuple[str, dict]]]:
     stream = ToolCallStream(syntax, tools)
-    content, calls = stream.feed(text)
-    more, more_calls = stream.finish()
+    content, calls, _ = stream.feed(text)
+    more, more_calls, _ = stream.finish()
     return content + more, [(c.name, json.loads(c.arguments)) for c in calls + more_calls]
 
 
@@ -456,6 +456,18 @@ READINGS = [
     ("generic", '{"name": "add", "arguments": {}}', '{"name": "add", "arguments": {}}', []),
     ("generic", "Hello there", "Hello there", []),
     ("generic", "  \n", "  \n", []),
+    ("harmony", "<|channel|>analysis<|message|>They want the weather.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                '{"city": "Paris"}<|call|>', "", [WEATHER]),
+    ("harmony", "<|channel|>commentary<|message|>Adding.<|end|><|start|>assistant "
+                "to=functions.add<|channel|>commentary json<|message|>{\"a\": 1, \"b\": 2}",
+     "Adding.", [ADD]),  # a preamble, then the recipient before the channel
+    ("harmony", " to=functions.add<|channel|>commentary json<|message|>{\"a\": 1, "
+                "\"b\": 2}<|call|>", "", [ADD]),  # right after "<|start|>assistant"
+    ("harmony", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+                "<|message|>It is 3.<|return|>", "It is 3.", []),
+    ("harmony", "<|channel|>commentary to=functions.rm<|message|>{}<|call|>", "{}", []),
+    ("harmony", "Plain text, no header.", "Plain text, no header.", []),
 ]
 
 
@@ -467,7 +479,7 @@ def test_each_syntax_is_read(tools, syntax, text, content, calls):
 def test_calls_have_openai_ids_and_shape(tools):
     stream = ToolCallStream("generic", tools)
     stream.feed('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}')
-    _, (call,) = stream.finish()
+    (call,) = stream.finish().calls
     assert re.fullmatch(r"call_[0-9a-f]{24}", call.id) and call.id != new_call_id()
     assert call.as_openai() == {"id": call.id, "type": "function", "function": {
         "name": "add", "arguments": '{"a": 1, "b": 2}'}}
@@ -485,26 +497,67 @@ def test_streaming_gives_what_reading_whole_gives(tools, reading, cuts):
     streamed, got = "", []
     edges = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     for start, end in zip(edges, edges[1:]):
-        piece, done = stream.feed(text[start:end])
+        piece, done, _ = stream.feed(text[start:end])
         streamed += piece
         got += done
-    piece, done = stream.finish()
+    piece, done, _ = stream.finish()
     assert (streamed + piece, [(c.name, json.loads(c.arguments)) for c in got + done]) == \
         (content, calls)
 
 
 def test_content_streams_before_the_reply_ends(tools):
     stream = ToolCallStream("hermes", tools)
-    assert stream.feed("I will check <tool") == ("I will check", [])
-    assert stream.feed("_call>\n{\"name\": \"add\", ") == ("", [])
-    content, calls = stream.feed('"arguments": {"a": 1, "b": 2}}\n</tool_call>\nThen')
+    assert stream.feed("I will check <tool") == ("I will check", [], "")
+    assert stream.feed("_call>\n{\"name\": \"add\", ") == ("", [], "")
+    content, calls, _ = stream.feed('"arguments": {"a": 1, "b": 2}}\n</tool_call>\nThen')
     assert content == "Then" and [c.name for c in calls] == ["add"]
     plain = ToolCallStream("generic", tools)
-    assert plain.feed("  ") == ("", [])
-    assert plain.feed("Hi {") == ("  Hi {", [])  # not JSON at its start: content
+    assert plain.feed("  ") == ("", [], "")
+    assert plain.feed("Hi {") == ("  Hi {", [], "")  # not JSON at its start: content
     mistral = ToolCallStream("mistral", tools)
-    assert mistral.feed("Sure [TOOL") == ("Sure ", [])
-    assert mistral.feed("_CALLS][") == ("", [])
+    assert mistral.feed("Sure [TOOL") == ("Sure ", [], "")
+    assert mistral.feed("_CALLS][") == ("", [], "")
+
+
+#: Special tokens of the vocabularies these syntaxes come from.
+SPECIALS = frozenset({"[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "<|eom_id|>", "<|eot_id|>",
+                      "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>",
+                      "<|call|>", "<|return|>", "<|reserved_200013|>"})
+
+
+@_SETTINGS
+@given(cuts=st.lists(st.integers(0, 300), max_size=12))
+def test_harmony_reasoning_streams_apart_from_the_answer(tools, cuts):
+    text = ("<|channel|>analysis<|message|>Need the <b>weather</b>; call it.<|end|>"
+            "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>"
+            'json<|message|>{"city": "Paris"}<|call|><|start|>assistant<|channel|>final'
+            "<|message|>Sunny<|reserved_200013|> in Paris.")
+    stream = ToolCallStream("harmony", tools, SPECIALS)
+    parts = []
+    edges = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    for start, end in zip(edges, edges[1:]):
+        parts.append(stream.feed(text[start:end]))
+    parts.append(stream.finish())
+    assert "".join(p.reasoning for p in parts) == "Need the <b>weather</b>; call it."
+    assert "".join(p.content for p in parts) == "Sunny in Paris."  # no special token shown
+    assert [(c.name, json.loads(c.arguments)) for p in parts for c in p.calls] == [WEATHER]
+
+
+@pytest.mark.parametrize("syntax, text, content, calls", [
+    ("llama3", '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}<|eom_id|>', "",
+     [ADD]),  # an end-of-message token the vocabulary does not count as EOS
+    ("llama3", "<|python_tag|>print(1)<|eom_id|>", "print(1)", []),  # code, not a call
+    ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}', "", [ADD]),
+    ("mistral", "Sure.[TOOL_CALLS]add", "Sure.add", []),  # not a call: no marker shown
+    ("generic", "Hello<|eot_id|> there", "Hello there", []),
+])
+def test_special_token_markers_are_read_and_never_shown(tools, syntax, text, content, calls):
+    for size in (1, 3, len(text)):
+        stream = ToolCallStream(syntax, tools, SPECIALS)
+        parts = [stream.feed(text[i:i + size]) for i in range(0, len(text), size)]
+        parts.append(stream.finish())
+        assert "".join(p.content for p in parts) == content
+        assert [(c.name, json.loads(c.arguments)) for p in parts for c in p.calls] == calls
 
 
 def test_every_syntax_is_covered():

@@ -88,7 +88,8 @@ def _text(value: Any, where: str) -> str:
 def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
     """An Anthropic message as OpenAI chat messages: a user message's
     ``tool_result`` blocks become ``tool`` messages (before its text), an
-    assistant message's ``tool_use`` blocks its ``tool_calls``."""
+    assistant message's ``tool_use`` blocks its ``tool_calls`` and its
+    ``thinking`` blocks its ``reasoning_content``."""
     if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
         raise APIError(400, f"{where} must be a message with role 'user' or 'assistant', got "
                        f"{shown(message)}", f"{where}.role")
@@ -98,12 +99,15 @@ def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise APIError(400, f"{where}.content must be a string or a list of content blocks, "
                        f"got {shown(content)}", f"{where}.content")
-    texts, calls, results = [], [], []
+    texts, calls, results, thinking = [], [], [], []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"),
+                                                                        str):
+            thinking.append(block["thinking"])
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("input", {}), dict):
                 raise APIError(400, f"{at}.input must be an object, got "
@@ -114,13 +118,15 @@ def _chat_messages(message: Any, where: str) -> list[dict[str, Any]]:
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                             "content": _text(block.get("content", ""), f"{at}.content")})
         else:
-            allowed = "text and tool_use" if role == "assistant" else "text and tool_result"
+            allowed = "text, thinking and tool_use" if role == "assistant" \
+                else "text and tool_result"
             raise APIError(400, f"{at} is not a block this server takes in a {role} message "
                            f"({allowed}), got {shown(block)}", f"{at}.type")
     out = results
     if role == "assistant":
         out.append({"role": "assistant", "content": "\n".join(texts) or None,
-                    **({"tool_calls": calls} if calls else {})})
+                    **({"tool_calls": calls} if calls else {}),
+                    **({"reasoning_content": "\n".join(thinking)} if thinking else {})})
     elif texts or not results:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
@@ -182,8 +188,12 @@ def new_message_id() -> str:
 
 
 def content_blocks(reply: ChatReply) -> list[dict[str, Any]]:
-    """A finished reply's content: its text, then a ``tool_use`` block per call."""
+    """A finished reply's content: its reasoning (if any) as a ``thinking``
+    block (with no signature: nothing is signed here), its text, then a
+    ``tool_use`` block per call."""
     blocks: list[dict[str, Any]] = []
+    if reply.reasoning:
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
     if reply.content or not reply.calls:
         blocks.append({"type": "text", "text": reply.content})
     blocks += [{"type": "tool_use", "id": call.id, "name": call.name,
@@ -199,8 +209,9 @@ def stop_reason(reply: ChatReply, finish_reason: str | None) -> str | None:
 class BlockEvents:
     """A streamed reply's content-block events: OpenAI deltas (from
     :class:`~mlxprog.llm.server.rendering.ChatReply`) become
-    ``content_block_start``/``_delta``/``_stop`` events, a text block
-    while text comes, a ``tool_use`` block per call."""
+    ``content_block_start``/``_delta``/``_stop`` events, a ``thinking``
+    block while reasoning comes, a text block while text comes, a
+    ``tool_use`` block per call."""
 
     def __init__(self) -> None:
         self.index = -1
@@ -208,6 +219,12 @@ class BlockEvents:
 
     def of(self, delta: dict[str, Any]) -> Iterator[bytes]:
         """The events of one delta."""
+        if delta.get("reasoning_content"):
+            if self.open != "thinking":
+                yield from self._start({"type": "thinking", "thinking": "", "signature": ""})
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                              "delta": {"type": "thinking_delta",
+                                                        "thinking": delta["reasoning_content"]}})
         if delta.get("content"):
             if self.open != "text":
                 yield from self._start({"type": "text", "text": ""})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,6 +23,16 @@ from .schemas import _STRICT
 
 #: How many stored responses the server keeps (the least recently used go first).
 STORED_RESPONSES = 256
+#: The ``include`` values OpenAI documents. This server has no file or web
+#: search, images, code interpreter or encrypted reasoning, so there is
+#: nothing more to include for those; ``message.output_text.logprobs`` adds
+#: each output text's log-probabilities.
+INCLUDABLE = ("file_search_call.results", "web_search_call.results",
+              "web_search_call.action.sources", "message.input_image.image_url",
+              "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+              "reasoning.encrypted_content", "message.output_text.logprobs")
+#: The ``include`` value that asks for the output text's log-probabilities.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
 #: The chat body's fields as the Responses request names them.
 _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
            "messages": "input"}
@@ -30,7 +40,10 @@ _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
 
 class ResponsesBody(BaseModel):
     """A ``POST /v1/responses`` body: the fields this server reads (others,
-    such as ``metadata`` or ``reasoning``, are ignored)."""
+    such as ``metadata`` or ``reasoning``, are ignored). ``truncation``
+    ``"auto"`` drops the oldest input items (those of a stored previous
+    response first) until the prompt fits the KV cache; ``"disabled"``
+    (the default) answers a prompt that does not fit with a 400."""
 
     model_config = _STRICT
     model: str | None = None
@@ -47,9 +60,23 @@ class ResponsesBody(BaseModel):
     stream: bool | None = None
     store: bool = True
     previous_response_id: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
 
     def check_supported(self) -> None:
-        """The fields are checked as the chat body they become (:meth:`chat_body`)."""
+        """``include`` holds only values OpenAI documents (:data:`INCLUDABLE`);
+        the other fields are checked as the chat body they become
+        (:meth:`chat_body`)."""
+        for i, value in enumerate(self.include or []):
+            if value not in INCLUDABLE:
+                raise APIError(400, f"include[{i}] must be one of "
+                               f"{', '.join(map(repr, INCLUDABLE))}, got {shown(value)}",
+                               f"include[{i}]")
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether ``include`` asks for the output text's log-probabilities."""
+        return INCLUDE_LOGPROBS in (self.include or [])
 
     def chat_body(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The OpenAI chat completion body asking for the same, after the
@@ -69,15 +96,20 @@ class ResponsesBody(BaseModel):
     def input_messages(self) -> list[dict[str, Any]]:
         """``input`` as chat messages: consecutive ``function_call`` items
         make one assistant message's ``tool_calls``, a ``function_call_output``
-        a ``tool`` message."""
+        a ``tool`` message; a ``reasoning`` item (as an earlier response
+        gave it) is the next assistant message's ``reasoning_content``."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         if not self.input:
             raise APIError(400, "input must not be empty", "input")
         messages: list[dict[str, Any]] = []
+        reasoning: list[str] = []  # for the next assistant message
         for i, item in enumerate(self.input):
             where = f"input[{i}]"
             kind = item.get("type", "message") if isinstance(item, dict) else None
+            if kind == "reasoning":
+                reasoning.append(_text(item.get("content") or [], f"{where}.content"))
+                continue
             if kind == "message" and isinstance(item, dict) and "role" in item:
                 messages.append(_message(item, where))
             elif kind == "function_call":
@@ -85,7 +117,7 @@ class ResponsesBody(BaseModel):
                     "name": _string(item, "name", where),
                     "arguments": _string(item, "arguments", where)}}
                 last = messages[-1] if messages else {}
-                if last.get("role") == "assistant" and last.get("tool_calls"):
+                if last.get("role") == "assistant" and last.get("tool_calls") and not reasoning:
                     last["tool_calls"].append(call)
                 else:
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -94,8 +126,11 @@ class ResponsesBody(BaseModel):
                                  "content": _text(item.get("output"), f"{where}.output")})
             else:
                 raise APIError(400, f"{where} must be a message (role and content), a "
-                               f"function_call or a function_call_output item, got "
-                               f"{shown(item)}", f"{where}.type")
+                               f"function_call, a function_call_output or a reasoning item, "
+                               f"got {shown(item)}", f"{where}.type")
+            if reasoning and messages[-1]["role"] == "assistant":
+                messages[-1]["reasoning_content"] = "\n".join(reasoning)
+                reasoning = []
         return messages
 
 
@@ -107,7 +142,8 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
 
 
 def _text(value: Any, where: str) -> str:
-    """A string, or a list of ``input_text``/``output_text`` parts joined by line breaks."""
+    """A string, or a list of ``input_text``/``output_text`` (or a reasoning
+    item's ``reasoning_text``) parts joined by line breaks."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -115,7 +151,8 @@ def _text(value: Any, where: str) -> str:
                        f"{shown(value)}", where)
     texts = []
     for i, part in enumerate(value):
-        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
+        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text",
+                                                                "reasoning_text")
                 and isinstance(part.get("text"), str)):
             raise APIError(400, f"{where}[{i}] must be a text part ({{\"type\": \"input_text\", "
                            f"\"text\": ...}}); this server takes text only, got {shown(part)}",
@@ -171,32 +208,48 @@ def new_id(prefix: str) -> str:
 
 
 class ResponseStore:
-    """The stored responses' conversations (chat messages, the reply's
-    included) by response id, at most ``size``, the least recently used
-    forgotten first."""
+    """The stored responses by id: each response object and its
+    conversation (chat messages, the reply's included), at most ``size``,
+    the least recently used forgotten first."""
 
     def __init__(self, size: int = STORED_RESPONSES):
         self.size = size
-        self._conversations: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._stored: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = \
+            OrderedDict()
 
     def history(self, response_id: str | None) -> list[dict[str, Any]]:
         """The conversation of ``response_id`` (None: none); an unknown id is a 400."""
         if response_id is None:
             return []
-        if response_id not in self._conversations:
-            raise APIError(400, f"previous_response_id: no stored response {response_id!r} (it "
-                           f"was not stored, or is one of the oldest beyond the "
-                           f"{self.size} this server keeps)", "previous_response_id",
-                           code="previous_response_not_found")
-        self._conversations.move_to_end(response_id)
-        return list(self._conversations[response_id])
+        if response_id not in self._stored:
+            raise APIError(400, f"previous_response_id: {self._unknown(response_id)}",
+                           "previous_response_id", code="previous_response_not_found")
+        self._stored.move_to_end(response_id)
+        return list(self._stored[response_id][1])
 
-    def keep(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
-        """Store ``conversation`` as ``response_id``'s."""
-        self._conversations[response_id] = conversation
-        self._conversations.move_to_end(response_id)
-        while len(self._conversations) > self.size:
-            self._conversations.popitem(last=False)
+    def response(self, response_id: str) -> dict[str, Any]:
+        """The response object stored as ``response_id``; an unknown id is a 404."""
+        if response_id not in self._stored:
+            raise APIError(404, self._unknown(response_id), "response_id",
+                           code="response_not_found")
+        self._stored.move_to_end(response_id)
+        return self._stored[response_id][0]
+
+    def delete(self, response_id: str) -> None:
+        """Forget ``response_id``; an unknown id is a 404."""
+        self.response(response_id)
+        del self._stored[response_id]
+
+    def keep(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        """Store ``response`` (a response object) and its ``conversation``."""
+        self._stored[response["id"]] = (response, conversation)
+        self._stored.move_to_end(response["id"])
+        while len(self._stored) > self.size:
+            self._stored.popitem(last=False)
+
+    def _unknown(self, response_id: str) -> str:
+        return (f"no stored response {response_id!r} (it was not stored, was deleted, or is "
+                f"one of the oldest beyond the {self.size} this server keeps)")
 
 
 def conversation(history: list[dict[str, Any]], body: ResponsesBody,
@@ -215,14 +268,16 @@ def usage(prompt_tokens: int, cached_tokens: int, generated_tokens: int) -> dict
             "total_tokens": prompt_tokens + generated_tokens}
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    """A ``message`` output item holding ``text``."""
+def message_item(item_id: str, text: str, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A ``message`` output item holding ``text`` (with its tokens'
+    ``logprobs``, if asked for)."""
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [] if status == "in_progress" else [_text_part(text)]}
+            "content": [] if status == "in_progress" else [_text_part(text, logprobs)]}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str,
@@ -232,11 +287,26 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str,
             "arguments": arguments, "status": status}
 
 
-def output_items(reply: ChatReply) -> list[dict[str, Any]]:
-    """A finished reply's output: its text as a message, then an item per call."""
-    items = []
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A ``reasoning`` output item holding ``text`` (a harmony model's
+    analysis channel) as its content; no summary."""
+    return {"id": item_id, "type": "reasoning", "summary": [], "status": status,
+            "content": [] if status == "in_progress" else [_reasoning_part(text)]}
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def output_items(reply: ChatReply,
+                 logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A finished reply's output: its reasoning (if any) as a reasoning
+    item, its text as a message (with the reply's tokens' ``logprobs``, if
+    asked for), then an item per call."""
+    items = [reasoning_item(new_id("rs"), reply.reasoning, "completed")] if reply.reasoning \
+        else []
     if reply.content or not reply.calls:
-        items.append(message_item(new_id("msg"), reply.content, "completed"))
+        items.append(message_item(new_id("msg"), reply.content, "completed", logprobs))
     items += [call_item(new_id("fc"), call.id, call.name, call.arguments, "completed")
               for call in reply.calls]
     return items
@@ -260,21 +330,26 @@ def response_object(response_id: str, created: int, model: str, body: ResponsesB
             "temperature": body.temperature, "top_p": body.top_p,
             "max_output_tokens": body.max_output_tokens,
             "previous_response_id": body.previous_response_id, "store": body.store,
+            "truncation": body.truncation or "disabled",
             "text": body.text or {"format": {"type": "text"}}, "usage": usage_data,
             "metadata": {}}
 
 
 class ItemEvents:
     """A streamed reply's output-item events: OpenAI chat deltas (from
-    :class:`~mlxprog.llm.server.rendering.ChatReply`) become a ``message``
-    item with its ``output_text`` deltas while text comes, and a
-    ``function_call`` item with its arguments per call; each event gets
-    the next ``sequence_number``. :attr:`items` are the finished items."""
+    :class:`~mlxprog.llm.server.rendering.ChatReply`) become a
+    ``reasoning`` item with its ``reasoning_text`` deltas while reasoning
+    comes, a ``message`` item with its ``output_text`` deltas while text
+    comes, and a ``function_call`` item with its arguments per call; each
+    event gets the next ``sequence_number``. :attr:`items` are the
+    finished items."""
 
     def __init__(self) -> None:
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being streamed
+        #: The log-probabilities of a message's text, given when it closes.
+        self.text_logprobs: list[dict[str, Any]] | None = None
 
     def event(self, kind: str, **data: Any) -> bytes:
         """One event of ``kind``, numbered."""
@@ -283,6 +358,15 @@ class ItemEvents:
 
     def of(self, delta: dict[str, Any]) -> Iterator[bytes]:
         """The events of one delta."""
+        if delta.get("reasoning_content"):
+            if self._open is None or self._open["type"] != "reasoning":
+                yield from self._close()
+                yield from self._add(reasoning_item(new_id("rs"), "", "in_progress"))
+                self._open["text"] = ""
+            self._open["text"] += delta["reasoning_content"]
+            yield self.event("response.reasoning_text.delta", item_id=self._open["id"],
+                             output_index=len(self.items), content_index=0,
+                             delta=delta["reasoning_content"])
         if delta.get("content"):
             if self._open is None or self._open["type"] != "message":
                 yield from self._close()
@@ -324,12 +408,18 @@ class ItemEvents:
         if item is None:
             return
         if item["type"] == "message":
-            text = item.pop("text", "")
+            text, logprobs = item.pop("text", ""), self.text_logprobs or []
             yield self.event("response.output_text.done", item_id=item["id"],
-                             output_index=index, content_index=0, text=text, logprobs=[])
+                             output_index=index, content_index=0, text=text, logprobs=logprobs)
             yield self.event("response.content_part.done", item_id=item["id"],
-                             output_index=index, content_index=0, part=_text_part(text))
-            item = message_item(item["id"], text, "completed")
+                             output_index=index, content_index=0,
+                             part=_text_part(text, logprobs))
+            item = message_item(item["id"], text, "completed", logprobs)
+        elif item["type"] == "reasoning":
+            text = item.pop("text", "")
+            yield self.event("response.reasoning_text.done", item_id=item["id"],
+                             output_index=index, content_index=0, text=text)
+            item = reasoning_item(item["id"], text, "completed")
         else:
             yield self.event("response.function_call_arguments.done", item_id=item["id"],
                              output_index=index, name=item["name"],

@@ -5,11 +5,12 @@ finish reason and the usage."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from ..engine import GenerationStats, Piece
 from ..tokenizer import Tokenizer
-from ..tool_calls import ToolCall, ToolPrompt
+from ..tool_calls import Reading, ToolCall, ToolPrompt
 
 #: The engine's finish reasons as OpenAI's.
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
@@ -141,33 +142,49 @@ class Output:
 
 
 class ChatReply:
-    """A chat reply's message as it streams: with tools offered, its text is
-    read for tool calls (see :class:`~mlxprog.llm.tool_calls.ToolCallStream`)
-    which come out as OpenAI's ``tool_calls``; without, the text is the
-    content. :meth:`feed` and :meth:`finish` return the deltas to stream
-    (as OpenAI streams a call: its ``id``, ``type`` and ``name`` with empty
+    """A chat reply's message as it streams: when the prompt's reply is
+    read (:attr:`~mlxprog.llm.tool_calls.ToolPrompt.reads_reply`: tools
+    offered, or a harmony model's channels), its text (decoded with the
+    special tokens ``special_texts``) is read for tool calls and reasoning
+    (see :class:`~mlxprog.llm.tool_calls.ToolCallStream`), which come out
+    as OpenAI's ``tool_calls`` and as ``reasoning_content`` (as vLLM and
+    DeepSeek's API name it); otherwise the text is the content.
+    :meth:`feed` and :meth:`finish` return the deltas to stream (as OpenAI
+    streams a call: its ``id``, ``type`` and ``name`` with empty
     ``arguments``, then the arguments); :meth:`message` is the whole
     message once it has finished."""
 
-    def __init__(self, prompt: ToolPrompt):
-        self._stream = prompt.stream() if prompt.tools else None
+    def __init__(self, prompt: ToolPrompt, special_texts: Collection[str] = ()):
+        self._stream = prompt.stream(special_texts) if prompt.reads_reply else None
         self.content = ""
+        self.reasoning = ""
         self.calls: list[ToolCall] = []
+
+    @property
+    def reads(self) -> bool:
+        """Whether the reply is read (for tool calls or reasoning), not
+        taken as its text."""
+        return self._stream is not None
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The deltas to send after the reply's next ``text``."""
         if self._stream is None:
-            return self._deltas(text, [])
-        return self._deltas(*self._stream.feed(text))
+            return self._deltas(Reading(text, []))
+        return self._deltas(self._stream.feed(text))
 
     def finish(self) -> list[dict[str, Any]]:
         """The deltas held until the reply's end."""
-        return [] if self._stream is None else self._deltas(*self._stream.finish())
+        return [] if self._stream is None else self._deltas(self._stream.finish())
 
-    def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
-        self.content += content
-        deltas: list[dict[str, Any]] = [{"content": content}] if content else []
-        for call in calls:
+    def _deltas(self, reading: Reading) -> list[dict[str, Any]]:
+        self.content += reading.content
+        self.reasoning += reading.reasoning
+        deltas: list[dict[str, Any]] = []
+        if reading.reasoning:
+            deltas.append({"reasoning_content": reading.reasoning})
+        if reading.content:
+            deltas.append({"content": reading.content})
+        for call in reading.calls:
             index = len(self.calls)
             self.calls.append(call)
             deltas.append({"tool_calls": [{"index": index, "id": call.id, "type": "function",
@@ -177,12 +194,16 @@ class ChatReply:
         return deltas
 
     def message(self) -> dict[str, Any]:
-        """The assistant message: ``content`` (null when only calls came)
-        and ``tool_calls``, if any."""
-        if not self.calls:
-            return {"role": "assistant", "content": self.content}
-        return {"role": "assistant", "content": self.content or None,
-                "tool_calls": [call.as_openai() for call in self.calls]}
+        """The assistant message: ``content`` (null when only calls came),
+        ``reasoning_content`` if there was reasoning, and ``tool_calls``, if
+        any."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.calls:
+            message["content"] = self.content or None
+            message["tool_calls"] = [call.as_openai() for call in self.calls]
+        return message
 
     def finish_reason(self, generation: str | None) -> str | None:
         """``"tool_calls"`` when the reply called tools, else the generation's reason."""

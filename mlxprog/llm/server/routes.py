@@ -52,10 +52,22 @@ DEFAULT_COMPLETION_TOKENS = 16
 MAX_BODY_BYTES = 16 * 2**20
 
 ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
-             "POST /v1/responses", "POST /v1/embeddings",
-             "GET /v1/models", "GET /health", "GET /metrics")
+             "POST /v1/responses", "GET /v1/responses/{id}", "DELETE /v1/responses/{id}",
+             "POST /v1/embeddings", "GET /v1/models", "GET /health", "GET /metrics")
 
 T = TypeVar("T")
+
+
+def _without_oldest(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Chat messages without their oldest item (a system message stays):
+    the first message after the system ones goes, and with it what follows
+    up to the next user message (the answers and tool results of a turn
+    whose question is gone); None when no user message would be left."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") not in
+                  ("system", "developer")), len(messages))
+    after = next((i for i in range(first + 1, len(messages))
+                  if messages[i].get("role") == "user"), None)
+    return None if after is None else messages[:first] + messages[after:]
 
 
 class ClientGone(Exception):
@@ -92,6 +104,8 @@ class Endpoints:
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self._stored_response,
+                  methods=["GET", "DELETE"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model:path}", self._model, methods=["GET"]),
@@ -111,9 +125,10 @@ class Endpoints:
         max_tokens = body.max_completion_tokens or body.max_tokens or self.llm.max_length
         options = body.options(max_tokens, bool(body.logprobs), body.top_logprobs or 0,
                                chat=False, vocab_size=self.llm.config.vocab_size,
-                               constraint=body.reply_constraint(tool_prompt))
+                               constraint=body.reply_constraint(tool_prompt),
+                               special_tokens=tool_prompt.reads_reply)
         return await self._answer(request, body, self._rendered(tool_prompt), options,
-                                  ChatReply(tool_prompt))
+                                  self._reply(tool_prompt))
 
     async def _completions(self, request: HTTPRequest) -> Response:
         body = await self._body(request, CompletionBody)
@@ -122,6 +137,11 @@ class Endpoints:
                                chat=False, vocab_size=self.llm.config.vocab_size,
                                constraint=body.constraint())
         return await self._answer(request, body, body.prompt, options, None)
+
+    def _reply(self, tool_prompt: ToolPrompt) -> ChatReply:
+        """The reader of a chat's reply (decoded with this model's special
+        tokens where it is read: see :attr:`ToolPrompt.reads_reply`)."""
+        return ChatReply(tool_prompt, self.llm.tokenizer.special_texts)
 
     def _rendered(self, tool_prompt: ToolPrompt) -> str:
         """A chat's prompt text: its messages (and tools) through the chat template."""
@@ -223,25 +243,42 @@ class Endpoints:
             return json_response(anthropic_error(e), e.status, e.headers)
 
     async def _converted_chat(self, request: HTTPRequest, chat_body: dict[str, Any],
-                              max_tokens: Callable[[ChatCompletionBody], int]
+                              max_tokens: Callable[[ChatCompletionBody], int],
+                              logprobs: bool = False, fit: bool = False
                               ) -> tuple[ChatCompletionBody, GenerationOptions, Job, Piece,
                                          Output, ChatReply]:
         """Submit another API's request converted to a chat-completions body
         (checked as one): the body, its options, its job and first piece, and
         the output and reply readers; ``max_tokens`` picks the token budget
-        from the body."""
+        from the body; ``logprobs`` asks for the tokens' log-probabilities;
+        ``fit`` drops the oldest messages (:func:`_without_oldest`) until the
+        prompt fits the KV cache."""
+        body, tool_prompt, prompt = self._chat_prompt(chat_body)
+        while fit and len(self.llm.tokenizer.encode(prompt)) > self.llm.prompt_limit:
+            messages = _without_oldest(chat_body["messages"])
+            if messages is None:  # only the last user turn is left: the limit's error
+                break
+            chat_body = {**chat_body, "messages": messages}
+            body, tool_prompt, prompt = self._chat_prompt(chat_body)
+        options = body.options(max_tokens(body), logprobs, 0, chat=False,
+                               vocab_size=self.llm.config.vocab_size,
+                               constraint=body.reply_constraint(tool_prompt),
+                               special_tokens=tool_prompt.reads_reply)
+        job, first = await self._submit(request, prompt, options, "messages")
+        return (body, options, job, first, Output(self.token_text, logprobs),
+                self._reply(tool_prompt))
+
+    def _chat_prompt(self, chat_body: dict[str, Any]) -> tuple[ChatCompletionBody, ToolPrompt,
+                                                               str]:
+        """A chat-completions body checked, how its messages and tools reach
+        the template, and the prompt they render to."""
         try:
             body = ChatCompletionBody.model_validate(chat_body)
         except ValidationError as e:
             raise invalid(e) from None
         body.check_supported()
         tool_prompt = body.tool_prompt(self.llm.tokenizer.chat_template)
-        options = body.options(max_tokens(body), False, 0, chat=False,
-                               vocab_size=self.llm.config.vocab_size,
-                               constraint=body.reply_constraint(tool_prompt))
-        job, first = await self._submit(request, self._rendered(tool_prompt), options,
-                                        "messages")
-        return body, options, job, first, Output(self.token_text, False), ChatReply(tool_prompt)
+        return body, tool_prompt, self._rendered(tool_prompt)
 
     async def _anthropic_message(self, request: HTTPRequest) -> Response:
         messages_body = await self._body(request, MessagesBody)
@@ -314,14 +351,29 @@ class Endpoints:
         try:
             return await self._openai_response(request)
         except APIError as e:
+            if e.code == "context_length_exceeded":
+                e = APIError(e.status, f"{e.message} (truncation is 'disabled'; with "
+                             "truncation 'auto' the oldest input items are dropped until it "
+                             "fits)", e.param, e.code)
             raise responses_error(e) from None
+
+    async def _stored_response(self, request: HTTPRequest) -> Response:
+        """``GET /v1/responses/{id}``: a stored response object; ``DELETE``
+        forgets it. A response not stored (``store: false``), deleted, or
+        forgotten as the store filled is a 404."""
+        response_id = request.path_params["response_id"]
+        if request.method == "DELETE":
+            self.stored.delete(response_id)
+            return json_response({"id": response_id, "object": "response", "deleted": True})
+        return json_response(self.stored.response(response_id))
 
     async def _openai_response(self, request: HTTPRequest) -> Response:
         responses_body = await self._body(request, ResponsesBody)
         history = self.stored.history(responses_body.previous_response_id)
         body, options, job, first, output, reply = await self._converted_chat(
             request, responses_body.chat_body(history),
-            lambda body: body.max_tokens or self.llm.max_length)
+            lambda body: body.max_tokens or self.llm.max_length,
+            logprobs=responses_body.logprobs, fit=responses_body.truncation == "auto")
         response_id, created = new_id("resp"), int(time.time())
 
         def answer(items: list[dict[str, Any]], finish_reason: str | None) -> dict[str, Any]:
@@ -331,9 +383,17 @@ class Endpoints:
             return response_object(response_id, created, self.model_id, responses_body, items,
                                    finish_reason, usage_data)
 
-        def finished() -> None:
+        def finished(response: dict[str, Any]) -> dict[str, Any]:
             if responses_body.store:
-                self.stored.keep(response_id, conversation(history, responses_body, reply))
+                self.stored.keep(response, conversation(history, responses_body, reply))
+            return response
+
+        def text_logprobs() -> list[dict[str, Any]] | None:
+            # The tokens' log-probabilities are the text's only when the
+            # reply is its text (not read for calls or reasoning).
+            if not responses_body.logprobs or reply.reads:
+                return None
+            return (output.chat_logprobs(output.tokens) or {}).get("content")
 
         if not body.stream:
             try:
@@ -342,8 +402,8 @@ class Endpoints:
                 request.scope["mlxprog.usage"] = output.usage
             reply.feed(output.text)
             reply.finish()
-            finished()
-            return json_response(answer(output_items(reply), output.finish_reason))
+            return json_response(finished(answer(output_items(reply, text_logprobs()),
+                                                  output.finish_reason)))
 
         async def events() -> AsyncIterator[bytes]:
             items = ItemEvents()
@@ -363,10 +423,10 @@ class Endpoints:
             for delta in reply.finish():
                 for data in items.of(delta):
                     yield data
+            items.text_logprobs = text_logprobs()
             for data in items.close():
                 yield data
-            finished()
-            final = answer(items.items, output.finish_reason)
+            final = finished(answer(items.items, output.finish_reason))
             yield items.event("response.completed" if final["status"] == "completed"
                               else "response.incomplete", response=final)
             if error is not None:

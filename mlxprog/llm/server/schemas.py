@@ -74,7 +74,8 @@ class ChatMessage(BaseModel):
     OpenAI's list of ``{"type": "text", "text": ...}`` parts, joined by line
     breaks). ``developer`` is OpenAI's newer name for ``system``. An
     assistant message may carry ``tool_calls`` (its content may then be
-    null or left out) and a ``tool`` message answers the call
+    null or left out) and its ``reasoning_content`` (as this server's
+    replies give it), and a ``tool`` message answers the call
     ``tool_call_id``; :func:`~mlxprog.llm.tool_calls.prepare_tools` checks
     them against each other."""
 
@@ -84,6 +85,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -119,7 +121,7 @@ class ChatMessage(BaseModel):
         """The message as chat templates take it (``developer`` as ``system``)."""
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                    "content": self.content}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
         return message
@@ -191,11 +193,13 @@ class GenerationBody(BaseModel):
             raise option_error(e) from None
 
     def options(self, max_tokens: int, logprobs: bool, top_logprobs: int, chat: bool,
-                vocab_size: int, constraint: Constraint | None) -> GenerationOptions:
+                vocab_size: int, constraint: Constraint | None,
+                special_tokens: bool = False) -> GenerationOptions:
         """The generation options the body asks for, with ``constraint`` and
-        ``logit_bias`` (checked against the model's ``vocab_size``). Without
-        a ``seed`` each request draws one, so that sampling differs between
-        requests."""
+        ``logit_bias`` (checked against the model's ``vocab_size``), and the
+        special tokens' texts kept when ``special_tokens`` (for a reader of
+        the reply). Without a ``seed`` each request draws one, so that
+        sampling differs between requests."""
         seed = secrets.randbits(64) if self.seed is None else self.seed % 2**64
         try:
             logit_bias = LogitBias.parse(self.logit_bias, vocab_size)
@@ -211,7 +215,7 @@ class GenerationBody(BaseModel):
                 stop=self.stop, draft=self.draft,
                 num_draft_tokens=self.num_draft_tokens or DEFAULT_DRAFT_TOKENS,
                 prompt_lookup_ngram=self.prompt_lookup_ngram or DEFAULT_LOOKUP_NGRAM,
-                constraint=constraint, logit_bias=logit_bias)
+                constraint=constraint, logit_bias=logit_bias, special_tokens=special_tokens)
         except ModelError as e:  # the options' own rules, past the checks above
             name = str(e).split()[0]
             raise APIError(400, str(e), name if name in type(self).model_fields else None) from None
