@@ -784,7 +784,7 @@ class Decoder:
         up = self.expert_linear(sb, f"{stack}.up_proj", x, indices)
         down = self.expert_linear(sb, f"{stack}.down_proj", sb.fast_swiglu(gate, up), indices,
                                   per_slot=True)
-        return sb.sum(down * sb.expand_dims(weights, axis=-1), axis=-2)
+        return sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
 
     def embed(self, sb, tokens: Value) -> Value:
         """The float32 embeddings of ``tokens``."""
