@@ -44,6 +44,18 @@ CONFIGS = {
                         rope_local_base_freq=1e4),
     "phi3": dict(TINY_CONFIG, **SIZES, model_type="phi3", hidden_act="silu",
                  partial_rotary_factor=1.0),
+    # Mixtures of experts: their [experts, out, in] stacks get block types
+    # too (llama.cpp's *_exps tensors).
+    "qwen3_moe": dict(TINY_CONFIG, **SIZES, model_type="qwen3_moe", rope_theta=1e6,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen2_moe": dict(TINY_CONFIG, **SIZES, model_type="qwen2_moe", rope_theta=1e6,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      shared_expert_intermediate_size=256),
+    "mixtral": dict(TINY_CONFIG, **dict(SIZES, intermediate_size=256), model_type="mixtral",
+                    num_local_experts=4, num_experts_per_tok=2),
+    "olmoe": dict(TINY_CONFIG, **dict(SIZES, intermediate_size=256, rms_norm_eps=1e-5),
+                  model_type="olmoe", num_experts=4, num_experts_per_tok=2),
 }
 
 def test_every_family_is_in_the_table():
@@ -70,11 +82,13 @@ def write_pair(config: dict, directory) -> tuple:
     blocks: dict[str, np.ndarray] = {}
 
     def quantized(name: str, data: np.ndarray):
-        if data.ndim != 2 or data.shape[1] % 256:
+        # llama.cpp's quantizer keeps the routers (ffn_gate_inp) as they are.
+        if data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name:
             return data, None
         type_name = chosen.setdefault(name, next(types))
-        blocks[name] = blocks_with_std(rng, type_name, data.shape[0], data.shape[1],
-                                       float(np.std(data)))
+        rows = blocks_with_std(rng, type_name, int(np.prod(data.shape[:-1])), data.shape[-1],
+                               float(np.std(data)))
+        blocks[name] = rows.reshape(*data.shape[:-1], rows.shape[-1])
         return blocks[name], gguf.GGMLQuantizationType[type_name]
 
     def dequantized(name: str, data: np.ndarray):

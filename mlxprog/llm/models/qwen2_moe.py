@@ -16,17 +16,13 @@ from typing import TYPE_CHECKING
 
 from ...errors import ModelError
 from ..config import ModelConfig
-from .base import (Family, GGUFMetadata, HFConfig, MoEConfig, Transform, Weight,
+from .base import (Family, GGUFMetadata, HFConfig, MoEConfig, Weight,
                    expert_layers, moe_weights)
 from .llama import LlamaDecoder, reject_sliding_window, rope_scaling_from_hf
 from .qwen3_moe import dense_layers_from_hf, dense_mlp_weights
 
 if TYPE_CHECKING:
     from ...builder import Value
-
-
-#: llama.cpp may store the shared expert's gate, one row, as a vector.
-_ONE_ROW = Transform("[1, hidden]", lambda w: w.reshape(1, -1))
 
 
 def _shared_expert() -> tuple[Weight, ...]:
@@ -42,7 +38,7 @@ def _shared_expert() -> tuple[Weight, ...]:
         for name in shapes) + (
         Weight(f"{layer}.shared_expert_gate", lambda c: (1, c.hidden_size),
                hf=f"model.{layer}.shared_expert_gate", gguf="blk.{i}.ffn_gate_inp_shexp",
-               layers=expert_layers, gguf_transform=_ONE_ROW),)
+               layers=expert_layers),)
 
 
 _WEIGHTS = dense_mlp_weights() + moe_weights() + _shared_expert()
