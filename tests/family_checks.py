@@ -248,6 +248,13 @@ class MoEChecks:
 
     EXPERT_NAMES: dict[str, str] = {}
 
+    def not_in_gguf(self, config: dict) -> str | None:
+        """Why llama.cpp's GGUF files cannot hold the model of ``config``
+        (None: they can)."""
+        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+            return "llama.cpp's architecture has experts in every layer"
+        return None
+
     def test_per_expert_checkpoint_matches_mlx_lm(self, checkpoint, tmp_path):
         """One tensor per expert (what Hugging Face publishes), stacked at
         load, gives mlx-lm's logits (mlx-lm stacks them in its sanitize)."""
@@ -275,9 +282,9 @@ class MoEChecks:
         the checkpoint's logits."""
         from gguf_writer import write_gguf_from_hf
 
-        config = json.loads((checkpoint / "config.json").read_text())
-        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
-            pytest.skip("llama.cpp's architecture has experts in every layer")
+        reason = self.not_in_gguf(json.loads((checkpoint / "config.json").read_text()))
+        if reason:
+            pytest.skip(reason)
         gguf = load_tiny(write_gguf_from_hf(checkpoint, tmp_path / "model.gguf"))
         assert "blk.0.ffn_gate_exps.weight" in gguf.checkpoint.source_names.values()
         continuation = [5, 60, 7]
