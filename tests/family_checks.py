@@ -178,6 +178,34 @@ def check_batch_and_prompt_cache(directory: Path) -> None:
     assert reused.tokens == singles[0]
 
 
+_RANK_SCRIPT = """
+import json
+import mlx.core as mx
+from mlxprog.llm import load
+
+llm = load({path!r}, max_length={max_length}, group=mx.distributed.init(), numerics="exact")
+out = llm.generate({prompt!r}, max_tokens=12, chat=False, logprobs=True)
+print(json.dumps([llm.rank, llm.world_size, out.tokens, out.logprobs]), flush=True)
+"""
+
+
+def check_two_ranks_generate_as_one_process(path) -> None:
+    """Two tensor-parallel ranks of the checkpoint at ``path`` give one
+    process's greedy tokens and nearly its log-probabilities (exact
+    numerics)."""
+    from distributed_helpers import run_ranks
+
+    want = load(path, max_length=MAX_LENGTH, numerics="exact").generate(
+        PROMPT_IDS, max_tokens=12, chat=False, logprobs=True)
+    script = _RANK_SCRIPT.format(path=str(path), max_length=MAX_LENGTH, prompt=PROMPT_IDS)
+    for r in run_ranks(script, 2, timeout=180):
+        assert r.returncode == 0, f"rank {r.rank} (status {r.returncode}):\n{r.stderr}"
+        rank, world_size, tokens, logprobs = json.loads(r.stdout.splitlines()[-1])
+        assert (rank, world_size) == (r.rank, 2)
+        assert tokens == want.tokens
+        assert all(abs(a - b) < 1e-4 for a, b in zip(logprobs, want.logprobs, strict=True))
+
+
 class MlxLmParity:
     """The checks above as tests: a family's test module defines a
     ``checkpoint`` fixture (the tiny checkpoint directories, one per

@@ -18,7 +18,7 @@ embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
 of three axes is a mixture of experts' stack of matrices, ``(experts, out,
 in)``: mlx-lm saves it stacked (``switch_mlp``), llama.cpp as one ``*_exps``
 tensor, and an original Hugging Face checkpoint one tensor per expert,
-stacked at load (``Weight.hf_experts``). :class:`MoEConfig` holds the
+stacked at load (``Weight.hf_experts``). :class:`~mlxprog.llm.config.MoEConfig` holds the
 mixture's settings and :meth:`Decoder.moe` is its forward pass.
 """
 
@@ -38,8 +38,9 @@ from ...ggml import types as ggml_types
 from ...ggml.gguf_file import metadata_value
 from ..cache import CacheLayout, LayerCache
 from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
-from ..config import ModelConfig
-from ..spec import ModelSpec, Shard, Split
+from ..config import ModelConfig, check_expert_counts
+from ..spec import (COLUMNS_BY_EXPERT_INTERMEDIATE, ROWS_BY_EXPERT_INTERMEDIATE, ModelSpec,
+                    Shard, Split)
 
 if TYPE_CHECKING:
     from ...builder import ProgramBuilder, Value
@@ -542,19 +543,6 @@ class GGUFMetadata:
 
 # -- mixtures of experts ---------------------------------------------------------
 
-Scoring = Literal["softmax_topk", "topk_softmax"]
-
-
-def check_expert_counts(count_key: str, count: Any, used_key: str, used: Any) -> None:
-    """A mixture's expert count and experts per token are integers with
-    1 <= used <= count; else a :class:`ModelError` naming the keys."""
-    for key, value in ((count_key, count), (used_key, used)):
-        if not is_int(value) or value < 1:
-            raise ModelError(f"{key} must be a positive integer, got {value!r}")
-    if used > count:
-        raise ModelError(f"{used_key} {used} is more than the {count} experts of {count_key}")
-
-
 def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
     """``<architecture>.expert_count`` of a GGUF file's metadata (0 without
     the key: a dense model)."""
@@ -562,49 +550,8 @@ def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
     return 0 if count is None else count
 
 
-@dataclass(frozen=True)
-class MoEConfig(ModelConfig):
-    """A decoder whose MLPs are mixtures of experts: ``num_experts``
-    SwiGLU experts of width ``expert_intermediate_size``, of which each
-    token runs ``experts_per_token``, chosen and weighted by the layer's
-    router (``router``: ``softmax_topk``, a softmax over every expert then
-    the k best, renormalized over them with ``renormalize``; or
-    ``topk_softmax``, the k best logits then a softmax over them). A
-    ``shared_expert_intermediate_size`` above zero adds Qwen2-MoE's shared
-    expert (a SwiGLU every token runs, scaled by a sigmoid gate); the
-    ``dense_layers`` have an ordinary MLP of ``intermediate_size`` instead
-    of experts."""
-
-    num_experts: int = 1
-    experts_per_token: int = 1
-    expert_intermediate_size: int = 1
-    router: Scoring = "softmax_topk"
-    renormalize: bool = False
-    shared_expert_intermediate_size: int = 0
-    dense_layers: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_expert_counts("model config: num_experts", self.num_experts,
-                            "model config: experts_per_token", self.experts_per_token)
-        if not is_int(self.expert_intermediate_size) or self.expert_intermediate_size < 1:
-            raise ModelError("model config: expert_intermediate_size must be a positive "
-                             f"integer, got {self.expert_intermediate_size!r}")
-        if self.renormalize and self.router != "softmax_topk":
-            raise ModelError(f"model config: renormalize applies to softmax_topk routing, "
-                             f"not {self.router}")
-        outside = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
-        if outside:
-            raise ModelError(f"model config: dense layers {outside} are not layers of the "
-                             f"{self.num_layers}")
-
-    def expert_layers(self) -> list[int]:
-        """The layers whose MLP is the mixture of experts."""
-        return [i for i in range(self.num_layers) if i not in self.dense_layers]
-
-
 def expert_layers(c: ModelConfig) -> Sequence[int]:
-    """The layers of a :class:`MoEConfig` with a mixture of experts (a
+    """The layers of a :class:`~mlxprog.llm.config.MoEConfig` with a mixture of experts (a
     weight table entry's ``layers``)."""
     return c.expert_layers()
 
@@ -613,24 +560,29 @@ def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj",
                                                                     "down_proj")
                 ) -> tuple[Weight, ...]:
     """The weight table entries of a mixture of experts in the layers that
-    have one (:meth:`MoEConfig.expert_layers`): the router
+    have one (:meth:`~mlxprog.llm.config.MoEConfig.expert_layers`): the router
     ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the experts'
     stacked gate, up and down projections ``layers.{i}.<hf_block>.switch_mlp
     .{gate,up,down}_proj`` (``[experts, out, in]``), read from mlx-lm's
     stacked tensors (``switch_mlp``), llama.cpp's ``ffn_gate_inp`` and
     ``ffn_{gate,up,down}_exps``, or an original Hugging Face checkpoint's
     ``<hf_block>.experts.{e}.<name>`` (``hf_experts``: the three
-    projections' names there, Mixtral's ``w1``, ``w3``, ``w2``)."""
+    projections' names there, Mixtral's ``w1``, ``w3``, ``w2``). Tensor
+    parallelism splits every expert's intermediate features as a dense
+    MLP's; the router is replicated."""
     layer = f"layers.{{i}}.{hf_block}"
     shapes = {"gate_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
               "up_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
               "down_proj": lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)}
     router = Weight(f"{layer}.gate", lambda c: (c.num_experts, c.hidden_size),
                     hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers)
+    splits = {"gate_proj": ROWS_BY_EXPERT_INTERMEDIATE, "up_proj": ROWS_BY_EXPERT_INTERMEDIATE,
+              "down_proj": COLUMNS_BY_EXPERT_INTERMEDIATE}
     return (router,) + tuple(
         Weight(f"{layer}.switch_mlp.{name}", shapes[name], hf=f"model.{layer}.switch_mlp.{name}",
                gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_exps",
-               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers)
+               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers,
+               split=splits[name])
         for name, stored in zip(("gate_proj", "up_proj", "down_proj"), hf_experts))
 
 
@@ -763,7 +715,7 @@ class Decoder:
     def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:
         """The experts each row of ``x`` [..., hidden] runs, by router
         ``name`` (a projection to one logit per expert) and the config's
-        routing (:class:`MoEConfig`): their indices (uint32 [..., k], best
+        routing (:class:`~mlxprog.llm.config.MoEConfig`): their indices (uint32 [..., k], best
         first) and weights (float32 [..., k])."""
         c = self.c
         renormalize = {"renormalize": True} if c.renormalize else {}
@@ -777,14 +729,19 @@ class Decoder:
         a SwiGLU of the stacks ``<prefix>.switch_mlp.{gate,up,down}_proj``
         (:meth:`expert_linear`: one gathered matmul per projection, whatever
         the number of experts), their outputs summed by the router's
-        weights: [B, T, hidden] float32."""
+        weights: [B, T, hidden] float32. Split across ranks (each holding
+        a block of every expert's intermediate features, the router whole),
+        the ranks' partial sums are added."""
         indices, weights = self.route(sb, f"{prefix}.gate", x)
         stack = f"{prefix}.switch_mlp"
         gate = self.expert_linear(sb, f"{stack}.gate_proj", x, indices)
         up = self.expert_linear(sb, f"{stack}.up_proj", x, indices)
         down = self.expert_linear(sb, f"{stack}.down_proj", sb.fast_swiglu(gate, up), indices,
                                   per_slot=True)
-        return sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
+        y = sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
+        if self.shard.world_size > 1 and f"{stack}.down_proj" in self.spec.splits:
+            y = sb.all_sum(y)
+        return y
 
     def embed(self, sb, tokens: Value) -> Value:
         """The float32 embeddings of ``tokens``."""

@@ -4,14 +4,15 @@ not): logits, greedy tokens, batches and prompt caches; the per-expert,
 quantized and GGUF layouts of the experts; the expert files and configs it
 refuses at load; and the rest of the library on a mixture of experts
 (speculative decoding, a quantized KV cache, export-llm, the server, tensor
-parallelism's refusal)."""
+parallelism)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
 from family_checks import (MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, MlxLmParity, MoEChecks,
-                           load_tiny, write_checkpoint)
+                           check_two_ranks_generate_as_one_process, load_tiny,
+                           write_checkpoint)
 
 from mlxprog.llm import ModelError, load
 from mlxprog.llm.hf import config_from_hf
@@ -204,11 +205,25 @@ def test_server_batches_requests(plain):
         server.stop()
 
 
-def test_tensor_parallelism_is_refused_naming_the_experts(plain):
-    spec = model_spec(load_tiny(plain).checkpoint)
-    assert spec.shard(1, 0).world_size == 1
-    with pytest.raises(ModelError, match=r"world_size 2: tensor parallelism does not split a "
-                       r"mixture of experts' expert stacks \(layers\.0\.mlp\.switch_mlp\."
-                       r"down_proj\.weight and 8 more\).*intermediate features"):
-        spec.shard(2, 0)
+def test_two_ranks_split_the_experts(tmp_path):
+    """The dense layer's MLP and the experts split; 4-bit quantized stacks
+    (groups of 32 of 64 features: one group a rank) too."""
+    from family_checks import write_quantized_checkpoint
 
+    path = write_checkpoint(tmp_path / "float", CONFIGS["qwen3_moe-dense-layer"])
+    spec = model_spec(load_tiny(path).checkpoint)
+    assert spec.local_shape("layers.0.mlp.switch_mlp.down_proj.weight", spec.shard(2, 1)) == (
+        8, 64, 32)
+    check_two_ranks_generate_as_one_process(path)
+    check_two_ranks_generate_as_one_process(write_quantized_checkpoint(path, tmp_path / "q4"))
+
+
+def test_a_split_finer_than_the_experts_groups_is_refused(tmp_path):
+    from family_checks import write_quantized_checkpoint
+
+    path = write_quantized_checkpoint(write_checkpoint(tmp_path / "float", QWEN3_MOE),
+                                      tmp_path / "q4", group_size=64)
+    spec = model_spec(load_tiny(path).checkpoint)
+    with pytest.raises(ModelError, match="world_size 2: each expert's intermediate size 64 is "
+                       "1 quantization groups of 64"):
+        spec.shard(2, 0)
