@@ -174,7 +174,7 @@ def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
     return {e.name: e.weight.split for e in expand(table, config) if e.weight.split}
 
 
-def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[str, mx.array],
+def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str, mx.array],
                  source: Source, where: str, ignored: Sequence[re.Pattern] = (),
                  block_types: Mapping[str, str] | None = None
                  ) -> tuple[dict[str, mx.array], dict[str, str],
@@ -187,7 +187,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
     ``ignored`` and those of entries the config leaves out (a tied model's
     stored ``lm_head``). ``block_types`` names the GGML block type of each
     stored tensor kept in a GGUF file's blocks (``uint8 [rows, row_bytes]``).
-    ``where`` names the file in errors."""
+    ``where`` names the file in errors. Per-expert tensors stacked at load
+    are removed from ``tensors`` (see :func:`_stored_parts`)."""
     weights: dict[str, mx.array] = {}
     names: dict[str, str] = {}
     quantization: dict[str, Quantization | GGMLQuantization] = {}
@@ -247,15 +248,15 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
 
 
 def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
-                  tensors: Mapping[str, mx.array], read: set[str], where: str
+                  tensors: dict[str, mx.array], read: set[str], where: str
                   ) -> dict[str, tuple[str, mx.array]]:
     """The stored arrays of entry ``e``'s ``parts`` found in ``tensors``, as
     (stored name, array), each marked ``read``. An expert stack (``shape``
     ``(experts, out, in)``) whose stacked tensors are not there is stacked
     from one tensor per expert where the entry has them
-    (``Weight.hf_experts``): lazily, so that each expert's tensor is read
-    from the file straight into the stack when the weights are first
-    computed. Experts missing or unlike the others are a
+    (``Weight.hf_experts``): computed at once, and the experts' tensors
+    (lazy reads of the file) dropped from ``tensors``, so that each expert
+    is held once, in its stack. Experts missing or unlike the others are a
     :class:`ModelError`; experts beyond the count are left unread (the
     caller's unexpected weights)."""
     found = {part: (f"{e.stored}.{part}", tensors[f"{e.stored}.{part}"])
@@ -281,8 +282,9 @@ def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
                                  f"unlike {keys[0]} ({tuple(first.shape)} {first.dtype}): "
                                  f"{e.name}'s experts must be alike")
         read.update(keys)
-        found[part] = (f"{e.stored_experts.format(e='*')}.{part}",
-                       mx.stack([tensors[key] for key in keys]))
+        stack = mx.stack([tensors.pop(key) for key in keys])
+        mx.eval(stack)
+        found[part] = (f"{e.stored_experts.format(e='*')}.{part}", stack)
     return found
 
 
@@ -901,7 +903,7 @@ class Decoder:
                          top_p=sampling.top_p, min_p=sampling.min_p)
 
 
-def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mapping[str, mx.array],
+def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: dict[str, mx.array],
                             source: Source, where: str, path, tokenizer: Tokenizer,
                             block_types: Mapping[str, str] | None = None) -> Checkpoint:
     """A :class:`Checkpoint` of ``family`` from a file's ``tensors``
