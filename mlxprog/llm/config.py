@@ -80,6 +80,7 @@ class ModelConfig:
         }
 
 
+#: A router's scoring: ``moe_route``'s ``scoring`` attribute.
 Scoring = Literal["softmax_topk", "topk_softmax"]
 
 

@@ -18,8 +18,9 @@ embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
 of three axes is a mixture of experts' stack of matrices, ``(experts, out,
 in)``: mlx-lm saves it stacked (``switch_mlp``), llama.cpp as one ``*_exps``
 tensor, and an original Hugging Face checkpoint one tensor per expert,
-stacked at load (``Weight.hf_experts``). :class:`~mlxprog.llm.config.MoEConfig` holds the
-mixture's settings and :meth:`Decoder.moe` is its forward pass.
+stacked at load (``Weight.hf_experts``).
+:class:`~mlxprog.llm.config.MoEConfig` holds the mixture's settings and
+:meth:`Decoder.moe` is its forward pass.
 """
 
 from __future__ import annotations
@@ -553,8 +554,8 @@ def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
 
 
 def expert_layers(c: ModelConfig) -> Sequence[int]:
-    """The layers of a :class:`~mlxprog.llm.config.MoEConfig` with a mixture of experts (a
-    weight table entry's ``layers``)."""
+    """The layers of a :class:`~mlxprog.llm.config.MoEConfig` with a
+    mixture of experts (a weight table entry's ``layers``)."""
     return c.expert_layers()
 
 
@@ -562,10 +563,11 @@ def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj",
                                                                     "down_proj")
                 ) -> tuple[Weight, ...]:
     """The weight table entries of a mixture of experts in the layers that
-    have one (:meth:`~mlxprog.llm.config.MoEConfig.expert_layers`): the router
-    ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the experts'
-    stacked gate, up and down projections ``layers.{i}.<hf_block>.switch_mlp
-    .{gate,up,down}_proj`` (``[experts, out, in]``), read from mlx-lm's
+    have one (:meth:`~mlxprog.llm.config.MoEConfig.expert_layers`): the
+    router ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the
+    experts' stacked gate, up and down projections
+    ``layers.{i}.<hf_block>.switch_mlp.{gate,up,down}_proj`` (``[experts,
+    out, in]``), read from mlx-lm's
     stacked tensors (``switch_mlp``), llama.cpp's ``ffn_gate_inp`` and
     ``ffn_{gate,up,down}_exps``, or an original Hugging Face checkpoint's
     ``<hf_block>.experts.{e}.<name>`` (``hf_experts``: the three
@@ -717,8 +719,8 @@ class Decoder:
     def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:
         """The experts each row of ``x`` [..., hidden] runs, by router
         ``name`` (a projection to one logit per expert) and the config's
-        routing (:class:`~mlxprog.llm.config.MoEConfig`): their indices (uint32 [..., k], best
-        first) and weights (float32 [..., k])."""
+        routing (:class:`~mlxprog.llm.config.MoEConfig`): their indices
+        (uint32 [..., k], best first) and weights (float32 [..., k])."""
         c = self.c
         renormalize = {"renormalize": True} if c.renormalize else {}
         return sb.moe_route(self.linear(sb, name, x), top_k=c.experts_per_token,
