@@ -46,6 +46,11 @@ const float* float_rows(const mx::array& x, std::vector<float>& keep) {
   return keep.data();
 }
 
+// From this many slots on, an expert's int8 products run the panel GEMM on
+// the activation blocks' values: decoding its weight rows once beats one
+// integer dot product per (slot, row) pair from about this many slots.
+constexpr int64_t kInt8PanelMinRows = 16;
+
 // How far ahead of the row being multiplied the weight rows are prefetched.
 constexpr int64_t kPrefetchRows = 8;
 
@@ -90,6 +95,32 @@ std::vector<uint8_t> quantize_activations(const quants::QuantKernels& table,
 size_t activation_row_bytes(const quants::TypeInfo& info, int64_t K) {
   return K / quants::activation_block(info.activation) *
          quants::activation_block_bytes(info.activation);
+}
+
+// The values x ~= d * qs that activation blocks of type Block hold, K of them.
+template <class Block>
+void block_values(const uint8_t* src, int64_t K, float* out) {
+  const Block* blocks = reinterpret_cast<const Block*>(src);
+  constexpr int64_t n = sizeof(blocks->qs);
+  for (int64_t b = 0; b < K / n; ++b)
+    for (int64_t i = 0; i < n; ++i) out[b * n + i] = blocks[b].d * blocks[b].qs[i];
+}
+
+// Rows of x quantized into activation blocks (act_row bytes each) back to the
+// float32 values they hold: the int8 numerics' x, for the float GEMM.
+std::vector<float> activation_values(quants::Activation a, const uint8_t* xq, int64_t M,
+                                     int64_t K, size_t act_row) {
+  std::vector<float> values(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    const uint8_t* row = xq + m * act_row;
+    float* out = values.data() + m * K;
+    switch (a) {
+      case quants::Activation::q8_0: block_values<quants::BlockQ8_0>(row, K, out); break;
+      case quants::Activation::q8_1: block_values<quants::BlockQ8_1>(row, K, out); break;
+      case quants::Activation::q8_K: block_values<quants::BlockQ8_K>(row, K, out); break;
+    }
+  }
+  return values;
 }
 
 // One tile of weight rows [n0, n1) of w (rows of row_bytes, the matrix ending
@@ -200,37 +231,27 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
     if (first[e + 1] > first[e]) chosen.push_back(e);
   ThreadPool& pool = ThreadPool::instance();
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
-  if (int8) {
-    const size_t act_row = activation_row_bytes(info, K);
-    const std::vector<uint8_t> xq = quantize_activations(table, info, x, rows, K, act_row);
-    // Work items: (chosen expert, tile of its rows), expert by expert, so a
-    // chunk reads one expert's rows once for all of its slots.
-    const int64_t items = static_cast<int64_t>(chosen.size()) * tiles;
-    pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
-                      [&](int64_t i0, int64_t i1) {
-      for (int64_t item = i0; item < i1; ++item) {
-        const int64_t e = chosen[item / tiles], t = item % tiles;
-        const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-        const uint8_t* we = w + e * expert_bytes;
-        int8_tile(k, K, we, row_bytes, we + expert_bytes, n0, n1, xq.data(), act_row,
-                  first[e + 1] - first[e], slot_rows(e), y, N);
-      }
-    });
-    return;
-  }
-  // Exact numerics: each expert with many slots (a prefill) runs the panel
-  // GEMM on its rows of x gathered together, the experts side by side (a
-  // GEMM started inside a pool job runs on its thread); the others share the
-  // pool tile by tile, as the int8 numerics do.
+  // An expert with many slots (a prefill) runs the panel GEMM on its rows of
+  // x gathered together (int8: the values the activation blocks hold, so the
+  // numerics stay int8's), the experts side by side (a GEMM started inside a
+  // pool job runs on its thread). The others take the pool tile by tile:
+  // a tile of an expert's weight rows against each of its slots' rows.
+  const int64_t panel_rows = int8 ? kInt8PanelMinRows : kPanelGemmMinRows;
   std::vector<int64_t> many, few;
-  for (int64_t e : chosen) (first[e + 1] - first[e] >= kPanelGemmMinRows ? many : few).push_back(e);
+  for (int64_t e : chosen) (first[e + 1] - first[e] >= panel_rows ? many : few).push_back(e);
+  const size_t act_row = int8 ? activation_row_bytes(info, K) : 0;
+  const std::vector<uint8_t> xq =
+      int8 ? quantize_activations(table, info, x, rows, K, act_row) : std::vector<uint8_t>();
+  const std::vector<float> xhat = int8 && !many.empty()
+      ? activation_values(info.activation, xq.data(), rows, K, act_row) : std::vector<float>();
+  const float* panel_x = int8 ? xhat.data() : x;
   pool.parallel_for(static_cast<int64_t>(many.size()), 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t e = many[j], count = first[e + 1] - first[e];
       std::vector<float> gathered(count * K), product(count * N);
       const auto rows_of = slot_rows(e);
       for (int64_t i = 0; i < count; ++i)
-        std::memcpy(gathered.data() + i * K, x + rows_of(i).first * K, K * sizeof(float));
+        std::memcpy(gathered.data() + i * K, panel_x + rows_of(i).first * K, K * sizeof(float));
       const uint8_t* we = w + e * expert_bytes;
       panel_gemm(kernels, gathered.data(), count, K, N,
                  [&](int64_t n, float* dst) { k.dequantize_row(we + n * row_bytes, dst, K); },
@@ -239,15 +260,22 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
         std::memcpy(y + rows_of(i).second * N, product.data() + i * N, N * sizeof(float));
     }
   });
+  // Work items: (expert, tile of its rows), expert by expert, so a chunk
+  // reads one expert's rows once for all of its slots.
   const int64_t items = static_cast<int64_t>(few.size()) * tiles;
   pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
                     [&](int64_t i0, int64_t i1) {
-    std::vector<float> scratch(kRowsPerTile * K);
+    std::vector<float> scratch(int8 ? 0 : kRowsPerTile * K);
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t e = few[item / tiles], t = item % tiles;
       const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-      exact_tile(k, table, K, w + e * expert_bytes, row_bytes, n0, n1, x,
-                 first[e + 1] - first[e], slot_rows(e), y, N, scratch.data());
+      const uint8_t* we = w + e * expert_bytes;
+      if (int8)
+        int8_tile(k, K, we, row_bytes, we + expert_bytes, n0, n1, xq.data(), act_row,
+                  first[e + 1] - first[e], slot_rows(e), y, N);
+      else
+        exact_tile(k, table, K, we, row_bytes, n0, n1, x, first[e + 1] - first[e], slot_rows(e),
+                   y, N, scratch.data());
     }
   });
 }
