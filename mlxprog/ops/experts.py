@@ -138,14 +138,13 @@ class SlotAttrs(Attrs):
     projection's input)."""
 
 
-def _check_slots(x: AVal, indices: AVal, attrs: SlotAttrs, experts: int, features: int,
-                 x_dtypes: tuple = _FLOATS) -> None:
+def _check_slots(x: AVal, indices: AVal, attrs: SlotAttrs, experts: int,
+                 features: int) -> None:
     """x float ``[..., K]`` (or ``[..., k, K]`` per slot) of ``features``
     (K), integer ``indices [..., k]`` with the same leading dims, and
     experts to pick from where any slot picks one."""
-    if x.dtype not in x_dtypes:
-        names = ", ".join(str(d).split(".")[-1] for d in x_dtypes)
-        raise ValueError(f"x must be {names}; found {x}")
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"x must be {_FLOAT_NAMES}; found {x}")
     if not is_integer(indices.dtype) or not indices.shape:
         raise ValueError(f"indices must be an integer [..., k] array (moe_route's); "
                          f"found {indices}")
@@ -160,6 +159,7 @@ def _check_slots(x: AVal, indices: AVal, attrs: SlotAttrs, experts: int, feature
 
 
 def _gathered_shape(indices: AVal, n: int) -> list[AVal]:
+    """A gathered matmul's result: float32 ``[..., k, N]``."""
     return [AVal((*indices.shape, n), mx.float32)]
 
 
