@@ -11,7 +11,6 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -202,33 +201,16 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
 }
 
 void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
-                      const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t E,
-                      int64_t N, const int64_t* experts, int64_t slots, int64_t slots_per_row,
-                      bool int8, float* y) {
-  if (slots == 0 || N == 0) return;
+                      const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t N,
+                      const ExpertSlots& slots, bool per_slot, bool int8, float* y) {
+  if (slots.chosen().empty() || N == 0) return;
   const quants::TypeInfo& info = *quants::type_info(type);
   const quants::TypeKernels k = type_kernels(table, type);
   const int64_t row_bytes = K / info.block * info.block_bytes, expert_bytes = N * row_bytes;
-  // The slots grouped by expert (a counting sort, each expert's slots in
-  // order): expert e's are order[first[e] .. first[e + 1]).
-  std::vector<int64_t> first(E + 1, 0), order(slots);
-  for (int64_t s = 0; s < slots; ++s) ++first[experts[s] + 1];
-  for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
-  {
-    std::vector<int64_t> next(first.begin(), first.end() - 1);
-    for (int64_t s = 0; s < slots; ++s) order[next[experts[s]]++] = s;
-  }
   // (slot's row of x, slot's row of y) of expert e's i-th slot.
   auto slot_rows = [&](int64_t e) {
-    const int64_t* listed = order.data() + first[e];
-    return [listed, slots_per_row](int64_t i) {
-      const int64_t s = listed[i];
-      return std::pair<int64_t, int64_t>{s / slots_per_row, s};
-    };
+    return [&slots, e, per_slot](int64_t i) { return slots.rows(e, i, per_slot); };
   };
-  std::vector<int64_t> chosen;  // the experts some slot picked: only their rows are read
-  for (int64_t e = 0; e < E; ++e)
-    if (first[e + 1] > first[e]) chosen.push_back(e);
   ThreadPool& pool = ThreadPool::instance();
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
   // An expert with many slots (a prefill) runs the panel GEMM on its rows of
@@ -238,7 +220,7 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   // a tile of an expert's weight rows against each of its slots' rows.
   const int64_t panel_rows = int8 ? kInt8PanelMinRows : kPanelGemmMinRows;
   std::vector<int64_t> many, few;
-  for (int64_t e : chosen) (first[e + 1] - first[e] >= panel_rows ? many : few).push_back(e);
+  for (int64_t e : slots.chosen()) (slots.count(e) >= panel_rows ? many : few).push_back(e);
   const size_t act_row = int8 ? activation_row_bytes(info, K) : 0;
   const std::vector<uint8_t> xq =
       int8 ? quantize_activations(table, info, x, rows, K, act_row) : std::vector<uint8_t>();
@@ -247,7 +229,7 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const float* panel_x = int8 ? xhat.data() : x;
   pool.parallel_for(static_cast<int64_t>(many.size()), 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
-      const int64_t e = many[j], count = first[e + 1] - first[e];
+      const int64_t e = many[j], count = slots.count(e);
       std::vector<float> gathered(count * K), product(count * N);
       const auto rows_of = slot_rows(e);
       for (int64_t i = 0; i < count; ++i)
@@ -272,10 +254,10 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
       const uint8_t* we = w + e * expert_bytes;
       if (int8)
         int8_tile(k, K, we, row_bytes, we + expert_bytes, n0, n1, xq.data(), act_row,
-                  first[e + 1] - first[e], slot_rows(e), y, N);
+                  slots.count(e), slot_rows(e), y, N);
       else
-        exact_tile(k, table, K, we, row_bytes, n0, n1, x, first[e + 1] - first[e], slot_rows(e),
-                   y, N, scratch.data());
+        exact_tile(k, table, K, we, row_bytes, n0, n1, x, slots.count(e), slot_rows(e), y, N,
+                   scratch.data());
     }
   });
 }
@@ -339,37 +321,6 @@ class GgmlMatmul : public QuantPrimitive {
   bool int8_;
 };
 
-// The experts that `indices` (any integer dtype) pick, as int64 in [0, E):
-// negative ones counted from the end, the rest clamped.
-void read_experts(const mx::array& indices, int64_t E, int64_t* experts) {
-  std::vector<uint8_t> keep;
-  const void* data = contiguous_data(indices, keep);
-  const int64_t n = indices.size();
-  auto read = [&](auto typed) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
-    const T* src = static_cast<const T*>(data);
-    for (int64_t i = 0; i < n; ++i) {
-      if constexpr (std::is_unsigned_v<T>) {
-        experts[i] = static_cast<int64_t>(std::min<uint64_t>(src[i], E - 1));
-      } else {
-        const int64_t e = src[i] < 0 ? src[i] + E : src[i];
-        experts[i] = std::min<int64_t>(E - 1, std::max<int64_t>(0, e));
-      }
-    }
-  };
-  switch (indices.dtype()) {
-    case mx::int8: return read(static_cast<const int8_t*>(nullptr));
-    case mx::int16: return read(static_cast<const int16_t*>(nullptr));
-    case mx::int32: return read(static_cast<const int32_t*>(nullptr));
-    case mx::int64: return read(static_cast<const int64_t*>(nullptr));
-    case mx::uint8: return read(static_cast<const uint8_t*>(nullptr));
-    case mx::uint16: return read(static_cast<const uint16_t*>(nullptr));
-    case mx::uint32: return read(static_cast<const uint32_t*>(nullptr));
-    case mx::uint64: return read(static_cast<const uint64_t*>(nullptr));
-    default: throw std::invalid_argument("mlxprog native ggml_gather_matmul: integer indices");
-  }
-}
-
 // out [..., k, N] float32: slot j of each row of indices [..., k] times its
 // expert of w uint8 [E, N, row_bytes], x [..., K] (one row per token) or,
 // per_slot, [..., k, K]. Indices are read as integers, negative ones counted
@@ -383,18 +334,14 @@ class GgmlGatherMatmul : public QuantPrimitive {
     enqueue(out, [x = inputs[0], w = inputs[1], indices = inputs[2], kernels = kernels_,
                   table = table_, type = type_, int8 = int8_,
                   per_slot = per_slot_](mx::array& out) {
-      const int64_t K = x.shape(-1), E = w.shape(0), N = w.shape(1);
-      const int64_t slots = indices.size();
-      const int64_t per_row = indices.ndim() ? indices.shape(-1) : 1;
-      std::vector<int64_t> experts(slots);
-      read_experts(indices, E, experts.data());
+      const int64_t K = x.shape(-1), N = w.shape(1);
+      const ExpertSlots slots(indices, w.shape(0));
       std::vector<float> keep_x;
       std::vector<uint8_t> keep_w;
       const float* rows = float_rows(x, keep_x);
       ggml_gather_rows(*kernels, *table, type, rows, x.size() / std::max<int64_t>(K, 1), K,
-                       static_cast<const uint8_t*>(contiguous_data(w, keep_w)), E, N,
-                       experts.data(), slots, per_slot ? 1 : per_row, int8,
-                       out.data<float>());
+                       static_cast<const uint8_t*>(contiguous_data(w, keep_w)), N, slots,
+                       per_slot, int8, out.data<float>());
     });
   }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "primitive.h"
+#include "primitives/expert_slots.h"
 #include "quants/quants.h"
 
 namespace mlxprog {
@@ -20,15 +21,14 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
                       const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
                       bool int8, float* y, int64_t ldy);
 
-// Mixture-of-experts slots: for s < slots, y row s (N floats) = x row
-// s / slots_per_row (of `rows` dense rows of K float32) @ dequantize(expert
-// experts[s] of w).T, w E experts of N rows of GGML type `type`, experts[s]
-// in [0, E). Reads only the experts some slot picks, each once for all its
-// slots (the slots grouped by expert); int8 as ggml_matmul_rows, each row of
-// x quantized once. Runs on the thread pool.
+// Mixture-of-experts slots: for each slot s of `slots`, y row s (N floats)
+// = its row of x (`rows` dense rows of K float32: one per token, or
+// per_slot one per slot) @ dequantize(its expert of w).T, w the experts' N
+// rows of GGML type `type` one after another. Reads only the experts some
+// slot picks, each once for all its slots; int8 as ggml_matmul_rows, each
+// row of x quantized once. Runs on the thread pool.
 void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
-                      const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t E,
-                      int64_t N, const int64_t* experts, int64_t slots, int64_t slots_per_row,
-                      bool int8, float* y);
+                      const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t N,
+                      const ExpertSlots& slots, bool per_slot, bool int8, float* y);
 
 }  // namespace mlxprog
