@@ -20,6 +20,7 @@ from ..ggml import types as ggml_types
 from . import Setting, active, inactive_reason, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
 QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
 QMM_GROUP_SIZES = (32, 64, 128)
 Q8_BITS = (4, 8)  # the codes the int8 kernel reads
@@ -137,6 +138,37 @@ def ggml_matmul(setting: Setting, x: mx.array, w: mx.array, ggml_type, *,
         return None
     record(setting, "ggml_matmul")
     return _with_codebooks(native, ggml_type).ggml_matmul(x, w, type=ggml_type.id, int8=int8)
+
+
+def covers_ggml_gather(x: AVal, w: AVal, indices: AVal, ggml_type, per_slot: bool) -> bool:
+    """Whether the native GGML expert kernel computes this
+    ``ggml_gather_matmul``: ``w`` uint8 ``[E, N, row_bytes]`` of whole blocks
+    of ``ggml_type`` (no empty axis), integer ``indices [..., k]``, and a
+    float ``x`` of K features, ``[..., K]`` with the indices' leading dims
+    (``per_slot``: ``[..., k, K]``, the indices' shape)."""
+    w_shape = w[0]
+    if len(w_shape) != 3 or not covers_ggml(None, w, ggml_type):
+        return False
+    (x_shape, x_dtype), (i_shape, i_dtype) = x, indices
+    k = w_shape[-1] // ggml_type.block_bytes * ggml_type.block
+    lead = tuple(i_shape) if per_slot else tuple(i_shape[:-1])
+    return (x_dtype in FLOATS and i_dtype in INTEGERS and len(i_shape) >= 1
+            and tuple(x_shape) == (*lead, k))
+
+
+def ggml_gather_matmul(setting: Setting, x: mx.array, w: mx.array, indices: mx.array,
+                       ggml_type, *, int8: bool, per_slot: bool) -> mx.array | None:
+    """Each slot's ``x @ dequantize(w[indices[..., j]]).T`` on the native
+    GGML expert kernel of ``ggml_type`` (int8: llama.cpp's numerics, x
+    quantized once per row), float32 ``[..., k, N]``; or None where it does
+    not apply."""
+    native = active(setting)
+    if native is None or not covers_ggml_gather(AVal.of(x), AVal.of(w), AVal.of(indices),
+                                                ggml_type, per_slot):
+        return None
+    record(setting, "ggml_gather_matmul")
+    return _with_codebooks(native, ggml_type).ggml_gather_matmul(
+        x, w, indices, type=ggml_type.id, int8=int8, per_slot=per_slot)
 
 
 def ggml_dequantize(setting: Setting, blocks: mx.array, ggml_type) -> mx.array | None:
@@ -549,8 +581,6 @@ def _int32_vector(a: mx.array) -> mx.array:
     return a if a.dtype == mx.int32 else a.astype(mx.int32)
 
 
-
-INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
 
 
 def covers_integer_matmul(a: AVal, b: AVal) -> bool:
