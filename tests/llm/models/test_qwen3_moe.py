@@ -9,6 +9,7 @@ parallelism)."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from family_checks import (MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, MlxLmParity, MoEChecks,
                            check_two_ranks_generate_as_one_process, load_tiny,
@@ -227,3 +228,18 @@ def test_a_split_finer_than_the_experts_groups_is_refused(tmp_path):
     with pytest.raises(ModelError, match="world_size 2: each expert's intermediate size 64 is "
                        "1 quantization groups of 64"):
         spec.shard(2, 0)
+
+
+def test_int8_numerics_stay_close_on_quantized_experts(plain, tmp_path):
+    """mlx-lm's 4-bit experts in int8 numerics (``gather_quantized_matmul``'s
+    integer dot products on the CPU): the logits near exact numerics'."""
+    from family_checks import program_logits, write_quantized_checkpoint
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("int8 numerics run on the CPU's native kernels")
+    directory = write_quantized_checkpoint(plain, tmp_path / "q4")
+    continuation = [5, 77, 200]
+    want = program_logits(load_tiny(directory, numerics="exact"), PROMPT_IDS, continuation)
+    got = program_logits(load_tiny(directory, numerics="int8"), PROMPT_IDS, continuation)
+    assert np.abs(got - want).mean() <= 0.08 * np.abs(want).mean()
+    assert not np.array_equal(got[1:], want[1:])  # the decode steps ran another kernel
