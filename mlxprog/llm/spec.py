@@ -89,7 +89,17 @@ class ModelSpec:
     def shard(self, world_size: int = 1, rank: int = 0) -> Shard:
         """Rank ``rank``'s part of the model split over ``world_size`` ranks
         (see :class:`Shard`); a split the model's heads or quantization groups
-        do not allow is a :class:`ModelError` naming ``world_size``."""
+        do not allow is a :class:`ModelError` naming ``world_size``, and so
+        is a split of a mixture of experts whose expert stacks the family's
+        table does not split."""
+        unsplit = sorted(n for n, (shape, _) in self.weights.items()
+                         if len(shape) == 3 and n.rsplit(".", 1)[0] not in self.splits)
+        if world_size != 1 and unsplit:
+            raise ModelError(f"world_size {world_size}: tensor parallelism does not split a "
+                             f"mixture of experts' expert stacks ({unsplit[0]} and "
+                             f"{len(unsplit) - 1} more): the {self.config.family} family's "
+                             "weight table gives them no split across the ranks; run the "
+                             "model in one process")
         return _shard(self.config, self.quantization, self.splits, world_size, rank)
 
     def local_shape(self, name: str, shard: Shard) -> tuple[int, ...]:

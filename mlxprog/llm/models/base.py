@@ -743,7 +743,7 @@ class Decoder:
         down = self.expert_linear(sb, f"{stack}.down_proj", sb.fast_swiglu(gate, up), indices,
                                   per_slot=True)
         y = sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
-        if self.shard.world_size > 1 and f"{stack}.down_proj" in self.spec.splits:
+        if self.shard.world_size > 1:
             y = sb.all_sum(y)
         return y
 

@@ -243,3 +243,19 @@ def test_int8_numerics_stay_close_on_quantized_experts(plain, tmp_path):
     got = program_logits(load_tiny(directory, numerics="int8"), PROMPT_IDS, continuation)
     assert np.abs(got - want).mean() <= 0.08 * np.abs(want).mean()
     assert not np.array_equal(got[1:], want[1:])  # the decode steps ran another kernel
+
+
+def test_expert_stacks_a_table_does_not_split_are_refused(plain):
+    """A family whose table gives its expert stacks no split (gpt-oss's)
+    cannot be run split: the stacks are named."""
+    import dataclasses
+
+    spec = model_spec(load_tiny(plain).checkpoint)
+    unsplit = dataclasses.replace(spec, splits={n: s for n, s in spec.splits.items()
+                                                if "switch_mlp" not in n})
+    assert unsplit.shard(1, 0).world_size == 1
+    with pytest.raises(ModelError, match=r"world_size 2: tensor parallelism does not split a "
+                       r"mixture of experts' expert stacks \(layers\.0\.mlp\.switch_mlp\."
+                       r"down_proj\.weight and 8 more\): the qwen3_moe family's weight table "
+                       "gives them no split"):
+        unsplit.shard(2, 0)
