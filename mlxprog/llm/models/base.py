@@ -89,7 +89,8 @@ class Weight:
     index, names where an original Hugging Face checkpoint keeps them
     apart (stacked at load when ``hf``'s stacked tensor is not there).
     ``layers``, for a per-layer entry, gives the layers that have it (None:
-    every layer). ``hf_rows``
+    every layer). ``finite`` checks at load that it holds no NaN or
+    infinity (a router: one would pick experts at random). ``hf_rows``
     / ``gguf_rows``, when given, say which rows of that stored tensor are this
     weight's (a fused ``qkv_proj`` stored as one tensor, split at load).
     ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
@@ -111,6 +112,7 @@ class Weight:
     gguf_transform: Transform | None = None
     hf_experts: str | None = None
     layers: Callable[[ModelConfig], Sequence[int]] | None = None
+    finite: bool = False
 
     @property
     def per_layer(self) -> bool:
@@ -235,6 +237,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str
             weights[f"{e.name}.{part}"], names[f"{e.name}.{part}"] = value, label
         _check_shapes(e.name, found, shape, quantization, where,
                       block_types.get(f"{e.stored}.weight"))
+        if e.weight.finite:
+            _check_finite(e.name, found, where, f"{e.stored}.weight" in block_types)
     if missing:
         raise ModelError(f"{where}: missing weight(s) {_some(missing)} that the "
                          f"{config.architecture} config needs")
@@ -332,6 +336,21 @@ def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tupl
     if "bias" in found and tuple(found["bias"][0].shape) != shape[:-1]:
         raise ModelError(f"{where}: {found['bias'][1]} has shape "
                          f"{tuple(found['bias'][0].shape)}, expected {shape[:-1]}")
+
+
+def _check_finite(name: str, found: dict[str, tuple[mx.array, str]], where: str,
+                  blocks: bool) -> None:
+    """A :class:`ModelError` naming the stored tensor when a float array of
+    entry ``name`` (a float weight, or a quantized one's scales and biases;
+    GGUF blocks' scales are checked as they are read) holds NaN or
+    infinity."""
+    for part, (value, label) in found.items():
+        if (part == "weight" and (blocks or "scales" in found)) or not mx.issubdtype(
+                value.dtype, mx.floating):
+            continue
+        if not mx.all(mx.isfinite(value)).item():
+            raise ModelError(f"{where}: {label} holds NaN or infinite values ({name} would "
+                             "route tokens by them)")
 
 
 def _some(names: list[str], limit: int = 5) -> str:
@@ -579,7 +598,8 @@ def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj",
               "up_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
               "down_proj": lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)}
     router = Weight(f"{layer}.gate", lambda c: (c.num_experts, c.hidden_size),
-                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers)
+                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers,
+                    finite=True)
     splits = {"gate_proj": ROWS_BY_EXPERT_INTERMEDIATE, "up_proj": ROWS_BY_EXPERT_INTERMEDIATE,
               "down_proj": COLUMNS_BY_EXPERT_INTERMEDIATE}
     return (router,) + tuple(

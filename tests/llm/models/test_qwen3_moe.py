@@ -98,6 +98,11 @@ def _rewrite(directory, change) -> None:
     # No router.
     (lambda w: w.pop("model.layers.2.mlp.gate.weight"),
      r"missing weight\(s\) model\.layers\.2\.mlp\.gate\.weight that the qwen3_moe config"),
+    # A router that would pick experts by NaN.
+    (lambda w: w.update({"model.layers.1.mlp.gate.weight":
+                         w["model.layers.1.mlp.gate.weight"].at[3, 5].add(float("nan"))}),
+     r"model\.layers\.1\.mlp\.gate\.weight holds NaN or infinite values "
+     r"\(layers\.1\.mlp\.gate would route tokens by them\)"),
 ])
 def test_bad_expert_files_name_the_tensor(tmp_path, change, message):
     directory = write_checkpoint(tmp_path / "ckpt", QWEN3_MOE)
