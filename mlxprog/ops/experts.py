@@ -287,9 +287,21 @@ def _gather_quantized_matmul_shape(avals: list[AVal],
     return _gathered_shape(named["indices"], named["w"].shape[1])
 
 
+def _native_gather_quantized_matmul(avals: list[AVal], attrs: GatherQuantizedMatmulAttrs) -> bool:
+    """Whether the native int8 kernel computes this instruction (int8
+    numerics only: the exact ones run MLX's)."""
+    if attrs.numerics != "int8":
+        return False
+    named = dict(zip(attrs.operand_names(), avals))
+    group_size, bits = attrs.resolved()
+    return not native.gather_int8_uncovered_reason(
+        named["x"], named["w"], named["scales"], named.get("biases"), named["indices"],
+        group_size, bits, attrs.mode, attrs.per_slot)
+
+
 @register_op("gather_quantized_matmul", attrs=GatherQuantizedMatmulAttrs, operands=(4, 5),
              check=_check_gather_quantized_matmul, shape_rule=_gather_quantized_matmul_shape,
-             context=True)
+             native_coverage=_native_gather_quantized_matmul, context=True)
 def gather_quantized_matmul(operands, attrs, context):
     """``gather_matmul`` with MLX-quantized experts, as mlx-lm stores them
     (``switch_mlp``): operands ``x`` (``[..., K]``, or ``[..., k, K]`` with
@@ -298,15 +310,25 @@ def gather_quantized_matmul(operands, attrs, context):
     ``quantize`` op's results for ``[E, N, K]`` experts; mxfp4 for
     gpt-oss), then ``indices`` ``[..., k]``. Result float32 ``[..., k, N]``:
     ``y[..., j, :] = x(_j) @ dequantize(w[indices[..., j]]).T``. Negative
-    indices count from the end; out-of-range ones are clamped. Runs MLX's
-    ``gather_qmm`` (transposed); ``numerics`` ``"int8"`` computes ``"exact"``
-    too (no int8 kernel takes gathered experts yet), and
-    ``exe.stats.numerics_fallbacks`` counts it."""
+    indices count from the end; out-of-range ones are clamped.
+
+    ``numerics`` as ``quantized_matmul``'s: ``"exact"`` runs MLX's
+    ``gather_qmm`` (transposed); ``"int8"`` runs mlxprog's native CPU kernel
+    (affine mode, 4- or 8-bit codes), which reads only the chosen experts,
+    each once for the slots of all the tokens that chose it, and elsewhere
+    computes ``"exact"`` (``exe.stats.numerics_fallbacks`` counts it, with
+    the reason)."""
     named = dict(zip(attrs.operand_names(), operands))
-    if attrs.numerics == "int8":
-        record_numerics_fallback(context.native, "gather_quantized_matmul",
-                                 "int8 computed exactly: no int8 kernel takes gathered experts")
     w, scales, biases = named["w"], named["scales"], named.get("biases")
+    if attrs.numerics == "int8":
+        group_size, bits = attrs.resolved()
+        result, reason = native.gather_quantized_matmul_int8(
+            context.native, named["x"], w, scales, biases, named["indices"],
+            group_size=group_size, bits=bits, mode=attrs.mode, per_slot=attrs.per_slot)
+        if result is not None:
+            return result
+        record_numerics_fallback(context.native, "gather_quantized_matmul",
+                                 f"int8 computed exactly: {reason}")
 
     def product(rows, expert_indices, sorted_indices):
         return mx.gather_qmm(rows, w, scales, biases, rhs_indices=expert_indices, transpose=True,

@@ -436,8 +436,9 @@ void bind_ggml(nb::module_& m) {
          bool per_slot) {
         const quants::TypeInfo& info = checked_type(type);
         const int64_t K = x.ndim() ? x.shape(-1) : 0;
-        bool fits = w.ndim() == 3 && w.dtype() == mx::uint8 && w.shape(0) > 0 && K % info.block == 0 &&
-                    w.shape(2) == K / info.block * info.block_bytes && indices.ndim() >= 1 &&
+        bool fits = w.ndim() == 3 && w.dtype() == mx::uint8 && w.shape(0) > 0 &&
+                    K % info.block == 0 && w.shape(2) == K / info.block * info.block_bytes &&
+                    indices.ndim() >= 1 &&
                     mx::issubdtype(indices.dtype(), mx::integer) &&
                     x.ndim() == indices.ndim() + (per_slot ? 1 : 0);
         for (int d = 0; fits && d < indices.ndim() - (per_slot ? 0 : 1); ++d)

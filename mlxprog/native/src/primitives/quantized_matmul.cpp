@@ -276,13 +276,13 @@ mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w,
                                   const mx::array& scales, const mx::array& biases,
                                   const mx::array& indices, int group_size, int bits,
                                   bool per_slot) {
-  const int64_t K = x.ndim() ? x.shape(-1) : 0;
+  const int K = x.ndim() ? x.shape(-1) : 0;
   bool fits = w.ndim() == 3 && w.dtype() == mx::uint32 && (bits == 4 || bits == 8) &&
-              w.shape(0) > 0 && K > 0 && K % group_size == 0 && w.shape(2) * 32 / bits == K &&
-              scales.shape() == mx::Shape{w.shape(0), w.shape(1), static_cast<int>(K / group_size)} &&
-              biases.shape() == scales.shape() && indices.ndim() >= 1 &&
-              mx::issubdtype(indices.dtype(), mx::integer) &&
-              x.ndim() == indices.ndim() + (per_slot ? 1 : 0);
+              w.shape(0) > 0 && K > 0 && K % group_size == 0 && w.shape(2) * 32 / bits == K;
+  fits = fits && scales.shape() == mx::Shape{w.shape(0), w.shape(1), K / group_size} &&
+         biases.shape() == scales.shape() && indices.ndim() >= 1 &&
+         mx::issubdtype(indices.dtype(), mx::integer) &&
+         x.ndim() == indices.ndim() + (per_slot ? 1 : 0);
   for (int d = 0; fits && d < indices.ndim() - (per_slot ? 0 : 1); ++d)
     fits = x.shape(d) == indices.shape(d);
   if (!fits)
