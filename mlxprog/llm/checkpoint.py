@@ -91,20 +91,23 @@ class Checkpoint:
 
 
 def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx.array,
-                       shape: tuple[int, int]) -> Quantization:
+                       shape: tuple[int, ...]) -> Quantization:
     """Bits and group size of quantized layer ``name`` whose logical shape is
-    ``shape`` = (out, in), from the packed weight and scales shapes."""
-    out_features, in_features = shape
+    ``shape`` = (out, in), or (experts, out, in) for a mixture's stack of
+    expert matrices, from the packed weight and scales shapes."""
+    lead, in_features = tuple(shape[:-1]), shape[-1]
     if packed.dtype != mx.uint32:
         raise ModelError(f"{name}: quantized weight must be uint32, got {packed.dtype}")
-    if (packed.ndim != 2 or scales.ndim != 2 or packed.shape[0] != out_features
-            or scales.shape[0] != out_features or biases.shape != scales.shape):
+    if (packed.ndim != len(shape) or scales.ndim != len(shape)
+            or tuple(packed.shape[:-1]) != lead or tuple(scales.shape[:-1]) != lead
+            or biases.shape != scales.shape):
         raise ModelError(f"{name}: quantized shapes weight {tuple(packed.shape)}, scales "
                          f"{tuple(scales.shape)}, biases {tuple(biases.shape)} do not fit "
-                         f"the layer shape {shape}")
-    bits, bits_rem = divmod(packed.shape[1] * 32, in_features)
-    group_size, group_rem = divmod(in_features, scales.shape[1])
+                         f"the layer shape {tuple(shape)}")
+    bits, bits_rem = divmod(packed.shape[-1] * 32, in_features)
+    group_size, group_rem = divmod(in_features, scales.shape[-1])
     if bits_rem or group_rem or bits not in _QUANT_BITS or group_size not in _QUANT_GROUP_SIZES:
         raise ModelError(f"{name}: packed weight {tuple(packed.shape)} with scales "
-                         f"{tuple(scales.shape)} is not an MLX quantization of a {shape} matrix")
+                         f"{tuple(scales.shape)} is not an MLX quantization of a "
+                         f"{tuple(shape)} matrix")
     return Quantization(bits=bits, group_size=group_size)

@@ -14,7 +14,13 @@ Logical weight names are Hugging Face's without the ``model.`` prefix
 (``layers.3.self_attn.q_proj.weight``); a *matrix* entry (a projection or
 embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
 ``.weight``/``.scales``/``.biases``) and, where the family has them,
-``.bias``; a *vector* entry (a norm) names one ``.weight``.
+``.bias``; a *vector* entry (a norm) names one ``.weight``. A matrix entry
+of three axes is a mixture of experts' stack of matrices, ``(experts, out,
+in)``: mlx-lm saves it stacked (``switch_mlp``), llama.cpp as one ``*_exps``
+tensor, and an original Hugging Face checkpoint one tensor per expert,
+stacked at load (``Weight.hf_experts``).
+:class:`~mlxprog.llm.config.MoEConfig` holds the mixture's settings and
+:meth:`Decoder.moe` is its forward pass.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from ...ggml import types as ggml_types
 from ...ggml.gguf_file import metadata_value
 from ..cache import CacheLayout, LayerCache
 from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
-from ..config import ModelConfig
-from ..spec import ModelSpec, Shard, Split
+from ..config import ModelConfig, check_expert_counts
+from ..spec import (COLUMNS_BY_EXPERT_INTERMEDIATE, ROWS_BY_EXPERT_INTERMEDIATE, ModelSpec,
+                    Shard, Split)
 
 if TYPE_CHECKING:
     from ...builder import ProgramBuilder, Value
@@ -76,7 +83,14 @@ class Weight:
     ``{i}`` for the layer index in per-layer entries; ``shape`` gives its
     logical shape (``(out, in)`` for a matrix) from the config. ``hf`` and
     ``gguf`` are the stems of the stored tensors in each format (None: the
-    format has no such tensor and the family reads none from it); ``hf_rows``
+    format has no such tensor and the family reads none from it). A matrix
+    of shape ``(experts, out, in)`` is a stack of the experts' matrices;
+    ``hf_experts``, the stem of one expert's tensor with ``{e}`` for its
+    index, names where an original Hugging Face checkpoint keeps them
+    apart (stacked at load when ``hf``'s stacked tensor is not there).
+    ``layers``, for a per-layer entry, gives the layers that have it (None:
+    every layer). ``finite`` checks at load that it holds no NaN or
+    infinity (a router: one would pick experts at random). ``hf_rows``
     / ``gguf_rows``, when given, say which rows of that stored tensor are this
     weight's (a fused ``qkv_proj`` stored as one tensor, split at load).
     ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
@@ -96,11 +110,21 @@ class Weight:
     gguf_rows: Rows | None = None
     hf_transform: Transform | None = None
     gguf_transform: Transform | None = None
+    hf_experts: str | None = None
+    layers: Callable[[ModelConfig], Sequence[int]] | None = None
+    finite: bool = False
 
     @property
     def per_layer(self) -> bool:
         """Whether the table entry stands for one weight per layer."""
         return "{i}" in self.name
+
+    def layer_indices(self, config: ModelConfig) -> Sequence[int | None]:
+        """The layers of ``config`` that have this entry (``[None]``: a
+        global entry)."""
+        if not self.per_layer:
+            return [None]
+        return range(config.num_layers) if self.layers is None else self.layers(config)
 
 
 Source = Literal["hf", "gguf"]
@@ -115,6 +139,9 @@ class Entry:
     weight: Weight
     name: str
     stored: str | None
+    #: An expert stack's per-expert stem in the source (``{e}`` left for
+    #: the expert), or None.
+    stored_experts: str | None = None
 
 
 def expand(table: Sequence[Weight], config: ModelConfig, source: Source | None = None
@@ -125,11 +152,11 @@ def expand(table: Sequence[Weight], config: ModelConfig, source: Source | None =
     for w in table:
         if not w.present(config):
             continue
-        indices = range(config.num_layers) if w.per_layer else [None]
         stem = None if source is None else getattr(w, source)
-        for i in indices:
-            out.append(Entry(w, w.name.format(i=i),
-                             None if stem is None else stem.format(i=i)))
+        experts = w.hf_experts if source == "hf" else None
+        for i in w.layer_indices(config):
+            out.append(Entry(w, w.name.format(i=i), None if stem is None else stem.format(i=i),
+                             None if experts is None else experts.format(i=i, e="{e}")))
     return out
 
 
@@ -141,7 +168,7 @@ def shapes(table: Sequence[Weight], config: ModelConfig) -> dict[str, tuple[int,
         shape = tuple(e.weight.shape(config))
         out[f"{e.name}.weight"] = shape
         if e.weight.matrix and e.weight.bias(config):
-            out[f"{e.name}.bias"] = (shape[0],)
+            out[f"{e.name}.bias"] = shape[:-1]
     return out
 
 
@@ -150,7 +177,7 @@ def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
     return {e.name: e.weight.split for e in expand(table, config) if e.weight.split}
 
 
-def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[str, mx.array],
+def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str, mx.array],
                  source: Source, where: str, ignored: Sequence[re.Pattern] = (),
                  block_types: Mapping[str, str] | None = None
                  ) -> tuple[dict[str, mx.array], dict[str, str],
@@ -163,7 +190,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
     ``ignored`` and those of entries the config leaves out (a tied model's
     stored ``lm_head``). ``block_types`` names the GGML block type of each
     stored tensor kept in a GGUF file's blocks (``uint8 [rows, row_bytes]``).
-    ``where`` names the file in errors."""
+    ``where`` names the file in errors. Per-expert tensors stacked at load
+    are removed from ``tensors`` (see :func:`_stored_parts`)."""
     weights: dict[str, mx.array] = {}
     names: dict[str, str] = {}
     quantization: dict[str, Quantization | GGMLQuantization] = {}
@@ -180,22 +208,18 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
         shape = tuple(e.weight.shape(config))
         parts = _MATRIX_PARTS if e.weight.matrix else ("weight",)
         found = {}
-        for part in parts:
-            key = f"{e.stored}.{part}"
-            if key in tensors:
-                read.add(key)
-                value = tensors[key]
-                label = key
-                if rows is not None:
-                    value = value[rows[0]:rows[1]]
-                    label = f"{key}[{rows[0]}:{rows[1]}]"
-                if transform is not None:
-                    if key in block_types:
-                        raise ModelError(f"{where}: {key} is stored as {block_types[key]} "
-                                         f"blocks, but {e.name} is changed at load "
-                                         f"({transform.name}): store it as a float type")
-                    value, label = transform.apply(value), f"{label}:{transform.name}"
-                found[part] = (value, label)
+        for part, (key, value) in _stored_parts(e, parts, shape, tensors, read, where).items():
+            label = key
+            if rows is not None:
+                value = value[rows[0]:rows[1]]
+                label = f"{key}[{rows[0]}:{rows[1]}]"
+            if transform is not None:
+                if key in block_types:
+                    raise ModelError(f"{where}: {key} is stored as {block_types[key]} "
+                                     f"blocks, but {e.name} is changed at load "
+                                     f"({transform.name}): store it as a float type")
+                value, label = transform.apply(value), f"{label}:{transform.name}"
+            found[part] = (value, label)
         has_bias = e.weight.matrix and e.weight.bias(config)
         required = ["weight"] + (["bias"] if has_bias else [])
         if "scales" in found or "biases" in found:
@@ -213,6 +237,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
             weights[f"{e.name}.{part}"], names[f"{e.name}.{part}"] = value, label
         _check_shapes(e.name, found, shape, quantization, where,
                       block_types.get(f"{e.stored}.weight"))
+        if e.weight.finite:
+            _check_finite(e.name, found, where, f"{e.stored}.weight" in block_types)
     if missing:
         raise ModelError(f"{where}: missing weight(s) {_some(missing)} that the "
                          f"{config.architecture} config needs")
@@ -226,6 +252,47 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
     return weights, names, quantization
 
 
+def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
+                  tensors: dict[str, mx.array], read: set[str], where: str
+                  ) -> dict[str, tuple[str, mx.array]]:
+    """The stored arrays of entry ``e``'s ``parts`` found in ``tensors``, as
+    (stored name, array), each marked ``read``. An expert stack (``shape``
+    ``(experts, out, in)``) whose stacked tensors are not there is stacked
+    from one tensor per expert where the entry has them
+    (``Weight.hf_experts``): computed at once, and the experts' tensors
+    (lazy reads of the file) dropped from ``tensors``, so that each expert
+    is held once, in its stack. Experts missing or unlike the others are a
+    :class:`ModelError`; experts beyond the count are left unread (the
+    caller's unexpected weights)."""
+    found = {part: (f"{e.stored}.{part}", tensors[f"{e.stored}.{part}"])
+             for part in parts if f"{e.stored}.{part}" in tensors}
+    if found or e.stored_experts is None:
+        read.update(key for key, _ in found.values())
+        return found
+    count = shape[0]
+    for part in parts:
+        keys = [f"{e.stored_experts.format(e=x)}.{part}" for x in range(count)]
+        present = [key for key in keys if key in tensors]
+        if not present:
+            continue
+        if len(present) < count:
+            raise ModelError(f"{where}: missing weight(s) "
+                             f"{_some([k for k in keys if k not in tensors])} of {e.name}'s "
+                             f"{count} experts")
+        first = tensors[keys[0]]
+        for key in keys[1:]:
+            other = tensors[key]
+            if tuple(other.shape) != tuple(first.shape) or other.dtype != first.dtype:
+                raise ModelError(f"{where}: {key} is {tuple(other.shape)} {other.dtype}, "
+                                 f"unlike {keys[0]} ({tuple(first.shape)} {first.dtype}): "
+                                 f"{e.name}'s experts must be alike")
+        read.update(keys)
+        stack = mx.stack([tensors.pop(key) for key in keys])
+        mx.eval(stack)
+        found[part] = (f"{e.stored_experts.format(e='*')}.{part}", stack)
+    return found
+
+
 def _absent_entries(table: Sequence[Weight], config: ModelConfig, source: Source) -> list[Entry]:
     """The entries the config leaves out, with their stored stems."""
     out = []
@@ -233,39 +300,57 @@ def _absent_entries(table: Sequence[Weight], config: ModelConfig, source: Source
         stem = getattr(w, source)
         if w.present(config) or stem is None:
             continue
-        indices = range(config.num_layers) if w.per_layer else [None]
-        out += [Entry(w, w.name.format(i=i), stem.format(i=i)) for i in indices]
+        out += [Entry(w, w.name.format(i=i), stem.format(i=i)) for i in w.layer_indices(config)]
     return out
 
 
 def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tuple[int, ...],
                   quantization: dict[str, Quantization | GGMLQuantization], where: str,
                   block_type: str | None) -> None:
-    """The arrays of one entry fit its logical ``shape``; records the
-    quantization of a quantized layer (``block_type``: the GGML type of a
-    weight kept in GGUF blocks)."""
+    """The arrays of one entry fit its logical ``shape`` (a matrix, or an
+    expert stack ``(experts, out, in)``); records the quantization of a
+    quantized layer (``block_type``: the GGML type of a weight kept in GGUF
+    blocks)."""
     weight, label = found["weight"]
+    what = (f"{name} ({shape[0]} experts of {shape[1:]})" if len(shape) == 3
+            else name)
     if block_type is not None:
         t = ggml_types.BY_NAME[block_type]
-        if len(shape) != 2:
+        if len(shape) not in (2, 3):
             raise ModelError(f"{where}: {label} is {block_type} blocks, but {name} is not a "
                              "matrix")
-        if shape[1] % t.block or tuple(weight.shape) != (shape[0], t.row_bytes(shape[1])):
+        stored = (*shape[:-1], t.row_bytes(shape[-1]))
+        if shape[-1] % t.block or tuple(weight.shape) != stored:
             raise ModelError(f"{where}: {label} holds {block_type} rows of "
                              f"{tuple(weight.shape)} bytes, expected {shape} values "
-                             f"({shape[0]} rows of {t.row_bytes(shape[1])} bytes)")
+                             f"({stored} bytes) for {what}")
         quantization[name] = GGMLQuantization(block_type)
     elif "scales" in found:
-        if len(shape) != 2:
+        if len(shape) not in (2, 3):
             raise ModelError(f"{where}: {label} is quantized, but {name} is not a matrix")
         quantization[name] = infer_quantization(
-            f"{where}: {name}", weight, found["scales"][0], found["biases"][0], shape)
+            f"{where}: {what}", weight, found["scales"][0], found["biases"][0], shape)
     elif tuple(weight.shape) != shape:
         raise ModelError(f"{where}: {label} has shape {tuple(weight.shape)}, expected {shape} "
-                         f"for {name}")
-    if "bias" in found and tuple(found["bias"][0].shape) != shape[:1]:
+                         f"for {what}")
+    if "bias" in found and tuple(found["bias"][0].shape) != shape[:-1]:
         raise ModelError(f"{where}: {found['bias'][1]} has shape "
-                         f"{tuple(found['bias'][0].shape)}, expected {shape[:1]}")
+                         f"{tuple(found['bias'][0].shape)}, expected {shape[:-1]}")
+
+
+def _check_finite(name: str, found: dict[str, tuple[mx.array, str]], where: str,
+                  blocks: bool) -> None:
+    """A :class:`ModelError` naming the stored tensor when a float array of
+    entry ``name`` (a float weight, or a quantized one's scales and biases;
+    GGUF blocks' scales are checked as they are read) holds NaN or
+    infinity."""
+    for part, (value, label) in found.items():
+        if (part == "weight" and (blocks or "scales" in found)) or not mx.issubdtype(
+                value.dtype, mx.floating):
+            continue
+        if not mx.all(mx.isfinite(value)).item():
+            raise ModelError(f"{where}: {label} holds NaN or infinite values ({name} would "
+                             "route tokens by them)")
 
 
 def _some(names: list[str], limit: int = 5) -> str:
@@ -351,6 +436,15 @@ class HFConfig:
                              f"by the {self.model_type} family (one entry with rope_theta "
                              "for every layer)")
         return parameters
+
+    def experts(self, count_key: str = "num_experts",
+                used_key: str = "num_experts_per_tok") -> tuple[int, int]:
+        """A mixture of experts' (expert count, experts each token runs)
+        from fields ``count_key`` and ``used_key``: at least one expert, and
+        1 <= used <= count, else a :class:`ModelError` naming the fields."""
+        count, used = self.integer(count_key), self.integer(used_key)
+        check_expert_counts(f"config.json: {count_key}", count, f"config.json: {used_key}", used)
+        return count, used
 
     def common(self) -> dict[str, Any]:
         """The :class:`ModelConfig` fields every decoder family reads alike
@@ -449,6 +543,14 @@ class GGUFMetadata:
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
 
+    def experts(self) -> tuple[int, int]:
+        """A mixture of experts' (``expert_count``, ``expert_used_count``),
+        checked as :meth:`HFConfig.experts` checks them."""
+        count, used = self.get("expert_count"), self.get("expert_used_count")
+        prefix = f"GGUF metadata: {self.architecture}"
+        check_expert_counts(f"{prefix}.expert_count", count, f"{prefix}.expert_used_count", used)
+        return int(count), int(used)
+
     def linear_rope_scale(self) -> float:
         """The position scale of GGUF's linear RoPE scaling (1 without it);
         other scaling types are a :class:`ModelError`."""
@@ -459,6 +561,53 @@ class GGUFMetadata:
             raise ModelError(f"GGUF metadata: {self.architecture}.rope.scaling.type "
                              f"{scaling!r} is not supported (none, linear)")
         return 1.0 / factor if scaling == "linear" else 1.0
+
+
+# -- mixtures of experts ---------------------------------------------------------
+
+def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
+    """``<architecture>.expert_count`` of a GGUF file's metadata (0 without
+    the key: a dense model)."""
+    count = metadata_value(metadata.get(f"{architecture}.expert_count"))
+    return 0 if count is None else count
+
+
+def expert_layers(c: ModelConfig) -> Sequence[int]:
+    """The layers of a :class:`~mlxprog.llm.config.MoEConfig` with a
+    mixture of experts (a weight table entry's ``layers``)."""
+    return c.expert_layers()
+
+
+def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj", "up_proj",
+                                                                    "down_proj")
+                ) -> tuple[Weight, ...]:
+    """The weight table entries of a mixture of experts in the layers that
+    have one (:meth:`~mlxprog.llm.config.MoEConfig.expert_layers`): the
+    router ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the
+    experts' stacked gate, up and down projections
+    ``layers.{i}.<hf_block>.switch_mlp.{gate,up,down}_proj`` (``[experts,
+    out, in]``), read from mlx-lm's
+    stacked tensors (``switch_mlp``), llama.cpp's ``ffn_gate_inp`` and
+    ``ffn_{gate,up,down}_exps``, or an original Hugging Face checkpoint's
+    ``<hf_block>.experts.{e}.<name>`` (``hf_experts``: the three
+    projections' names there, Mixtral's ``w1``, ``w3``, ``w2``). Tensor
+    parallelism splits every expert's intermediate features as a dense
+    MLP's; the router is replicated."""
+    layer = f"layers.{{i}}.{hf_block}"
+    shapes = {"gate_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
+              "up_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
+              "down_proj": lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)}
+    router = Weight(f"{layer}.gate", lambda c: (c.num_experts, c.hidden_size),
+                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers,
+                    finite=True)
+    splits = {"gate_proj": ROWS_BY_EXPERT_INTERMEDIATE, "up_proj": ROWS_BY_EXPERT_INTERMEDIATE,
+              "down_proj": COLUMNS_BY_EXPERT_INTERMEDIATE}
+    return (router,) + tuple(
+        Weight(f"{layer}.switch_mlp.{name}", shapes[name], hf=f"model.{layer}.switch_mlp.{name}",
+               gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_exps",
+               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers,
+               split=splits[name])
+        for name, stored in zip(("gate_proj", "up_proj", "down_proj"), hf_experts))
 
 
 # -- the family -----------------------------------------------------------------
@@ -485,6 +634,12 @@ class Family:
     def config_from_hf(self, hf: HFConfig) -> ModelConfig:
         """The config of a ``config.json`` of this family."""
         raise NotImplementedError
+
+    def reads_gguf(self, architecture: str, metadata: Mapping[str, Any]) -> bool:
+        """Whether this family reads a GGUF file of ``general.architecture``
+        ``architecture`` with ``metadata`` (llama.cpp writes Mixtral as
+        ``llama`` with experts: two families share that architecture)."""
+        return architecture in self.gguf_architectures
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
         """The config of a GGUF file of this family."""
@@ -552,6 +707,64 @@ class Decoder:
             y = sb.all_sum(y)
         if self.has(f"{name}.bias"):
             y = y + sb.astype(self.weight(f"{name}.bias"), dtype="float32")
+        return y
+
+    def expert_linear(self, sb, name: str, x: Value, indices: Value,
+                      per_slot: bool = False) -> Value:
+        """``x`` through the experts ``indices`` ([..., k], from
+        :meth:`route`) of expert stack ``name`` (``[experts, N, K]``, its
+        quantization as :meth:`linear`'s, numerics the decoder's): float32
+        [..., k, N]. ``x`` is [..., K], the same input for every slot, or
+        with ``per_slot`` [..., k, K], one row per slot (a down projection).
+        A stack with a ``.bias`` (``[experts, N]``) adds each slot's
+        expert's row."""
+        quant = self.spec.quantization.get(name)
+        weight = self.weight(f"{name}.weight")
+        if isinstance(quant, GGMLQuantization):
+            y = sb.ggml_gather_matmul(x, weight, indices, type=quant.type,
+                                      numerics=self.numerics, per_slot=per_slot)
+        elif quant is not None:
+            numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
+            y = sb.gather_quantized_matmul(x, weight, self.weight(f"{name}.scales"),
+                                           self.weight(f"{name}.biases"), indices,
+                                           group_size=quant.group_size, bits=quant.bits,
+                                           per_slot=per_slot, **numerics)
+        else:
+            y = sb.gather_matmul(x, weight, indices, per_slot=per_slot)
+        if self.has(f"{name}.bias"):
+            bias = sb.astype(self.weight(f"{name}.bias"), dtype="float32")
+            y = y + sb.take(bias, indices, axis=0)
+        return y
+
+    def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:
+        """The experts each row of ``x`` [..., hidden] runs, by router
+        ``name`` (a projection to one logit per expert) and the config's
+        routing (:class:`~mlxprog.llm.config.MoEConfig`): their indices
+        (uint32 [..., k], best first) and weights (float32 [..., k])."""
+        c = self.c
+        renormalize = {"renormalize": True} if c.renormalize else {}
+        return sb.moe_route(self.linear(sb, name, x), top_k=c.experts_per_token,
+                            scoring=c.router, **renormalize)
+
+    def moe(self, sb, prefix: str, x: Value) -> Value:
+        """The mixture of experts ``prefix`` (``layers.3.mlp``, see
+        :func:`moe_weights`) of the normed ``x`` [B, T, hidden]: each row's
+        experts chosen by the router ``<prefix>.gate`` (:meth:`route`), each
+        a SwiGLU of the stacks ``<prefix>.switch_mlp.{gate,up,down}_proj``
+        (:meth:`expert_linear`: one gathered matmul per projection, whatever
+        the number of experts), their outputs summed by the router's
+        weights: [B, T, hidden] float32. Split across ranks (each holding
+        a block of every expert's intermediate features, the router whole),
+        the ranks' partial sums are added."""
+        indices, weights = self.route(sb, f"{prefix}.gate", x)
+        stack = f"{prefix}.switch_mlp"
+        gate = self.expert_linear(sb, f"{stack}.gate_proj", x, indices)
+        up = self.expert_linear(sb, f"{stack}.up_proj", x, indices)
+        down = self.expert_linear(sb, f"{stack}.down_proj", sb.fast_swiglu(gate, up), indices,
+                                  per_slot=True)
+        y = sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
+        if self.shard.world_size > 1:
+            y = sb.all_sum(y)
         return y
 
     def embed(self, sb, tokens: Value) -> Value:
@@ -712,7 +925,7 @@ class Decoder:
                          top_p=sampling.top_p, min_p=sampling.min_p)
 
 
-def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mapping[str, mx.array],
+def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: dict[str, mx.array],
                             source: Source, where: str, path, tokenizer: Tokenizer,
                             block_types: Mapping[str, str] | None = None) -> Checkpoint:
     """A :class:`Checkpoint` of ``family`` from a file's ``tensors``
