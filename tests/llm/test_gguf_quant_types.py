@@ -200,10 +200,9 @@ def test_expert_stacks_match_their_float_twin(tmp_path, family, mix):
         return "Q6_K" if "down" in name else "Q4_K"
 
     def quantized(name: str, data: np.ndarray):
-        # (The Q8_0 file keeps the embeddings float: this test is about the
-        # layers' stacks.)
-        if (data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name
-                or (mix == "Q8_0" and not name.startswith("blk."))):
+        # The embeddings too: their Q8_0 rows, re-laid as affine ones, are
+        # exact only when dequantized in float32.
+        if data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name:
             return data, None
         rows = blocks_with_std(rng, type_of(name), int(np.prod(data.shape[:-1])),
                                data.shape[-1], float(np.std(data)))

@@ -776,9 +776,15 @@ class Decoder:
         elif quant is None:
             rows = sb.take(self.weight("embed_tokens.weight"), tokens, axis=0)
         else:
-            parts = [sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
-                     for p in ("weight", "scales", "biases")]
-            rows = sb.dequantize(*parts, group_size=quant.group_size, bits=quant.bits)
+            # MLX dequantizes in the scales' dtype: float16 scales would
+            # round each value to 11 bits (GGUF's Q8_0 rows re-laid as affine
+            # ones are exact only in float32), so the gathered rows' scales
+            # and biases are widened first.
+            codes, scales, biases = (sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
+                                     for p in ("weight", "scales", "biases"))
+            rows = sb.dequantize(codes, sb.astype(scales, dtype="float32"),
+                                 sb.astype(biases, dtype="float32"),
+                                 group_size=quant.group_size, bits=quant.bits)
         return sb.astype(rows, dtype="float32")
 
     def norm(self, sb, name: str, x: Value) -> Value:
