@@ -46,3 +46,16 @@ def blocks_with_std(rng: np.random.Generator, type_name: str, rows: int, element
     probe = random_blocks(rng, type_name, rows, elements)
     measured = float(np.std(reference(type_name, probe))) or 1.0
     return random_blocks(rng, type_name, rows, elements, scale=0.01 * std / measured)
+
+
+def activation_bound(x: np.ndarray, dense: np.ndarray, t) -> np.ndarray:
+    """The int8 numerics' error bound of ``x [..., K] @ dense.T`` (``dense``
+    the dequantized ``[N, K]`` weights of type ``t``): sum over activation
+    blocks of half a quantization step (the block's largest magnitude / 127
+    / 2, with a margin) times the weights' magnitudes. MLX's ops compute
+    exactly, which is within it."""
+    block = 256 if t.activation == "q8_K" else 32
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    steps = np.abs(rows.reshape(len(rows), -1, block)).max(axis=-1) / 127 * 0.51
+    per_element = np.repeat(steps, block, axis=-1)
+    return (per_element @ np.abs(dense).T).reshape(*x.shape[:-1], -1)

@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     creation,
     distributed,
     elementwise,
+    experts,
     fft,
     ggml,
     index,

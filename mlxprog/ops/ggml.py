@@ -49,7 +49,7 @@ class GGMLMatmulAttrs(GGMLAttrs):
     numerics: Numerics = "int8"
 
 
-def _row_elements(blocks: AVal, attrs: GGMLAttrs, name: str) -> int:
+def row_elements(blocks: AVal, attrs: GGMLAttrs, name: str) -> int:
     """The elements of a row of ``blocks`` (uint8, whole blocks of the type)."""
     t = attrs.ggml
     if blocks.dtype != mx.uint8 or not blocks.shape or blocks.shape[-1] % t.block_bytes:
@@ -65,7 +65,7 @@ def _check_ggml_matmul(avals: list[AVal], attrs: GGMLMatmulAttrs) -> None:
         raise ValueError(f"x must be a float16, bfloat16 or float32 [..., K]; found {x}")
     if len(w.shape) != 2:
         raise ValueError(f"w must be a 2-D uint8 [N, row_bytes]; found {w}")
-    k = _row_elements(w, attrs, "w")
+    k = row_elements(w, attrs, "w")
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features, but a row of w holds {k} "
                          f"{attrs.type} values")
@@ -116,12 +116,12 @@ def ggml_matmul(operands, attrs, context):
 
 def _check_ggml_dequantize(avals: list[AVal], attrs: GGMLAttrs) -> None:
     """blocks uint8 ``[..., row_bytes]`` of whole blocks."""
-    _row_elements(avals[0], attrs, "blocks")
+    row_elements(avals[0], attrs, "blocks")
 
 
 def _ggml_dequantize_shape(avals: list[AVal], attrs: GGMLAttrs) -> list[AVal]:
     blocks = avals[0]
-    return [AVal((*blocks.shape[:-1], _row_elements(blocks, attrs, "blocks")), mx.float32)]
+    return [AVal((*blocks.shape[:-1], row_elements(blocks, attrs, "blocks")), mx.float32)]
 
 
 def _native_ggml_dequantize(avals: list[AVal], attrs: GGMLAttrs) -> bool:

@@ -55,7 +55,7 @@ def _reject_float64(avals: dict[str, AVal]) -> None:
 
 class OperandsAttrs(Attrs):
     """Attributes that decide which operands an op takes: ``operand_names()``
-    lists them in order, and the ops' check (``_check_operands``) requires
+    lists them in order, and the ops' check (``check_operands``) requires
     exactly those."""
 
     def operand_names(self) -> tuple[str, ...]:
@@ -63,7 +63,7 @@ class OperandsAttrs(Attrs):
         raise NotImplementedError
 
 
-def _check_operands(avals: list[AVal], attrs: OperandsAttrs) -> None:
+def check_operands(avals: list[AVal], attrs: OperandsAttrs) -> None:
     """The instruction gives exactly the operands its attributes call for."""
     names = attrs.operand_names()
     if len(avals) != len(names):
@@ -75,14 +75,14 @@ def _check_operands(avals: list[AVal], attrs: OperandsAttrs) -> None:
 
 def _check_quantized(avals: list[AVal], attrs: OperandsAttrs) -> None:
     """The operands its attributes call for, none of the floating ones float64."""
-    _check_operands(avals, attrs)
+    check_operands(avals, attrs)
     named = dict(zip(attrs.operand_names(), avals))
     _reject_float64({k: v for k, v in named.items() if k in ("x", "scales", "biases")})
 
 
 def _check_quantize(avals: list[AVal], attrs: OperandsAttrs) -> None:
     """One operand ``w`` of a dtype MLX quantizes."""
-    _check_operands(avals, attrs)
+    check_operands(avals, attrs)
     if name_of(avals[0].dtype) not in _FLOATS:
         raise ValueError(f"w must be {', '.join(_FLOATS)}; found {avals[0]}")
 
@@ -278,7 +278,7 @@ def quantized_matmul(operands, attrs, context):
 def _check_gather_indices(avals: list[AVal], attrs, lhs: str, rhs: str) -> None:
     """The operands the attributes call for; no index operand with elements
     picks from an empty batch of matrices (``lhs``, ``rhs``: their names)."""
-    _check_operands(avals, attrs)
+    check_operands(avals, attrs)
     named = dict(zip(attrs.operand_names(), avals))
     for index, matrices in (("lhs_indices", lhs), ("rhs_indices", rhs)):
         if index not in named:

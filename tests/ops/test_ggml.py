@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from ggml_blocks import activation_bound
 from ggml_blocks import random_blocks as _random_blocks
 from ggml_blocks import reference
 from helpers import assert_invalid, run_op
@@ -61,19 +62,8 @@ def test_matmul_against_float64_product(type_name, numerics, rows):
     else:
         # Each activation is rounded to 8 bits of its block's largest
         # magnitude: at most half a step (amax / 127 / 2) per element.
-        bound = _activation_bound(x, dense, t) + 1e-5 * magnitude + 1e-6
+        bound = activation_bound(x, dense, t) + 1e-5 * magnitude + 1e-6
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
-
-
-def _activation_bound(x: np.ndarray, dense: np.ndarray, t) -> np.ndarray:
-    """The int8 numerics' error bound: sum over activation blocks of half a
-    quantization step times the weights' magnitudes (MLX's ops compute
-    exactly, which is within it)."""
-    block = 256 if t.activation == "q8_K" else 32
-    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
-    steps = np.abs(rows.reshape(len(rows), -1, block)).max(axis=-1) / 127 * 0.51
-    per_element = np.repeat(steps, block, axis=-1)
-    return (per_element @ np.abs(dense).T).reshape(*x.shape[:-1], -1)
 
 
 def test_matmul_takes_half_precision_activations():
