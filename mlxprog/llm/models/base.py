@@ -82,7 +82,10 @@ class Weight:
     ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
     is the tensor-parallel cut (None: replicated). ``present`` says whether
     the config has this weight at all (``lm_head`` of untied models);
-    ``bias`` whether a matrix has a ``.bias``."""
+    ``bias`` whether a matrix has a ``.bias``. A matrix of three dimensions
+    (``(experts, out, in)``) holds a mixture's experts stacked, its bias
+    ``(experts, out)``. ``hf_bare``: the Hugging Face file stores a vector
+    under its stem itself, with no ``.weight`` (gpt-oss's ``self_attn.sinks``)."""
 
     name: str
     shape: Callable[[ModelConfig], tuple[int, ...]]
@@ -96,6 +99,7 @@ class Weight:
     gguf_rows: Rows | None = None
     hf_transform: Transform | None = None
     gguf_transform: Transform | None = None
+    hf_bare: bool = False
 
     @property
     def per_layer(self) -> bool:
@@ -141,7 +145,7 @@ def shapes(table: Sequence[Weight], config: ModelConfig) -> dict[str, tuple[int,
         shape = tuple(e.weight.shape(config))
         out[f"{e.name}.weight"] = shape
         if e.weight.matrix and e.weight.bias(config):
-            out[f"{e.name}.bias"] = (shape[0],)
+            out[f"{e.name}.bias"] = shape[:-1]
     return out
 
 
@@ -180,8 +184,9 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
         shape = tuple(e.weight.shape(config))
         parts = _MATRIX_PARTS if e.weight.matrix else ("weight",)
         found = {}
+        bare = source == "hf" and e.weight.hf_bare
         for part in parts:
-            key = f"{e.stored}.{part}"
+            key = e.stored if bare else f"{e.stored}.{part}"
             if key in tensors:
                 read.add(key)
                 value = tensors[key]
@@ -199,11 +204,13 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
         has_bias = e.weight.matrix and e.weight.bias(config)
         required = ["weight"] + (["bias"] if has_bias else [])
         if "scales" in found or "biases" in found:
-            required += ["scales", "biases"]
+            # mxfp4 layers have no biases: their scales are E8M0 bytes.
+            mxfp4 = "scales" in found and found["scales"][0].dtype == mx.uint8
+            required += ["scales"] if mxfp4 else ["scales", "biases"]
         for part in required:
             if part not in found:
-                missing.append(f"{e.stored}.{part}" + ("" if rows is None else
-                                                      f" (rows {rows[0]}:{rows[1]})"))
+                missing.append((e.stored if bare else f"{e.stored}.{part}")
+                               + ("" if rows is None else f" (rows {rows[0]}:{rows[1]})"))
         if "bias" in found and not has_bias:
             raise ModelError(f"{where}: {e.stored}.bias is there but the config gives "
                              f"{e.name} no bias")
@@ -247,25 +254,28 @@ def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tupl
     weight, label = found["weight"]
     if block_type is not None:
         t = ggml_types.BY_NAME[block_type]
-        if len(shape) != 2:
+        if len(shape) not in (2, 3):
             raise ModelError(f"{where}: {label} is {block_type} blocks, but {name} is not a "
                              "matrix")
-        if shape[1] % t.block or tuple(weight.shape) != (shape[0], t.row_bytes(shape[1])):
+        stored = (*shape[:-1], t.row_bytes(shape[-1]))
+        if shape[-1] % t.block or tuple(weight.shape) != stored:
             raise ModelError(f"{where}: {label} holds {block_type} rows of "
                              f"{tuple(weight.shape)} bytes, expected {shape} values "
-                             f"({shape[0]} rows of {t.row_bytes(shape[1])} bytes)")
+                             f"({stored[:-1]} rows of {stored[-1]} bytes)")
         quantization[name] = GGMLQuantization(block_type)
     elif "scales" in found:
-        if len(shape) != 2:
+        if len(shape) not in (2, 3):
             raise ModelError(f"{where}: {label} is quantized, but {name} is not a matrix")
+        biases = found.get("biases")
         quantization[name] = infer_quantization(
-            f"{where}: {name}", weight, found["scales"][0], found["biases"][0], shape)
+            f"{where}: {name}", weight, found["scales"][0],
+            None if biases is None else biases[0], shape)
     elif tuple(weight.shape) != shape:
         raise ModelError(f"{where}: {label} has shape {tuple(weight.shape)}, expected {shape} "
                          f"for {name}")
-    if "bias" in found and tuple(found["bias"][0].shape) != shape[:1]:
+    if "bias" in found and tuple(found["bias"][0].shape) != shape[:-1]:
         raise ModelError(f"{where}: {found['bias'][1]} has shape "
-                         f"{tuple(found['bias'][0].shape)}, expected {shape[:1]}")
+                         f"{tuple(found['bias'][0].shape)}, expected {shape[:-1]}")
 
 
 def _some(names: list[str], limit: int = 5) -> str:
@@ -494,6 +504,13 @@ class Family:
         """The family's weight table for ``config``."""
         raise NotImplementedError
 
+    def hf_tensors(self, tensors: Mapping[str, mx.array], config: ModelConfig
+                   ) -> Mapping[str, mx.array]:
+        """A Hugging Face file's tensors as the weight table names them: as
+        stored, unless the family's checkpoints come in a layout of their own
+        to be re-laid first (gpt-oss's fused, interleaved experts)."""
+        return tensors
+
 
 # -- the decoder ------------------------------------------------------------------
 
@@ -539,12 +556,8 @@ class Decoder:
             y = sb.ggml_matmul(x, self.weight(f"{name}.weight"), type=quant.type,
                                numerics=self.numerics)
         elif quant is not None:
-            # "exact" is the op's default: such programs stay as they were.
-            numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
-            y = sb.quantized_matmul(x, self.weight(f"{name}.weight"),
-                                    self.weight(f"{name}.scales"),
-                                    self.weight(f"{name}.biases"), transpose=True,
-                                    group_size=quant.group_size, bits=quant.bits, **numerics)
+            y = sb.quantized_matmul(x, *self._quantized_parts(name, quant), transpose=True,
+                                    **self._packing(quant), **self._numerics())
         else:
             w = self.weight(f"{name}.weight")
             y = sb.matmul(x, sb.transpose(sb.astype(w, dtype="float32")))
@@ -552,6 +565,46 @@ class Decoder:
             y = sb.all_sum(y)
         if self.has(f"{name}.bias"):
             y = y + sb.astype(self.weight(f"{name}.bias"), dtype="float32")
+        return y
+
+    def _quantized_parts(self, name: str, quant: Quantization) -> list[Value]:
+        """The captures of MLX-quantized layer ``name``: weight, scales and
+        (affine) biases."""
+        return [self.weight(f"{name}.{part}") for part in quant.parts]
+
+    @staticmethod
+    def _packing(quant: Quantization) -> dict[str, Any]:
+        """The quantized ops' attributes of ``quant`` (``mode`` only where it
+        is not affine, the ops' default, so such programs stay as they were)."""
+        mode = {} if quant.mode == "affine" else {"mode": quant.mode}
+        return dict(group_size=quant.group_size, bits=quant.bits, **mode)
+
+    def _numerics(self) -> dict[str, Any]:
+        """The quantized ops' ``numerics`` attribute ("exact" is their
+        default: such programs stay as they were)."""
+        return {} if self.numerics == "exact" else {"numerics": self.numerics}
+
+    def experts(self, sb, name: str, x: Value, indices: Value, per_slot: bool = False
+                ) -> Value:
+        """``x`` through the experts ``indices`` [..., k] chose, of stacked
+        expert projection ``name`` (``[E, out, in]``: float, MLX-quantized or
+        GGUF blocks): float32 [..., k, out], each slot's expert's bias added
+        where the layer has biases. ``x`` is [..., in] (one row for every
+        slot) or, with ``per_slot``, [..., k, in]."""
+        quant = self.spec.quantization.get(name)
+        w = self.weight(f"{name}.weight")
+        if isinstance(quant, GGMLQuantization):
+            y = sb.ggml_gather_matmul(x, w, indices, type=quant.type, numerics=self.numerics,
+                                      per_slot=per_slot)
+        elif quant is not None:
+            y = sb.gather_quantized_matmul(x, *self._quantized_parts(name, quant), indices,
+                                           per_slot=per_slot, **self._packing(quant),
+                                           **self._numerics())
+        else:
+            y = sb.gather_matmul(x, w, indices, per_slot=per_slot)
+        if self.has(f"{name}.bias"):
+            bias = sb.take(self.weight(f"{name}.bias"), indices, axis=0)  # [..., k, out]
+            y = y + sb.astype(bias, dtype="float32")
         return y
 
     def embed(self, sb, tokens: Value) -> Value:
@@ -564,8 +617,8 @@ class Decoder:
             rows = sb.take(self.weight("embed_tokens.weight"), tokens, axis=0)
         else:
             parts = [sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
-                     for p in ("weight", "scales", "biases")]
-            rows = sb.dequantize(*parts, group_size=quant.group_size, bits=quant.bits)
+                     for p in quant.parts]
+            rows = sb.dequantize(*parts, **self._packing(quant))
         return sb.astype(rows, dtype="float32")
 
     def norm(self, sb, name: str, x: Value) -> Value:
@@ -609,18 +662,22 @@ class Decoder:
                             base=c.rope_theta if base is None else base, scale=scale, **extra)
 
     def attend(self, sb, q: Value, k: Value, v: Value, T, cache_offset, key_mask,
-               cache: LayerCache, **settings: Any) -> tuple[Value, LayerCache]:
+               cache: LayerCache, sinks: Value | None = None,
+               **settings: Any) -> tuple[Value, LayerCache]:
         """q, k, v [B, heads, T, D] (q and k rotated) written into the
         layer's ``cache`` (its arrays as the cache ops take them,
         :meth:`CacheLayout.layers <mlxprog.llm.cache.CacheLayout.layers>`) at
         ``cache_offset`` and attended by the layout's op
         (``kv_cache_sdpa_update``, or ``quantized_kv_cache_sdpa_update``
         where the cache is quantized; settings: the op's ``scale``,
-        ``softcap``, ``window``): [B, T, heads * D] and the layer's new
-        cache."""
+        ``softcap``, ``window``; ``sinks``: the rank's heads' attention-sink
+        logits [heads]): [B, T, heads * D] and the layer's new cache."""
         settings = {k: v for k, v in settings.items() if v is not None}
         op, attributes = self.kv.sdpa_op()
-        attn, *new = sb.op(op, q, k, v, *cache, cache_offset, key_mask, **attributes,
+        extra = [] if sinks is None else [sinks]
+        if sinks is not None:
+            settings["sinks"] = True
+        attn, *new = sb.op(op, q, k, v, *cache, cache_offset, key_mask, *extra, **attributes,
                            **settings)
         return self.merge_heads(sb, attn, self.shard.num_heads, T), tuple(new)
 
@@ -718,6 +775,8 @@ def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mappin
     """A :class:`Checkpoint` of ``family`` from a file's ``tensors``
     (``block_types``: see :func:`read_weights`)."""
     ignored = family.hf_ignored if source == "hf" else ()
+    if source == "hf":
+        tensors = family.hf_tensors(tensors, config)
     weights, names, quantization = read_weights(family.weights(config), config, tensors,
                                                 source, where, ignored, block_types)
     return Checkpoint(path=path, config=config, weights=weights, quantization=quantization,

@@ -404,8 +404,9 @@ class LlamaDecoder(Decoder):
         if all(isinstance(self.spec.quantization.get(name), GGMLQuantization) for name in parts):
             return tuple(tuple(name for name, _ in group) for group in self.ggml_parts(i))
         quant = {self.spec.quantization.get(name) for name in names}
-        # The affine form's op reads one MLX quantization for all four.
+        # The affine form's op reads one MLX affine quantization for all four.
         if (len(quant) != 1 or not isinstance(next(iter(quant)), Quantization)
+                or next(iter(quant)).mode != "affine"
                 or any(name not in self.spec.fused for name in names[::2])):
             return None
         gate_rows = self.spec.local_shape(f"{p}.mlp.gate_proj.weight", self.shard)[0]
