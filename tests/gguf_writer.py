@@ -40,6 +40,12 @@ llama-cpp-python 0.3.36, llama.cpp commit 0c1e570) is followed here:
     when none); longrope factors as ``rope_factors_long`` /
     ``rope_factors_short`` tensors with ``rope.scaling.attn_factor``. No
     ``key_length`` key.
+``gpt_oss`` (``GptOssModel``; from mlx-lm's layout, experts already split)
+    The text-model keys with ``expert_count``, ``expert_used_count``,
+    ``expert_feed_forward_length``, ``attention.sliding_window`` and YaRN's
+    ``rope.scaling.type``/``factor``/``original_context_length``; experts
+    as ``ffn_{gate,up,down}_exps`` with their biases, ``self_attn.sinks``
+    as ``attn_sinks.weight``; no Q/K permutation (NEOX RoPE).
 
 The tokenizer metadata of the gpt2-style families is the tiny byte-level
 BPE of :func:`llm_fixtures.tiny_tokenizer_metadata` (the one the tiny HF
@@ -65,6 +71,7 @@ ARCHITECTURES = {
     "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
     "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
+    "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
 }
 _SPM_DEFAULT = (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
 
@@ -415,6 +422,12 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
                 writer.add_sliding_window_pattern(pattern)
     elif arch == gguf.MODEL_ARCH.PHI3:
         extra.update(_phi3_parameters(writer, hp, n_blocks, rope))
+    elif arch == gguf.MODEL_ARCH.GPT_OSS:
+        _text_model_parameters(writer, hp, n_blocks, rope)
+        writer.add_expert_count(hp["num_local_experts"])
+        writer.add_expert_used_count(hp["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(hp["intermediate_size"])
+        writer.add_sliding_window(hp["sliding_window"])
 
     kind = tokenizer or ("spm" if arch in _SPM_DEFAULT else "bpe")
     if tokenizer_metadata is None:
@@ -456,6 +469,8 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
         if new_name is None:
             raise ValueError(f"{hf_dir}: cannot map tensor {name!r} for "
                              f"{gguf.MODEL_ARCH_NAMES[arch]}")
+        if arch == gguf.MODEL_ARCH.GPT_OSS and name.endswith(".sinks"):
+            new_name += ".weight"  # GptOssModel.modify_tensors
         data = np.ascontiguousarray(data, dtype=np.float32)
         raw_type = None
         if stored is not None:

@@ -1,0 +1,349 @@
+"""The gpt_oss family against mlx-lm, from tiny checkpoints mlx-lm writes and
+loads itself (sliding and full layers, sinks, YaRN, the router's top-k
+softmax, experts with biases and the clamped SwiGLU): logits, greedy
+tokens, batches and prompt caches, quantized KV caches; mxfp4 experts as
+mlx-lm quantizes them; OpenAI's original layout (MXFP4 ``_blocks`` /
+``_scales``, fused and interleaved ``gate_up_proj``, or bfloat16); GGUF
+files as llama.cpp's converter writes them, with float and MXFP4 experts;
+the chat template a checkpoint carries; configs and files it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from family_checks import (MlxLmParity, PROMPT_IDS, TINY_CONFIG, load_tiny, mlx_lm_logits,
+                           mlx_lm_model, program_logits, write_checkpoint)
+from mlx.utils import tree_flatten
+
+from mlxprog.llm import ModelError
+from mlxprog.llm.hf import config_from_hf
+
+#: 4 experts, 2 active; a window of 8 (shorter than the prompt) on layers 0
+#: and 2; YaRN stretching a 128-token context 4 times (truncated bounds, as
+#: mlx-lm computes them whatever the config says).
+GPT_OSS = dict(TINY_CONFIG, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
+               sliding_window=8,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+               rope_theta=150000.0, swiglu_limit=7.0, attention_bias=True,
+               rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "original_max_position_embeddings": 128})
+CONTINUATION = [5, 60, 7, 81]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("gpt-oss"), GPT_OSS)
+
+
+class TestMlxLmParity(MlxLmParity):
+    """Logits, greedy tokens, batches and prompt caches against mlx-lm."""
+
+
+def test_config(checkpoint):
+    c = load_tiny(checkpoint).config
+    assert (c.family, c.num_experts, c.experts_per_token, c.sliding_window) == (
+        "gpt_oss", 4, 2, 8)
+    assert c.sliding_layers == (True, False, True)
+    assert c.rope_attention_factor == pytest.approx(0.1 * np.log(4.0) + 1)
+    # No layer_types: even layers slide, as mlx-lm's and Hugging Face's default.
+    c = config_from_hf({k: v for k, v in GPT_OSS.items() if k != "layer_types"})
+    assert c.sliding_layers == (True, False, True)
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tmp_path_factory):
+    """A checkpoint of head dim 32 (the quantized caches' groups are 32 or
+    more features)."""
+    return write_checkpoint(tmp_path_factory.mktemp("gpt-oss-32"), dict(GPT_OSS, head_dim=32))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("native", [True, False])
+def test_quantized_kv_caches_keep_the_sinks(tmp_path, wide_heads, bits, native):
+    """The quantized caches' attention reads the sinks, on the native
+    kernels and on MLX's ops: with a recent ring as long as the cache every
+    key and value is read unrounded, so the logits are the float cache's;
+    without sinks they are not (by far)."""
+    import dataclasses
+    import shutil
+
+    from family_checks import MAX_LENGTH
+    from mlxprog.llm.cache import CacheLayout
+
+    llm = load_tiny(wide_heads, native=native)
+    layout = dataclasses.replace(CacheLayout.of(llm.config), kv_bits=bits, kv_group_size=32,
+                                 kv_recent=MAX_LENGTH)
+    want = program_logits(llm, PROMPT_IDS, CONTINUATION)
+    got = program_logits(llm, PROMPT_IDS, CONTINUATION, kv=layout)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    unsunk = shutil.copytree(wide_heads, tmp_path / "unsunk")
+    weights = dict(mx.load(str(unsunk / "model.safetensors")))
+    for name in weights:
+        if name.endswith(".sinks"):
+            weights[name] = mx.full(weights[name].shape, -1e4)  # no probability mass
+    mx.save_safetensors(str(unsunk / "model.safetensors"), weights)
+    assert np.abs(program_logits(load_tiny(unsunk), PROMPT_IDS, CONTINUATION) - want).max() > 0.05
+
+
+def test_every_layers_quantized_attention_takes_its_sinks(wide_heads):
+    import dataclasses
+
+    from mlxprog.llm.cache import CacheLayout
+    from mlxprog.llm.programs import build_decode
+
+    llm = load_tiny(wide_heads)
+    layout = dataclasses.replace(CacheLayout.of(llm.config), kv_bits=4, kv_group_size=32)
+    program = build_decode(llm.spec, 64, sampling=None, kv=layout)
+    attention = [i for i in program.instructions if i.op == "quantized_kv_cache_sdpa_update"]
+    assert len(attention) == 3 and all(i.attrs["sinks"] for i in attention)
+    assert [i.attrs.get("window") for i in attention] == [8, None, 8]
+
+
+def _quantized_experts(directory, experts_only: bool):
+    """mlx-lm's model of ``directory`` quantized as mlx-community's gpt-oss:
+    the experts in mxfp4, everything else (unless ``experts_only``) 8-bit
+    affine; saved back with its config's ``quantization``."""
+    model = mlx_lm_model(directory)
+    mxfp4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    affine = {"group_size": 64, "bits": 8, "mode": "affine"}
+    layers = {}
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        settings = mxfp4 if ".experts." in path else (None if experts_only else affine)
+        if settings is None:
+            return False
+        layers[path] = settings
+        return settings
+
+    nn.quantize(model, class_predicate=predicate)
+    mx.save_safetensors(str(directory / "model.safetensors"),
+                        dict(tree_flatten(model.parameters())))
+    (directory / "config.json").write_text(json.dumps(
+        dict(GPT_OSS, quantization={**affine, **layers})))
+    return directory
+
+
+@pytest.mark.parametrize("experts_only", [False, True])
+def test_mxfp4_experts_match_mlx_lm(tmp_path, experts_only):
+    directory = _quantized_experts(write_checkpoint(tmp_path, GPT_OSS), experts_only)
+    llm = load_tiny(directory, numerics="exact")
+    quant = llm.checkpoint.quantization
+    assert quant["layers.0.mlp.experts.gate_proj"].mode == "mxfp4"
+    assert ("layers.0.mlp.router" in quant) != experts_only
+    expected = mlx_lm_logits(mlx_lm_model(directory), PROMPT_IDS)[-1:]
+    np.testing.assert_allclose(program_logits(llm, PROMPT_IDS), expected, rtol=1e-4, atol=1e-4)
+
+
+def _interleaved(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Gate and up rows (axis 1) interleaved as OpenAI's ``gate_up_proj``."""
+    out = np.empty((gate.shape[0], 2 * gate.shape[1], *gate.shape[2:]), gate.dtype)
+    out[:, 0::2], out[:, 1::2] = gate, up
+    return out
+
+
+def _openai_layout(directory, blocks: bool) -> None:
+    """Rewrite ``directory``'s mlx-lm layout as OpenAI's original one: each
+    layer's experts as ``gate_up_proj`` (rows interleaved) and
+    ``down_proj``, in MXFP4 ``_blocks``/``_scales`` (``blocks``: from the
+    mxfp4 experts) or as float ``[E, in, out]``, biases ``*_proj_bias``."""
+    weights = {k: np.array(v) for k, v in mx.load(str(directory / "model.safetensors")).items()}
+    out = {k: v for k, v in weights.items() if ".experts." not in k}
+    for i in range(GPT_OSS["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp.experts"
+        part = {name: {kind: weights.get(f"{p}.{name}.{kind}") for kind in
+                       ("weight", "scales", "bias")}
+                for name in ("gate_proj", "up_proj", "down_proj")}
+        out[f"{p}.gate_up_proj_bias"] = _interleaved(part["gate_proj"]["bias"],
+                                                     part["up_proj"]["bias"])
+        out[f"{p}.down_proj_bias"] = part["down_proj"]["bias"]
+        if blocks:
+            for name, key in (("gate_up_proj", None), ("down_proj", "down_proj")):
+                w = (_interleaved(part["gate_proj"]["weight"], part["up_proj"]["weight"])
+                     if key is None else part[key]["weight"])
+                s = (_interleaved(part["gate_proj"]["scales"], part["up_proj"]["scales"])
+                     if key is None else part[key]["scales"])
+                out[f"{p}.{name}_blocks"] = w.view(np.uint8).reshape(*w.shape[:2], -1, 16)
+                out[f"{p}.{name}_scales"] = s
+        else:
+            out[f"{p}.gate_up_proj"] = _interleaved(
+                part["gate_proj"]["weight"], part["up_proj"]["weight"]).swapaxes(1, 2)
+            out[f"{p}.down_proj"] = part["down_proj"]["weight"].swapaxes(1, 2)
+    mx.save_safetensors(str(directory / "model.safetensors"),
+                        {k: mx.array(v) for k, v in out.items()})
+    config = json.loads((directory / "config.json").read_text())
+    config.pop("quantization", None)
+    if blocks:
+        config["quantization_config"] = {"quant_method": "mxfp4",
+                                          "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("blocks", [True, False])
+def test_openai_layout_gives_mlx_lms_layouts_logits(tmp_path, blocks):
+    """OpenAI's checkpoint layout is re-laid at load into exactly the
+    arrays of mlx-lm's: the same logits, bit for bit."""
+    mlx_lm_layout = write_checkpoint(tmp_path / "mlx-lm", GPT_OSS)
+    if blocks:
+        _quantized_experts(mlx_lm_layout, experts_only=True)
+    openai = write_checkpoint(tmp_path / "openai", GPT_OSS)
+    (openai / "model.safetensors").write_bytes((mlx_lm_layout / "model.safetensors").read_bytes())
+    (openai / "config.json").write_text((mlx_lm_layout / "config.json").read_text())
+    _openai_layout(openai, blocks)
+    ours, theirs = load_tiny(openai, numerics="exact"), load_tiny(mlx_lm_layout, numerics="exact")
+    for name, w in theirs.checkpoint.weights.items():
+        assert mx.array_equal(ours.checkpoint.weights[name], w), name
+    np.testing.assert_array_equal(program_logits(ours, PROMPT_IDS, CONTINUATION),
+                                  program_logits(theirs, PROMPT_IDS, CONTINUATION))
+
+
+def _mxfp4_experts(name: str, data: np.ndarray):
+    """The GGUF writer's ``stored``: expert matrices as MXFP4 blocks
+    (llama.cpp's quantizer's role), everything else float32."""
+    if name.endswith("_exps.weight"):
+        blocks = gguf.quants.quantize(data.reshape(-1, data.shape[-1]),
+                                      gguf.GGMLQuantizationType.MXFP4)
+        return blocks.reshape(*data.shape[:-1], -1), gguf.GGMLQuantizationType.MXFP4
+    return data, None
+
+
+def test_gguf_gives_the_checkpoints_logits(tmp_path):
+    """The GGUF file llama.cpp's converter would write (experts as
+    ``ffn_*_exps`` with biases, router ``ffn_gate_inp``, ``attn_sinks``,
+    YaRN keys) gives the directory's logits."""
+    from gguf_writer import write_gguf_from_hf
+
+    checkpoint = write_checkpoint(tmp_path / "hf", GPT_OSS)
+    model = load_tiny(write_gguf_from_hf(checkpoint, tmp_path / "model.gguf"))
+    hf = load_tiny(checkpoint)
+    assert model.config.sliding_layers == hf.config.sliding_layers
+    assert model.config.rope_freqs == pytest.approx(hf.config.rope_freqs)
+    np.testing.assert_allclose(program_logits(model, PROMPT_IDS, CONTINUATION),
+                               program_logits(hf, PROMPT_IDS, CONTINUATION),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_gguf_mxfp4_experts_are_the_float_values_they_hold(tmp_path):
+    """MXFP4 experts in GGUF blocks (``ggml_gather_matmul``, exact numerics)
+    give the logits of a float checkpoint holding their numpy-dequantized
+    values."""
+    from gguf_writer import write_gguf_from_hf
+
+    checkpoint = write_checkpoint(tmp_path / "hf", GPT_OSS)
+    path = write_gguf_from_hf(checkpoint, tmp_path / "model.gguf", stored=_mxfp4_experts)
+    # The float checkpoint of the values the blocks hold.
+    weights = dict(mx.load(str(checkpoint / "model.safetensors")))
+    for name, w in weights.items():
+        if ".experts." in name and name.endswith(".weight"):
+            data = np.array(w).reshape(-1, w.shape[-1])
+            blocks = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
+            held = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.MXFP4)
+            weights[name] = mx.array(held.reshape(w.shape).astype(np.float32))
+    mx.save_safetensors(str(checkpoint / "model.safetensors"), weights)
+    model = load_tiny(path, numerics="exact")
+    assert model.checkpoint.quantization["layers.0.mlp.experts.down_proj"].type == "MXFP4"
+    np.testing.assert_allclose(program_logits(model, PROMPT_IDS, CONTINUATION),
+                               program_logits(load_tiny(checkpoint), PROMPT_IDS, CONTINUATION),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_gguf_names_are_llama_cpps():
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, 1)
+    from mlxprog.llm.models import family_for_gguf
+
+    family = family_for_gguf("gpt-oss")
+    for w in family.weights(config_from_hf(GPT_OSS)):
+        mapped = names.get_name(w.hf.format(i=0))
+        # llama.cpp's converter stores the sinks with a .weight suffix.
+        assert mapped == w.gguf.format(i=0), w.name
+
+
+#: A chat template in the harmony format's style, using what gpt-oss's own
+#: template uses: macros, namespaces, strftime_now, tojson, raise_exception.
+HARMONY_TEMPLATE = (
+    "{%- macro system() -%}You are a model.\nCurrent date: {{ strftime_now('%Y') }}\n"
+    "Reasoning: {{ reasoning_effort | default('medium') }}{%- endmacro -%}"
+    "<|start|>system<|message|>{{ system() }}<|end|>"
+    "{%- set last = namespace(name=none) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'assistant' and '<|channel|>' in message.content -%}"
+    "{{ raise_exception('channel tags in content') }}{%- endif -%}"
+    "{%- if message.role == 'assistant' -%}"
+    "<|start|>assistant<|channel|>final<|message|>{{ message.content }}<|end|>"
+    "{%- elif message.role == 'tool' -%}"
+    "<|start|>functions.x to=assistant<|channel|>commentary<|message|>"
+    "{{ message.content | tojson }}<|end|>"
+    "{%- else -%}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}")
+
+
+def test_checkpoint_chat_templates_render(tmp_path):
+    """The template of ``tokenizer_config.json`` and of the GGUF file's
+    ``tokenizer.chat_template`` render a conversation."""
+    from gguf_writer import bpe_tokenizer_metadata, write_gguf_from_hf
+
+    checkpoint = write_checkpoint(tmp_path / "hf", GPT_OSS)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(
+        dict(config, chat_template=HARMONY_TEMPLATE)))
+    path = write_gguf_from_hf(checkpoint, tmp_path / "model.gguf", tokenizer_metadata=dict(
+        bpe_tokenizer_metadata(), **{"tokenizer.chat_template": HARMONY_TEMPLATE}))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                {"role": "user", "content": "again"}]
+    for model in (checkpoint, path):
+        text = load_tiny(model).tokenizer.apply_chat_template(messages)
+        assert text.startswith("<|start|>system<|message|>You are a model.")
+        assert text.endswith("<|start|>user<|message|>again<|end|><|start|>assistant")
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(num_experts_per_tok=5), "experts_per_token 5 is more than the 4 experts"),
+    (dict(num_local_experts=0), "num_experts must be a positive integer"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+     "rope_scaling type 'llama3' is not supported by the gpt_oss family"),
+    (dict(layer_types=["sliding_attention"]), "layer_types"),
+    (dict(quantization_config={"quant_method": "fp8"}), r"quantized checkpoints \(fp8\)"),
+])
+def test_bad_configs_name_the_key(changes, match):
+    with pytest.raises(ModelError, match=match):
+        config_from_hf(dict(GPT_OSS, **changes))
+
+
+def test_expert_tensors_of_the_wrong_shape_are_named(tmp_path):
+    checkpoint = write_checkpoint(tmp_path, GPT_OSS)
+    weights = dict(mx.load(str(checkpoint / "model.safetensors")))
+    name = "model.layers.1.mlp.experts.up_proj.weight"
+    weights[name] = weights[name][:3]
+    mx.save_safetensors(str(checkpoint / "model.safetensors"), weights)
+    with pytest.raises(ModelError, match=r"model\.layers\.1\.mlp\.experts\.up_proj\.weight has "
+                                         r"shape \(3, 128, 64\), expected \(4, 128, 64\)"):
+        load_tiny(checkpoint)
+
+
+def test_gguf_expert_count_disagreeing_with_the_tensors_is_named(tmp_path):
+    from gguf_writer import write_gguf_from_hf
+
+    checkpoint = write_checkpoint(tmp_path / "hf", GPT_OSS)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(dict(config, num_local_experts=3)))
+    path = write_gguf_from_hf(checkpoint, tmp_path / "model.gguf")
+    with pytest.raises(ModelError, match=r"blk\.0\.ffn_gate_exps\.weight has shape \(4, 128, "
+                                         r"64\), expected \(3, 128, 64\)"):
+        load_tiny(path)
+
+
+def test_tensor_parallelism_is_refused_by_name(checkpoint):
+    from mlxprog.llm.models import model_spec
+    from mlxprog.llm.models.gpt_oss import GptOssDecoder
+    from mlxprog.builder import ProgramBuilder
+
+    llm = load_tiny(checkpoint)
+    spec = model_spec(llm.checkpoint)
+    with pytest.raises(ModelError, match="gpt_oss family does not support tensor parallelism"):
+        GptOssDecoder(ProgramBuilder("p"), spec, spec.shard(2, 0))
