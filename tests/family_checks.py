@@ -6,7 +6,9 @@ A family's test writes a tiny random checkpoint with mlx-lm
 names), then loads it twice, independently: mlxprog from the directory, and
 mlx-lm through its own loader (:func:`mlx_lm_model`, which reads the
 checkpoint's ``config.json`` itself). The checks compare logits, greedy
-tokens, batches and prompt caches.
+tokens, batches and prompt caches; :class:`MoEChecks` adds a mixture of
+experts' checkpoint layouts (per-expert tensors, mlx-lm's quantized
+stacks, GGUF's ``*_exps``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from llm_fixtures import TINY_VOCAB, write_tiny_tokenizer
 from mlx.utils import tree_flatten, tree_map_with_path
 
@@ -137,15 +140,16 @@ def program_logits(llm: LLM, prompt: list[int], continuation: list[int] = (),
 
 
 def check_logits_match_mlx_lm(directory: Path, prompt: list[int] = PROMPT_IDS,
-                              decode_steps: int = 6, tolerance: float = 1e-4) -> None:
+                              decode_steps: int = 6, tolerance: float = 1e-4,
+                              **options) -> None:
     """The prefill's logits after ``prompt`` and ``decode_steps`` decode
     steps' (fed mlx-lm's greedy tokens) match mlx-lm's within float32
-    tolerance."""
+    tolerance (``options``: the model's load options)."""
     model = mlx_lm_model(directory)
     continuation = mlx_lm_greedy(model, prompt, decode_steps)
     expected = mlx_lm_logits(model, prompt + continuation)[len(prompt) - 1:]
     assert np.abs(expected).max() > 1  # not trivially small
-    ours = program_logits(load_tiny(directory), prompt, continuation)
+    ours = program_logits(load_tiny(directory, **options), prompt, continuation)
     np.testing.assert_allclose(ours, expected, rtol=tolerance, atol=tolerance)
 
 
@@ -190,3 +194,102 @@ class MlxLmParity:
 
     def test_batch_and_prompt_cache_match_single_generation(self, checkpoint):
         check_batch_and_prompt_cache(checkpoint)
+
+
+# -- mixtures of experts ---------------------------------------------------------
+
+def write_per_expert_checkpoint(directory: Path, out: Path,
+                                names: dict[str, str] | None = None) -> Path:
+    """The mlx-lm checkpoint in ``directory`` as an original Hugging Face
+    checkpoint at ``out``: each stacked ``<block>.switch_mlp.<projection>``
+    tensor saved as one tensor per expert, ``<block>.experts.<e>.<name>``
+    (``names``: the projections' names there, default their own)."""
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {}
+    for name, value in mx.load(str(directory / "model.safetensors")).items():
+        block, found, rest = name.partition(".switch_mlp.")
+        if not found:
+            weights[name] = value
+            continue
+        projection, part = rest.split(".", 1)
+        projection = (names or {}).get(projection, projection)
+        for e in range(value.shape[0]):
+            weights[f"{block}.experts.{e}.{projection}.{part}"] = value[e]
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (directory / file).exists():
+            (out / file).write_text((directory / file).read_text())
+    return out
+
+
+def write_quantized_checkpoint(directory: Path, out: Path, bits: int = 4,
+                               group_size: int = 32) -> Path:
+    """The checkpoint in ``directory`` quantized by mlx-lm (``nn.quantize``
+    of its model: the expert stacks become ``QuantizedSwitchLinear``, the
+    routers quantized too) and saved as mlx-lm saves it, at ``out``."""
+    import mlx.nn as nn
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = mlx_lm_model(directory)
+    nn.quantize(model, group_size=group_size, bits=bits)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization"] = {"group_size": group_size, "bits": bits}
+    (out / "config.json").write_text(json.dumps(config))
+    write_tiny_tokenizer(out)
+    return out
+
+
+class MoEChecks:
+    """A mixture of experts' checks, for a family test module whose
+    ``checkpoint`` fixture gives its tiny checkpoints: the original Hugging
+    Face layout (one tensor per expert) and mlx-lm's quantized checkpoint
+    against mlx-lm, the float GGUF file against the checkpoint.
+    ``EXPERT_NAMES`` maps mlx-lm's projection names to the family's Hugging
+    Face ones."""
+
+    EXPERT_NAMES: dict[str, str] = {}
+
+    def not_in_gguf(self, config: dict) -> str | None:
+        """Why llama.cpp's GGUF files cannot hold the model of ``config``
+        (None: they can)."""
+        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+            return "llama.cpp's architecture has experts in every layer"
+        return None
+
+    def test_per_expert_checkpoint_matches_mlx_lm(self, checkpoint, tmp_path):
+        """One tensor per expert (what Hugging Face publishes), stacked at
+        load, gives mlx-lm's logits (mlx-lm stacks them in its sanitize)."""
+        directory = write_per_expert_checkpoint(checkpoint, tmp_path / "per-expert",
+                                                self.EXPERT_NAMES)
+        llm = load_tiny(directory)
+        stacks = [n for n, w in llm.checkpoint.weights.items() if w.ndim == 3]
+        assert stacks and all(".experts.*." in llm.checkpoint.source_names[n] for n in stacks)
+        check_logits_match_mlx_lm(directory, decode_steps=3)
+
+    def test_quantized_checkpoint_matches_mlx_lm(self, checkpoint, tmp_path):
+        """mlx-lm's 4-bit checkpoint (quantized expert stacks, as
+        mlx-community publishes) loads quantized and gives mlx-lm's logits."""
+        directory = write_quantized_checkpoint(checkpoint, tmp_path / "q4")
+        llm = load_tiny(directory, numerics="exact")
+        stacks = [n for n, w in llm.checkpoint.weights.items()
+                  if w.ndim == 3 and n.endswith(".weight")]
+        assert stacks and all(llm.checkpoint.quantization[n[:-len(".weight")]].bits == 4
+                              for n in stacks)
+        check_logits_match_mlx_lm(directory, decode_steps=3, numerics="exact")
+
+    def test_gguf_gives_the_checkpoints_logits(self, checkpoint, tmp_path):
+        """The float GGUF file llama.cpp's converter would write (experts
+        merged into ``*_exps`` tensors, the router ``ffn_gate_inp``) gives
+        the checkpoint's logits."""
+        from gguf_writer import write_gguf_from_hf
+
+        reason = self.not_in_gguf(json.loads((checkpoint / "config.json").read_text()))
+        if reason:
+            pytest.skip(reason)
+        gguf = load_tiny(write_gguf_from_hf(checkpoint, tmp_path / "model.gguf"))
+        assert "blk.0.ffn_gate_exps.weight" in gguf.checkpoint.source_names.values()
+        continuation = [5, 60, 7]
+        np.testing.assert_allclose(program_logits(gguf, PROMPT_IDS, continuation),
+                                   program_logits(load_tiny(checkpoint), PROMPT_IDS,
+                                                  continuation), rtol=1e-4, atol=1e-4)

@@ -33,6 +33,17 @@ llama-cpp-python 0.3.36, llama.cpp commit 0c1e570) is followed here:
     pass ``sliding_window_pattern=True`` to write that key for a tiny config
     whose pattern is not the default). Default tokenizer: SentencePiece
     (``tokenizer.ggml.model`` "llama", see :func:`spm_tokenizer_metadata`).
+``mixtral`` / ``qwen2_moe`` / ``qwen3_moe`` / ``olmoe`` (mixtures of experts)
+    Mixtral as ``llama`` (Q/K permuted); ``qwen2moe``, ``qwen3moe``,
+    ``olmoe`` as qwen2/qwen3 are (no permutation). ``expert_count`` and
+    ``expert_used_count`` (``TextModel``), ``expert_feed_forward_length``
+    and, for qwen2moe, ``expert_shared_feed_forward_length``
+    (``Qwen2MoeModel``). The experts' tensors merged into one 3-D tensor
+    per projection (``modify_tensors``: the per-expert tensors of an
+    original checkpoint stacked, mlx-lm's stacked ``switch_mlp`` ones
+    renamed), named ``ffn_{gate,up,down}_exps``; the router
+    ``ffn_gate_inp``; Qwen2-MoE's shared expert ``ffn_*_shexp`` and its
+    gate ``ffn_gate_inp_shexp``.
 ``phi3``
     Fused ``qkv_proj`` as ``attn_qkv``, ``gate_up_proj`` as ``ffn_up``;
     ``rope.dimension_count`` (``partial_rotary_factor`` applied),
@@ -71,8 +82,13 @@ ARCHITECTURES = {
     "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
     "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
+    "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
+    "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
     "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
 }
+_MOE = (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE, gguf.MODEL_ARCH.OLMOE)
+#: Mixtral's names of the experts' projections in Hugging Face files.
+_MIXTRAL_EXPERTS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _SPM_DEFAULT = (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
 
 # SentencePiece token types (llama.cpp's SentencePieceTokenTypes).
@@ -239,6 +255,11 @@ def _text_model_parameters(w: gguf.GGUFWriter, hp: Mapping[str, Any], n_blocks: 
     if hp.get("head_dim") is not None:
         w.add_key_length(hp["head_dim"])
         w.add_value_length(hp["head_dim"])
+    experts = hp.get("num_local_experts", hp.get("num_experts"))
+    if experts is not None:
+        w.add_expert_count(experts)
+    if hp.get("num_experts_per_tok") is not None:
+        w.add_expert_used_count(hp["num_experts_per_tok"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
 
@@ -369,6 +390,36 @@ def _read_checkpoint(hf_dir: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _merged_experts(tensors: dict[str, np.ndarray], model_type: str
+                    ) -> dict[str, np.ndarray]:
+    """The converter's merge of a mixture's experts: each projection's
+    experts as one ``[experts, out, in]`` tensor named
+    ``<block>.experts.<projection>.weight``, stacked from an original
+    checkpoint's ``<block>.experts.<e>.<projection>.weight`` or renamed
+    from mlx-lm's stacked ``<block>.switch_mlp.<projection>.weight``
+    (Mixtral's projections under their Hugging Face names ``w1``, ``w3``,
+    ``w2``)."""
+    out: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, data in tensors.items():
+        parts = name.split(".")
+        if "switch_mlp" in parts:
+            at = parts.index("switch_mlp")
+            projection = parts[at + 1]
+            if model_type == "mixtral":
+                projection = _MIXTRAL_EXPERTS[projection]
+            out[".".join(parts[:at] + ["experts", projection] + parts[at + 2:])] = data
+        elif "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            at = parts.index("experts")
+            merged = ".".join(parts[:at + 1] + parts[at + 2:])
+            experts.setdefault(merged, {})[int(parts[at + 1])] = data
+        else:
+            out[name] = data
+    for merged, by_index in experts.items():
+        out[merged] = np.stack([by_index[e] for e in range(len(by_index))])
+    return out
+
+
 def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = None,
                        tokenizer_metadata: Mapping[str, Any] | None = None,
                        sliding_window_pattern: bool = False,
@@ -414,6 +465,12 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
             extra[gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"] = factors
     elif arch in (gguf.MODEL_ARCH.QWEN2, gguf.MODEL_ARCH.QWEN3):
         _text_model_parameters(writer, hp, n_blocks, rope)
+    elif arch in _MOE:
+        _text_model_parameters(writer, hp, n_blocks, rope)
+        if hp.get("moe_intermediate_size") is not None:
+            writer.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+        if hp.get("shared_expert_intermediate_size") is not None:
+            writer.add_expert_shared_feed_forward_length(hp["shared_expert_intermediate_size"])
     elif arch in _SPM_DEFAULT:
         _gemma_parameters(writer, hp, arch, n_blocks, rope)
         if sliding_window_pattern:
@@ -423,9 +480,7 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
     elif arch == gguf.MODEL_ARCH.PHI3:
         extra.update(_phi3_parameters(writer, hp, n_blocks, rope))
     elif arch == gguf.MODEL_ARCH.GPT_OSS:
-        _text_model_parameters(writer, hp, n_blocks, rope)
-        writer.add_expert_count(hp["num_local_experts"])
-        writer.add_expert_used_count(hp["num_experts_per_tok"])
+        _text_model_parameters(writer, hp, n_blocks, rope)  # the expert counts too
         writer.add_expert_feed_forward_length(hp["intermediate_size"])
         writer.add_sliding_window(hp["sliding_window"])
 
@@ -450,7 +505,7 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
 
     n_head = hp["num_attention_heads"]
     n_kv_head = hp.get("num_key_value_heads", n_head)
-    for name, data in _read_checkpoint(hf_dir).items():
+    for name, data in _merged_experts(_read_checkpoint(hf_dir), model_type).items():
         if name.endswith("rotary_emb.inv_freq"):
             continue
         if arch == gguf.MODEL_ARCH.GEMMA2 and name == "lm_head.weight":

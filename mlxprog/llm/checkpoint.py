@@ -112,17 +112,19 @@ def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx
             or (biases is not None and biases.shape != scales.shape)):
         parts = f"weight {tuple(packed.shape)}, scales {tuple(scales.shape)}" + (
             "" if biases is None else f", biases {tuple(biases.shape)}")
-        raise ModelError(f"{name}: quantized shapes {parts} do not fit the layer shape {shape}")
+        raise ModelError(f"{name}: quantized shapes {parts} do not fit the layer shape "
+                         f"{tuple(shape)}")
     bits, bits_rem = divmod(packed.shape[-1] * 32, in_features)
     group_size, group_rem = divmod(in_features, scales.shape[-1])
     if biases is None:
         if scales.dtype != mx.uint8 or (bits, group_size) != (4, 32) or bits_rem or group_rem:
             raise ModelError(f"{name}: packed weight {tuple(packed.shape)} with {scales.dtype} "
                              f"scales {tuple(scales.shape)} and no biases is not an MLX mxfp4 "
-                             f"quantization of a {shape} matrix (uint8 scales, groups of 32 "
-                             "4-bit values)")
+                             f"quantization of a {tuple(shape)} matrix (uint8 scales, groups "
+                             "of 32 4-bit values)")
         return Quantization(bits=4, group_size=32, mode="mxfp4")
     if bits_rem or group_rem or bits not in _QUANT_BITS or group_size not in _QUANT_GROUP_SIZES:
         raise ModelError(f"{name}: packed weight {tuple(packed.shape)} with scales "
-                         f"{tuple(scales.shape)} is not an MLX quantization of a {shape} matrix")
+                         f"{tuple(scales.shape)} is not an MLX quantization of a "
+                         f"{tuple(shape)} matrix")
     return Quantization(bits=bits, group_size=group_size)

@@ -31,7 +31,8 @@ def load_gguf(path: str | Path) -> Checkpoint:
         raise ModelError(f"model file not found: {path}")
     with open_gguf(path) as gguf:
         try:
-            family = family_for_gguf(metadata_value(gguf.metadata.get("general.architecture")))
+            family = family_for_gguf(metadata_value(gguf.metadata.get("general.architecture")),
+                                     gguf.metadata)
             tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
             settings = {name: float_tensor(gguf, gguf.tensors[name])
                         for name in family.gguf_setting_tensors if name in gguf.tensors}

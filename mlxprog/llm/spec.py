@@ -83,7 +83,16 @@ class ModelSpec:
     def shard(self, world_size: int = 1, rank: int = 0) -> Shard:
         """Rank ``rank``'s part of the model split over ``world_size`` ranks
         (see :class:`Shard`); a split the model's heads or quantization groups
-        do not allow is a :class:`ModelError` naming ``world_size``."""
+        do not allow is a :class:`ModelError` naming ``world_size``; so is
+        any split of a mixture of experts (its stacks of expert matrices
+        are not split)."""
+        stacks = sorted(n for n, (shape, _) in self.weights.items() if len(shape) == 3)
+        if world_size != 1 and stacks:
+            raise ModelError(f"world_size {world_size}: tensor parallelism does not split a "
+                             f"mixture of experts' expert stacks ({stacks[0]} and "
+                             f"{len(stacks) - 1} more): what is missing is a split of each "
+                             "expert's intermediate features (or of the experts) across the "
+                             "ranks; run the model in one process")
         return _shard(self.config, self.quantization, self.splits, world_size, rank)
 
     def local_shape(self, name: str, shard: Shard) -> tuple[int, ...]:

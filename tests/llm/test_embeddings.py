@@ -94,6 +94,16 @@ FAMILIES = {
     "gemma3_text": dict(TINY_CONFIG, model_type="gemma3_text", hidden_size=96,
                         num_hidden_layers=4, sliding_window=8, sliding_window_pattern=3,
                         query_pre_attn_scalar=24, rope_theta=1e6, rope_local_base_freq=1e4),
+    "qwen3_moe": dict(TINY_CONFIG, model_type="qwen3_moe", rope_theta=1e6, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen2_moe": dict(TINY_CONFIG, model_type="qwen2_moe", rope_theta=1e6, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=96),
+    "mixtral": dict(TINY_CONFIG, model_type="mixtral", rope_theta=1e6, num_local_experts=4,
+                    num_experts_per_tok=2),
+    "olmoe": dict(TINY_CONFIG, model_type="olmoe", num_experts=4, num_experts_per_tok=2,
+                  rms_norm_eps=1e-5),
 }
 
 

@@ -44,6 +44,18 @@ CONFIGS = {
                         rope_local_base_freq=1e4),
     "phi3": dict(TINY_CONFIG, **SIZES, model_type="phi3", hidden_act="silu",
                  partial_rotary_factor=1.0),
+    # Mixtures of experts: their [experts, out, in] stacks get block types
+    # too (llama.cpp's *_exps tensors).
+    "qwen3_moe": dict(TINY_CONFIG, **SIZES, model_type="qwen3_moe", rope_theta=1e6,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen2_moe": dict(TINY_CONFIG, **SIZES, model_type="qwen2_moe", rope_theta=1e6,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256,
+                      shared_expert_intermediate_size=256),
+    "mixtral": dict(TINY_CONFIG, **dict(SIZES, intermediate_size=256), model_type="mixtral",
+                    num_local_experts=4, num_experts_per_tok=2),
+    "olmoe": dict(TINY_CONFIG, **dict(SIZES, intermediate_size=256, rms_norm_eps=1e-5),
+                  model_type="olmoe", num_experts=4, num_experts_per_tok=2),
 }
 
 def test_every_family_is_in_the_table():
@@ -70,11 +82,13 @@ def write_pair(config: dict, directory) -> tuple:
     blocks: dict[str, np.ndarray] = {}
 
     def quantized(name: str, data: np.ndarray):
-        if data.ndim != 2 or data.shape[1] % 256:
+        # llama.cpp's quantizer keeps the routers (ffn_gate_inp) as they are.
+        if data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name:
             return data, None
         type_name = chosen.setdefault(name, next(types))
-        blocks[name] = blocks_with_std(rng, type_name, data.shape[0], data.shape[1],
-                                       float(np.std(data)))
+        rows = blocks_with_std(rng, type_name, int(np.prod(data.shape[:-1])), data.shape[-1],
+                               float(np.std(data)))
+        blocks[name] = rows.reshape(*data.shape[:-1], rows.shape[-1])
         return blocks[name], gguf.GGMLQuantizationType[type_name]
 
     def dequantized(name: str, data: np.ndarray):
@@ -162,3 +176,55 @@ def test_exported_program_binds_its_blocks_from_the_file(pair):
     from_file = mp.compile(program, weights=str(q_path))(**inputs)[0]
     from_model = mp.compile(program, captures=llm.spec.captures(llm.checkpoint))(**inputs)[0]
     np.testing.assert_array_equal(np.array(from_file), np.array(from_model))
+
+
+MOE_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q8_0"])
+def test_expert_stacks_match_their_float_twin(tmp_path, family, mix):
+    """A mixture of experts as llama.cpp's Q4_K_M stores it (Q4_K matrices
+    and gate/up experts, Q6_K down experts: block stacks ``uint8 [experts,
+    rows, row_bytes]`` read by ``ggml_gather_matmul``) or as Q8_0 alone
+    in the layers (the stacks re-laid as MLX's affine form, read by
+    ``gather_quantized_matmul``), against the float file of the same
+    values: the same logits in exact numerics, the same greedy tokens."""
+    checkpoint = write_checkpoint(tmp_path / "hf", CONFIGS[family])
+    rng = np.random.default_rng(7)
+    values: dict[str, np.ndarray] = {}
+
+    def type_of(name: str) -> str:
+        if mix == "Q8_0":
+            return "Q8_0"
+        return "Q6_K" if "down" in name else "Q4_K"
+
+    def quantized(name: str, data: np.ndarray):
+        # (The Q8_0 file keeps the embeddings float: this test is about the
+        # layers' stacks.)
+        if (data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name
+                or (mix == "Q8_0" and not name.startswith("blk."))):
+            return data, None
+        rows = blocks_with_std(rng, type_of(name), int(np.prod(data.shape[:-1])),
+                               data.shape[-1], float(np.std(data)))
+        values[name] = rows.reshape(*data.shape[:-1], rows.shape[-1])
+        return values[name], gguf.GGMLQuantizationType[type_of(name)]
+
+    def dequantized(name: str, data: np.ndarray):
+        if name not in values:
+            return data, None
+        return reference(type_of(name), values[name]), None
+
+    q_path = write_gguf_from_hf(checkpoint, tmp_path / "model-q.gguf", stored=quantized)
+    f_path = write_gguf_from_hf(checkpoint, tmp_path / "model-f.gguf", stored=dequantized)
+    llm = load_tiny(q_path, numerics="exact")
+    stack = llm.checkpoint.weights["layers.0." + ("block_sparse_moe" if family == "mixtral"
+                                                  else "mlp") + ".switch_mlp.down_proj.weight"]
+    assert stack.ndim == 3 and stack.dtype == (mx.uint8 if mix == "Q4_K_M" else mx.uint32)
+    continuation = [5, 77, 200, 9]
+    float_llm = load_tiny(f_path, numerics="exact")
+    want = program_logits(float_llm, PROMPT_IDS, continuation)
+    np.testing.assert_allclose(program_logits(llm, PROMPT_IDS, continuation), want,
+                               rtol=1e-3, atol=1e-3 * np.abs(want).max())
+    assert llm.generate(PROMPT_IDS, max_tokens=8).tokens == float_llm.generate(
+        PROMPT_IDS, max_tokens=8).tokens

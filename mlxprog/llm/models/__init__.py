@@ -1,5 +1,7 @@
 """Model families, one module each: :mod:`.llama` (Llama, Mistral, Qwen2),
-:mod:`.qwen3`, :mod:`.gemma2`, :mod:`.gemma3_text`, :mod:`.phi3`. Each
+:mod:`.qwen3`, :mod:`.gemma2`, :mod:`.gemma3_text`, :mod:`.phi3`, and the
+mixtures of experts :mod:`.qwen3_moe`, :mod:`.qwen2_moe`, :mod:`.mixtral`,
+:mod:`.olmoe`. Each
 defines a :class:`~.base.Family`; this package finds the family of a
 ``config.json`` ``model_type``, a GGUF architecture or a loaded config.
 Every module here but :mod:`.base` is a family (it defines ``FAMILY``),
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
+from typing import Any
 
 from ...errors import ModelError
 from ..checkpoint import Checkpoint
@@ -40,7 +44,7 @@ def supported_model_types() -> list[str]:
 
 def supported_gguf_architectures() -> list[str]:
     """Every GGUF architecture some family reads."""
-    return _supported("gguf_architectures")
+    return sorted(set(_supported("gguf_architectures")))
 
 
 def _family_reading(attribute: str, value: object, what: str) -> Family:
@@ -60,10 +64,16 @@ def family_for_model_type(model_type: object) -> Family:
     return _family_reading("hf_model_types", model_type, "config.json: model_type")
 
 
-def family_for_gguf(architecture: object) -> Family:
-    """The family of a GGUF ``general.architecture``; an unknown one is a
-    :class:`ModelError` listing the supported ones."""
-    return _family_reading("gguf_architectures", architecture, "GGUF architecture")
+def family_for_gguf(architecture: object, metadata: Mapping[str, Any] | None = None) -> Family:
+    """The family of a GGUF file of ``general.architecture`` ``architecture``
+    and ``metadata`` (None: none; see :meth:`Family.reads_gguf
+    <mlxprog.llm.models.base.Family.reads_gguf>`); an unknown architecture
+    is a :class:`ModelError` listing the supported ones."""
+    for family in FAMILIES.values():
+        if family.reads_gguf(architecture, metadata or {}):
+            return family
+    raise ModelError(f"GGUF architecture {architecture!r} is not supported (supported: "
+                     f"{', '.join(supported_gguf_architectures())})")
 
 
 def family_of(config: ModelConfig) -> Family:

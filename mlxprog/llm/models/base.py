@@ -14,7 +14,12 @@ Logical weight names are Hugging Face's without the ``model.`` prefix
 (``layers.3.self_attn.q_proj.weight``); a *matrix* entry (a projection or
 embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
 ``.weight``/``.scales``/``.biases``) and, where the family has them,
-``.bias``; a *vector* entry (a norm) names one ``.weight``.
+``.bias``; a *vector* entry (a norm) names one ``.weight``. A matrix entry
+of three axes is a mixture of experts' stack of matrices, ``(experts, out,
+in)``: mlx-lm saves it stacked (``switch_mlp``), llama.cpp as one ``*_exps``
+tensor, and an original Hugging Face checkpoint one tensor per expert,
+stacked at load (``Weight.hf_experts``). :class:`MoEConfig` holds the
+mixture's settings and :meth:`Decoder.moe` is its forward pass.
 """
 
 from __future__ import annotations
@@ -76,7 +81,13 @@ class Weight:
     ``{i}`` for the layer index in per-layer entries; ``shape`` gives its
     logical shape (``(out, in)`` for a matrix) from the config. ``hf`` and
     ``gguf`` are the stems of the stored tensors in each format (None: the
-    format has no such tensor and the family reads none from it); ``hf_rows``
+    format has no such tensor and the family reads none from it). A matrix
+    of shape ``(experts, out, in)`` is a stack of the experts' matrices;
+    ``hf_experts``, the stem of one expert's tensor with ``{e}`` for its
+    index, names where an original Hugging Face checkpoint keeps them
+    apart (stacked at load when ``hf``'s stacked tensor is not there).
+    ``layers``, for a per-layer entry, gives the layers that have it (None:
+    every layer). ``hf_rows``
     / ``gguf_rows``, when given, say which rows of that stored tensor are this
     weight's (a fused ``qkv_proj`` stored as one tensor, split at load).
     ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
@@ -99,12 +110,21 @@ class Weight:
     gguf_rows: Rows | None = None
     hf_transform: Transform | None = None
     gguf_transform: Transform | None = None
+    hf_experts: str | None = None
+    layers: Callable[[ModelConfig], Sequence[int]] | None = None
     hf_bare: bool = False
 
     @property
     def per_layer(self) -> bool:
         """Whether the table entry stands for one weight per layer."""
         return "{i}" in self.name
+
+    def layer_indices(self, config: ModelConfig) -> Sequence[int | None]:
+        """The layers of ``config`` that have this entry (``[None]``: a
+        global entry)."""
+        if not self.per_layer:
+            return [None]
+        return range(config.num_layers) if self.layers is None else self.layers(config)
 
 
 Source = Literal["hf", "gguf"]
@@ -119,6 +139,9 @@ class Entry:
     weight: Weight
     name: str
     stored: str | None
+    #: An expert stack's per-expert stem in the source (``{e}`` left for
+    #: the expert), or None.
+    stored_experts: str | None = None
 
 
 def expand(table: Sequence[Weight], config: ModelConfig, source: Source | None = None
@@ -129,11 +152,11 @@ def expand(table: Sequence[Weight], config: ModelConfig, source: Source | None =
     for w in table:
         if not w.present(config):
             continue
-        indices = range(config.num_layers) if w.per_layer else [None]
         stem = None if source is None else getattr(w, source)
-        for i in indices:
-            out.append(Entry(w, w.name.format(i=i),
-                             None if stem is None else stem.format(i=i)))
+        experts = w.hf_experts if source == "hf" else None
+        for i in w.layer_indices(config):
+            out.append(Entry(w, w.name.format(i=i), None if stem is None else stem.format(i=i),
+                             None if experts is None else experts.format(i=i, e="{e}")))
     return out
 
 
@@ -185,22 +208,19 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
         parts = _MATRIX_PARTS if e.weight.matrix else ("weight",)
         found = {}
         bare = source == "hf" and e.weight.hf_bare
-        for part in parts:
-            key = e.stored if bare else f"{e.stored}.{part}"
-            if key in tensors:
-                read.add(key)
-                value = tensors[key]
-                label = key
-                if rows is not None:
-                    value = value[rows[0]:rows[1]]
-                    label = f"{key}[{rows[0]}:{rows[1]}]"
-                if transform is not None:
-                    if key in block_types:
-                        raise ModelError(f"{where}: {key} is stored as {block_types[key]} "
-                                         f"blocks, but {e.name} is changed at load "
-                                         f"({transform.name}): store it as a float type")
-                    value, label = transform.apply(value), f"{label}:{transform.name}"
-                found[part] = (value, label)
+        for part, (key, value) in _stored_parts(e, parts, shape, tensors, read, where,
+                                                    bare).items():
+            label = key
+            if rows is not None:
+                value = value[rows[0]:rows[1]]
+                label = f"{key}[{rows[0]}:{rows[1]}]"
+            if transform is not None:
+                if key in block_types:
+                    raise ModelError(f"{where}: {key} is stored as {block_types[key]} "
+                                     f"blocks, but {e.name} is changed at load "
+                                     f"({transform.name}): store it as a float type")
+                value, label = transform.apply(value), f"{label}:{transform.name}"
+            found[part] = (value, label)
         has_bias = e.weight.matrix and e.weight.bias(config)
         required = ["weight"] + (["bias"] if has_bias else [])
         if "scales" in found or "biases" in found:
@@ -233,6 +253,52 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
     return weights, names, quantization
 
 
+def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
+                  tensors: Mapping[str, mx.array], read: set[str], where: str,
+                  bare: bool = False) -> dict[str, tuple[str, mx.array]]:
+    """The stored arrays of entry ``e``'s ``parts`` found in ``tensors``, as
+    (stored name, array), each marked ``read``. An expert stack (``shape``
+    ``(experts, out, in)``) whose stacked tensors are not there is stacked
+    from one tensor per expert where the entry has them
+    (``Weight.hf_experts``): lazily, so that each expert's tensor is read
+    from the file straight into the stack when the weights are first
+    computed. Experts missing or unlike the others are a
+    :class:`ModelError`; experts beyond the count are left unread (the
+    caller's unexpected weights). ``bare``: a vector stored under the stem
+    itself (``Weight.hf_bare``)."""
+    if bare:
+        if e.stored not in tensors:
+            return {}
+        read.add(e.stored)
+        return {"weight": (e.stored, tensors[e.stored])}
+    found = {part: (f"{e.stored}.{part}", tensors[f"{e.stored}.{part}"])
+             for part in parts if f"{e.stored}.{part}" in tensors}
+    if found or e.stored_experts is None:
+        read.update(key for key, _ in found.values())
+        return found
+    count = shape[0]
+    for part in parts:
+        keys = [f"{e.stored_experts.format(e=x)}.{part}" for x in range(count)]
+        present = [key for key in keys if key in tensors]
+        if not present:
+            continue
+        if len(present) < count:
+            raise ModelError(f"{where}: missing weight(s) "
+                             f"{_some([k for k in keys if k not in tensors])} of {e.name}'s "
+                             f"{count} experts")
+        first = tensors[keys[0]]
+        for key in keys[1:]:
+            other = tensors[key]
+            if tuple(other.shape) != tuple(first.shape) or other.dtype != first.dtype:
+                raise ModelError(f"{where}: {key} is {tuple(other.shape)} {other.dtype}, "
+                                 f"unlike {keys[0]} ({tuple(first.shape)} {first.dtype}): "
+                                 f"{e.name}'s experts must be alike")
+        read.update(keys)
+        found[part] = (f"{e.stored_experts.format(e='*')}.{part}",
+                       mx.stack([tensors[key] for key in keys]))
+    return found
+
+
 def _absent_entries(table: Sequence[Weight], config: ModelConfig, source: Source) -> list[Entry]:
     """The entries the config leaves out, with their stored stems."""
     out = []
@@ -240,18 +306,20 @@ def _absent_entries(table: Sequence[Weight], config: ModelConfig, source: Source
         stem = getattr(w, source)
         if w.present(config) or stem is None:
             continue
-        indices = range(config.num_layers) if w.per_layer else [None]
-        out += [Entry(w, w.name.format(i=i), stem.format(i=i)) for i in indices]
+        out += [Entry(w, w.name.format(i=i), stem.format(i=i)) for i in w.layer_indices(config)]
     return out
 
 
 def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tuple[int, ...],
                   quantization: dict[str, Quantization | GGMLQuantization], where: str,
                   block_type: str | None) -> None:
-    """The arrays of one entry fit its logical ``shape``; records the
-    quantization of a quantized layer (``block_type``: the GGML type of a
-    weight kept in GGUF blocks)."""
+    """The arrays of one entry fit its logical ``shape`` (a matrix, or an
+    expert stack ``(experts, out, in)``); records the quantization of a
+    quantized layer (``block_type``: the GGML type of a weight kept in GGUF
+    blocks)."""
     weight, label = found["weight"]
+    what = (f"{name} ({shape[0]} experts of {shape[1:]})" if len(shape) == 3
+            else name)
     if block_type is not None:
         t = ggml_types.BY_NAME[block_type]
         if len(shape) not in (2, 3):
@@ -261,18 +329,18 @@ def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tupl
         if shape[-1] % t.block or tuple(weight.shape) != stored:
             raise ModelError(f"{where}: {label} holds {block_type} rows of "
                              f"{tuple(weight.shape)} bytes, expected {shape} values "
-                             f"({stored[:-1]} rows of {stored[-1]} bytes)")
+                             f"({stored} bytes) for {what}")
         quantization[name] = GGMLQuantization(block_type)
     elif "scales" in found:
         if len(shape) not in (2, 3):
             raise ModelError(f"{where}: {label} is quantized, but {name} is not a matrix")
         biases = found.get("biases")
         quantization[name] = infer_quantization(
-            f"{where}: {name}", weight, found["scales"][0],
+            f"{where}: {what}", weight, found["scales"][0],
             None if biases is None else biases[0], shape)
     elif tuple(weight.shape) != shape:
         raise ModelError(f"{where}: {label} has shape {tuple(weight.shape)}, expected {shape} "
-                         f"for {name}")
+                         f"for {what}")
     if "bias" in found and tuple(found["bias"][0].shape) != shape[:-1]:
         raise ModelError(f"{where}: {found['bias'][1]} has shape "
                          f"{tuple(found['bias'][0].shape)}, expected {shape[:-1]}")
@@ -361,6 +429,15 @@ class HFConfig:
                              f"by the {self.model_type} family (one entry with rope_theta "
                              "for every layer)")
         return parameters
+
+    def experts(self, count_key: str = "num_experts",
+                used_key: str = "num_experts_per_tok") -> tuple[int, int]:
+        """A mixture of experts' (expert count, experts each token runs)
+        from fields ``count_key`` and ``used_key``: at least one expert, and
+        1 <= used <= count, else a :class:`ModelError` naming the fields."""
+        count, used = self.integer(count_key), self.integer(used_key)
+        check_expert_counts(f"config.json: {count_key}", count, f"config.json: {used_key}", used)
+        return count, used
 
     def common(self) -> dict[str, Any]:
         """The :class:`ModelConfig` fields every decoder family reads alike
@@ -459,6 +536,14 @@ class GGUFMetadata:
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
 
+    def experts(self) -> tuple[int, int]:
+        """A mixture of experts' (``expert_count``, ``expert_used_count``),
+        checked as :meth:`HFConfig.experts` checks them."""
+        count, used = self.get("expert_count"), self.get("expert_used_count")
+        prefix = f"GGUF metadata: {self.architecture}"
+        check_expert_counts(f"{prefix}.expert_count", count, f"{prefix}.expert_used_count", used)
+        return int(count), int(used)
+
     def linear_rope_scale(self) -> float:
         """The position scale of GGUF's linear RoPE scaling (1 without it);
         other scaling types are a :class:`ModelError`."""
@@ -469,6 +554,100 @@ class GGUFMetadata:
             raise ModelError(f"GGUF metadata: {self.architecture}.rope.scaling.type "
                              f"{scaling!r} is not supported (none, linear)")
         return 1.0 / factor if scaling == "linear" else 1.0
+
+
+# -- mixtures of experts ---------------------------------------------------------
+
+Scoring = Literal["softmax_topk", "topk_softmax"]
+
+
+def check_expert_counts(count_key: str, count: Any, used_key: str, used: Any) -> None:
+    """A mixture's expert count and experts per token are integers with
+    1 <= used <= count; else a :class:`ModelError` naming the keys."""
+    for key, value in ((count_key, count), (used_key, used)):
+        if not is_int(value) or value < 1:
+            raise ModelError(f"{key} must be a positive integer, got {value!r}")
+    if used > count:
+        raise ModelError(f"{used_key} {used} is more than the {count} experts of {count_key}")
+
+
+def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
+    """``<architecture>.expert_count`` of a GGUF file's metadata (0 without
+    the key: a dense model)."""
+    count = metadata_value(metadata.get(f"{architecture}.expert_count"))
+    return 0 if count is None else count
+
+
+@dataclass(frozen=True)
+class MoEConfig(ModelConfig):
+    """A decoder whose MLPs are mixtures of experts: ``num_experts``
+    SwiGLU experts of width ``expert_intermediate_size``, of which each
+    token runs ``experts_per_token``, chosen and weighted by the layer's
+    router (``router``: ``softmax_topk``, a softmax over every expert then
+    the k best, renormalized over them with ``renormalize``; or
+    ``topk_softmax``, the k best logits then a softmax over them). A
+    ``shared_expert_intermediate_size`` above zero adds Qwen2-MoE's shared
+    expert (a SwiGLU every token runs, scaled by a sigmoid gate); the
+    ``dense_layers`` have an ordinary MLP of ``intermediate_size`` instead
+    of experts."""
+
+    num_experts: int = 1
+    experts_per_token: int = 1
+    expert_intermediate_size: int = 1
+    router: Scoring = "softmax_topk"
+    renormalize: bool = False
+    shared_expert_intermediate_size: int = 0
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_expert_counts("model config: num_experts", self.num_experts,
+                            "model config: experts_per_token", self.experts_per_token)
+        if not is_int(self.expert_intermediate_size) or self.expert_intermediate_size < 1:
+            raise ModelError("model config: expert_intermediate_size must be a positive "
+                             f"integer, got {self.expert_intermediate_size!r}")
+        if self.renormalize and self.router != "softmax_topk":
+            raise ModelError(f"model config: renormalize applies to softmax_topk routing, "
+                             f"not {self.router}")
+        outside = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
+        if outside:
+            raise ModelError(f"model config: dense layers {outside} are not layers of the "
+                             f"{self.num_layers}")
+
+    def expert_layers(self) -> list[int]:
+        """The layers whose MLP is the mixture of experts."""
+        return [i for i in range(self.num_layers) if i not in self.dense_layers]
+
+
+def expert_layers(c: ModelConfig) -> Sequence[int]:
+    """The layers of a :class:`MoEConfig` with a mixture of experts (a
+    weight table entry's ``layers``)."""
+    return c.expert_layers()
+
+
+def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj", "up_proj",
+                                                                    "down_proj")
+                ) -> tuple[Weight, ...]:
+    """The weight table entries of a mixture of experts in the layers that
+    have one (:meth:`MoEConfig.expert_layers`): the router
+    ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the experts'
+    stacked gate, up and down projections ``layers.{i}.<hf_block>.switch_mlp
+    .{gate,up,down}_proj`` (``[experts, out, in]``), read from mlx-lm's
+    stacked tensors (``switch_mlp``), llama.cpp's ``ffn_gate_inp`` and
+    ``ffn_{gate,up,down}_exps``, or an original Hugging Face checkpoint's
+    ``<hf_block>.experts.{e}.<name>`` (``hf_experts``: the three
+    projections' names there, Mixtral's ``w1``, ``w3``, ``w2``)."""
+    layer = f"layers.{{i}}.{hf_block}"
+    shapes = {"gate_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
+              "up_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
+              "down_proj": lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)}
+    router = Weight(f"{layer}.gate", lambda c: (c.num_experts, c.hidden_size),
+                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers)
+    return (router,) + tuple(
+        Weight(f"{layer}.switch_mlp.{name}", shapes[name], hf=f"model.{layer}.switch_mlp.{name}",
+               gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_exps",
+               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers)
+        for name, stored in zip(("gate_proj", "up_proj", "down_proj"), hf_experts))
 
 
 # -- the family -----------------------------------------------------------------
@@ -495,6 +674,12 @@ class Family:
     def config_from_hf(self, hf: HFConfig) -> ModelConfig:
         """The config of a ``config.json`` of this family."""
         raise NotImplementedError
+
+    def reads_gguf(self, architecture: str, metadata: Mapping[str, Any]) -> bool:
+        """Whether this family reads a GGUF file of ``general.architecture``
+        ``architecture`` with ``metadata`` (llama.cpp writes Mixtral as
+        ``llama`` with experts: two families share that architecture)."""
+        return architecture in self.gguf_architectures
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
         """The config of a GGUF file of this family."""
@@ -584,28 +769,56 @@ class Decoder:
         default: such programs stay as they were)."""
         return {} if self.numerics == "exact" else {"numerics": self.numerics}
 
-    def experts(self, sb, name: str, x: Value, indices: Value, per_slot: bool = False
-                ) -> Value:
-        """``x`` through the experts ``indices`` [..., k] chose, of stacked
-        expert projection ``name`` (``[E, out, in]``: float, MLX-quantized or
-        GGUF blocks): float32 [..., k, out], each slot's expert's bias added
-        where the layer has biases. ``x`` is [..., in] (one row for every
-        slot) or, with ``per_slot``, [..., k, in]."""
+    def expert_linear(self, sb, name: str, x: Value, indices: Value,
+                      per_slot: bool = False) -> Value:
+        """``x`` through the experts ``indices`` ([..., k], from
+        :meth:`route`) of expert stack ``name`` (``[experts, N, K]``, its
+        quantization as :meth:`linear`'s, numerics the decoder's): float32
+        [..., k, N]. ``x`` is [..., K], the same input for every slot, or
+        with ``per_slot`` [..., k, K], one row per slot (a down projection).
+        A stack with a ``.bias`` (``[experts, N]``) adds each slot's
+        expert's row."""
         quant = self.spec.quantization.get(name)
-        w = self.weight(f"{name}.weight")
+        weight = self.weight(f"{name}.weight")
         if isinstance(quant, GGMLQuantization):
-            y = sb.ggml_gather_matmul(x, w, indices, type=quant.type, numerics=self.numerics,
-                                      per_slot=per_slot)
+            y = sb.ggml_gather_matmul(x, weight, indices, type=quant.type,
+                                      numerics=self.numerics, per_slot=per_slot)
         elif quant is not None:
             y = sb.gather_quantized_matmul(x, *self._quantized_parts(name, quant), indices,
                                            per_slot=per_slot, **self._packing(quant),
                                            **self._numerics())
         else:
-            y = sb.gather_matmul(x, w, indices, per_slot=per_slot)
+            y = sb.gather_matmul(x, weight, indices, per_slot=per_slot)
         if self.has(f"{name}.bias"):
-            bias = sb.take(self.weight(f"{name}.bias"), indices, axis=0)  # [..., k, out]
-            y = y + sb.astype(bias, dtype="float32")
+            bias = sb.astype(self.weight(f"{name}.bias"), dtype="float32")
+            y = y + sb.take(bias, indices, axis=0)
         return y
+
+    def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:
+        """The experts each row of ``x`` [..., hidden] runs, by router
+        ``name`` (a projection to one logit per expert) and the config's
+        routing (:class:`MoEConfig`): their indices (uint32 [..., k], best
+        first) and weights (float32 [..., k])."""
+        c = self.c
+        renormalize = {"renormalize": True} if c.renormalize else {}
+        return sb.moe_route(self.linear(sb, name, x), top_k=c.experts_per_token,
+                            scoring=c.router, **renormalize)
+
+    def moe(self, sb, prefix: str, x: Value) -> Value:
+        """The mixture of experts ``prefix`` (``layers.3.mlp``, see
+        :func:`moe_weights`) of the normed ``x`` [B, T, hidden]: each row's
+        experts chosen by the router ``<prefix>.gate`` (:meth:`route`), each
+        a SwiGLU of the stacks ``<prefix>.switch_mlp.{gate,up,down}_proj``
+        (:meth:`expert_linear`: one gathered matmul per projection, whatever
+        the number of experts), their outputs summed by the router's
+        weights: [B, T, hidden] float32."""
+        indices, weights = self.route(sb, f"{prefix}.gate", x)
+        stack = f"{prefix}.switch_mlp"
+        gate = self.expert_linear(sb, f"{stack}.gate_proj", x, indices)
+        up = self.expert_linear(sb, f"{stack}.up_proj", x, indices)
+        down = self.expert_linear(sb, f"{stack}.down_proj", sb.fast_swiglu(gate, up), indices,
+                                  per_slot=True)
+        return sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
 
     def embed(self, sb, tokens: Value) -> Value:
         """The float32 embeddings of ``tokens``."""

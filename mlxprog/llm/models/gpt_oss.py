@@ -35,14 +35,13 @@ import mlx.core as mx
 
 from ...errors import ModelError
 from ..config import ModelConfig
-from .base import Family, GGUFMetadata, HFConfig, Weight
+from .base import Family, GGUFMetadata, HFConfig, MoEConfig, Scoring, Weight
 from .gemma2 import hf_sliding_layers, positive
 from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf, yarn
 
 if TYPE_CHECKING:
     from ...builder import Value
     from ..cache import LayerCache
-    from ..spec import ModelSpec, Shard
 
 #: The clamped SwiGLU's sigmoid slope (gpt-oss's code fixes it; configs do
 #: not carry it).
@@ -50,14 +49,13 @@ SWIGLU_ALPHA = 1.702
 
 
 @dataclass(frozen=True)
-class GptOssConfig(ModelConfig):
-    """A gpt-oss config: ``num_experts`` experts of ``intermediate_size``
-    features, ``experts_per_token`` active; the sliding window and which
-    layers use it; the factor YaRN multiplies the rotated q/k features by;
-    the SwiGLU clamp ``swiglu_limit``."""
+class GptOssConfig(MoEConfig):
+    """A gpt-oss config: the mixture's settings (:class:`~.base.MoEConfig`,
+    routed ``topk_softmax``, the experts as wide as ``intermediate_size``),
+    the sliding window and which layers use it, the factor YaRN multiplies
+    the rotated q/k features by, and the SwiGLU clamp ``swiglu_limit``."""
 
-    num_experts: int = 1
-    experts_per_token: int = 1
+    router: Scoring = "topk_softmax"
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
     rope_attention_factor: float = 1.0
@@ -65,14 +63,6 @@ class GptOssConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("num_experts", "experts_per_token"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ModelError(f"model config: {name} must be a positive integer, got "
-                                 f"{value!r}")
-        if self.experts_per_token > self.num_experts:
-            raise ModelError(f"model config: experts_per_token {self.experts_per_token} is "
-                             f"more than the {self.num_experts} experts")
         if len(self.sliding_layers) != self.num_layers:
             raise ModelError(f"model config: sliding_layers has {len(self.sliding_layers)} "
                              f"entries for {self.num_layers} layers")
@@ -105,11 +95,11 @@ WEIGHTS = decoder_weights(
         hf="model.layers.{i}.post_attention_layernorm", gguf="blk.{i}.post_attention_norm",
         matrix=False),
     gate_proj=_experts("gate_proj", "ffn_gate_exps",
-                       lambda c: (c.num_experts, c.intermediate_size, c.hidden_size)),
+                       lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size)),
     up_proj=_experts("up_proj", "ffn_up_exps",
-                     lambda c: (c.num_experts, c.intermediate_size, c.hidden_size)),
+                     lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size)),
     down_proj=_experts("down_proj", "ffn_down_exps",
-                       lambda c: (c.num_experts, c.hidden_size, c.intermediate_size)),
+                       lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)),
 ) + (
     Weight("layers.{i}.mlp.router", lambda c: (c.num_experts, c.hidden_size),
            hf="model.layers.{i}.mlp.router", gguf="blk.{i}.ffn_gate_inp", bias=_always),
@@ -155,11 +145,12 @@ class GptOssFamily(Family):
         n = fields["num_layers"]
         rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
                                     allowed=("default", "yarn"))
+        experts, used = hf.experts("num_local_experts", "num_experts_per_tok")
         return GptOssConfig(
             **fields, family=self.name, attention_bias=True, rope_scale=rope.scale,
             rope_freqs=rope.freqs, rope_attention_factor=rope.attention_factor,
-            num_experts=hf.integer("num_local_experts"),
-            experts_per_token=hf.integer("num_experts_per_tok"),
+            num_experts=experts, experts_per_token=used,
+            expert_intermediate_size=fields["intermediate_size"],
             sliding_window=positive(hf.integer("sliding_window", 128),
                                     "config.json: sliding_window"),
             sliding_layers=hf_sliding_layers(hf, n, [i % 2 == 0 for i in range(n)]),
@@ -197,10 +188,11 @@ class GptOssFamily(Family):
             raise ModelError(f"GGUF metadata: {arch}.rope.scaling.type {kind!r} is not "
                              "supported by the gpt_oss family (none, yarn)")
         n = fields["num_layers"]
+        experts, used = gguf.experts()
         return GptOssConfig(
             **fields, family=self.name, rope_traditional=False, attention_bias=True,
-            num_experts=int(gguf.get("expert_count")),
-            experts_per_token=int(gguf.get("expert_used_count")),
+            num_experts=experts, experts_per_token=used,
+            expert_intermediate_size=fields["intermediate_size"],
             sliding_window=int(_positive_key(gguf, "attention.sliding_window", 128)),
             sliding_layers=tuple(i % 2 == 0 for i in range(n)), **rope)
 
@@ -267,13 +259,6 @@ class GptOssDecoder(LlamaDecoder):
     fused_attention = False
     c: GptOssConfig
 
-    def __init__(self, root, spec: ModelSpec, shard: Shard, *args, **kwargs):
-        if shard.world_size > 1:
-            raise ModelError("the gpt_oss family does not support tensor parallelism yet "
-                             "(its experts and attention sinks are not split across ranks); "
-                             "run it on one rank")
-        super().__init__(root, spec, shard, *args, **kwargs)
-
     def rope_settings(self, i: int) -> dict[str, Any]:
         """YaRN's factor on the rotated features (the periods are the config's)."""
         return {"rotated_scale": self.c.rope_attention_factor}
@@ -293,13 +278,13 @@ class GptOssDecoder(LlamaDecoder):
         router's top-k logits, softmaxed, weight the chosen experts' clamped
         SwiGLU MLPs."""
         c, p = self.c, f"layers.{i}.mlp"
-        indices, weights = sb.moe_route(self.linear(sb, f"{p}.router", x),
-                                        top_k=c.experts_per_token, scoring="topk_softmax")
-        gate = sb.min(self.experts(sb, f"{p}.experts.gate_proj", x, indices), c.swiglu_limit)
-        up = sb.clip(self.experts(sb, f"{p}.experts.up_proj", x, indices), -c.swiglu_limit,
-                     c.swiglu_limit)
+        indices, weights = self.route(sb, f"{p}.router", x)
+        gate = sb.min(self.expert_linear(sb, f"{p}.experts.gate_proj", x, indices),
+                      c.swiglu_limit)
+        up = sb.clip(self.expert_linear(sb, f"{p}.experts.up_proj", x, indices),
+                     -c.swiglu_limit, c.swiglu_limit)
         glu = (up + 1.0) * (gate * sb.sigmoid(gate * SWIGLU_ALPHA))
-        down = self.experts(sb, f"{p}.experts.down_proj", glu, indices, per_slot=True)
+        down = self.expert_linear(sb, f"{p}.experts.down_proj", glu, indices, per_slot=True)
         return sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
 
 

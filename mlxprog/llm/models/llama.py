@@ -14,7 +14,7 @@ from: fused q/k/v and gate/up projections, the attention block and the whole
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import mlx.core as mx
@@ -24,7 +24,7 @@ from ..checkpoint import GGMLQuantization, Quantization
 from ..config import ModelConfig
 from ..spec import (COLUMNS_BY_HEADS, COLUMNS_BY_INTERMEDIATE, ROWS_BY_HEADS,
                     ROWS_BY_INTERMEDIATE, ROWS_BY_KV_HEADS)
-from .base import Decoder, Family, GGUFMetadata, HFConfig, Weight
+from .base import Decoder, Family, GGUFMetadata, HFConfig, Weight, gguf_expert_count
 
 if TYPE_CHECKING:
     from ...builder import Value
@@ -231,6 +231,13 @@ class LlamaFamily(Family):
     hf_model_types = ("llama", "mistral", "qwen2")
     gguf_architectures = ("llama", "qwen2")
     gguf_setting_tensors = ("rope_freqs.weight",)
+
+    def reads_gguf(self, architecture: str, metadata: Mapping[str, Any]) -> bool:
+        """Llama and Qwen2 GGUF files without experts (llama.cpp writes
+        Mixtral as ``llama`` with ``llama.expert_count``: the mixtral
+        family's)."""
+        return (architecture in self.gguf_architectures
+                and not gguf_expert_count(architecture, metadata))
 
     def config_from_hf(self, hf: HFConfig) -> ModelConfig:
         """Llama/Mistral/Qwen2 ``config.json``: SiLU only, no MLP biases, no

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ...builder import Value
 
 
-def _head_norm(kind: str) -> Weight:
+def head_norm(kind: str) -> Weight:
     """The per-head RMS norm of the ``kind`` ("q" or "k") heads: one
     ``[head_dim]`` weight every head (and every rank) shares."""
     return Weight(f"layers.{{i}}.self_attn.{kind}_norm", lambda c: (c.head_dim,),
@@ -30,7 +30,7 @@ def _head_norm(kind: str) -> Weight:
                   gguf=f"blk.{{i}}.attn_{kind}_norm", matrix=False)
 
 
-_WEIGHTS = decoder_weights() + (_head_norm("q"), _head_norm("k"))
+_WEIGHTS = decoder_weights() + (head_norm("q"), head_norm("k"))
 
 
 class Qwen3Family(Family):
@@ -53,9 +53,10 @@ class Qwen3Family(Family):
         # not use).
         if hf.get("use_sliding_window", False):
             reject_sliding_window(hf, fields["context_length"])
-        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                            allowed=("default", "linear"))
-        return ModelConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs)
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                    allowed=("default", "linear"))
+        return ModelConfig(**fields, family=self.name, rope_scale=rope.scale,
+                           rope_freqs=rope.freqs)
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
         """Qwen3 GGUF metadata: full-width RoPE in the half-split layout,

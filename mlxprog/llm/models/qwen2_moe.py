@@ -1,0 +1,122 @@
+"""The qwen2_moe family: Qwen1.5-MoE and Qwen2-MoE (Qwen2-57B-A14B).
+
+Qwen2's decoder (q/k/v biases, no q/k norms) with a mixture of experts for
+the MLP as Qwen3-MoE's (:mod:`.qwen3_moe`: softmax over every expert, the
+``num_experts_per_tok`` best kept, renormalized only with
+``norm_topk_prob``), plus a shared expert every token runs: a SwiGLU of
+width ``shared_expert_intermediate_size`` whose output is scaled by
+``sigmoid(shared_expert_gate(x))`` (one logit per token) and added to the
+experts'. llama.cpp's ``qwen2moe`` files name it ``ffn_*_shexp`` and its
+gate ``ffn_gate_inp_shexp``, and never renormalize the kept weights.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...errors import ModelError
+from ..config import ModelConfig
+from .base import (Family, GGUFMetadata, HFConfig, MoEConfig, Weight,
+                   expert_layers, moe_weights)
+from .llama import LlamaDecoder, reject_sliding_window, rope_scaling_from_hf
+from .qwen3_moe import dense_layers_from_hf, dense_mlp_weights
+
+if TYPE_CHECKING:
+    from ...builder import Value
+
+
+def _shared_expert() -> tuple[Weight, ...]:
+    """The shared expert's SwiGLU and its gate, in every layer with experts."""
+    layer = "layers.{i}.mlp"
+    shapes = {"gate_proj": lambda c: (c.shared_expert_intermediate_size, c.hidden_size),
+              "up_proj": lambda c: (c.shared_expert_intermediate_size, c.hidden_size),
+              "down_proj": lambda c: (c.hidden_size, c.shared_expert_intermediate_size)}
+    return tuple(
+        Weight(f"{layer}.shared_expert.{name}", shapes[name],
+               hf=f"model.{layer}.shared_expert.{name}",
+               gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_shexp", layers=expert_layers)
+        for name in shapes) + (
+        Weight(f"{layer}.shared_expert_gate", lambda c: (1, c.hidden_size),
+               hf=f"model.{layer}.shared_expert_gate", gguf="blk.{i}.ffn_gate_inp_shexp",
+               layers=expert_layers),)
+
+
+_WEIGHTS = dense_mlp_weights() + moe_weights() + _shared_expert()
+
+
+class Qwen2MoeFamily(Family):
+    """Qwen2-MoE (see the module docstring)."""
+
+    name = "qwen2_moe"
+    hf_model_types = ("qwen2_moe",)
+    gguf_architectures = ("qwen2moe",)
+
+    def config_from_hf(self, hf: HFConfig) -> MoEConfig:
+        """Qwen2-MoE ``config.json``: Qwen2's attention (q/k/v biases), the
+        experts, the shared expert's width, the dense layers."""
+        hf.choice("hidden_act", ("silu",), "silu")
+        fields = hf.common()
+        if hf.get("use_sliding_window", False):
+            reject_sliding_window(hf, fields["context_length"])
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                    allowed=("default", "linear"))
+        count, used = hf.experts()
+        return MoEConfig(**fields, family=self.name, rope_scale=rope.scale, rope_freqs=rope.freqs,
+                         attention_bias=True, num_experts=count, experts_per_token=used,
+                         expert_intermediate_size=hf.integer("moe_intermediate_size"),
+                         router="softmax_topk",
+                         renormalize=bool(hf.get("norm_topk_prob", False)),
+                         shared_expert_intermediate_size=hf.integer(
+                             "shared_expert_intermediate_size"),
+                         dense_layers=dense_layers_from_hf(hf, fields["num_layers"]))
+
+    def config_from_gguf(self, gguf: GGUFMetadata) -> MoEConfig:
+        """Qwen2-MoE GGUF metadata: half-split RoPE, the experts' count,
+        top-k and width, the shared expert's width; the kept weights not
+        renormalized (llama.cpp's, unless ``expert_weights_norm`` says so)."""
+        fields = gguf.common()
+        head_dim = fields["head_dim"]
+        if int(gguf.get("rope.dimension_count", head_dim)) != head_dim:
+            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
+                             f"dimension_count) is not supported by the {self.name} family")
+        count, used = gguf.experts()
+        return MoEConfig(**fields, family=self.name, rope_traditional=False,
+                         rope_scale=gguf.linear_rope_scale(),
+                         attention_bias="blk.0.attn_q.bias" in gguf.tensor_names,
+                         num_experts=count, experts_per_token=used,
+                         expert_intermediate_size=int(gguf.get("expert_feed_forward_length")),
+                         router="softmax_topk",
+                         renormalize=bool(gguf.get("expert_weights_norm", False)),
+                         shared_expert_intermediate_size=int(
+                             gguf.get("expert_shared_feed_forward_length")))
+
+    def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
+        """The llama layout (q/k/v biases) with the experts and the shared
+        expert in place of the MLP, which only dense layers keep."""
+        return _WEIGHTS
+
+
+class Qwen2MoeDecoder(LlamaDecoder):
+    """Qwen2's forward pass with the mixture of experts and its shared
+    expert in the layers that have one."""
+
+    def whole_layer(self, i: int):
+        """None: the whole-layer op has no mixture of experts."""
+        return None
+
+    def mlp(self, sb, i: int, x: Value) -> Value:
+        """Layer ``i``'s MLP of the normed ``x``: the experts
+        (:meth:`~.base.Decoder.moe`) plus the shared expert scaled by its
+        sigmoid gate, or a dense layer's SwiGLU."""
+        if i in self.c.dense_layers:
+            return super().mlp(sb, i, x)
+        p = f"layers.{i}.mlp"
+        shared = self.linear(sb, f"{p}.shared_expert.down_proj", sb.fast_swiglu(
+            self.linear(sb, f"{p}.shared_expert.gate_proj", x),
+            self.linear(sb, f"{p}.shared_expert.up_proj", x)))
+        gate = sb.sigmoid(self.linear(sb, f"{p}.shared_expert_gate", x))
+        return self.moe(sb, p, x) + gate * shared
+
+
+Qwen2MoeFamily.decoder = Qwen2MoeDecoder
+FAMILY = Qwen2MoeFamily()
