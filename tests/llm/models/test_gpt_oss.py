@@ -229,6 +229,24 @@ def test_gguf_gives_the_checkpoints_logits(tmp_path):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_gguf_logits_are_llama_cpps(tmp_path):
+    """llama.cpp itself (llama-cpp-python) on the float GGUF file: its
+    logits after the prompt are ours within its float16 KV cache's rounding
+    (sinks, sliding windows, YaRN with rounded bounds, router and clamped
+    SwiGLU as llama.cpp computes them)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from gguf_writer import write_gguf_from_hf
+
+    path = write_gguf_from_hf(write_checkpoint(tmp_path / "hf", GPT_OSS),
+                              tmp_path / "model.gguf")
+    model = llama_cpp.Llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
+    model.eval(PROMPT_IDS)
+    theirs = np.array(model.scores[len(PROMPT_IDS) - 1])
+    ours = program_logits(load_tiny(path), PROMPT_IDS)[0]
+    assert np.abs(ours).max() > 1
+    np.testing.assert_allclose(ours, theirs, atol=2e-2)
+
+
 def test_gguf_mxfp4_experts_are_the_float_values_they_hold(tmp_path):
     """MXFP4 experts in GGUF blocks (``ggml_gather_matmul``, exact numerics)
     give the logits of a float checkpoint holding their numpy-dequantized
