@@ -104,19 +104,22 @@ def test_every_layers_quantized_attention_takes_its_sinks(wide_heads):
     assert [i.attrs.get("window") for i in attention] == [8, None, 8]
 
 
-def _quantized_experts(directory, experts_only: bool):
-    """mlx-lm's model of ``directory`` quantized as mlx-community's gpt-oss:
-    the experts in mxfp4, everything else (unless ``experts_only``) 8-bit
-    affine; saved back with its config's ``quantization``."""
+def _quantized_experts(directory, rest: str | None):
+    """mlx-lm's model of ``directory`` with its experts in mxfp4 and
+    everything else (its ``to_quantized`` layers: embeddings, projections,
+    router, head) left float (``rest`` None), 8-bit affine (``"affine"``,
+    mlx-community's gpt-oss) or mxfp4 too (``"mxfp4"``); saved back with its
+    config's ``quantization``."""
     model = mlx_lm_model(directory)
     mxfp4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
-    affine = {"group_size": 64, "bits": 8, "mode": "affine"}
+    others = {None: None, "mxfp4": mxfp4,
+              "affine": {"group_size": 64, "bits": 8, "mode": "affine"}}[rest]
     layers = {}
 
     def predicate(path, module):
         if not hasattr(module, "to_quantized"):
             return False
-        settings = mxfp4 if ".experts." in path else (None if experts_only else affine)
+        settings = mxfp4 if ".experts." in path else others
         if settings is None:
             return False
         layers[path] = settings
@@ -126,17 +129,18 @@ def _quantized_experts(directory, experts_only: bool):
     mx.save_safetensors(str(directory / "model.safetensors"),
                         dict(tree_flatten(model.parameters())))
     (directory / "config.json").write_text(json.dumps(
-        dict(GPT_OSS, quantization={**affine, **layers})))
+        dict(GPT_OSS, quantization={**(others or mxfp4), **layers})))
     return directory
 
 
-@pytest.mark.parametrize("experts_only", [False, True])
-def test_mxfp4_experts_match_mlx_lm(tmp_path, experts_only):
-    directory = _quantized_experts(write_checkpoint(tmp_path, GPT_OSS), experts_only)
+@pytest.mark.parametrize("rest", [None, "affine", "mxfp4"])
+def test_mxfp4_experts_match_mlx_lm(tmp_path, rest):
+    directory = _quantized_experts(write_checkpoint(tmp_path, GPT_OSS), rest)
     llm = load_tiny(directory, numerics="exact")
     quant = llm.checkpoint.quantization
     assert quant["layers.0.mlp.experts.gate_proj"].mode == "mxfp4"
-    assert ("layers.0.mlp.router" in quant) != experts_only
+    assert getattr(quant.get("layers.0.mlp.router"), "mode", None) == rest
+    assert getattr(quant.get("embed_tokens"), "mode", None) == rest
     expected = mlx_lm_logits(mlx_lm_model(directory), PROMPT_IDS)[-1:]
     np.testing.assert_allclose(program_logits(llm, PROMPT_IDS), expected, rtol=1e-4, atol=1e-4)
 
@@ -191,7 +195,7 @@ def test_openai_layout_gives_mlx_lms_layouts_logits(tmp_path, blocks):
     arrays of mlx-lm's: the same logits, bit for bit."""
     mlx_lm_layout = write_checkpoint(tmp_path / "mlx-lm", GPT_OSS)
     if blocks:
-        _quantized_experts(mlx_lm_layout, experts_only=True)
+        _quantized_experts(mlx_lm_layout, rest=None)
     openai = write_checkpoint(tmp_path / "openai", GPT_OSS)
     (openai / "model.safetensors").write_bytes((mlx_lm_layout / "model.safetensors").read_bytes())
     (openai / "config.json").write_text((mlx_lm_layout / "config.json").read_text())
@@ -318,6 +322,80 @@ def test_checkpoint_chat_templates_render(tmp_path):
         text = load_tiny(model).tokenizer.apply_chat_template(messages)
         assert text.startswith("<|start|>system<|message|>You are a model.")
         assert text.endswith("<|start|>user<|message|>again<|end|><|start|>assistant")
+
+
+#: gpt-oss-20b's published config.json (the fields a loader reads).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+    "initial_context_length": 4096, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+                                                      "model.layers.*.mlp.router",
+                                                      "model.embed_tokens", "lm_head"],
+                            "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_theta": 150000, "router_aux_loss_coef": 0.9,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+    "vocab_size": 201088}
+
+
+def test_published_config():
+    from mlxprog.llm.models.llama import yarn
+
+    c = config_from_hf(GPT_OSS_20B)
+    assert (c.num_experts, c.experts_per_token, c.expert_intermediate_size) == (32, 4, 2880)
+    assert (c.sliding_window, c.sliding_layers[:3], c.router) == (
+        128, (True, False, True), "topk_softmax")
+    assert c.rope_freqs == yarn(150000.0, 64, 32.0, 4096, 32.0, 1.0, truncate=False).freqs
+    assert c.rope_attention_factor == pytest.approx(0.1 * np.log(32) + 1)
+    assert (c.eos_token_ids, c.tie_embeddings, c.attention_bias) == ((200002,), False, True)
+
+
+def gguf_metadata(**keys):
+    """gpt-oss-20b's GGUF metadata as llama.cpp's converter writes it,
+    plus ``keys`` (under the ``gpt-oss.`` prefix)."""
+    from types import SimpleNamespace
+
+    from mlxprog.llm.models.base import GGUFMetadata
+
+    metadata = {"general.architecture": "gpt-oss", "gpt-oss.block_count": 24,
+                "gpt-oss.context_length": 131072, "gpt-oss.embedding_length": 2880,
+                "gpt-oss.feed_forward_length": 2880, "gpt-oss.attention.head_count": 64,
+                "gpt-oss.attention.head_count_kv": 8, "gpt-oss.rope.freq_base": 150000.0,
+                "gpt-oss.attention.layer_norm_rms_epsilon": 1e-5, "gpt-oss.expert_count": 32,
+                "gpt-oss.expert_used_count": 4, "gpt-oss.attention.key_length": 64,
+                "gpt-oss.attention.value_length": 64, "gpt-oss.attention.sliding_window": 128,
+                "gpt-oss.expert_feed_forward_length": 2880, "gpt-oss.rope.scaling.type": "yarn",
+                "gpt-oss.rope.scaling.factor": 32.0,
+                "gpt-oss.rope.scaling.original_context_length": 4096}
+    metadata.update({f"gpt-oss.{k}": v for k, v in keys.items()})
+    tokenizer = SimpleNamespace(vocab_size=201088, bos_token_id=199998, eos_token_ids=(200002,))
+    return GGUFMetadata(metadata, {"token_embd.weight", "output.weight"}, tokenizer)
+
+
+def test_gguf_config_is_llama_cpps():
+    from mlxprog.llm.models import family_for_gguf
+    from mlxprog.llm.models.llama import yarn
+
+    family = family_for_gguf("gpt-oss")
+    c = family.config_from_gguf(gguf_metadata())
+    assert (c.family, c.num_experts, c.experts_per_token, c.sliding_window) == (
+        "gpt_oss", 32, 4, 128)
+    assert c.sliding_layers == tuple(i % 2 == 0 for i in range(24))
+    # llama.cpp rounds YaRN's bounds outward (its beta defaults 32 and 1).
+    assert c.rope_freqs == yarn(150000.0, 64, 32.0, 4096, truncate=True).freqs
+    assert (c.rope_traditional, c.tie_embeddings) == (False, False)
+    with pytest.raises(ModelError, match=r"gpt-oss\.rope\.scaling\.yarn_ext_factor is not "
+                                         "supported"):
+        family.config_from_gguf(gguf_metadata(**{"rope.scaling.yarn_ext_factor": 0.5}))
+    with pytest.raises(ModelError, match="expert_used_count 40 is more than the 32 experts"):
+        family.config_from_gguf(gguf_metadata(expert_used_count=40))
 
 
 @pytest.mark.parametrize("changes, match", [
