@@ -179,7 +179,8 @@ def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
 
 def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[str, mx.array],
                  source: Source, where: str, ignored: Sequence[re.Pattern] = (),
-                 block_types: Mapping[str, str] | None = None
+                 block_types: Mapping[str, str] | None = None,
+                 labels: Mapping[str, str] | None = None
                  ) -> tuple[dict[str, mx.array], dict[str, str],
                             dict[str, Quantization | GGMLQuantization]]:
     """The logical weights of ``config`` read from a file's ``tensors`` (named
@@ -190,7 +191,9 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
     ``ignored`` and those of entries the config leaves out (a tied model's
     stored ``lm_head``). ``block_types`` names the GGML block type of each
     stored tensor kept in a GGUF file's blocks (``uint8 [rows, row_bytes]``).
-    ``where`` names the file in errors."""
+    ``labels`` names what in the file a tensor re-laid at load came from
+    (:meth:`Family.hf_tensors`; the stored name otherwise). ``where`` names
+    the file in errors."""
     weights: dict[str, mx.array] = {}
     names: dict[str, str] = {}
     quantization: dict[str, Quantization | GGMLQuantization] = {}
@@ -210,7 +213,7 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
         bare = source == "hf" and e.weight.hf_bare
         for part, (key, value) in _stored_parts(e, parts, shape, tensors, read, where,
                                                     bare).items():
-            label = key
+            label = (labels or {}).get(key, key)
             if rows is not None:
                 value = value[rows[0]:rows[1]]
                 label = f"{key}[{rows[0]}:{rows[1]}]"
@@ -690,11 +693,13 @@ class Family:
         raise NotImplementedError
 
     def hf_tensors(self, tensors: Mapping[str, mx.array], config: ModelConfig
-                   ) -> Mapping[str, mx.array]:
-        """A Hugging Face file's tensors as the weight table names them: as
-        stored, unless the family's checkpoints come in a layout of their own
-        to be re-laid first (gpt-oss's fused, interleaved experts)."""
-        return tensors
+                   ) -> tuple[Mapping[str, mx.array], Mapping[str, str]]:
+        """A Hugging Face file's tensors as the weight table names them, and
+        for each tensor re-laid what in the file it came from: as stored
+        (no labels), unless the family's checkpoints come in a layout of
+        their own to be re-laid first (gpt-oss's fused, interleaved
+        experts)."""
+        return tensors, {}
 
 
 # -- the decoder ------------------------------------------------------------------
@@ -988,9 +993,10 @@ def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mappin
     """A :class:`Checkpoint` of ``family`` from a file's ``tensors``
     (``block_types``: see :func:`read_weights`)."""
     ignored = family.hf_ignored if source == "hf" else ()
+    labels: Mapping[str, str] = {}
     if source == "hf":
-        tensors = family.hf_tensors(tensors, config)
+        tensors, labels = family.hf_tensors(tensors, config)
     weights, names, quantization = read_weights(family.weights(config), config, tensors,
-                                                source, where, ignored, block_types)
+                                                source, where, ignored, block_types, labels)
     return Checkpoint(path=path, config=config, weights=weights, quantization=quantization,
                       tokenizer=tokenizer, source_names=names)

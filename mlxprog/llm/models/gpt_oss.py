@@ -201,32 +201,40 @@ class GptOssFamily(Family):
         return WEIGHTS
 
     def hf_tensors(self, tensors: Mapping[str, mx.array], config: ModelConfig
-                   ) -> Mapping[str, mx.array]:
+                   ) -> tuple[Mapping[str, mx.array], Mapping[str, str]]:
         """OpenAI's original expert tensors re-laid as mlx-lm's (the
-        table's): ``gate_up_proj`` (``_blocks``/``_scales`` in MXFP4,
-        ``[E, 2I, in]``, or bfloat16 ``[E, in, 2I]``) split into gate (even
-        rows) and up (odd rows), ``gate_up_proj_bias`` likewise;
-        ``down_proj`` (``_blocks``/``_scales``, or bfloat16 ``[E, I,
-        out]``) and ``down_proj_bias`` renamed. Other tensors as stored."""
+        table's), labelled by the file's tensor and rows they came from:
+        ``gate_up_proj`` (``_blocks``/``_scales`` in MXFP4, ``[E, 2I,
+        in]``, or bfloat16 ``[E, in, 2I]``) split into gate (even rows) and
+        up (odd rows), ``gate_up_proj_bias`` likewise; ``down_proj``
+        (``_blocks``/``_scales``, or bfloat16 ``[E, I, out]``) and
+        ``down_proj_bias`` renamed. Other tensors as stored."""
         out: dict[str, mx.array] = {}
+        labels: dict[str, str] = {}
         for key, value in tensors.items():
             stem, _, last = key.rpartition(".")
             if not stem.endswith(".mlp.experts") or last not in _ORIGINAL_EXPERTS:
                 out[key] = value
                 continue
             projection, part = _ORIGINAL_EXPERTS[last]
+            change = ""
             if part == "weight" and last in ("gate_up_proj", "down_proj"):
                 value = value.swapaxes(-1, -2)  # bfloat16 [E, in, out] -> [E, out, in]
+                change = ":transposed"
             elif last.endswith("_blocks"):
                 value = _mxfp4_blocks(value)
             # Axis 1 holds the rows (outputs) of every part.
             if projection == "gate_up_proj":
-                halves = {"gate_proj": value[:, 0::2], "up_proj": value[:, 1::2]}
+                halves = {"gate_proj": (value[:, 0::2], "[:, 0::2]"),
+                          "up_proj": (value[:, 1::2], "[:, 1::2]")}
             else:
-                halves = {"down_proj": value}
-            for name, half in halves.items():
+                halves = {"down_proj": (value, "")}
+            for name, (half, rows) in halves.items():
+                if change and rows:  # the stored tensor's outputs are its last axis
+                    rows = rows.replace("[:, ", "[..., ")
                 out[f"{stem}.{name}.{part}"] = mx.contiguous(half)
-        return out
+                labels[f"{stem}.{name}.{part}"] = f"{key}{rows}{change}"
+        return out, labels
 
 
 #: OpenAI's original expert tensors: (fused projection, the part it holds).

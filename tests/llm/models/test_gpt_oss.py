@@ -201,6 +201,11 @@ def test_openai_layout_gives_mlx_lms_layouts_logits(tmp_path, blocks):
     (openai / "config.json").write_text((mlx_lm_layout / "config.json").read_text())
     _openai_layout(openai, blocks)
     ours, theirs = load_tiny(openai, numerics="exact"), load_tiny(mlx_lm_layout, numerics="exact")
+    # Each re-laid weight names the file's tensor and rows it came from.
+    stem = "model.layers.1.mlp.experts"
+    assert ours.checkpoint.source_names["layers.1.mlp.experts.up_proj.weight"] == (
+        f"{stem}.gate_up_proj_blocks[:, 1::2]" if blocks
+        else f"{stem}.gate_up_proj[..., 1::2]:transposed")
     for name, w in theirs.checkpoint.weights.items():
         assert mx.array_equal(ours.checkpoint.weights[name], w), name
     np.testing.assert_array_equal(program_logits(ours, PROMPT_IDS, CONTINUATION),
@@ -420,6 +425,16 @@ def test_expert_tensors_of_the_wrong_shape_are_named(tmp_path):
     mx.save_safetensors(str(checkpoint / "model.safetensors"), weights)
     with pytest.raises(ModelError, match=r"model\.layers\.1\.mlp\.experts\.up_proj\.weight has "
                                          r"shape \(3, 128, 64\), expected \(4, 128, 64\)"):
+        load_tiny(checkpoint)
+
+
+def test_a_missing_sinks_tensor_is_named(tmp_path):
+    checkpoint = write_checkpoint(tmp_path, GPT_OSS)
+    weights = dict(mx.load(str(checkpoint / "model.safetensors")))
+    del weights["model.layers.2.self_attn.sinks"]
+    mx.save_safetensors(str(checkpoint / "model.safetensors"), weights)
+    with pytest.raises(ModelError, match=r"missing weight\(s\) model\.layers\.2\.self_attn\."
+                                         r"sinks that the gpt_oss config needs"):
         load_tiny(checkpoint)
 
 
