@@ -20,6 +20,7 @@ from ..ggml import types as ggml_types
 from . import Setting, active, inactive_reason, record
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
 QMM_BITS = (1, 2, 3, 4, 5, 6, 8)
 QMM_GROUP_SIZES = (32, 64, 128)
 Q8_BITS = (4, 8)  # the codes the int8 kernel reads
@@ -95,6 +96,58 @@ def quantized_matmul_int8(setting: Setting, x: mx.array, w: mx.array, scales: mx
                                             group_size=group_size, bits=bits, int8=True), ""
 
 
+def _slot_rows_fit(x: AVal, indices: AVal, features: int, per_slot: bool) -> bool:
+    """A gathered matmul's x and indices as the native kernels read them:
+    float ``x`` of ``features`` features, ``[..., K]`` with the indices'
+    leading dims (``per_slot``: ``[..., k, K]``, the indices' shape), integer
+    ``indices [..., k]``."""
+    (x_shape, x_dtype), (i_shape, i_dtype) = x, indices
+    lead = tuple(i_shape) if per_slot else tuple(i_shape[:-1])
+    return (x_dtype in FLOATS and i_dtype in INTEGERS and len(i_shape) >= 1
+            and tuple(x_shape) == (*lead, features))
+
+
+def gather_int8_uncovered_reason(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
+                                 indices: AVal, group_size: int, bits: int, mode: str,
+                                 per_slot: bool) -> str:
+    """Why the native int8 expert kernel cannot compute this
+    ``gather_quantized_matmul`` ("" when it can): affine experts ``w`` uint32
+    ``[E, N, K * bits / 32]`` of 4- or 8-bit codes with float scales and
+    biases ``[E, N, K / group_size]``, no empty axis, and x and indices as
+    :func:`_slot_rows_fit` reads them."""
+    if mode != "affine":
+        return f"int8 numerics need mode 'affine', found {mode!r}"
+    if bits not in Q8_BITS:
+        return f"int8 numerics need 4- or 8-bit codes, found {bits}"
+    (w_shape, w_dtype), (s_shape, s_dtype) = w, scales
+    fits = (biases is not None and w_dtype == mx.uint32 and len(w_shape) == 3
+            and 0 not in w_shape and group_size in QMM_GROUP_SIZES
+            and s_dtype in FLOATS and biases[1] in FLOATS and 0 not in x[0] and 0 not in indices[0])
+    if fits:
+        features = w_shape[2] * 32 // bits
+        groups = (w_shape[0], w_shape[1], features // group_size)
+        fits = (features % group_size == 0 and tuple(s_shape) == groups
+                and tuple(biases[0]) == groups and _slot_rows_fit(x, indices, features, per_slot))
+    return "" if fits else "the native kernel does not cover these operands (dtypes, shapes)"
+
+
+def gather_quantized_matmul_int8(setting: Setting, x: mx.array, w: mx.array, scales: mx.array,
+                                 biases: mx.array | None, indices: mx.array, *, group_size: int,
+                                 bits: int, mode: str,
+                                 per_slot: bool) -> tuple[mx.array | None, str]:
+    """Each slot's ``x @ dequantize(w[indices[..., j]]).T`` (MLX's affine
+    experts) in int8 numerics on the native kernel, float32 ``[..., k, N]``,
+    and ""; or None and why it cannot run here."""
+    reason = inactive_reason(setting) or gather_int8_uncovered_reason(
+        AVal.of(x), AVal.of(w), AVal.of(scales), None if biases is None else AVal.of(biases),
+        AVal.of(indices), group_size, bits, mode, per_slot)
+    if reason:
+        return None, reason
+    record(setting, "gather_quantized_matmul")
+    return active(setting).gather_quantized_matmul(
+        x, w, scales, biases, indices, group_size=group_size, bits=bits, per_slot=per_slot), ""
+
+
 def covers_ggml(x: AVal | None, blocks: AVal, ggml_type) -> bool:
     """Whether the native GGML kernels compute this case: ``blocks`` uint8
     ``[..., row_bytes]`` of whole blocks of ``ggml_type`` (a
@@ -137,6 +190,32 @@ def ggml_matmul(setting: Setting, x: mx.array, w: mx.array, ggml_type, *,
         return None
     record(setting, "ggml_matmul")
     return _with_codebooks(native, ggml_type).ggml_matmul(x, w, type=ggml_type.id, int8=int8)
+
+
+def covers_ggml_gather(x: AVal, w: AVal, indices: AVal, ggml_type, per_slot: bool) -> bool:
+    """Whether the native GGML expert kernel computes this
+    ``ggml_gather_matmul``: ``w`` uint8 ``[E, N, row_bytes]`` of whole blocks
+    of ``ggml_type`` (no empty axis), and x and indices as
+    :func:`_slot_rows_fit` reads them."""
+    if len(w[0]) != 3 or not covers_ggml(None, w, ggml_type):
+        return False
+    features = w[0][-1] // ggml_type.block_bytes * ggml_type.block
+    return _slot_rows_fit(x, indices, features, per_slot)
+
+
+def ggml_gather_matmul(setting: Setting, x: mx.array, w: mx.array, indices: mx.array,
+                       ggml_type, *, int8: bool, per_slot: bool) -> mx.array | None:
+    """Each slot's ``x @ dequantize(w[indices[..., j]]).T`` on the native
+    GGML expert kernel of ``ggml_type`` (int8: llama.cpp's numerics, x
+    quantized once per row), float32 ``[..., k, N]``; or None where it does
+    not apply."""
+    native = active(setting)
+    if native is None or not covers_ggml_gather(AVal.of(x), AVal.of(w), AVal.of(indices),
+                                                ggml_type, per_slot):
+        return None
+    record(setting, "ggml_gather_matmul")
+    return _with_codebooks(native, ggml_type).ggml_gather_matmul(
+        x, w, indices, type=ggml_type.id, int8=int8, per_slot=per_slot)
 
 
 def ggml_dequantize(setting: Setting, blocks: mx.array, ggml_type) -> mx.array | None:
@@ -559,8 +638,6 @@ def _int32_vector(a: mx.array) -> mx.array:
     return a if a.dtype == mx.int32 else a.astype(mx.int32)
 
 
-
-INTEGERS = (mx.int8, mx.int16, mx.int32, mx.int64, mx.uint8, mx.uint16, mx.uint32, mx.uint64)
 
 
 def covers_integer_matmul(a: AVal, b: AVal) -> bool:

@@ -138,14 +138,13 @@ class SlotAttrs(Attrs):
     projection's input)."""
 
 
-def _check_slots(x: AVal, indices: AVal, attrs: SlotAttrs, experts: int, features: int,
-                 x_dtypes: tuple = _FLOATS) -> None:
+def _check_slots(x: AVal, indices: AVal, attrs: SlotAttrs, experts: int,
+                 features: int) -> None:
     """x float ``[..., K]`` (or ``[..., k, K]`` per slot) of ``features``
     (K), integer ``indices [..., k]`` with the same leading dims, and
     experts to pick from where any slot picks one."""
-    if x.dtype not in x_dtypes:
-        names = ", ".join(str(d).split(".")[-1] for d in x_dtypes)
-        raise ValueError(f"x must be {names}; found {x}")
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"x must be {_FLOAT_NAMES}; found {x}")
     if not is_integer(indices.dtype) or not indices.shape:
         raise ValueError(f"indices must be an integer [..., k] array (moe_route's); "
                          f"found {indices}")
@@ -160,6 +159,7 @@ def _check_slots(x: AVal, indices: AVal, attrs: SlotAttrs, experts: int, feature
 
 
 def _gathered_shape(indices: AVal, n: int) -> list[AVal]:
+    """A gathered matmul's result: float32 ``[..., k, N]``."""
     return [AVal((*indices.shape, n), mx.float32)]
 
 
@@ -287,9 +287,21 @@ def _gather_quantized_matmul_shape(avals: list[AVal],
     return _gathered_shape(named["indices"], named["w"].shape[1])
 
 
+def _native_gather_quantized_matmul(avals: list[AVal], attrs: GatherQuantizedMatmulAttrs) -> bool:
+    """Whether the native int8 kernel computes this instruction (int8
+    numerics only: the exact ones run MLX's)."""
+    if attrs.numerics != "int8":
+        return False
+    named = dict(zip(attrs.operand_names(), avals))
+    group_size, bits = attrs.resolved()
+    return not native.gather_int8_uncovered_reason(
+        named["x"], named["w"], named["scales"], named.get("biases"), named["indices"],
+        group_size, bits, attrs.mode, attrs.per_slot)
+
+
 @register_op("gather_quantized_matmul", attrs=GatherQuantizedMatmulAttrs, operands=(4, 5),
              check=_check_gather_quantized_matmul, shape_rule=_gather_quantized_matmul_shape,
-             context=True)
+             native_coverage=_native_gather_quantized_matmul, context=True)
 def gather_quantized_matmul(operands, attrs, context):
     """``gather_matmul`` with MLX-quantized experts, as mlx-lm stores them
     (``switch_mlp``): operands ``x`` (``[..., K]``, or ``[..., k, K]`` with
@@ -298,15 +310,25 @@ def gather_quantized_matmul(operands, attrs, context):
     ``quantize`` op's results for ``[E, N, K]`` experts; mxfp4 for
     gpt-oss), then ``indices`` ``[..., k]``. Result float32 ``[..., k, N]``:
     ``y[..., j, :] = x(_j) @ dequantize(w[indices[..., j]]).T``. Negative
-    indices count from the end; out-of-range ones are clamped. Runs MLX's
-    ``gather_qmm`` (transposed); ``numerics`` ``"int8"`` computes ``"exact"``
-    too (no int8 kernel takes gathered experts yet), and
-    ``exe.stats.numerics_fallbacks`` counts it."""
+    indices count from the end; out-of-range ones are clamped.
+
+    ``numerics`` as ``quantized_matmul``'s: ``"exact"`` runs MLX's
+    ``gather_qmm`` (transposed); ``"int8"`` runs mlxprog's native CPU kernel
+    (affine mode, 4- or 8-bit codes), which reads only the chosen experts,
+    each once for the slots of all the tokens that chose it, and elsewhere
+    computes ``"exact"`` (``exe.stats.numerics_fallbacks`` counts it, with
+    the reason)."""
     named = dict(zip(attrs.operand_names(), operands))
-    if attrs.numerics == "int8":
-        record_numerics_fallback(context.native, "gather_quantized_matmul",
-                                 "int8 computed exactly: no int8 kernel takes gathered experts")
     w, scales, biases = named["w"], named["scales"], named.get("biases")
+    if attrs.numerics == "int8":
+        group_size, bits = attrs.resolved()
+        result, reason = native.gather_quantized_matmul_int8(
+            context.native, named["x"], w, scales, biases, named["indices"],
+            group_size=group_size, bits=bits, mode=attrs.mode, per_slot=attrs.per_slot)
+        if result is not None:
+            return result
+        record_numerics_fallback(context.native, "gather_quantized_matmul",
+                                 f"int8 computed exactly: {reason}")
 
     def product(rows, expert_indices, sorted_indices):
         return mx.gather_qmm(rows, w, scales, biases, rhs_indices=expert_indices, transpose=True,
@@ -337,9 +359,14 @@ def _ggml_gather_matmul_shape(avals: list[AVal], attrs: GGMLGatherMatmulAttrs) -
     return _gathered_shape(avals[2], avals[1].shape[1])
 
 
+def _native_ggml_gather_matmul(avals: list[AVal], attrs: GGMLGatherMatmulAttrs) -> bool:
+    """Whether the native kernel computes this instruction."""
+    return native.covers_ggml_gather(*avals, attrs.ggml, attrs.per_slot)
+
+
 @register_op("ggml_gather_matmul", attrs=GGMLGatherMatmulAttrs, operands=3,
              check=_check_ggml_gather_matmul, shape_rule=_ggml_gather_matmul_shape,
-             context=True)
+             native_coverage=_native_ggml_gather_matmul, context=True)
 def ggml_gather_matmul(operands, attrs, context):
     """``gather_matmul`` with GGML block-quantized experts (GGUF's ``*_exps``
     tensors): operands ``x`` (``[..., K]``, or ``[..., k, K]`` with
@@ -350,15 +377,22 @@ def ggml_gather_matmul(operands, attrs, context):
     Negative indices count from the end; out-of-range ones are clamped.
 
     ``numerics`` as ``ggml_matmul``'s (``"int8"``, the default, quantizes
-    each row of x once, not once per slot). Elsewhere than the native CPU
-    kernels, the selected experts' blocks are dequantized with MLX ops (all
+    each row of x once, not once per slot). On the CPU with native kernels
+    it runs the type's kernels on the chosen experts' rows only, the slots
+    grouped by expert so that each expert's rows are read once for all the
+    tokens that chose it. Elsewhere the selected experts' blocks are dequantized with MLX ops (all
     experts once, when there are at least as many slots as experts) and
     multiplied in float32 (int8 numerics then compute ``"exact"``, and
     ``exe.stats.numerics_fallbacks`` counts it)."""
     x, w, indices = operands
     t = attrs.ggml
+    result = native.ggml_gather_matmul(context.native, x, w, indices, t,
+                                       int8=attrs.numerics == "int8", per_slot=attrs.per_slot)
+    if result is not None:
+        return result
     if attrs.numerics == "int8":
-        reason = native.inactive_reason(context.native) or "no native kernel"
+        reason = (native.inactive_reason(context.native)
+                  or "the native kernel does not cover these operands (dtypes, shapes)")
         record_numerics_fallback(context.native, "ggml_gather_matmul",
                                  f"int8 computed exactly: {reason}")
     return _float32_experts_product(x.astype(mx.float32), w, indices, attrs.per_slot,

@@ -283,3 +283,71 @@ def test_inspect_coverage_follows_numerics(ext):
     assert not _native_quantized_matmul(avals, two_bit)
     assert _native_quantized_matmul(avals, QuantizedMatmulAttrs(group_size=32, bits=2))
     assert kernels.int8_uncovered_reason(*avals, True, 32, 2, "affine")
+
+
+# -- gather_quantized_matmul: the int8 numerics on MLX-quantized experts ----------------
+
+
+def gathered_program(x, w, scales, biases, indices, **attrs) -> mp.Program:
+    """A one-instruction program: gather_quantized_matmul of its inputs."""
+    b = mp.ProgramBuilder("experts")
+    values = [b.input(name, a.shape, str(a.dtype).split(".")[-1])
+              for name, a in zip("xwsbi", (x, w, scales, biases, indices))]
+    return b.build([b.gather_quantized_matmul(*values, **attrs)])
+
+
+@pytest.mark.parametrize("per_slot", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gathered_int8_is_the_dense_kernel_on_each_expert(ext, isa, bits, tokens, per_slot):
+    """Each chosen expert's slots go through the int8 quantized matmul once:
+    the same results, bit for bit, as that kernel on the expert alone (and
+    so the int8 numerics' definition, which its tests check); expert 0 is
+    chosen by no slot, expert 1 by every token's first."""
+    rng = np.random.default_rng(bits * 100 + tokens)
+    experts, k, n, features = 6, 3, 24, 128
+    w, scales, biases = quantized(rng, (experts, n, features), mx.float32, 32, bits)
+    x = rng.standard_normal((tokens, k, features) if per_slot else (tokens, features))
+    x = mx.array(x.astype(np.float32))
+    indices = rng.integers(2, experts, (tokens, k)).astype(np.uint32)
+    indices[:, 0] = 1
+    prog = gathered_program(x, w, scales, biases, mx.array(indices), group_size=32, bits=bits,
+                            per_slot=per_slot, numerics="int8")
+    exe = mp.compile(prog)
+    (got,) = exe(x, w, scales, biases, mx.array(indices))
+    assert exe.stats.native_ops.get("gather_quantized_matmul") == 1
+    assert got.shape == (tokens, k, n) and got.dtype == mx.float32
+    rows = np.array(x) if per_slot else np.broadcast_to(np.array(x)[:, None], (tokens, k, features))
+    got = np.array(got)
+    for e in range(1, experts):
+        picked = indices == e
+        if picked.any():
+            want = int8_qmm(ext, mx.array(np.ascontiguousarray(rows[picked])), w[e], scales[e],
+                            biases[e], 32, bits)
+            np.testing.assert_array_equal(got[picked], np.array(want))
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("bits", "int8 numerics need 4- or 8-bit codes, found 3"),
+    ("mode", "int8 numerics need mode 'affine', found 'mxfp4'"),
+    ("native_off", "native kernels are off for this executable"),
+])
+def test_gathered_int8_fallback_is_exact_and_counted(ext, case, reason):
+    rng = np.random.default_rng(15)
+    mode, bits = ("mxfp4", 4) if case == "mode" else ("affine", 3 if case == "bits" else 4)
+    parts = mx.quantize(mx.array(rng.standard_normal((4, 16, 64)).astype(np.float32)),
+                        group_size=32, bits=bits, mode=mode)
+    x = mx.array(rng.standard_normal((2, 64)).astype(np.float32))
+    indices = mx.array([[0, 3], [2, 2]], dtype=mx.uint32)
+    b = mp.ProgramBuilder("experts")
+    values = [b.input(f"a{i}", a.shape, str(a.dtype).split(".")[-1])
+              for i, a in enumerate((x, *parts, indices))]
+    prog = b.build([b.gather_quantized_matmul(*values, group_size=32, bits=bits, mode=mode,
+                                              numerics="int8")])
+    exe = mp.compile(prog, native=case != "native_off")
+    (got,) = exe(x, *parts, indices)
+    want = mx.gather_qmm(x[:, None, None, :], *parts, rhs_indices=indices, transpose=True,
+                         group_size=32, bits=bits, mode=mode)
+    np.testing.assert_allclose(f64(got), f64(want[..., 0, :]), rtol=2e-5, atol=1e-4)
+    [entry] = exe.stats.as_dict()["numerics_fallbacks"]
+    assert entry["op"] == "gather_quantized_matmul" and reason in entry["reason"]

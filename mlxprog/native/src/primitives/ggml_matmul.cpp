@@ -1,6 +1,7 @@
 // GGML's block-quantized weights (GGUF's) as MLX primitives: ggml_matmul
-// (x @ w.T with w a GGML type's rows of blocks) and ggml_dequantize (rows of
-// blocks to float32), on the per-type kernels of quants/ and the thread
+// (x @ w.T with w a GGML type's rows of blocks), ggml_gather_matmul (the
+// same with each slot's expert of a stack of such matrices) and
+// ggml_dequantize (rows of blocks to float32), on the per-type kernels of quants/ and the thread
 // pool; and their Python functions, with set_codebook and ggml_types.
 #include "primitives/ggml_matmul.h"
 
@@ -10,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nanobind/stl/string.h>
@@ -43,6 +45,11 @@ const float* float_rows(const mx::array& x, std::vector<float>& keep) {
   return keep.data();
 }
 
+// From this many slots on, an expert's int8 products run the panel GEMM on
+// the activation blocks' values: decoding its weight rows once beats one
+// integer dot product per (slot, row) pair from about this many slots.
+constexpr int64_t kInt8PanelMinRows = 16;
+
 // How far ahead of the row being multiplied the weight rows are prefetched.
 constexpr int64_t kPrefetchRows = 8;
 
@@ -62,6 +69,97 @@ quants::TypeKernels type_kernels(const quants::QuantKernels& table, int type) {
   return k;
 }
 
+// x's M rows (M x K float32) quantized into the type's activation blocks
+// (act_row bytes a row), on the pool when there are many.
+std::vector<uint8_t> quantize_activations(const quants::QuantKernels& table,
+                                          const quants::TypeInfo& info, const float* x,
+                                          int64_t M, int64_t K, size_t act_row) {
+  auto quantize = table.quantize_activation[static_cast<int>(info.activation)];
+  if (!quantize)
+    quantize = quants::portable_table().quantize_activation[static_cast<int>(info.activation)];
+  std::vector<uint8_t> xq(M * act_row);
+  auto quantize_rows = [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantize(x + m * K, xq.data() + m * act_row, K);
+  };
+  ThreadPool& pool = ThreadPool::instance();
+  // A decode step's row or two take less than waking the pool.
+  if (M < 4 * pool.threads())
+    quantize_rows(0, M);
+  else
+    pool.parallel_for(M, M / (4 * pool.threads()), quantize_rows);
+  return xq;
+}
+
+// The bytes of one row of x in the type's activation blocks.
+size_t activation_row_bytes(const quants::TypeInfo& info, int64_t K) {
+  return K / quants::activation_block(info.activation) *
+         quants::activation_block_bytes(info.activation);
+}
+
+// The values x ~= d * qs that activation blocks of type Block hold, K of them.
+template <class Block>
+void block_values(const uint8_t* src, int64_t K, float* out) {
+  const Block* blocks = reinterpret_cast<const Block*>(src);
+  constexpr int64_t n = sizeof(blocks->qs);
+  for (int64_t b = 0; b < K / n; ++b)
+    for (int64_t i = 0; i < n; ++i) out[b * n + i] = blocks[b].d * blocks[b].qs[i];
+}
+
+// Rows of x quantized into activation blocks (act_row bytes each) back to the
+// float32 values they hold: the int8 numerics' x, for the float GEMM.
+std::vector<float> activation_values(quants::Activation a, const uint8_t* xq, int64_t M,
+                                     int64_t K, size_t act_row) {
+  std::vector<float> values(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    const uint8_t* row = xq + m * act_row;
+    float* out = values.data() + m * K;
+    switch (a) {
+      case quants::Activation::q8_0: block_values<quants::BlockQ8_0>(row, K, out); break;
+      case quants::Activation::q8_1: block_values<quants::BlockQ8_1>(row, K, out); break;
+      case quants::Activation::q8_K: block_values<quants::BlockQ8_K>(row, K, out); break;
+    }
+  }
+  return values;
+}
+
+// One tile of weight rows [n0, n1) of w (rows of row_bytes, the matrix ending
+// at w_end) against `count` rows of x, int8 numerics: for i < count, with
+// (xi, yi) = rows(i), y[yi * ldy + n] = vec_dot(w row n, xq row xi). The
+// tile's blocks stay in L1 while the rows of x pass over them.
+template <class Rows>
+void int8_tile(const quants::TypeKernels& k, int64_t K, const uint8_t* w, int64_t row_bytes,
+               const uint8_t* w_end, int64_t n0, int64_t n1, const uint8_t* xq, size_t act_row,
+               int64_t count, const Rows& rows, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < count; ++i) {
+    const auto [xi, yi] = rows(i);
+    const uint8_t* xm = xq + xi * act_row;
+    for (int64_t n = n0; n < n1; ++n) {
+      // A row is a few hundred bytes: the prefetcher alone leaves the
+      // next rows' loads waiting on memory (decode is memory-bound).
+      if (i == 0) prefetch_rows(w + (n + kPrefetchRows) * row_bytes, row_bytes, w_end);
+      y[yi * ldy + n] = k.vec_dot(K, w + n * row_bytes, xm);
+    }
+  }
+}
+
+// The exact numerics' counterpart of int8_tile for a few rows of x: the
+// tile's weight rows dequantized into `scratch` (kRowsPerTile * K floats),
+// then float32 dot products with x's rows (dense, K floats each).
+template <class Rows>
+void exact_tile(const quants::TypeKernels& k, const quants::QuantKernels& table, int64_t K,
+                const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
+                int64_t count, const Rows& rows, float* y, int64_t ldy, float* scratch) {
+  auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;
+  for (int64_t n = n0; n < n1; ++n) k.dequantize_row(w + n * row_bytes, scratch + (n - n0) * K, K);
+  for (int64_t i = 0; i < count; ++i) {
+    const auto [xi, yi] = rows(i);
+    for (int64_t n = n0; n < n1; ++n) y[yi * ldy + n] = dot(K, scratch + (n - n0) * K, x + xi * K);
+  }
+}
+
+// The rows of a dense matrix: row i of x is row i of y.
+std::pair<int64_t, int64_t> same_row(int64_t i) { return {i, i}; }
+
 }  // namespace
 
 void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
@@ -77,32 +175,12 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
   const int64_t grain = std::max<int64_t>(1, tiles / (4 * pool.threads()));
   if (int8) {
-    const int act_block = quants::activation_block(info.activation);
-    const size_t act_row = K / act_block * quants::activation_block_bytes(info.activation);
-    auto quantize = table.quantize_activation[static_cast<int>(info.activation)];
-    if (!quantize)
-      quantize = quants::portable_table().quantize_activation[static_cast<int>(info.activation)];
-    std::vector<uint8_t> xq(M * act_row);
-    auto quantize_rows = [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) quantize(x + m * K, xq.data() + m * act_row, K);
-    };
-    // A decode step's row or two take less than waking the pool.
-    if (M < 4 * pool.threads())
-      quantize_rows(0, M);
-    else
-      pool.parallel_for(M, M / (4 * pool.threads()), quantize_rows);
+    const size_t act_row = activation_row_bytes(info, K);
+    const std::vector<uint8_t> xq = quantize_activations(table, info, x, M, K, act_row);
     pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-        for (int64_t m = 0; m < M; ++m) {
-          const uint8_t* xm = xq.data() + m * act_row;
-          for (int64_t n = n0; n < n1; ++n) {
-            // A row is a few hundred bytes: the prefetcher alone leaves the
-            // next rows' loads waiting on memory (decode is memory-bound).
-            if (m == 0) prefetch_rows(w + (n + kPrefetchRows) * row_bytes, row_bytes, w_end);
-            y[m * ldy + n] = k.vec_dot(K, w + n * row_bytes, xm);
-          }
-        }
+        int8_tile(k, K, w, row_bytes, w_end, n0, n1, xq.data(), act_row, M, same_row, y, ldy);
       }
     });
     return;
@@ -113,16 +191,73 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
                ldy);
     return;
   }
-  auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;
   pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> rows(kRowsPerTile * K);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-      for (int64_t n = n0; n < n1; ++n)
-        k.dequantize_row(w + n * row_bytes, rows.data() + (n - n0) * K, K);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = n0; n < n1; ++n)
-          y[m * ldy + n] = dot(K, rows.data() + (n - n0) * K, x + m * K);
+      exact_tile(k, table, K, w, row_bytes, n0, n1, x, M, same_row, y, ldy, rows.data());
+    }
+  });
+}
+
+void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
+                      const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t N,
+                      const ExpertSlots& slots, bool per_slot, bool int8, float* y) {
+  if (slots.chosen().empty() || N == 0) return;
+  const quants::TypeInfo& info = *quants::type_info(type);
+  const quants::TypeKernels k = type_kernels(table, type);
+  const int64_t row_bytes = K / info.block * info.block_bytes, expert_bytes = N * row_bytes;
+  // (slot's row of x, slot's row of y) of expert e's i-th slot.
+  auto slot_rows = [&](int64_t e) {
+    return [&slots, e, per_slot](int64_t i) { return slots.rows(e, i, per_slot); };
+  };
+  ThreadPool& pool = ThreadPool::instance();
+  const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
+  // An expert with many slots (a prefill) runs the panel GEMM on its rows of
+  // x gathered together (int8: the values the activation blocks hold, so the
+  // numerics stay int8's), the experts side by side (a GEMM started inside a
+  // pool job runs on its thread). The others take the pool tile by tile:
+  // a tile of an expert's weight rows against each of its slots' rows.
+  const int64_t panel_rows = int8 ? kInt8PanelMinRows : kPanelGemmMinRows;
+  std::vector<int64_t> many, few;
+  for (int64_t e : slots.chosen()) (slots.count(e) >= panel_rows ? many : few).push_back(e);
+  const size_t act_row = int8 ? activation_row_bytes(info, K) : 0;
+  const std::vector<uint8_t> xq =
+      int8 ? quantize_activations(table, info, x, rows, K, act_row) : std::vector<uint8_t>();
+  const std::vector<float> xhat = int8 && !many.empty()
+      ? activation_values(info.activation, xq.data(), rows, K, act_row) : std::vector<float>();
+  const float* panel_x = int8 ? xhat.data() : x;
+  pool.parallel_for(static_cast<int64_t>(many.size()), 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t e = many[j], count = slots.count(e);
+      std::vector<float> gathered(count * K), product(count * N);
+      const auto rows_of = slot_rows(e);
+      for (int64_t i = 0; i < count; ++i)
+        std::memcpy(gathered.data() + i * K, panel_x + rows_of(i).first * K, K * sizeof(float));
+      const uint8_t* we = w + e * expert_bytes;
+      panel_gemm(kernels, gathered.data(), count, K, N,
+                 [&](int64_t n, float* dst) { k.dequantize_row(we + n * row_bytes, dst, K); },
+                 product.data(), N);
+      for (int64_t i = 0; i < count; ++i)
+        std::memcpy(y + rows_of(i).second * N, product.data() + i * N, N * sizeof(float));
+    }
+  });
+  // Work items: (expert, tile of its rows), expert by expert, so a chunk
+  // reads one expert's rows once for all of its slots.
+  const int64_t items = static_cast<int64_t>(few.size()) * tiles;
+  pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
+                    [&](int64_t i0, int64_t i1) {
+    std::vector<float> scratch(int8 ? 0 : kRowsPerTile * K);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t e = few[item / tiles], t = item % tiles;
+      const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+      const uint8_t* we = w + e * expert_bytes;
+      if (int8)
+        int8_tile(k, K, we, row_bytes, we + expert_bytes, n0, n1, xq.data(), act_row,
+                  slots.count(e), slot_rows(e), y, N);
+      else
+        exact_tile(k, table, K, we, row_bytes, n0, n1, x, slots.count(e), slot_rows(e), y, N,
+                   scratch.data());
     }
   });
 }
@@ -184,6 +319,48 @@ class GgmlMatmul : public QuantPrimitive {
   }
 
   bool int8_;
+};
+
+// out [..., k, N] float32: slot j of each row of indices [..., k] times its
+// expert of w uint8 [E, N, row_bytes], x [..., K] (one row per token) or,
+// per_slot, [..., k, K]. Indices are read as integers, negative ones counted
+// from the end and the rest clamped into [0, E).
+class GgmlGatherMatmul : public QuantPrimitive {
+ public:
+  GgmlGatherMatmul(mx::Stream stream, const Kernels& kernels, int type, bool int8, bool per_slot)
+      : QuantPrimitive(stream, kernels, type), int8_(int8), per_slot_(per_slot) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    enqueue(out, [x = inputs[0], w = inputs[1], indices = inputs[2], kernels = kernels_,
+                  table = table_, type = type_, int8 = int8_,
+                  per_slot = per_slot_](mx::array& out) {
+      const int64_t K = x.shape(-1), N = w.shape(1);
+      const ExpertSlots slots(indices, w.shape(0));
+      std::vector<float> keep_x;
+      std::vector<uint8_t> keep_w;
+      const float* rows = float_rows(x, keep_x);
+      ggml_gather_rows(*kernels, *table, type, rows, x.size() / std::max<int64_t>(K, 1), K,
+                       static_cast<const uint8_t*>(contiguous_data(w, keep_w)), N, slots,
+                       per_slot, int8, out.data<float>());
+    });
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[2].shape();
+    shape.push_back(inputs[1].shape(1));
+    return {shape};
+  }
+
+  const char* name() const override { return "MlxprogGgmlGatherMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const GgmlGatherMatmul*>(&other);
+    return o && o->table_ == table_ && o->type_ == type_ && o->int8_ == int8_ &&
+           o->per_slot_ == per_slot_;
+  }
+
+ private:
+  bool int8_, per_slot_;
 };
 
 // out [..., K] float32 = each row of blocks [..., row_bytes] dequantized.
@@ -253,6 +430,37 @@ void bind_ggml(nb::module_& m) {
       "x [..., K] @ dequantize(w).T as float32, w uint8 [N, row_bytes] rows of GGML type "
       "`type` (GGUF's id); int8: llama.cpp's numerics (x quantized into 8-bit blocks, "
       "integer dot products).");
+  m.def(
+      "ggml_gather_matmul",
+      [](const mx::array& x, const mx::array& w, const mx::array& indices, int type, bool int8,
+         bool per_slot) {
+        const quants::TypeInfo& info = checked_type(type);
+        const int64_t K = x.ndim() ? x.shape(-1) : 0;
+        bool fits = w.ndim() == 3 && w.dtype() == mx::uint8 && w.shape(0) > 0 &&
+                    K % info.block == 0 && w.shape(2) == K / info.block * info.block_bytes &&
+                    indices.ndim() >= 1 &&
+                    mx::issubdtype(indices.dtype(), mx::integer) &&
+                    x.ndim() == indices.ndim() + (per_slot ? 1 : 0);
+        for (int d = 0; fits && d < indices.ndim() - (per_slot ? 0 : 1); ++d)
+          fits = x.shape(d) == indices.shape(d);
+        if (!fits)
+          throw std::invalid_argument(
+              std::string("mlxprog native ggml_gather_matmul: needs x [..., K] (per slot [..., k, "
+                          "K]), w uint8 [E, N, K / block * block_bytes] of ") +
+              info.name + " and integer indices [..., k]");
+        mx::Shape shape = indices.shape();
+        shape.push_back(w.shape(1));
+        return mx::array(shape, mx::float32,
+                         std::make_shared<GgmlGatherMatmul>(mx::default_stream(mx::Device::cpu),
+                                                            *active_kernels, type, int8, per_slot),
+                         {x, w, indices});
+      },
+      nb::arg("x"), nb::arg("w"), nb::arg("indices"), nb::kw_only(), nb::arg("type"),
+      nb::arg("int8") = false, nb::arg("per_slot") = false,
+      "For each slot of indices [..., k]: x [..., K] (per_slot: [..., k, K]) @ dequantize(w[e]).T "
+      "as float32 [..., k, N], w uint8 [E, N, row_bytes] experts of GGML type `type`; int8: "
+      "llama.cpp's numerics, x quantized once per row. Reads only the chosen experts' rows, "
+      "each once for all its slots.");
   m.def(
       "ggml_dequantize",
       [](const mx::array& blocks, int type) {

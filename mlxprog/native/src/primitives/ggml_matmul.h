@@ -1,10 +1,12 @@
-// The GGML block-quantized matmul's row driver, which the ggml_matmul
-// primitive and the transformer layer share (ggml_matmul.cpp).
+// The GGML block-quantized matmul's row drivers (ggml_matmul.cpp): the dense
+// one, which the ggml_matmul primitive and the transformer layer share, and
+// the mixture-of-experts one of ggml_gather_matmul.
 #pragma once
 
 #include <cstdint>
 
 #include "primitive.h"
+#include "primitives/expert_slots.h"
 #include "quants/quants.h"
 
 namespace mlxprog {
@@ -18,5 +20,15 @@ namespace mlxprog {
 void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
                       const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
                       bool int8, float* y, int64_t ldy);
+
+// Mixture-of-experts slots: for each slot s of `slots`, y row s (N floats)
+// = its row of x (`rows` dense rows of K float32: one per token, or
+// per_slot one per slot) @ dequantize(its expert of w).T, w the experts' N
+// rows of GGML type `type` one after another. Reads only the experts some
+// slot picks, each once for all its slots; int8 as ggml_matmul_rows, each
+// row of x quantized once. Runs on the thread pool.
+void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
+                      const float* x, int64_t rows, int64_t K, const uint8_t* w, int64_t N,
+                      const ExpertSlots& slots, bool per_slot, bool int8, float* y);
 
 }  // namespace mlxprog

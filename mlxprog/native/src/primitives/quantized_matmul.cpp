@@ -1,11 +1,14 @@
-// The quantized matmul primitive (MLX's affine format; the kernels:
-// kernels/*/qmm.h) and its Python function, quantized_matmul.
+// The quantized matmul primitives (MLX's affine format; the kernels:
+// kernels/*/qmm.h) and their Python functions: quantized_matmul, and
+// gather_quantized_matmul (int8, each slot's expert of a stack of them).
 #include "primitives/quantized_matmul.h"
 
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
+#include "primitives/expert_slots.h"
 #include "primitives/panel_gemm.h"
 #include "threadpool.h"
 
@@ -192,6 +195,109 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                    {x, w, scales, biases});
 }
 
+// Byte size of one element of a scales or biases array.
+int64_t scalar_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+
+// out [..., k, N] float32: each slot of indices [..., k] times its expert of
+// w uint32 [E, N, K * bits / 32] with scales and biases [E, N, K /
+// group_size], x [..., K] (one row per token) or, per_slot, [..., k, K]; the
+// int8 numerics (4- or 8-bit codes). Each chosen expert runs run_qmm once on
+// the rows of all its slots (ExpertSlots); the other experts are not read.
+class GatherQuantizedMatmul : public CpuPrimitive {
+ public:
+  GatherQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool per_slot)
+      : CpuPrimitive(stream), group_size_(group_size), bits_(bits), per_slot_(per_slot) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    enqueue(out, [x = inputs[0], w = inputs[1], scales = inputs[2], biases = inputs[3],
+                  indices = inputs[4], group_size = group_size_, bits = bits_,
+                  per_slot = per_slot_](mx::array& out) {
+      std::vector<uint8_t> keep_x, keep_w, keep_s, keep_b;
+      const int64_t K = x.shape(-1), N = w.shape(1), groups = K / group_size;
+      const ExpertSlots slots(indices, w.shape(0));
+      const DType x_dtype = dtype_of(x);
+      const int64_t x_bytes = x.itemsize();
+      const uint8_t* x_rows = static_cast<const uint8_t*>(contiguous_data(x, keep_x));
+      const PackedMatrix all =
+          packed_matrix(w, scales, biases, bits, group_size, keep_w, keep_s, keep_b);
+      float* y = out.data<float>();
+      auto run_expert = [&](int64_t e) {
+        const int64_t count = slots.count(e);
+        std::vector<uint8_t> gathered(count * K * x_bytes);
+        std::vector<float> product(count * N);
+        for (int64_t i = 0; i < count; ++i)
+          std::memcpy(gathered.data() + i * K * x_bytes,
+                      x_rows + slots.rows(e, i, per_slot).first * K * x_bytes, K * x_bytes);
+        PackedMatrix m = all;
+        m.w += e * N * K * bits / 8;
+        m.scales = static_cast<const uint8_t*>(all.scales) +
+                   e * N * groups * scalar_bytes(all.scales_dtype);
+        m.biases = static_cast<const uint8_t*>(all.biases) +
+                   e * N * groups * scalar_bytes(all.biases_dtype);
+        run_qmm(gathered.data(), x_dtype, count, K, N, m, true, true, product.data());
+        for (int64_t i = 0; i < count; ++i)
+          std::memcpy(y + slots.rows(e, i, per_slot).second * N, product.data() + i * N,
+                      N * sizeof(float));
+      };
+      const std::vector<int64_t>& chosen = slots.chosen();
+      const int64_t experts = static_cast<int64_t>(chosen.size());
+      ThreadPool& pool = ThreadPool::instance();
+      // Enough experts for every thread: one expert per job (run_qmm then
+      // runs on its thread); else one after another, each on the whole pool.
+      if (experts >= pool.threads()) {
+        pool.parallel_for(experts, 1, [&](int64_t j0, int64_t j1) {
+          for (int64_t j = j0; j < j1; ++j) run_expert(chosen[j]);
+        });
+      } else {
+        for (int64_t e : chosen) run_expert(e);
+      }
+    });
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[4].shape();
+    shape.push_back(inputs[1].shape(1));
+    return {shape};
+  }
+
+  const char* name() const override { return "MlxprogGatherQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const GatherQuantizedMatmul*>(&other);
+    return o && group_size_ == o->group_size_ && bits_ == o->bits_ && per_slot_ == o->per_slot_;
+  }
+
+ private:
+  int group_size_, bits_;
+  bool per_slot_;
+};
+
+mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w,
+                                  const mx::array& scales, const mx::array& biases,
+                                  const mx::array& indices, int group_size, int bits,
+                                  bool per_slot) {
+  const int K = x.ndim() ? x.shape(-1) : 0;
+  bool fits = w.ndim() == 3 && w.dtype() == mx::uint32 && (bits == 4 || bits == 8) &&
+              w.shape(0) > 0 && K > 0 && K % group_size == 0 && w.shape(2) * 32 / bits == K;
+  fits = fits && scales.shape() == mx::Shape{w.shape(0), w.shape(1), K / group_size} &&
+         biases.shape() == scales.shape() && indices.ndim() >= 1 &&
+         mx::issubdtype(indices.dtype(), mx::integer) &&
+         x.ndim() == indices.ndim() + (per_slot ? 1 : 0);
+  for (int d = 0; fits && d < indices.ndim() - (per_slot ? 0 : 1); ++d)
+    fits = x.shape(d) == indices.shape(d);
+  if (!fits)
+    throw std::invalid_argument(
+        "mlxprog native gather_quantized_matmul: needs x [..., K] (per slot [..., k, K]), w "
+        "uint32 [E, N, K * bits / 32] of 4- or 8-bit codes, scales and biases [E, N, K / "
+        "group_size] and integer indices [..., k]");
+  mx::Shape shape = indices.shape();
+  shape.push_back(w.shape(1));
+  return mx::array(shape, mx::float32,
+                   std::make_shared<GatherQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
+                                                           group_size, bits, per_slot),
+                   {x, w, scales, biases, indices});
+}
+
 }  // namespace
 
 void bind_quantized_matmul(nb::module_& m) {
@@ -201,6 +307,13 @@ void bind_quantized_matmul(nb::module_& m) {
         "x @ dequantize(w).T (transpose) or x @ dequantize(w), MLX's affine format; "
         "int8: x quantized to int8 per group and integer dot products (transpose, 4 or 8 "
         "bits).");
+  m.def("gather_quantized_matmul", &gather_quantized_matmul, nb::arg("x"), nb::arg("w"),
+        nb::arg("scales"), nb::arg("biases"), nb::arg("indices"), nb::kw_only(),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("per_slot") = false,
+        "For each slot of indices [..., k]: x [..., K] (per_slot: [..., k, K]) @ "
+        "dequantize(w[e]).T as float32 [..., k, N], MLX's affine experts w [E, N, K * bits / "
+        "32]; the int8 numerics (4- or 8-bit codes). Reads only the chosen experts, each once "
+        "for all its slots.");
 }
 
 }  // namespace mlxprog
