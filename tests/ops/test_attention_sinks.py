@@ -164,3 +164,25 @@ def test_sinks_operand_is_checked():
     with pytest.raises(mp.ValidationError, match="with sinks takes operands"):
         b.quantized_kv_cache_sdpa_update(q, *new, *caches, offset, bits=4, group_size=32,
                                          sinks=True)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_non_finite_sinks(native):
+    """A NaN or +inf sink makes its head's outputs NaN (as a softmax over
+    it does), never a finite answer; a -inf sink takes no mass (no sink)."""
+    rng = np.random.default_rng(4)
+    q, new_k, new_v, k_cache, v_cache, key_mask, _ = case(rng, 1, 7)
+    sinks = np.array([np.nan, np.inf, -np.inf, 0.5], np.float32)
+    b = mp.ProgramBuilder("sinks")
+    ins = [b.input(n, a.shape, "float32") for n, a in
+           (("q", q), ("k", new_k), ("v", new_v), ("kc", k_cache), ("vc", v_cache))]
+    rest = [b.input("offset", (), "int32"), b.input("key_mask", (B, S), "bool"),
+            b.input("sinks", (H,), "float32")]
+    outs = b.kv_cache_sdpa_update(*ins, *rest, layout="BHTD", sinks=True)
+    exe = mp.compile(b.build(list(outs)), native=native)
+    out = np.array(exe(*[mx.array(a) for a in (q, new_k, new_v, k_cache, v_cache)],
+                       mx.array(7, mx.int32), mx.array(key_mask), mx.array(sinks))[0])
+    assert np.isnan(out[:, :2]).all()
+    kc, vc = written(k_cache, new_k, 7), written(v_cache, new_v, 7)
+    want = reference(q, kc, vc, 7, key_mask, np.array([0, 0, -np.inf, 0.5]))
+    np.testing.assert_allclose(out[:, 2:], want[:, 2:], rtol=1e-4, atol=2e-5)
