@@ -995,7 +995,10 @@ def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mappin
     ignored = family.hf_ignored if source == "hf" else ()
     labels: Mapping[str, str] = {}
     if source == "hf":
-        tensors, labels = family.hf_tensors(tensors, config)
+        try:
+            tensors, labels = family.hf_tensors(tensors, config)
+        except ModelError as e:
+            raise ModelError(f"{where}: {e}") from None
     weights, names, quantization = read_weights(family.weights(config), config, tensors,
                                                 source, where, ignored, block_types, labels)
     return Checkpoint(path=path, config=config, weights=weights, quantization=quantization,

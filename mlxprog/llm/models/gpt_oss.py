@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from ...arrays import name_of
 from ...errors import ModelError
 from ..config import ModelConfig
 from .base import Family, GGUFMetadata, HFConfig, MoEConfig, Scoring, Weight
@@ -109,10 +110,13 @@ WEIGHTS = decoder_weights(
 )
 
 
-def _mxfp4_blocks(blocks: mx.array) -> mx.array:
-    """OpenAI's MXFP4 ``_blocks`` ``[..., groups, 16]`` (bytes of two e2m1
-    values, the low nibble first) as MLX's mxfp4 ``uint32 [..., in / 8]``:
-    the same bytes."""
+def _mxfp4_blocks(name: str, blocks: mx.array) -> mx.array:
+    """OpenAI's MXFP4 ``_blocks`` tensor ``name``, uint8 ``[E, out, groups,
+    16]`` (bytes of two e2m1 values, the low nibble first), as MLX's mxfp4
+    ``uint32 [E, out, in / 8]``: the same bytes."""
+    if blocks.dtype != mx.uint8 or blocks.ndim != 4 or blocks.shape[-1] != 16:
+        raise ModelError(f"{name} is {name_of(blocks.dtype)} {tuple(blocks.shape)}, expected "
+                         "MXFP4 blocks: uint8 [experts, out, in / 32, 16]")
     return blocks.view(mx.uint32).reshape(*blocks.shape[:-2], blocks.shape[-2] * 4)
 
 
@@ -222,7 +226,7 @@ class GptOssFamily(Family):
                 value = value.swapaxes(-1, -2)  # bfloat16 [E, in, out] -> [E, out, in]
                 change = ":transposed"
             elif last.endswith("_blocks"):
-                value = _mxfp4_blocks(value)
+                value = _mxfp4_blocks(key, value)
             # Axis 1 holds the rows (outputs) of every part.
             if projection == "gate_up_proj":
                 halves = {"gate_proj": (value[:, 0::2], "[:, 0::2]"),

@@ -428,6 +428,18 @@ def test_expert_tensors_of_the_wrong_shape_are_named(tmp_path):
         load_tiny(checkpoint)
 
 
+def test_malformed_mxfp4_blocks_are_named(tmp_path):
+    openai = _quantized_experts(write_checkpoint(tmp_path, GPT_OSS), rest=None)
+    _openai_layout(openai, blocks=True)
+    weights = dict(mx.load(str(openai / "model.safetensors")))
+    name = "model.layers.0.mlp.experts.down_proj_blocks"
+    weights[name] = weights[name].reshape(*weights[name].shape[:2], -1)
+    mx.save_safetensors(str(openai / "model.safetensors"), weights)
+    with pytest.raises(ModelError, match=rf"{tmp_path}: {name} is uint8 \(4, 64, 64\), "
+                                         r"expected MXFP4 blocks"):
+        load_tiny(openai)
+
+
 def test_a_missing_sinks_tensor_is_named(tmp_path):
     checkpoint = write_checkpoint(tmp_path, GPT_OSS)
     weights = dict(mx.load(str(checkpoint / "model.safetensors")))
