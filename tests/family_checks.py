@@ -180,6 +180,34 @@ def check_batch_and_prompt_cache(directory: Path) -> None:
     assert reused.tokens == singles[0]
 
 
+_RANK_SCRIPT = """
+import json
+import mlx.core as mx
+from mlxprog.llm import load
+
+llm = load({path!r}, max_length={max_length}, group=mx.distributed.init(), numerics="exact")
+out = llm.generate({prompt!r}, max_tokens=12, chat=False, logprobs=True)
+print(json.dumps([llm.rank, llm.world_size, out.tokens, out.logprobs]), flush=True)
+"""
+
+
+def check_two_ranks_generate_as_one_process(path) -> None:
+    """Two tensor-parallel ranks of the checkpoint at ``path`` give one
+    process's greedy tokens and nearly its log-probabilities (exact
+    numerics)."""
+    from distributed_helpers import run_ranks
+
+    want = load(path, max_length=MAX_LENGTH, numerics="exact").generate(
+        PROMPT_IDS, max_tokens=12, chat=False, logprobs=True)
+    script = _RANK_SCRIPT.format(path=str(path), max_length=MAX_LENGTH, prompt=PROMPT_IDS)
+    for r in run_ranks(script, 2, timeout=180):
+        assert r.returncode == 0, f"rank {r.rank} (status {r.returncode}):\n{r.stderr}"
+        rank, world_size, tokens, logprobs = json.loads(r.stdout.splitlines()[-1])
+        assert (rank, world_size) == (r.rank, 2)
+        assert tokens == want.tokens
+        assert all(abs(a - b) < 1e-4 for a, b in zip(logprobs, want.logprobs, strict=True))
+
+
 class MlxLmParity:
     """The checks above as tests: a family's test module defines a
     ``checkpoint`` fixture (the tiny checkpoint directories, one per
@@ -223,18 +251,28 @@ def write_per_expert_checkpoint(directory: Path, out: Path,
 
 
 def write_quantized_checkpoint(directory: Path, out: Path, bits: int = 4,
-                               group_size: int = 32) -> Path:
+                               group_size: int = 32, router_bits: int | None = None) -> Path:
     """The checkpoint in ``directory`` quantized by mlx-lm (``nn.quantize``
     of its model: the expert stacks become ``QuantizedSwitchLinear``, the
-    routers quantized too) and saved as mlx-lm saves it, at ``out``."""
+    routers quantized too, to ``router_bits`` where given, as
+    mlx-community's mixed recipes keep them) and saved as mlx-lm saves it,
+    with the per-layer entries of its ``quantization`` config, at ``out``."""
     import mlx.nn as nn
 
     out.mkdir(parents=True, exist_ok=True)
     model = mlx_lm_model(directory)
-    nn.quantize(model, group_size=group_size, bits=bits)
+    routers: dict[str, dict] = {}
+
+    def settings(path: str, module) -> bool | dict:
+        if router_bits is None or not path.endswith(".gate"):
+            return hasattr(module, "to_quantized")
+        routers[path] = {"group_size": group_size, "bits": router_bits}
+        return routers[path]
+
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=settings)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     config = json.loads((directory / "config.json").read_text())
-    config["quantization"] = {"group_size": group_size, "bits": bits}
+    config["quantization"] = {"group_size": group_size, "bits": bits, **routers}
     (out / "config.json").write_text(json.dumps(config))
     write_tiny_tokenizer(out)
     return out
@@ -269,13 +307,16 @@ class MoEChecks:
 
     def test_quantized_checkpoint_matches_mlx_lm(self, checkpoint, tmp_path):
         """mlx-lm's 4-bit checkpoint (quantized expert stacks, as
-        mlx-community publishes) loads quantized and gives mlx-lm's logits."""
-        directory = write_quantized_checkpoint(checkpoint, tmp_path / "q4")
+        mlx-community publishes), its routers at 8 bits, loads quantized
+        and gives mlx-lm's logits."""
+        directory = write_quantized_checkpoint(checkpoint, tmp_path / "q4", router_bits=8)
         llm = load_tiny(directory, numerics="exact")
+        quantization = llm.checkpoint.quantization
         stacks = [n for n, w in llm.checkpoint.weights.items()
                   if w.ndim == 3 and n.endswith(".weight")]
-        assert stacks and all(llm.checkpoint.quantization[n[:-len(".weight")]].bits == 4
-                              for n in stacks)
+        assert stacks and all(quantization[n[:-len(".weight")]].bits == 4 for n in stacks)
+        routers = [n for n in quantization if n.endswith(".gate")]
+        assert routers and all(quantization[n].bits == 8 for n in routers)
         check_logits_match_mlx_lm(directory, decode_steps=3, numerics="exact")
 
     def test_gguf_gives_the_checkpoints_logits(self, checkpoint, tmp_path):

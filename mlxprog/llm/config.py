@@ -1,14 +1,16 @@
 """The hyperparameters of a decoder every model family has
 (:class:`ModelConfig`); a family with settings of its own subclasses it
-(see :mod:`mlxprog.llm.models`)."""
+(see :mod:`mlxprog.llm.models`), the mixtures of experts
+:class:`MoEConfig`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 
+from ..arrays import is_int
 from ..errors import ModelError
 
 
@@ -76,3 +78,58 @@ class ModelConfig:
             "scale": self.rope_scale,
             "freqs": freqs,
         }
+
+
+#: A router's scoring: ``moe_route``'s ``scoring`` attribute.
+Scoring = Literal["softmax_topk", "topk_softmax"]
+
+
+def check_expert_counts(count_key: str, count: Any, used_key: str, used: Any) -> None:
+    """A mixture's expert count and experts per token are integers with
+    1 <= used <= count; else a :class:`ModelError` naming the keys."""
+    for key, value in ((count_key, count), (used_key, used)):
+        if not is_int(value) or value < 1:
+            raise ModelError(f"{key} must be a positive integer, got {value!r}")
+    if used > count:
+        raise ModelError(f"{used_key} {used} is more than the {count} experts of {count_key}")
+
+
+@dataclass(frozen=True)
+class MoEConfig(ModelConfig):
+    """A decoder whose MLPs are mixtures of experts: ``num_experts``
+    SwiGLU experts of width ``expert_intermediate_size``, of which each
+    token runs ``experts_per_token``, chosen and weighted by the layer's
+    router (``router``: ``softmax_topk``, a softmax over every expert then
+    the k best, renormalized over them with ``renormalize``; or
+    ``topk_softmax``, the k best logits then a softmax over them). A
+    ``shared_expert_intermediate_size`` above zero adds Qwen2-MoE's shared
+    expert (a SwiGLU every token runs, scaled by a sigmoid gate); the
+    ``dense_layers`` have an ordinary MLP of ``intermediate_size`` instead
+    of experts."""
+
+    num_experts: int = 1
+    experts_per_token: int = 1
+    expert_intermediate_size: int = 1
+    router: Scoring = "softmax_topk"
+    renormalize: bool = False
+    shared_expert_intermediate_size: int = 0
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_expert_counts("model config: num_experts", self.num_experts,
+                            "model config: experts_per_token", self.experts_per_token)
+        if not is_int(self.expert_intermediate_size) or self.expert_intermediate_size < 1:
+            raise ModelError("model config: expert_intermediate_size must be a positive "
+                             f"integer, got {self.expert_intermediate_size!r}")
+        if self.renormalize and self.router != "softmax_topk":
+            raise ModelError(f"model config: renormalize applies to softmax_topk routing, "
+                             f"not {self.router}")
+        outside = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
+        if outside:
+            raise ModelError(f"model config: dense layers {outside} are not layers of the "
+                             f"{self.num_layers}")
+
+    def expert_layers(self) -> list[int]:
+        """The layers whose MLP is the mixture of experts."""
+        return [i for i in range(self.num_layers) if i not in self.dense_layers]

@@ -22,19 +22,23 @@ import mlx.core as mx
 from ..arrays import is_int, name_of
 from ..errors import ModelError
 from .checkpoint import Checkpoint, GGMLQuantization, Quantization
-from .config import ModelConfig
+from .config import ModelConfig, MoEConfig
 
 
 @dataclass(frozen=True)
 class Split:
     """How a weight is cut across tensor-parallel ranks: by output rows
     (``axis`` 0) or input columns (``axis`` 1), following one block of a
-    :class:`Shard` (``"heads"``, ``"kv_heads"`` or ``"intermediate"``). A
-    row split's bias is cut with it; a column split's bias is of its
-    outputs, held whole by every rank and added once after the ranks' sum."""
+    :class:`Shard` (``"heads"``, ``"kv_heads"``, ``"intermediate"`` or
+    ``"expert_intermediate"``). A row split's bias is cut with it; a column
+    split's bias is of its outputs, held whole by every rank and added once
+    after the ranks' sum. A stack of matrices (a mixture's experts,
+    ``(experts, out, in)``) is cut the same way in every expert: its rows
+    and columns are its last two axes. A vector (a norm's weight) split by
+    rows is cut along its one axis."""
 
     axis: Literal[0, 1]
-    block: Literal["heads", "kv_heads", "intermediate"]
+    block: Literal["heads", "kv_heads", "intermediate", "expert_intermediate"]
 
 
 ROWS_BY_HEADS = Split(0, "heads")
@@ -42,6 +46,8 @@ ROWS_BY_KV_HEADS = Split(0, "kv_heads")
 ROWS_BY_INTERMEDIATE = Split(0, "intermediate")
 COLUMNS_BY_HEADS = Split(1, "heads")
 COLUMNS_BY_INTERMEDIATE = Split(1, "intermediate")
+ROWS_BY_EXPERT_INTERMEDIATE = Split(0, "expert_intermediate")
+COLUMNS_BY_EXPERT_INTERMEDIATE = Split(1, "expert_intermediate")
 
 
 @dataclass(frozen=True)
@@ -83,16 +89,17 @@ class ModelSpec:
     def shard(self, world_size: int = 1, rank: int = 0) -> Shard:
         """Rank ``rank``'s part of the model split over ``world_size`` ranks
         (see :class:`Shard`); a split the model's heads or quantization groups
-        do not allow is a :class:`ModelError` naming ``world_size``; so is
-        any split of a mixture of experts (its stacks of expert matrices
-        are not split)."""
-        stacks = sorted(n for n, (shape, _) in self.weights.items() if len(shape) == 3)
-        if world_size != 1 and stacks:
+        do not allow is a :class:`ModelError` naming ``world_size``, and so
+        is a split of a mixture of experts whose expert stacks the family's
+        table does not split."""
+        unsplit = sorted(n for n, (shape, _) in self.weights.items()
+                         if len(shape) == 3 and n.rsplit(".", 1)[0] not in self.splits)
+        if world_size != 1 and unsplit:
             raise ModelError(f"world_size {world_size}: tensor parallelism does not split a "
-                             f"mixture of experts' expert stacks ({stacks[0]} and "
-                             f"{len(stacks) - 1} more): what is missing is a split of each "
-                             "expert's intermediate features (or of the experts) across the "
-                             "ranks; run the model in one process")
+                             f"mixture of experts' expert stacks ({unsplit[0]} and "
+                             f"{len(unsplit) - 1} more): the {self.config.family} family's "
+                             "weight table gives them no split across the ranks; run the "
+                             "model in one process")
         return _shard(self.config, self.quantization, self.splits, world_size, rank)
 
     def local_shape(self, name: str, shard: Shard) -> tuple[int, ...]:
@@ -128,7 +135,7 @@ class ModelSpec:
                 axis, start, end = cut
                 # A copy: a column slice is a strided view, and a copy gives the
                 # kernels the dense row-major layout a weight read from a file has.
-                w = mx.contiguous(w[start:end] if axis == 0 else w[:, start:end])
+                w = mx.contiguous(w[(slice(None),) * axis + (slice(start, end),)])
             out[self.source_names[name]] = w
         for layer, parts in self.fused.items():
             for part in _PARTS:
@@ -160,7 +167,7 @@ class ModelSpec:
     def _slice(self, name: str, shard: Shard) -> tuple[int, int, int] | None:
         """``(axis, start, end)`` of weight ``name``'s stored array that the
         rank of ``shard`` holds, or None: the whole array (replicated, or one
-        rank)."""
+        rank). The axis counts the leading axes of an expert stack."""
         if shard.world_size == 1:
             return None
         layer, part = name.rsplit(".", 1)
@@ -170,13 +177,15 @@ class ModelSpec:
             # and adds it once, after the sum (see Decoder.linear).
             return None
         start, end = shard.features(split.block, self.config.head_dim)
+        # The experts' axis of a stack (its weight's third-from-last axis).
+        stacked = max(len(self.weights[f"{layer}.weight"][0]) - 2, 0)
         if split.axis == 0:
-            return 0, start, end
+            return stacked, start, end
         quant = self.quantization.get(layer)
         if quant is not None:
             # The split keeps whole groups (see _shard).
             start, end = quant.stored_columns(part, start, end)
-        return 1, start, end
+        return stacked + 1, start, end
 
 
 # The projections fused into one matmul (they read the same input), by the
@@ -220,13 +229,15 @@ def _fuse(spec: ModelSpec, layer: str, parts: list[str]) -> None:
 class Shard:
     """One rank's part of a model split over ``world_size`` ranks (tensor
     parallelism): the half-open ranges of the KV heads, the query heads (those
-    of its KV heads' groups) and the MLP intermediate dim it holds."""
+    of its KV heads' groups), the MLP intermediate dim and, in a mixture of
+    experts, every expert's intermediate dim it holds."""
 
     world_size: int
     rank: int
     kv_heads: tuple[int, int]
     heads: tuple[int, int]
     intermediate: tuple[int, int]
+    expert_intermediate: tuple[int, int] = (0, 0)
 
     @property
     def num_kv_heads(self) -> int:
@@ -239,10 +250,11 @@ class Shard:
         return self.heads[1] - self.heads[0]
 
     def features(self, block: str, head_dim: int) -> tuple[int, int]:
-        """The range of features ``block`` (``"heads"``, ``"kv_heads"`` or
-        ``"intermediate"``) covers: heads count ``head_dim`` features each."""
+        """The range of features ``block`` (a :class:`Split`'s) covers:
+        heads count ``head_dim`` features each."""
         start, end = getattr(self, block)
-        return (start, end) if block == "intermediate" else (start * head_dim, end * head_dim)
+        return (start * head_dim, end * head_dim) if block in ("heads", "kv_heads") else (
+            start, end)
 
 
 def _blocks(units: int, world_size: int) -> list[tuple[int, int]]:
@@ -258,8 +270,9 @@ def _blocks(units: int, world_size: int) -> list[tuple[int, int]]:
 def _shard(config: ModelConfig, quantization: dict[str, Quantization | GGMLQuantization],
            layer_splits: dict[str, Split], world_size: int, rank: int) -> Shard:
     """Rank ``rank``'s :class:`Shard`: KV heads in contiguous blocks (with
-    their query heads), the intermediate dim in blocks of whole quantization
-    groups of the down projection's columns; every rank's split is checked,
+    their query heads), the intermediate dim (and a mixture's experts')
+    in blocks of whole quantization groups of the down projection's
+    columns; every rank's split is checked,
     so all ranks agree on whether the model can be split."""
     if not is_int(world_size) or world_size < 1:
         raise ModelError(f"world_size must be a positive integer, got {world_size!r}")
@@ -288,13 +301,21 @@ def _shard(config: ModelConfig, quantization: dict[str, Quantization | GGMLQuant
                 f"{start * c.head_dim} of o_proj, inside a quantization group of "
                 f"{o_group} columns; choose a world_size whose head blocks fall on group "
                 "boundaries")
-    down_group = group_size("intermediate")
-    units = c.intermediate_size // down_group
-    if units < world_size:
-        raise ModelError(
-            f"world_size {world_size}: the MLP's intermediate size {c.intermediate_size} is "
-            f"{units} quantization groups of {down_group} (down_proj's columns), fewer than "
-            f"the ranks; use a world_size of at most {units}")
-    intermediate = [(start * down_group, end * down_group)
-                    for start, end in _blocks(units, world_size)]
-    return Shard(world_size, rank, kv[rank], heads[rank], intermediate[rank])
+
+    def intermediate(block: str, size: int, what: str) -> tuple[int, int]:
+        # Blocks of whole quantization groups of the down projection's columns.
+        down_group = group_size(block)
+        units = size // down_group
+        if units < world_size:
+            raise ModelError(
+                f"world_size {world_size}: {what} {size} is {units} quantization groups of "
+                f"{down_group} (down_proj's columns), fewer than the ranks; use a world_size "
+                f"of at most {units}")
+        start, end = _blocks(units, world_size)[rank]
+        return start * down_group, end * down_group
+
+    experts = ((0, 0) if not isinstance(c, MoEConfig) else intermediate(
+        "expert_intermediate", c.expert_intermediate_size, "each expert's intermediate size"))
+    return Shard(world_size, rank, kv[rank], heads[rank],
+                 intermediate("intermediate", c.intermediate_size,
+                              "the MLP's intermediate size"), experts)

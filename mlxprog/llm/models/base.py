@@ -18,8 +18,9 @@ embedding) names a layer whose arrays are ``.weight`` (or MLX's quantized
 of three axes is a mixture of experts' stack of matrices, ``(experts, out,
 in)``: mlx-lm saves it stacked (``switch_mlp``), llama.cpp as one ``*_exps``
 tensor, and an original Hugging Face checkpoint one tensor per expert,
-stacked at load (``Weight.hf_experts``). :class:`MoEConfig` holds the
-mixture's settings and :meth:`Decoder.moe` is its forward pass.
+stacked at load (``Weight.hf_experts``).
+:class:`~mlxprog.llm.config.MoEConfig` holds the mixture's settings and
+:meth:`Decoder.moe` is its forward pass.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from ...ggml import types as ggml_types
 from ...ggml.gguf_file import metadata_value
 from ..cache import CacheLayout, LayerCache
 from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
-from ..config import ModelConfig
-from ..spec import ModelSpec, Shard, Split
+from ..config import ModelConfig, check_expert_counts
+from ..spec import (COLUMNS_BY_EXPERT_INTERMEDIATE, ROWS_BY_EXPERT_INTERMEDIATE, ModelSpec,
+                    Shard, Split)
 
 if TYPE_CHECKING:
     from ...builder import ProgramBuilder, Value
@@ -87,7 +89,8 @@ class Weight:
     index, names where an original Hugging Face checkpoint keeps them
     apart (stacked at load when ``hf``'s stacked tensor is not there).
     ``layers``, for a per-layer entry, gives the layers that have it (None:
-    every layer). ``hf_rows``
+    every layer). ``finite`` checks at load that it holds no NaN or
+    infinity (a router: one would pick experts at random). ``hf_rows``
     / ``gguf_rows``, when given, say which rows of that stored tensor are this
     weight's (a fused ``qkv_proj`` stored as one tensor, split at load).
     ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
@@ -113,6 +116,7 @@ class Weight:
     hf_experts: str | None = None
     layers: Callable[[ModelConfig], Sequence[int]] | None = None
     hf_bare: bool = False
+    finite: bool = False
 
     @property
     def per_layer(self) -> bool:
@@ -177,7 +181,7 @@ def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
     return {e.name: e.weight.split for e in expand(table, config) if e.weight.split}
 
 
-def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[str, mx.array],
+def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str, mx.array],
                  source: Source, where: str, ignored: Sequence[re.Pattern] = (),
                  block_types: Mapping[str, str] | None = None,
                  labels: Mapping[str, str] | None = None
@@ -193,7 +197,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
     stored tensor kept in a GGUF file's blocks (``uint8 [rows, row_bytes]``).
     ``labels`` names what in the file a tensor re-laid at load came from
     (:meth:`Family.hf_tensors`; the stored name otherwise). ``where`` names
-    the file in errors."""
+    the file in errors. Per-expert tensors stacked at load are removed from
+    ``tensors`` (see :func:`_stored_parts`)."""
     weights: dict[str, mx.array] = {}
     names: dict[str, str] = {}
     quantization: dict[str, Quantization | GGMLQuantization] = {}
@@ -243,6 +248,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
             weights[f"{e.name}.{part}"], names[f"{e.name}.{part}"] = value, label
         _check_shapes(e.name, found, shape, quantization, where,
                       block_types.get(f"{e.stored}.weight"))
+        if e.weight.finite:
+            _check_finite(e.name, found, where, f"{e.stored}.weight" in block_types)
     if missing:
         raise ModelError(f"{where}: missing weight(s) {_some(missing)} that the "
                          f"{config.architecture} config needs")
@@ -257,15 +264,15 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: Mapping[
 
 
 def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
-                  tensors: Mapping[str, mx.array], read: set[str], where: str,
+                  tensors: dict[str, mx.array], read: set[str], where: str,
                   bare: bool = False) -> dict[str, tuple[str, mx.array]]:
     """The stored arrays of entry ``e``'s ``parts`` found in ``tensors``, as
     (stored name, array), each marked ``read``. An expert stack (``shape``
     ``(experts, out, in)``) whose stacked tensors are not there is stacked
     from one tensor per expert where the entry has them
-    (``Weight.hf_experts``): lazily, so that each expert's tensor is read
-    from the file straight into the stack when the weights are first
-    computed. Experts missing or unlike the others are a
+    (``Weight.hf_experts``): computed at once, and the experts' tensors
+    (lazy reads of the file) dropped from ``tensors``, so that each expert
+    is held once, in its stack. Experts missing or unlike the others are a
     :class:`ModelError`; experts beyond the count are left unread (the
     caller's unexpected weights). ``bare``: a vector stored under the stem
     itself (``Weight.hf_bare``)."""
@@ -297,8 +304,9 @@ def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
                                  f"unlike {keys[0]} ({tuple(first.shape)} {first.dtype}): "
                                  f"{e.name}'s experts must be alike")
         read.update(keys)
-        found[part] = (f"{e.stored_experts.format(e='*')}.{part}",
-                       mx.stack([tensors[key] for key in keys]))
+        stack = mx.stack([tensors.pop(key) for key in keys])
+        mx.eval(stack)
+        found[part] = (f"{e.stored_experts.format(e='*')}.{part}", stack)
     return found
 
 
@@ -347,6 +355,21 @@ def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tupl
     if "bias" in found and tuple(found["bias"][0].shape) != shape[:-1]:
         raise ModelError(f"{where}: {found['bias'][1]} has shape "
                          f"{tuple(found['bias'][0].shape)}, expected {shape[:-1]}")
+
+
+def _check_finite(name: str, found: dict[str, tuple[mx.array, str]], where: str,
+                  blocks: bool) -> None:
+    """A :class:`ModelError` naming the stored tensor when a float array of
+    entry ``name`` (a float weight, or a quantized one's scales and biases;
+    GGUF blocks' scales are checked as they are read) holds NaN or
+    infinity."""
+    for part, (value, label) in found.items():
+        if (part == "weight" and (blocks or "scales" in found)) or not mx.issubdtype(
+                value.dtype, mx.floating):
+            continue
+        if not mx.all(mx.isfinite(value)).item():
+            raise ModelError(f"{where}: {label} holds NaN or infinite values ({name} would "
+                             "route tokens by them)")
 
 
 def _some(names: list[str], limit: int = 5) -> str:
@@ -561,19 +584,6 @@ class GGUFMetadata:
 
 # -- mixtures of experts ---------------------------------------------------------
 
-Scoring = Literal["softmax_topk", "topk_softmax"]
-
-
-def check_expert_counts(count_key: str, count: Any, used_key: str, used: Any) -> None:
-    """A mixture's expert count and experts per token are integers with
-    1 <= used <= count; else a :class:`ModelError` naming the keys."""
-    for key, value in ((count_key, count), (used_key, used)):
-        if not is_int(value) or value < 1:
-            raise ModelError(f"{key} must be a positive integer, got {value!r}")
-    if used > count:
-        raise ModelError(f"{used_key} {used} is more than the {count} experts of {count_key}")
-
-
 def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
     """``<architecture>.expert_count`` of a GGUF file's metadata (0 without
     the key: a dense model)."""
@@ -581,50 +591,9 @@ def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
     return 0 if count is None else count
 
 
-@dataclass(frozen=True)
-class MoEConfig(ModelConfig):
-    """A decoder whose MLPs are mixtures of experts: ``num_experts``
-    SwiGLU experts of width ``expert_intermediate_size``, of which each
-    token runs ``experts_per_token``, chosen and weighted by the layer's
-    router (``router``: ``softmax_topk``, a softmax over every expert then
-    the k best, renormalized over them with ``renormalize``; or
-    ``topk_softmax``, the k best logits then a softmax over them). A
-    ``shared_expert_intermediate_size`` above zero adds Qwen2-MoE's shared
-    expert (a SwiGLU every token runs, scaled by a sigmoid gate); the
-    ``dense_layers`` have an ordinary MLP of ``intermediate_size`` instead
-    of experts."""
-
-    num_experts: int = 1
-    experts_per_token: int = 1
-    expert_intermediate_size: int = 1
-    router: Scoring = "softmax_topk"
-    renormalize: bool = False
-    shared_expert_intermediate_size: int = 0
-    dense_layers: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_expert_counts("model config: num_experts", self.num_experts,
-                            "model config: experts_per_token", self.experts_per_token)
-        if not is_int(self.expert_intermediate_size) or self.expert_intermediate_size < 1:
-            raise ModelError("model config: expert_intermediate_size must be a positive "
-                             f"integer, got {self.expert_intermediate_size!r}")
-        if self.renormalize and self.router != "softmax_topk":
-            raise ModelError(f"model config: renormalize applies to softmax_topk routing, "
-                             f"not {self.router}")
-        outside = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
-        if outside:
-            raise ModelError(f"model config: dense layers {outside} are not layers of the "
-                             f"{self.num_layers}")
-
-    def expert_layers(self) -> list[int]:
-        """The layers whose MLP is the mixture of experts."""
-        return [i for i in range(self.num_layers) if i not in self.dense_layers]
-
-
 def expert_layers(c: ModelConfig) -> Sequence[int]:
-    """The layers of a :class:`MoEConfig` with a mixture of experts (a
-    weight table entry's ``layers``)."""
+    """The layers of a :class:`~mlxprog.llm.config.MoEConfig` with a
+    mixture of experts (a weight table entry's ``layers``)."""
     return c.expert_layers()
 
 
@@ -632,24 +601,31 @@ def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj",
                                                                     "down_proj")
                 ) -> tuple[Weight, ...]:
     """The weight table entries of a mixture of experts in the layers that
-    have one (:meth:`MoEConfig.expert_layers`): the router
-    ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the experts'
-    stacked gate, up and down projections ``layers.{i}.<hf_block>.switch_mlp
-    .{gate,up,down}_proj`` (``[experts, out, in]``), read from mlx-lm's
+    have one (:meth:`~mlxprog.llm.config.MoEConfig.expert_layers`): the
+    router ``layers.{i}.<hf_block>.gate`` (``[experts, hidden]``) and the
+    experts' stacked gate, up and down projections
+    ``layers.{i}.<hf_block>.switch_mlp.{gate,up,down}_proj`` (``[experts,
+    out, in]``), read from mlx-lm's
     stacked tensors (``switch_mlp``), llama.cpp's ``ffn_gate_inp`` and
     ``ffn_{gate,up,down}_exps``, or an original Hugging Face checkpoint's
     ``<hf_block>.experts.{e}.<name>`` (``hf_experts``: the three
-    projections' names there, Mixtral's ``w1``, ``w3``, ``w2``)."""
+    projections' names there, Mixtral's ``w1``, ``w3``, ``w2``). Tensor
+    parallelism splits every expert's intermediate features as a dense
+    MLP's; the router is replicated."""
     layer = f"layers.{{i}}.{hf_block}"
     shapes = {"gate_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
               "up_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
               "down_proj": lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)}
     router = Weight(f"{layer}.gate", lambda c: (c.num_experts, c.hidden_size),
-                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers)
+                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers,
+                    finite=True)
+    splits = {"gate_proj": ROWS_BY_EXPERT_INTERMEDIATE, "up_proj": ROWS_BY_EXPERT_INTERMEDIATE,
+              "down_proj": COLUMNS_BY_EXPERT_INTERMEDIATE}
     return (router,) + tuple(
         Weight(f"{layer}.switch_mlp.{name}", shapes[name], hf=f"model.{layer}.switch_mlp.{name}",
                gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_exps",
-               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers)
+               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers,
+               split=splits[name])
         for name, stored in zip(("gate_proj", "up_proj", "down_proj"), hf_experts))
 
 
@@ -692,8 +668,8 @@ class Family:
         """The family's weight table for ``config``."""
         raise NotImplementedError
 
-    def hf_tensors(self, tensors: Mapping[str, mx.array], config: ModelConfig
-                   ) -> tuple[Mapping[str, mx.array], Mapping[str, str]]:
+    def hf_tensors(self, tensors: dict[str, mx.array], config: ModelConfig
+                   ) -> tuple[dict[str, mx.array], Mapping[str, str]]:
         """A Hugging Face file's tensors as the weight table names them, and
         for each tensor re-laid what in the file it came from: as stored
         (no labels), unless the family's checkpoints come in a layout of
@@ -802,8 +778,8 @@ class Decoder:
     def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:
         """The experts each row of ``x`` [..., hidden] runs, by router
         ``name`` (a projection to one logit per expert) and the config's
-        routing (:class:`MoEConfig`): their indices (uint32 [..., k], best
-        first) and weights (float32 [..., k])."""
+        routing (:class:`~mlxprog.llm.config.MoEConfig`): their indices
+        (uint32 [..., k], best first) and weights (float32 [..., k])."""
         c = self.c
         renormalize = {"renormalize": True} if c.renormalize else {}
         return sb.moe_route(self.linear(sb, name, x), top_k=c.experts_per_token,
@@ -816,14 +792,19 @@ class Decoder:
         a SwiGLU of the stacks ``<prefix>.switch_mlp.{gate,up,down}_proj``
         (:meth:`expert_linear`: one gathered matmul per projection, whatever
         the number of experts), their outputs summed by the router's
-        weights: [B, T, hidden] float32."""
+        weights: [B, T, hidden] float32. Split across ranks (each holding
+        a block of every expert's intermediate features, the router whole),
+        the ranks' partial sums are added."""
         indices, weights = self.route(sb, f"{prefix}.gate", x)
         stack = f"{prefix}.switch_mlp"
         gate = self.expert_linear(sb, f"{stack}.gate_proj", x, indices)
         up = self.expert_linear(sb, f"{stack}.up_proj", x, indices)
         down = self.expert_linear(sb, f"{stack}.down_proj", sb.fast_swiglu(gate, up), indices,
                                   per_slot=True)
-        return sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
+        y = sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
+        if self.shard.world_size > 1:
+            y = sb.all_sum(y)
+        return y
 
     def embed(self, sb, tokens: Value) -> Value:
         """The float32 embeddings of ``tokens``."""
@@ -987,7 +968,7 @@ class Decoder:
                          top_p=sampling.top_p, min_p=sampling.min_p)
 
 
-def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: Mapping[str, mx.array],
+def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: dict[str, mx.array],
                             source: Source, where: str, path, tokenizer: Tokenizer,
                             block_types: Mapping[str, str] | None = None) -> Checkpoint:
     """A :class:`Checkpoint` of ``family`` from a file's ``tensors``

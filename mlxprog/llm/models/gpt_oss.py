@@ -35,8 +35,8 @@ import mlx.core as mx
 
 from ...arrays import name_of
 from ...errors import ModelError
-from ..config import ModelConfig
-from .base import Family, GGUFMetadata, HFConfig, MoEConfig, Scoring, Weight
+from ..config import ModelConfig, MoEConfig, Scoring
+from .base import Family, GGUFMetadata, HFConfig, Weight
 from .gemma2 import hf_sliding_layers, positive
 from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf, yarn
 
@@ -51,7 +51,7 @@ SWIGLU_ALPHA = 1.702
 
 @dataclass(frozen=True)
 class GptOssConfig(MoEConfig):
-    """A gpt-oss config: the mixture's settings (:class:`~.base.MoEConfig`,
+    """A gpt-oss config: the mixture's settings (:class:`~mlxprog.llm.config.MoEConfig`,
     routed ``topk_softmax``, the experts as wide as ``intermediate_size``),
     the sliding window and which layers use it, the factor YaRN multiplies
     the rotated q/k features by, and the SwiGLU clamp ``swiglu_limit``."""
@@ -103,7 +103,8 @@ WEIGHTS = decoder_weights(
                        lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)),
 ) + (
     Weight("layers.{i}.mlp.router", lambda c: (c.num_experts, c.hidden_size),
-           hf="model.layers.{i}.mlp.router", gguf="blk.{i}.ffn_gate_inp", bias=_always),
+           hf="model.layers.{i}.mlp.router", gguf="blk.{i}.ffn_gate_inp", bias=_always,
+           finite=True),
     Weight("layers.{i}.self_attn.sinks", lambda c: (c.num_heads,),
            hf="model.layers.{i}.self_attn.sinks", gguf="blk.{i}.attn_sinks", matrix=False,
            hf_bare=True),
@@ -204,8 +205,8 @@ class GptOssFamily(Family):
         """The gpt-oss layout (:data:`WEIGHTS`)."""
         return WEIGHTS
 
-    def hf_tensors(self, tensors: Mapping[str, mx.array], config: ModelConfig
-                   ) -> tuple[Mapping[str, mx.array], Mapping[str, str]]:
+    def hf_tensors(self, tensors: dict[str, mx.array], config: ModelConfig
+                   ) -> tuple[dict[str, mx.array], Mapping[str, str]]:
         """OpenAI's original expert tensors re-laid as mlx-lm's (the
         table's), labelled by the file's tensor and rows they came from:
         ``gate_up_proj`` (``_blocks``/``_scales`` in MXFP4, ``[E, 2I,

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelError
-from ..config import ModelConfig
-from .base import (Family, GGUFMetadata, HFConfig, MoEConfig, Weight, gguf_expert_count,
+from ..config import ModelConfig, MoEConfig
+from .base import (Family, GGUFMetadata, HFConfig, Weight, gguf_expert_count,
                    moe_weights)
 from .llama import LlamaDecoder, decoder_weights, reject_sliding_window, rope_scaling_from_hf
 

@@ -15,25 +15,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import ModelError
-from ..config import ModelConfig
-from .base import Family, GGUFMetadata, HFConfig, MoEConfig, Weight, moe_weights
+from ..config import ModelConfig, MoEConfig
+from ..spec import ROWS_BY_HEADS, ROWS_BY_KV_HEADS, Split
+from .base import Family, GGUFMetadata, HFConfig, Weight, moe_weights
 from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf
 
 if TYPE_CHECKING:
     from ...builder import Value
 
 
-def _projection_norm(kind: str, heads: str) -> Weight:
+def _projection_norm(kind: str, heads: str, split: Split) -> Weight:
     """The RMS norm over the whole ``kind`` ("q" or "k") projection (its
-    ``heads`` times head_dim features)."""
+    ``heads`` times head_dim features), split across ranks as the
+    projection's rows are."""
     return Weight(f"layers.{{i}}.self_attn.{kind}_norm",
                   lambda c: (getattr(c, heads) * c.head_dim,),
                   hf=f"model.layers.{{i}}.self_attn.{kind}_norm",
-                  gguf=f"blk.{{i}}.attn_{kind}_norm", matrix=False)
+                  gguf=f"blk.{{i}}.attn_{kind}_norm", matrix=False, split=split)
 
 
 _WEIGHTS = (tuple(w for w in decoder_weights() if not w.name.startswith("layers.{i}.mlp."))
-            + (_projection_norm("q", "num_heads"), _projection_norm("k", "num_kv_heads"))
+            + (_projection_norm("q", "num_heads", ROWS_BY_HEADS),
+               _projection_norm("k", "num_kv_heads", ROWS_BY_KV_HEADS))
             + moe_weights())
 
 
@@ -99,12 +102,25 @@ class OlmoeDecoder(LlamaDecoder):
         split into heads and rotated."""
         p = f"layers.{i}.self_attn"
         heads, kv_heads = self.shard.num_heads, self.shard.num_kv_heads
-        q = self.norm(sb, f"{p}.q_norm.weight", self.linear(sb, f"{p}.q_proj", x))
-        k = self.norm(sb, f"{p}.k_norm.weight", self.linear(sb, f"{p}.k_proj", x))
+        q = self.projection_norm(sb, f"{p}.q_norm.weight", self.linear(sb, f"{p}.q_proj", x),
+                                 self.c.num_heads)
+        k = self.projection_norm(sb, f"{p}.k_norm.weight", self.linear(sb, f"{p}.k_proj", x),
+                                 self.c.num_kv_heads)
         v = self.linear(sb, f"{p}.v_proj", x)
         return (self.rope(sb, self.heads(sb, q, heads, T), rope_offset),
                 self.rope(sb, self.heads(sb, k, kv_heads, T), rope_offset),
                 self.heads(sb, v, kv_heads, T))
+
+    def projection_norm(self, sb, name: str, x: Value, heads: int) -> Value:
+        """RMS norm by weight ``name`` of a projection's output ``x`` [B, T,
+        features] over all ``heads`` heads' features: on one rank a norm
+        over the last axis; split across ranks (each holding a block of the
+        heads), the ranks' sums of squares are added first."""
+        if self.shard.world_size == 1:
+            return self.norm(sb, name, x)
+        squares = sb.all_sum(sb.sum(sb.square(x), axes=[-1], keepdims=True))
+        scale = sb.rsqrt(squares / float(heads * self.c.head_dim) + self.c.norm_eps)
+        return x * scale * sb.astype(self.weight(name), dtype="float32")
 
     def mlp(self, sb, i: int, x: Value) -> Value:
         """Layer ``i``'s mixture of experts of the normed ``x``."""

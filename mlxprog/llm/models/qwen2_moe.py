@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import ModelError
-from ..config import ModelConfig
-from .base import (Family, GGUFMetadata, HFConfig, MoEConfig, Weight,
+from ..config import ModelConfig, MoEConfig
+from .base import (Family, GGUFMetadata, HFConfig, Weight,
                    expert_layers, moe_weights)
 from .llama import LlamaDecoder, reject_sliding_window, rope_scaling_from_hf
 from .qwen3_moe import dense_layers_from_hf, dense_mlp_weights

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import ModelError
-from ..config import ModelConfig
-from .base import Family, GGUFMetadata, HFConfig, MoEConfig, Weight, moe_weights
+from ..config import ModelConfig, MoEConfig
+from .base import Family, GGUFMetadata, HFConfig, Weight, moe_weights
 from .llama import decoder_weights, reject_sliding_window, rope_scaling_from_hf
 from .qwen3 import Qwen3Decoder, head_norm
 

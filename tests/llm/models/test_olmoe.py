@@ -6,7 +6,8 @@ quantized and GGUF layouts; configs it refuses."""
 from __future__ import annotations
 
 import pytest
-from family_checks import TINY_CONFIG, MlxLmParity, MoEChecks, load_tiny, write_checkpoint
+from family_checks import (TINY_CONFIG, MlxLmParity, MoEChecks,
+                           check_two_ranks_generate_as_one_process, load_tiny, write_checkpoint)
 
 from mlxprog.llm import ModelError
 from mlxprog.llm.hf import config_from_hf
@@ -55,3 +56,9 @@ def test_qk_norms_span_the_whole_projection(checkpoint):
 def test_bad_configs_name_the_key(changes, message):
     with pytest.raises(ModelError, match=message):
         config_from_hf(dict(OLMOE, **changes))
+
+
+def test_two_ranks_norm_over_all_heads(tmp_path):
+    """Split across two ranks (each a block of the heads), the q/k norms
+    still span every head: one process's tokens."""
+    check_two_ranks_generate_as_one_process(write_checkpoint(tmp_path / "olmoe", OLMOE))

@@ -6,7 +6,8 @@ GGUF (``*_shexp``, ``ffn_gate_inp_shexp``) layouts; configs it refuses."""
 from __future__ import annotations
 
 import pytest
-from family_checks import TINY_CONFIG, MlxLmParity, MoEChecks, load_tiny, write_checkpoint
+from family_checks import (TINY_CONFIG, MlxLmParity, MoEChecks,
+                           check_two_ranks_generate_as_one_process, load_tiny, write_checkpoint)
 
 from mlxprog.llm import ModelError
 from mlxprog.llm.hf import config_from_hf
@@ -58,3 +59,7 @@ def test_shared_expert_and_biases_are_read(checkpoint, tmp_path):
 def test_bad_configs_name_the_key(changes, message):
     with pytest.raises(ModelError, match=message):
         config_from_hf(dict(QWEN2_MOE, **changes))
+
+
+def test_two_ranks_split_the_experts_and_keep_the_shared_one_whole(tmp_path):
+    check_two_ranks_generate_as_one_process(write_checkpoint(tmp_path / "ckpt", QWEN2_MOE))

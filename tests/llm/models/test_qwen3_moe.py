@@ -4,14 +4,16 @@ not): logits, greedy tokens, batches and prompt caches; the per-expert,
 quantized and GGUF layouts of the experts; the expert files and configs it
 refuses at load; and the rest of the library on a mixture of experts
 (speculative decoding, a quantized KV cache, export-llm, the server, tensor
-parallelism's refusal)."""
+parallelism)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from family_checks import (MAX_LENGTH, PROMPT_IDS, TINY_CONFIG, MlxLmParity, MoEChecks,
-                           load_tiny, write_checkpoint)
+                           check_two_ranks_generate_as_one_process, load_tiny,
+                           write_checkpoint)
 
 from mlxprog.llm import ModelError, load
 from mlxprog.llm.hf import config_from_hf
@@ -96,6 +98,11 @@ def _rewrite(directory, change) -> None:
     # No router.
     (lambda w: w.pop("model.layers.2.mlp.gate.weight"),
      r"missing weight\(s\) model\.layers\.2\.mlp\.gate\.weight that the qwen3_moe config"),
+    # A router that would pick experts by NaN.
+    (lambda w: w.update({"model.layers.1.mlp.gate.weight":
+                         w["model.layers.1.mlp.gate.weight"].at[3, 5].add(float("nan"))}),
+     r"model\.layers\.1\.mlp\.gate\.weight holds NaN or infinite values "
+     r"\(layers\.1\.mlp\.gate would route tokens by them\)"),
 ])
 def test_bad_expert_files_name_the_tensor(tmp_path, change, message):
     directory = write_checkpoint(tmp_path / "ckpt", QWEN3_MOE)
@@ -204,11 +211,56 @@ def test_server_batches_requests(plain):
         server.stop()
 
 
-def test_tensor_parallelism_is_refused_naming_the_experts(plain):
-    spec = model_spec(load_tiny(plain).checkpoint)
-    assert spec.shard(1, 0).world_size == 1
-    with pytest.raises(ModelError, match=r"world_size 2: tensor parallelism does not split a "
-                       r"mixture of experts' expert stacks \(layers\.0\.mlp\.switch_mlp\."
-                       r"down_proj\.weight and 8 more\).*intermediate features"):
+def test_two_ranks_split_the_experts(tmp_path):
+    """The dense layer's MLP and the experts split; 4-bit quantized stacks
+    (groups of 32 of 64 features: one group a rank) too."""
+    from family_checks import write_quantized_checkpoint
+
+    path = write_checkpoint(tmp_path / "float", CONFIGS["qwen3_moe-dense-layer"])
+    spec = model_spec(load_tiny(path).checkpoint)
+    assert spec.local_shape("layers.0.mlp.switch_mlp.down_proj.weight", spec.shard(2, 1)) == (
+        8, 64, 32)
+    check_two_ranks_generate_as_one_process(path)
+    check_two_ranks_generate_as_one_process(write_quantized_checkpoint(path, tmp_path / "q4"))
+
+
+def test_a_split_finer_than_the_experts_groups_is_refused(tmp_path):
+    from family_checks import write_quantized_checkpoint
+
+    path = write_quantized_checkpoint(write_checkpoint(tmp_path / "float", QWEN3_MOE),
+                                      tmp_path / "q4", group_size=64)
+    spec = model_spec(load_tiny(path).checkpoint)
+    with pytest.raises(ModelError, match="world_size 2: each expert's intermediate size 64 is "
+                       "1 quantization groups of 64"):
         spec.shard(2, 0)
 
+
+def test_int8_numerics_stay_close_on_quantized_experts(plain, tmp_path):
+    """mlx-lm's 4-bit experts in int8 numerics (``gather_quantized_matmul``'s
+    integer dot products on the CPU): the logits near exact numerics'."""
+    from family_checks import program_logits, write_quantized_checkpoint
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("int8 numerics run on the CPU's native kernels")
+    directory = write_quantized_checkpoint(plain, tmp_path / "q4")
+    continuation = [5, 77, 200]
+    want = program_logits(load_tiny(directory, numerics="exact"), PROMPT_IDS, continuation)
+    got = program_logits(load_tiny(directory, numerics="int8"), PROMPT_IDS, continuation)
+    assert np.abs(got - want).mean() <= 0.08 * np.abs(want).mean()
+    assert not np.array_equal(got[1:], want[1:])  # the decode steps ran another kernel
+
+
+def test_expert_stacks_a_table_does_not_split_are_refused(plain):
+    """A family whose table gives its expert stacks no split (gpt-oss's)
+    cannot be run split: the stacks are named."""
+    import dataclasses
+
+    spec = model_spec(load_tiny(plain).checkpoint)
+    unsplit = dataclasses.replace(spec, splits={n: s for n, s in spec.splits.items()
+                                                if "switch_mlp" not in n})
+    assert unsplit.shard(1, 0).world_size == 1
+    with pytest.raises(ModelError, match=r"world_size 2: tensor parallelism does not split a "
+                       r"mixture of experts' expert stacks \(layers\.0\.mlp\.switch_mlp\."
+                       r"down_proj\.weight and 8 more\): the qwen3_moe family's weight table "
+                       "gives them no split"):
+        unsplit.shard(2, 0)
