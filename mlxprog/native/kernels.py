@@ -228,6 +228,27 @@ def ggml_dequantize(setting: Setting, blocks: mx.array, ggml_type) -> mx.array |
     return _with_codebooks(native, ggml_type).ggml_dequantize(blocks, type=ggml_type.id)
 
 
+def covers_moe_route(logits: AVal) -> bool:
+    """Whether the native router computes this ``moe_route``: float logits
+    ``[..., E]`` (the op checks ``top_k <= E``)."""
+    shape, dtype = logits
+    return dtype in FLOATS and len(shape) >= 1
+
+
+def moe_route(setting: Setting, logits: mx.array, *, top_k: int, scoring: str,
+              renormalize: bool) -> tuple[mx.array, mx.array] | None:
+    """The native ``moe_route`` (one node: indices uint32 and weights
+    float32 ``[..., top_k]``), or None where it does not apply."""
+    native = active(setting)
+    if native is None or not covers_moe_route(AVal.of(logits)):
+        return None
+    record(setting, "moe_route")
+    indices, weights = native.moe_route(logits, top_k=top_k,
+                                        softmax_first=scoring == "softmax_topk",
+                                        renormalize=renormalize)
+    return indices, weights
+
+
 def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
     """Whether the native RMS norm computes this case: float x of rank >= 1
     with a non-empty last axis, and a weight ``[D]`` of x's dtype."""
