@@ -751,14 +751,15 @@ class Decoder:
         return {} if self.numerics == "exact" else {"numerics": self.numerics}
 
     def expert_linear(self, sb, name: str, x: Value, indices: Value,
-                      per_slot: bool = False) -> Value:
+                      per_slot: bool = False, bias: bool = True) -> Value:
         """``x`` through the experts ``indices`` ([..., k], from
         :meth:`route`) of expert stack ``name`` (``[experts, N, K]``, its
         quantization as :meth:`linear`'s, numerics the decoder's): float32
         [..., k, N]. ``x`` is [..., K], the same input for every slot, or
         with ``per_slot`` [..., k, K], one row per slot (a down projection).
         A stack with a ``.bias`` (``[experts, N]``) adds each slot's
-        expert's row."""
+        expert's row (unless ``bias`` is false: a stack split by columns
+        across ranks adds it once, after the ranks' sum)."""
         quant = self.spec.quantization.get(name)
         weight = self.weight(f"{name}.weight")
         if isinstance(quant, GGMLQuantization):
@@ -770,9 +771,9 @@ class Decoder:
                                            **self._numerics())
         else:
             y = sb.gather_matmul(x, weight, indices, per_slot=per_slot)
-        if self.has(f"{name}.bias"):
-            bias = sb.astype(self.weight(f"{name}.bias"), dtype="float32")
-            y = y + sb.take(bias, indices, axis=0)
+        if bias and self.has(f"{name}.bias"):
+            y = y + sb.take(sb.astype(self.weight(f"{name}.bias"), dtype="float32"), indices,
+                            axis=0)
         return y
 
     def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:

@@ -36,6 +36,8 @@ import mlx.core as mx
 from ...arrays import name_of
 from ...errors import ModelError
 from ..config import ModelConfig, MoEConfig, Scoring
+from ..spec import (BY_QUERY_HEAD, COLUMNS_BY_EXPERT_INTERMEDIATE, COLUMNS_BY_HEADS,
+                    ROWS_BY_EXPERT_INTERMEDIATE, Split)
 from .base import Family, GGUFMetadata, HFConfig, Weight
 from .gemma2 import hf_sliding_layers, positive
 from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf, yarn
@@ -75,11 +77,12 @@ def _always(c: ModelConfig) -> bool:
     return True
 
 
-def _experts(name: str, gguf: str, shape) -> Weight:
-    """A layer's stacked expert projection ``[E, out, in]`` with its biases."""
+def _experts(name: str, gguf: str, shape, split: Split) -> Weight:
+    """A layer's stacked expert projection ``[E, out, in]`` with its biases,
+    split across ranks by every expert's intermediate features."""
     return Weight(f"layers.{{i}}.mlp.experts.{name}", shape,
                   hf=f"model.layers.{{i}}.mlp.experts.{name}", gguf=f"blk.{{i}}.{gguf}",
-                  bias=_always)
+                  bias=_always, split=split)
 
 
 #: The llama layout with biases on every attention projection, gpt-oss's
@@ -90,24 +93,27 @@ WEIGHTS = decoder_weights(
     o_proj=Weight("layers.{i}.self_attn.o_proj",
                   lambda c: (c.hidden_size, c.num_heads * c.head_dim),
                   hf="model.layers.{i}.self_attn.o_proj", gguf="blk.{i}.attn_output",
-                  bias=_always),
+                  split=COLUMNS_BY_HEADS, bias=_always),
     post_attention_layernorm=Weight(
         "layers.{i}.post_attention_layernorm", lambda c: (c.hidden_size,),
         hf="model.layers.{i}.post_attention_layernorm", gguf="blk.{i}.post_attention_norm",
         matrix=False),
     gate_proj=_experts("gate_proj", "ffn_gate_exps",
-                       lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size)),
+                       lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
+                       ROWS_BY_EXPERT_INTERMEDIATE),
     up_proj=_experts("up_proj", "ffn_up_exps",
-                     lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size)),
+                     lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
+                     ROWS_BY_EXPERT_INTERMEDIATE),
     down_proj=_experts("down_proj", "ffn_down_exps",
-                       lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)),
+                       lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size),
+                       COLUMNS_BY_EXPERT_INTERMEDIATE),
 ) + (
     Weight("layers.{i}.mlp.router", lambda c: (c.num_experts, c.hidden_size),
            hf="model.layers.{i}.mlp.router", gguf="blk.{i}.ffn_gate_inp", bias=_always,
            finite=True),
     Weight("layers.{i}.self_attn.sinks", lambda c: (c.num_heads,),
            hf="model.layers.{i}.self_attn.sinks", gguf="blk.{i}.attn_sinks", matrix=False,
-           hf_bare=True),
+           split=BY_QUERY_HEAD, hf_bare=True),
 )
 
 
@@ -265,7 +271,9 @@ class GptOssDecoder(LlamaDecoder):
     """The gpt-oss forward pass: the llama decoder's projections (q/k/v
     fused where packed alike) and residual-add norms, with YaRN's rotated
     feature scale, the sinks and the sliding windows in each layer's
-    attention, and the mixture of experts in place of the MLP."""
+    attention, and the mixture of experts in place of the MLP. Across
+    tensor-parallel ranks each holds its query heads' sinks and a block of
+    every expert's intermediate features."""
 
     # The fused attention block and whole-layer op take no sinks, window or
     # rotated-feature scale.
@@ -297,8 +305,16 @@ class GptOssDecoder(LlamaDecoder):
         up = sb.clip(self.expert_linear(sb, f"{p}.experts.up_proj", x, indices),
                      -c.swiglu_limit, c.swiglu_limit)
         glu = (up + 1.0) * (gate * sb.sigmoid(gate * SWIGLU_ALPHA))
-        down = self.expert_linear(sb, f"{p}.experts.down_proj", glu, indices, per_slot=True)
-        return sb.sum(down * sb.expand_dims(weights, axes=[-1]), axes=[-2])
+        down = self.expert_linear(sb, f"{p}.experts.down_proj", glu, indices, per_slot=True,
+                                  bias=False)
+        slot_weights = sb.expand_dims(weights, axes=[-1])
+        y = sb.sum(down * slot_weights, axes=[-2])
+        if self.shard.world_size > 1:  # each rank's share of every expert's features
+            y = sb.all_sum(y)
+        # The down projection's biases, weighted as their experts' outputs (once).
+        bias = sb.take(sb.astype(self.weight(f"{p}.experts.down_proj.bias"), dtype="float32"),
+                       indices, axis=0)
+        return y + sb.sum(bias * slot_weights, axes=[-2])
 
 
 GptOssFamily.decoder = GptOssDecoder

@@ -462,10 +462,21 @@ def test_gguf_expert_count_disagreeing_with_the_tensors_is_named(tmp_path):
         load_tiny(path)
 
 
-def test_tensor_parallelism_is_refused_by_name(checkpoint):
+def test_two_ranks_split_heads_sinks_and_experts(tmp_path):
+    """Tensor parallelism: each rank holds its query heads' sinks and a
+    block of every expert's intermediate features (mxfp4 stacks in whole
+    groups); the down projections' biases are added once, after the ranks'
+    sum. Two ranks generate as one process."""
+    from family_checks import check_two_ranks_generate_as_one_process
     from mlxprog.llm.models import model_spec
 
-    spec = model_spec(load_tiny(checkpoint).checkpoint)
-    with pytest.raises(ModelError, match="world_size 2: tensor parallelism does not split a "
-                                         "mixture of experts' expert stacks"):
-        spec.shard(2, 0)
+    path = write_checkpoint(tmp_path / "float", GPT_OSS)
+    spec = model_spec(load_tiny(path).checkpoint)
+    rank1 = spec.shard(2, 1)
+    assert spec.local_shape("layers.0.self_attn.sinks.weight", rank1) == (2,)
+    assert spec.local_shape("layers.0.mlp.experts.down_proj.weight", rank1) == (4, 64, 64)
+    assert spec.local_shape("layers.0.mlp.experts.gate_proj.bias", rank1) == (4, 64)
+    assert spec.local_shape("layers.0.mlp.experts.down_proj.bias", rank1) == (4, 64)
+    check_two_ranks_generate_as_one_process(path)
+    mxfp4 = _quantized_experts(write_checkpoint(tmp_path / "mxfp4", GPT_OSS), rest=None)
+    check_two_ranks_generate_as_one_process(mxfp4)
