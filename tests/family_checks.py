@@ -100,26 +100,28 @@ def load_tiny(directory: Path, **options) -> LLM:
     return load(directory, max_length=MAX_LENGTH, **options)
 
 
-_PROGRAMS: dict[tuple[LLM, int], tuple] = {}
+_PROGRAMS: dict[tuple[LLM, int, CacheLayout | None], tuple] = {}
 
 
 def program_logits(llm: LLM, prompt: list[int], continuation: list[int] = (),
-                   max_length: int = MAX_LENGTH) -> np.ndarray:
+                   max_length: int = MAX_LENGTH, kv: CacheLayout | None = None) -> np.ndarray:
     """mlxprog's logits after ``prompt`` (the prefill program) and after
     each ``continuation`` token (a decode step each), [1 + len(continuation),
     V], from the step programs built with ``sampling=None`` and the numerics
-    ``llm.generate`` runs them with, on caches of ``max_length`` slots."""
+    ``llm.generate`` runs them with, on caches of ``max_length`` slots laid
+    out as ``kv`` says (None: float32)."""
     c = llm.config
-    if (llm, max_length) not in _PROGRAMS:
+    if (llm, max_length, kv) not in _PROGRAMS:
         captures = llm.spec.captures(llm.checkpoint)
-        _PROGRAMS[llm, max_length] = tuple(
+        _PROGRAMS[llm, max_length, kv] = tuple(
             mp.compile(build(llm.spec, max_length, sampling=None,
-                             numerics=program_numerics(kind, llm.numerics)), captures=captures)
+                             numerics=program_numerics(kind, llm.numerics), kv=kv),
+                       captures=captures)
             for kind, build in (("prefill", build_prefill), ("decode", build_decode)))
-    prefill, decode = _PROGRAMS[llm, max_length]
+    prefill, decode = _PROGRAMS[llm, max_length, kv]
     key_mask = mx.ones((1, max_length), dtype=mx.bool_)
     key = mx.random.key(0)
-    layout = CacheLayout.of(c)  # the programs' float cache
+    layout = kv or CacheLayout.of(c)  # the programs' cache
     caches = layout.empty(1, max_length)
     out = LogitsOutputs.of(prefill(**PrefillInputs(
         tokens=mx.array([prompt], dtype=mx.int32),

@@ -51,6 +51,12 @@ llama-cpp-python 0.3.36, llama.cpp commit 0c1e570) is followed here:
     when none); longrope factors as ``rope_factors_long`` /
     ``rope_factors_short`` tensors with ``rope.scaling.attn_factor``. No
     ``key_length`` key.
+``gpt_oss`` (``GptOssModel``; from mlx-lm's layout, experts already split)
+    The text-model keys with ``expert_count``, ``expert_used_count``,
+    ``expert_feed_forward_length``, ``attention.sliding_window`` and YaRN's
+    ``rope.scaling.type``/``factor``/``original_context_length``; experts
+    as ``ffn_{gate,up,down}_exps`` with their biases, ``self_attn.sinks``
+    as ``attn_sinks.weight``; no Q/K permutation (NEOX RoPE).
 
 The tokenizer metadata of the gpt2-style families is the tiny byte-level
 BPE of :func:`llm_fixtures.tiny_tokenizer_metadata` (the one the tiny HF
@@ -78,6 +84,7 @@ ARCHITECTURES = {
     "gemma3_text": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
     "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
+    "gpt_oss": gguf.MODEL_ARCH.GPT_OSS,
 }
 _MOE = (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE, gguf.MODEL_ARCH.OLMOE)
 #: Mixtral's names of the experts' projections in Hugging Face files.
@@ -472,6 +479,10 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
                 writer.add_sliding_window_pattern(pattern)
     elif arch == gguf.MODEL_ARCH.PHI3:
         extra.update(_phi3_parameters(writer, hp, n_blocks, rope))
+    elif arch == gguf.MODEL_ARCH.GPT_OSS:
+        _text_model_parameters(writer, hp, n_blocks, rope)  # the expert counts too
+        writer.add_expert_feed_forward_length(hp["intermediate_size"])
+        writer.add_sliding_window(hp["sliding_window"])
 
     kind = tokenizer or ("spm" if arch in _SPM_DEFAULT else "bpe")
     if tokenizer_metadata is None:
@@ -513,6 +524,8 @@ def write_gguf_from_hf(hf_dir: Path, out_path: Path, *, tokenizer: str | None = 
         if new_name is None:
             raise ValueError(f"{hf_dir}: cannot map tensor {name!r} for "
                              f"{gguf.MODEL_ARCH_NAMES[arch]}")
+        if arch == gguf.MODEL_ARCH.GPT_OSS and name.endswith(".sinks"):
+            new_name += ".weight"  # GptOssModel.modify_tensors
         data = np.ascontiguousarray(data, dtype=np.float32)
         raw_type = None
         if stored is not None:

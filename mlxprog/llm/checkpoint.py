@@ -36,10 +36,18 @@ _QUANT_GROUP_SIZES = (32, 64, 128)
 
 @dataclass(frozen=True)
 class Quantization:
-    """How one MLX-quantized layer is packed."""
+    """How one MLX-quantized layer is packed: ``mode`` ``"affine"`` (a scale
+    and a bias per group) or ``"mxfp4"`` (an E8M0 scale byte per group of 32
+    e2m1 values, no biases: gpt-oss's experts)."""
 
     bits: int
     group_size: int
+    mode: str = "affine"
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The layer's stored arrays besides ``.bias``."""
+        return ("weight", "scales", "biases") if self.mode == "affine" else ("weight", "scales")
 
     def stored_columns(self, part: str, start: int, end: int) -> tuple[int, int]:
         """The columns of stored array ``part`` (``weight``, ``scales``,
@@ -90,22 +98,31 @@ class Checkpoint:
     adapter_path: Path | None = None
 
 
-def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx.array,
+def infer_quantization(name: str, packed: mx.array, scales: mx.array, biases: mx.array | None,
                        shape: tuple[int, ...]) -> Quantization:
-    """Bits and group size of quantized layer ``name`` whose logical shape is
-    ``shape`` = (out, in), or (experts, out, in) for a mixture's stack of
-    expert matrices, from the packed weight and scales shapes."""
-    lead, in_features = tuple(shape[:-1]), shape[-1]
+    """Bits, group size and mode of quantized layer ``name`` whose logical
+    shape is ``shape`` = (out, in), or (experts, out, in) for stacked
+    experts, from the packed weight and scales shapes: affine with
+    ``biases``, mxfp4 (uint8 scales, groups of 32 4-bit values) without."""
+    *rows, in_features = shape
     if packed.dtype != mx.uint32:
         raise ModelError(f"{name}: quantized weight must be uint32, got {packed.dtype}")
     if (packed.ndim != len(shape) or scales.ndim != len(shape)
-            or tuple(packed.shape[:-1]) != lead or tuple(scales.shape[:-1]) != lead
-            or biases.shape != scales.shape):
-        raise ModelError(f"{name}: quantized shapes weight {tuple(packed.shape)}, scales "
-                         f"{tuple(scales.shape)}, biases {tuple(biases.shape)} do not fit "
-                         f"the layer shape {tuple(shape)}")
+            or list(packed.shape[:-1]) != rows or list(scales.shape[:-1]) != rows
+            or (biases is not None and biases.shape != scales.shape)):
+        parts = f"weight {tuple(packed.shape)}, scales {tuple(scales.shape)}" + (
+            "" if biases is None else f", biases {tuple(biases.shape)}")
+        raise ModelError(f"{name}: quantized shapes {parts} do not fit the layer shape "
+                         f"{tuple(shape)}")
     bits, bits_rem = divmod(packed.shape[-1] * 32, in_features)
     group_size, group_rem = divmod(in_features, scales.shape[-1])
+    if biases is None:
+        if scales.dtype != mx.uint8 or (bits, group_size) != (4, 32) or bits_rem or group_rem:
+            raise ModelError(f"{name}: packed weight {tuple(packed.shape)} with {scales.dtype} "
+                             f"scales {tuple(scales.shape)} and no biases is not an MLX mxfp4 "
+                             f"quantization of a {tuple(shape)} matrix (uint8 scales, groups "
+                             "of 32 4-bit values)")
+        return Quantization(bits=4, group_size=32, mode="mxfp4")
     if bits_rem or group_rem or bits not in _QUANT_BITS or group_size not in _QUANT_GROUP_SIZES:
         raise ModelError(f"{name}: packed weight {tuple(packed.shape)} with scales "
                          f"{tuple(scales.shape)} is not an MLX quantization of a "

@@ -35,10 +35,12 @@ class Split:
     after the ranks' sum. A stack of matrices (a mixture's experts,
     ``(experts, out, in)``) is cut the same way in every expert: its rows
     and columns are its last two axes. A vector (a norm's weight) split by
-    rows is cut along its one axis."""
+    rows is cut along its one axis; block ``"head_values"`` cuts a vector
+    of one value per query head (gpt-oss's attention sinks) by the rank's
+    query heads."""
 
     axis: Literal[0, 1]
-    block: Literal["heads", "kv_heads", "intermediate", "expert_intermediate"]
+    block: Literal["heads", "kv_heads", "intermediate", "expert_intermediate", "head_values"]
 
 
 ROWS_BY_HEADS = Split(0, "heads")
@@ -48,6 +50,7 @@ COLUMNS_BY_HEADS = Split(1, "heads")
 COLUMNS_BY_INTERMEDIATE = Split(1, "intermediate")
 ROWS_BY_EXPERT_INTERMEDIATE = Split(0, "expert_intermediate")
 COLUMNS_BY_EXPERT_INTERMEDIATE = Split(1, "expert_intermediate")
+BY_QUERY_HEAD = Split(0, "head_values")
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,9 @@ class Shard:
 
     def features(self, block: str, head_dim: int) -> tuple[int, int]:
         """The range of features ``block`` (a :class:`Split`'s) covers:
-        heads count ``head_dim`` features each."""
+        heads count ``head_dim`` features each (``head_values``: one)."""
+        if block == "head_values":
+            return self.heads
         start, end = getattr(self, block)
         return (start * head_dim, end * head_dim) if block in ("heads", "kv_heads") else (
             start, end)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..arrays import AVal
+from ..arrays import AVal, is_floating
 from ..cache_kinds import CacheKind, Geometry, RecentRing
 from ..ggml import types as ggml_types
 from . import Setting, active, inactive_reason, record
@@ -228,6 +228,27 @@ def ggml_dequantize(setting: Setting, blocks: mx.array, ggml_type) -> mx.array |
     return _with_codebooks(native, ggml_type).ggml_dequantize(blocks, type=ggml_type.id)
 
 
+def covers_moe_route(logits: AVal) -> bool:
+    """Whether the native router computes this ``moe_route``: float logits
+    ``[..., E]`` (the op checks ``top_k <= E``)."""
+    shape, dtype = logits
+    return dtype in FLOATS and len(shape) >= 1
+
+
+def moe_route(setting: Setting, logits: mx.array, *, top_k: int, scoring: str,
+              renormalize: bool) -> tuple[mx.array, mx.array] | None:
+    """The native ``moe_route`` (one node: indices uint32 and weights
+    float32 ``[..., top_k]``), or None where it does not apply."""
+    native = active(setting)
+    if native is None or not covers_moe_route(AVal.of(logits)):
+        return None
+    record(setting, "moe_route")
+    indices, weights = native.moe_route(logits, top_k=top_k,
+                                        softmax_first=scoring == "softmax_topk",
+                                        renormalize=renormalize)
+    return indices, weights
+
+
 def covers_rms_norm(x: AVal, weight: AVal | None) -> bool:
     """Whether the native RMS norm computes this case: float x of rank >= 1
     with a non-empty last axis, and a weight ``[D]`` of x's dtype."""
@@ -345,16 +366,20 @@ def covers_recent(recent: Sequence[AVal] | None, geometry: Geometry | None,
 
 
 def covers_cache_attention(q: AVal, caches: Sequence[AVal], kind: CacheKind,
-                           recent: Sequence[AVal] | None = None) -> bool:
+                           recent: Sequence[AVal] | None = None,
+                           sinks: AVal | None = None) -> bool:
     """Whether the native attention computes this case: float32 queries
     ``[B, H, T, D]`` over a cache :func:`cache_geometry` reads, of q's B and
-    D, with H a multiple of H_kv (the ``BHTD`` layout, no sinks), and a
-    recent ring ``recent`` :func:`covers_recent` reads."""
+    D, with H a multiple of H_kv (the ``BHTD`` layout), a recent ring
+    ``recent`` :func:`covers_recent` reads, and ``sinks`` none or a float
+    ``[H]``."""
     (q_shape, q_dtype) = q
     geometry = cache_geometry(caches, kind)
     if geometry is None or q_dtype != mx.float32 or len(q_shape) != 4 or 0 in q_shape:
         return False
     B, H, T, D = q_shape
+    if sinks is not None and (sinks.shape != (H,) or not is_floating(sinks.dtype)):
+        return False
     return (geometry[0] == B and geometry[3] == D and H % geometry[1] == 0
             and covers_recent(recent, geometry, kind))
 
@@ -362,7 +387,8 @@ def covers_cache_attention(q: AVal, caches: Sequence[AVal], kind: CacheKind,
 def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
                     start: mx.array, key_mask: mx.array | None, scale: float,
                     window: int | None, softcap: float | None, kind: CacheKind,
-                    recent: Sequence[mx.array] | None = None) -> mx.array | None:
+                    recent: Sequence[mx.array] | None = None,
+                    sinks: mx.array | None = None) -> mx.array | None:
     """Attention of queries ``[B, H, T, D]`` over a cache of ``kind``
     (``caches``: its arrays, see :func:`cache_geometry`): query t sees key j
     when ``j <= start + t``, with a ``window`` also ``j > start + t -
@@ -379,11 +405,15 @@ def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
     start``, else from the ring's entry ``j % R`` when ``recent_slots[b, j %
     R] == j``, else dequantized. The ring itself is not updated here.
 
+    ``sinks`` ``[H]``: head h's attention-sink logit joins the softmax of
+    each of its queries as one more score of no value (read as float32).
+
     The output ``[B, H, T, D]``, or None where the kernel does not apply."""
     native = active(setting)
     ring = _avals(None if recent is None else recent[:3])
     if native is None or not covers_cache_attention(
-            AVal.of(q), [AVal.of(c) for c in caches], kind, ring):
+            AVal.of(q), [AVal.of(c) for c in caches], kind, ring,
+            None if sinks is None else AVal.of(sinks)):
         return None
     if recent is not None:
         new_rows = AVal((*recent[0].shape[:2], q.shape[2], q.shape[3]), mx.float32)
@@ -396,7 +426,8 @@ def cache_attention(setting: Setting, q: mx.array, caches: Sequence[mx.array],
     # The kernel reads 0 as no window (every key up to the query's) and no cap.
     return native.cache_attention(q, list(caches), _int32_vector(start), key_mask,
                                   scale=scale, window=window or 0, softcap=softcap or 0.0,
-                                  format=_cache_format(native, kind), recent=recent)
+                                  format=_cache_format(native, kind), recent=recent,
+                                  sinks=None if sinks is None else sinks.astype(mx.float32))
 
 
 def covers_cache_attention_block(qkv: AVal, caches: Sequence[AVal], kind: CacheKind,

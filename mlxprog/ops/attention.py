@@ -305,8 +305,8 @@ def _check_kv_cache_sdpa(avals: list[AVal], attrs: KVCacheSdpaAttrs) -> None:
 def _native_kv_cache_sdpa_update(avals, attrs) -> bool:
     """Whether the native cache-attention kernel computes this instruction."""
     q, _, _, k_cache, v_cache = avals[:5]
-    return (attrs.layout == "BHTD" and not attrs.sinks
-            and native.covers_cache_attention(q, [k_cache, v_cache], FloatCache()))
+    return attrs.layout == "BHTD" and native.covers_cache_attention(
+        q, [k_cache, v_cache], FloatCache(), sinks=avals[-1] if attrs.sinks else None)
 
 
 @register_op("kv_cache_sdpa_update", attrs=KVCacheSdpaAttrs, operands=(6, 8), outputs=3,
@@ -349,9 +349,9 @@ def kv_cache_sdpa_update(operands, attrs, context):
     scale = _scale(attrs.scale, q)
     # A window past the cache's size changes nothing (and then fits in int32).
     window = None if attrs.window is None else min(attrs.window, t_max)
-    if attrs.layout == "BHTD" and sinks is None:
+    if attrs.layout == "BHTD":
         out = native.cache_attention(context.native, q, [k_cache, v_cache], start, key_mask,
-                                     scale, window, attrs.softcap, FloatCache())
+                                     scale, window, attrs.softcap, FloatCache(), sinks=sinks)
         if out is not None:
             return out, k_cache, v_cache
     keep = _causal_keep(t_new, t_max, start, key_mask, window)

@@ -91,9 +91,14 @@ def _ranking_keys(scores: mx.array) -> mx.array:
     return ((~ascending).astype(mx.uint64) << 32) | position
 
 
+def _native_moe_route(avals: list[AVal], attrs: MoeRouteAttrs) -> bool:
+    """Whether the native router computes this instruction."""
+    return native.covers_moe_route(avals[0])
+
+
 @register_op("moe_route", attrs=MoeRouteAttrs, operands=1, outputs=2, check=_check_moe_route,
-             shape_rule=_moe_route_shape)
-def moe_route(operands, attrs):
+             shape_rule=_moe_route_shape, native_coverage=_native_moe_route, context=True)
+def moe_route(operands, attrs, context):
     """Route each token to its ``top_k`` experts: operand ``logits`` (the
     router's output, float ``[..., E]``); results ``indices`` uint32
     ``[..., k]`` (the chosen experts, highest score first; equal scores in
@@ -114,7 +119,14 @@ def moe_route(operands, attrs):
     finite value from an arbitrarily picked expert); its indices are still
     experts in range. An infinite logit makes its token's weights NaN too
     (softmax of infinities); ``-inf`` logits are fine while the token has a
-    finite one (the expert is never picked before a finite one)."""
+    finite one (the expert is never picked before a finite one).
+
+    On the CPU with native kernels it is one node (mlxprog's router: the
+    same rules, its own float32 softmax); elsewhere MLX ops."""
+    routed = native.moe_route(context.native, operands[0], top_k=attrs.top_k,
+                              scoring=attrs.scoring, renormalize=attrs.renormalize)
+    if routed is not None:
+        return routed
     logits = operands[0].astype(mx.float32)
     k = attrs.top_k
     scores = mx.softmax(logits, axis=-1) if attrs.scoring == "softmax_topk" else logits

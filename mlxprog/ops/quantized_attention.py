@@ -34,7 +34,8 @@ from ..arrays import AVal
 from ..cache_kinds import (AFFINE_BITS, AFFINE_GROUP_SIZES, AffineCache, CacheKind, RecentRing,
                            hadamard_groups)
 from ..native import kernels as native
-from .attention import _causal_keep, _check_attention, _check_key_mask, _check_operand_count
+from .attention import (_causal_keep, _check_attention, _check_key_mask, _check_operand_count,
+                        _check_sinks)
 from .attrs import Attrs, PositiveSize
 from .index import clamp_integer
 from .positions import _check_offset
@@ -96,6 +97,9 @@ class QuantizedKVCacheSdpaAttrs(CacheSettings, Attrs):
     """A recent ring of this many tokens (see the module docstring): three
     more operands after the caches, ``k_recent, v_recent, recent_slots``,
     and their new values as three more results."""
+    sinks: bool = False
+    """A last operand ``[H]``: one attention-sink logit per query head (as
+    ``kv_cache_sdpa_update``'s ``sinks``)."""
 
     RING_SIZE: ClassVar[str] = "recent"
 
@@ -109,9 +113,10 @@ _NEW = ["q", "new_k", "new_v"]
 
 def _operand_names(count: int, attrs: QuantizedKVCacheSdpaAttrs) -> list[str]:
     """The operand names of an instruction with ``count`` operands (the key
-    mask is there when one more operand is)."""
+    mask is there when one more operand is than the rest take)."""
     names = _NEW + attrs.cache_names() + ["offset"]
-    return names + (["key_mask"] if count > len(names) else [])
+    sinks = ["sinks"] if attrs.sinks else []
+    return names + (["key_mask"] if count > len(names) + len(sinks) else []) + sinks
 
 
 def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -> None:
@@ -121,7 +126,8 @@ def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -
     offset and the optional key mask."""
     names = _operand_names(len(avals), attrs)
     _check_operand_count(avals, names, "quantized_kv_cache_sdpa_update"
-                         + (" with recent" if attrs.recent else ""))
+                         + (" with recent" if attrs.recent else "")
+                         + (" with sinks" if attrs.sinks else ""))
     ops = dict(zip(names, avals))
     q, new_k, new_v = ops["q"], ops["new_k"], ops["new_v"]
     _check_attention(q, new_k, new_v, "BHTD", ("q", "new_k", "new_v"))
@@ -138,6 +144,8 @@ def _check_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -
     _check_offset(ops["offset"], "offset")
     if "key_mask" in ops:
         _check_key_mask(ops["key_mask"], batch, slots)
+    if "sinks" in ops:
+        _check_sinks(ops["sinks"], q.shape[1])
 
 
 def _native_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) -> bool:
@@ -147,11 +155,11 @@ def _native_quantized_sdpa(avals: list[AVal], attrs: QuantizedKVCacheSdpaAttrs) 
     kind = attrs.cache_kind()
     ring = [named[n] for n in RecentRing.NAMES] if attrs.recent else None
     return native.covers_cache_attention(named["q"], [named[n] for n in kind.operand_names()],
-                                         kind, recent=ring)
+                                         kind, recent=ring, sinks=named.get("sinks"))
 
 
 @register_op("quantized_kv_cache_sdpa_update", attrs=QuantizedKVCacheSdpaAttrs,
-             operands=(10, 14), outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
+             operands=(10, 15), outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_quantized_sdpa,
              native_coverage=_native_quantized_sdpa, context=True)
 def quantized_kv_cache_sdpa_update(operands, attrs, context):
@@ -167,7 +175,9 @@ def quantized_kv_cache_sdpa_update(operands, attrs, context):
     Operands: q ``[B, H, T, D]``, new_k and new_v ``[B, H_kv, T, D]``, the six
     caches (``*_values`` ``[B, H_kv, S, D * bits / 32]`` uint32, ``*_scales``
     and ``*_biases`` ``[B, H_kv, S, D / group_size]`` float32), offset (an
-    integer scalar) and an optional key_mask ``[B, S]``. Query i sees key j
+    integer scalar), an optional key_mask ``[B, S]`` and, with ``sinks=true``,
+    sinks ``[H]`` (one attention-sink logit per query head: one more softmax
+    column of no value, uncapped, as in ``fast_sdpa``). Query i sees key j
     when ``j <= offset + i`` and ``key_mask[b, j]``, with a ``window`` also
     ``j > offset + i - window``; rows that see no key give zeros. ``softcap``
     caps the scores as in ``kv_cache_sdpa_update``; ``scale`` defaults to
@@ -191,6 +201,7 @@ def quantized_kv_cache_sdpa_update(operands, attrs, context):
     being the last three results."""
     named = dict(zip(_operand_names(len(operands), attrs), operands))
     q, new_k, new_v, key_mask = named["q"], named["new_k"], named["new_v"], named.get("key_mask")
+    sinks = named["sinks"].astype(mx.float32) if attrs.sinks else None
     kind = attrs.cache_kind()
     caches = [named[n] for n in kind.operand_names()]
     slots, tokens = caches[0].shape[2], new_k.shape[2]
@@ -202,11 +213,12 @@ def quantized_kv_cache_sdpa_update(operands, attrs, context):
     window = None if attrs.window is None else min(attrs.window, slots)
     scale = attrs.scale if attrs.scale is not None else q.shape[3] ** -0.5
     out = native.cache_attention(context.native, q, written, start, key_mask, scale, window,
-                                 attrs.softcap, kind, recent=None if ring is None else list(ring))
+                                 attrs.softcap, kind, recent=None if ring is None else list(ring),
+                                 sinks=sinks)
     if out is None:
         keep = _causal_keep(tokens, slots, start, key_mask, window)
         out = _attend(q, written, keep, scale, kind, attrs.softcap,
-                      has_key_mask=key_mask is not None, ring=ring, start=start)
+                      has_key_mask=key_mask is not None, ring=ring, start=start, sinks=sinks)
     if ring is None:
         return (out, *written)
     return (out, *written, *ring.updated(start, key_mask))
@@ -281,7 +293,8 @@ def write_quantized(kind: AffineCache, caches: list[mx.array], new_k: mx.array,
 
 def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
             kind: AffineCache, softcap: float | None, has_key_mask: bool,
-            ring: RecentRows | None = None, start: mx.array | None = None) -> mx.array:
+            ring: RecentRows | None = None, start: mx.array | None = None,
+            sinks: mx.array | None = None) -> mx.array:
     """Softmax attention of q over the quantized caches under ``keep``
     (``[T, S]`` or ``[B, 1, T, S]``) with MLX's ``quantized_matmul``,
     grouped-query heads as ``[B, H_kv, H / H_kv, T, D]`` so the caches need
@@ -289,7 +302,8 @@ def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
     divided by the group size, a power of two; the result transformed
     back). With a recent ring (``ring``, the step writing at ``start``) the
     keys it covers are scored from it instead, one softmax over the
-    quantized keys, the ring's and the new ones together."""
+    quantized keys, the ring's and the new ones together. ``sinks`` ``[H]``
+    (float32): one more column of that softmax per head, of no value."""
     b, heads, t, d = q.shape
     kv_heads = caches[0].shape[1]
     group = heads // kv_heads
@@ -312,8 +326,13 @@ def _attend(q: mx.array, caches: list[mx.array], keep: mx.array, scale: float,
     if softcap is not None:
         keys = [mx.tanh(k / softcap) * softcap for k in keys]
     masked = [mx.where(m, k, mx.finfo(k.dtype).min) for k, m in zip(keys, masks)]
+    if sinks is not None:
+        masked.append(mx.broadcast_to(sinks.reshape(kv_heads, group, 1, 1),
+                                      (*masked[0].shape[:-1], 1)))
     scores = masked[0] if len(masked) == 1 else mx.concatenate(masked, axis=-1)
     probs = mx.softmax(scores, axis=-1, precise=True)
+    if sinks is not None:
+        probs = probs[..., :-1]
     ends = list(itertools.accumulate(k.shape[-1] for k in keys))[:-1]
     probs = mx.split(probs, ends, axis=-1) if ends else [probs]
     out = mx.quantized_matmul(probs[0], *v_parts, transpose=False, **kind.quantization("v"))

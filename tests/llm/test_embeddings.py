@@ -104,6 +104,11 @@ FAMILIES = {
                     num_experts_per_tok=2),
     "olmoe": dict(TINY_CONFIG, model_type="olmoe", num_experts=4, num_experts_per_tok=2,
                   rms_norm_eps=1e-5),
+    "gpt_oss": dict(TINY_CONFIG, model_type="gpt_oss", num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=4, rope_theta=150000.0,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 128}),
 }
 
 

@@ -56,6 +56,12 @@ CONFIGS = {
                     num_local_experts=4, num_experts_per_tok=2),
     "olmoe": dict(TINY_CONFIG, **dict(SIZES, intermediate_size=256, rms_norm_eps=1e-5),
                   model_type="olmoe", num_experts=4, num_experts_per_tok=2),
+    "gpt_oss": dict(TINY_CONFIG, **dict(SIZES, intermediate_size=256), model_type="gpt_oss",
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    rope_theta=150000.0,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 128}),
 }
 
 def test_every_family_is_in_the_table():
@@ -82,8 +88,10 @@ def write_pair(config: dict, directory) -> tuple:
     blocks: dict[str, np.ndarray] = {}
 
     def quantized(name: str, data: np.ndarray):
-        # llama.cpp's quantizer keeps the routers (ffn_gate_inp) as they are.
-        if data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name:
+        # llama.cpp's quantizer keeps the routers (ffn_gate_inp) and every
+        # bias (gpt-oss's experts' are 2-D) as they are.
+        if (data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name
+                or not name.endswith(".weight")):
             return data, None
         type_name = chosen.setdefault(name, next(types))
         rows = blocks_with_std(rng, type_name, int(np.prod(data.shape[:-1])), data.shape[-1],
@@ -178,7 +186,7 @@ def test_exported_program_binds_its_blocks_from_the_file(pair):
     np.testing.assert_array_equal(np.array(from_file), np.array(from_model))
 
 
-MOE_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
@@ -202,7 +210,8 @@ def test_expert_stacks_match_their_float_twin(tmp_path, family, mix):
     def quantized(name: str, data: np.ndarray):
         # The embeddings too: their Q8_0 rows, re-laid as affine ones, are
         # exact only when dequantized in float32.
-        if data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name:
+        if (data.ndim not in (2, 3) or data.shape[-1] % 256 or "ffn_gate_inp" in name
+                or not name.endswith(".weight")):
             return data, None
         rows = blocks_with_std(rng, type_of(name), int(np.prod(data.shape[:-1])),
                                data.shape[-1], float(np.std(data)))
@@ -217,8 +226,8 @@ def test_expert_stacks_match_their_float_twin(tmp_path, family, mix):
     q_path = write_gguf_from_hf(checkpoint, tmp_path / "model-q.gguf", stored=quantized)
     f_path = write_gguf_from_hf(checkpoint, tmp_path / "model-f.gguf", stored=dequantized)
     llm = load_tiny(q_path, numerics="exact")
-    stack = llm.checkpoint.weights["layers.0." + ("block_sparse_moe" if family == "mixtral"
-                                                  else "mlp") + ".switch_mlp.down_proj.weight"]
+    stack = next(w for name, w in llm.checkpoint.weights.items()
+                 if name.startswith("layers.0.") and name.endswith("down_proj.weight"))
     assert stack.ndim == 3 and stack.dtype == (mx.uint8 if mix == "Q4_K_M" else mx.uint32)
     continuation = [5, 77, 200, 9]
     float_llm = load_tiny(f_path, numerics="exact")

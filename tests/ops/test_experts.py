@@ -46,10 +46,13 @@ def route(logits, top_k: int, scoring: str, renormalize: bool = False):
 
 
 SCORINGS = [("softmax_topk", False), ("softmax_topk", True), ("topk_softmax", False)]
+# The routing tests run on the native router and on MLX's ops.
+route_paths = pytest.mark.usefixtures("native_and_mlx_ops")
 
 
 @pytest.mark.parametrize("scoring,renormalize", SCORINGS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@route_paths
 def test_route_against_numpy(scoring, renormalize, dtype):
     logits = mx.array(RNG.standard_normal((2, 5, 16)).astype(np.float32)).astype(
         getattr(mx, dtype))
@@ -62,6 +65,7 @@ def test_route_against_numpy(scoring, renormalize, dtype):
 
 
 @pytest.mark.parametrize("scoring,renormalize", SCORINGS)
+@route_paths
 def test_route_ties_go_to_the_lower_expert(scoring, renormalize):
     logits = np.array([[0.5] * 8,                                 # all equal
                        [1, 3, 2, 3, 0, 3, 2, 1],                  # a three-way tie on top
@@ -75,6 +79,7 @@ def test_route_ties_go_to_the_lower_expert(scoring, renormalize):
 
 
 @pytest.mark.parametrize("scoring,renormalize", SCORINGS)
+@route_paths
 def test_route_every_token_to_one_expert_and_one_to_none(scoring, renormalize):
     logits = RNG.standard_normal((6, 8)).astype(np.float32)
     logits[:, 5] = 20.0   # every token's first choice
@@ -87,6 +92,7 @@ def test_route_every_token_to_one_expert_and_one_to_none(scoring, renormalize):
 
 
 @pytest.mark.parametrize("scoring,renormalize", SCORINGS)
+@route_paths
 def test_route_nan_logits_give_nan_weights(scoring, renormalize):
     logits = RNG.standard_normal((3, 8)).astype(np.float32)
     logits[1, 6] = np.nan
@@ -284,3 +290,22 @@ def test_builder_and_json_program():
     for prog in (program, mp.Program.loads(program.to_json())):
         got = mp.run(prog, *map(mx.array, values))[0]
         np.testing.assert_allclose(np.array(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("scoring,renormalize", SCORINGS)
+def test_native_router_agrees_with_mlx_ops(scoring, renormalize):
+    """The native router (one node) and MLX's ops pick the same experts,
+    ties included (logits from a few values), with the same weights."""
+    logits = RNG.integers(-3, 4, (64, 16)).astype(np.float32) / 2
+    program = mp.ProgramBuilder("route")
+    x = program.input("logits", list(logits.shape), "float32")
+    program = program.build(list(program.moe_route(x, top_k=5, scoring=scoring,
+                                                   renormalize=renormalize)))
+    results = []
+    for native in (True, False):
+        exe = mp.compile(program, native=native)
+        results.append([np.array(a) for a in exe(mx.array(logits))])
+        assert ("moe_route" in exe.stats.native_ops) == native
+    (native_indices, native_weights), (mlx_indices, mlx_weights) = results
+    np.testing.assert_array_equal(native_indices, mlx_indices)
+    np.testing.assert_allclose(native_weights, mlx_weights, rtol=1e-6, atol=1e-7)

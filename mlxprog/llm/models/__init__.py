@@ -1,7 +1,7 @@
 """Model families, one module each: :mod:`.llama` (Llama, Mistral, Qwen2),
 :mod:`.qwen3`, :mod:`.gemma2`, :mod:`.gemma3_text`, :mod:`.phi3`, and the
 mixtures of experts :mod:`.qwen3_moe`, :mod:`.qwen2_moe`, :mod:`.mixtral`,
-:mod:`.olmoe`. Each
+:mod:`.olmoe`, :mod:`.gpt_oss`. Each
 defines a :class:`~.base.Family`; this package finds the family of a
 ``config.json`` ``model_type``, a GGUF architecture or a loaded config.
 Every module here but :mod:`.base` is a family (it defines ``FAMILY``),

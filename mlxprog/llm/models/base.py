@@ -96,7 +96,10 @@ class Weight:
     ``hf_transform`` / ``gguf_transform`` change a vector at load. ``split``
     is the tensor-parallel cut (None: replicated). ``present`` says whether
     the config has this weight at all (``lm_head`` of untied models);
-    ``bias`` whether a matrix has a ``.bias``."""
+    ``bias`` whether a matrix has a ``.bias``. A matrix of three dimensions
+    (``(experts, out, in)``) holds a mixture's experts stacked, its bias
+    ``(experts, out)``. ``hf_bare``: the Hugging Face file stores a vector
+    under its stem itself, with no ``.weight`` (gpt-oss's ``self_attn.sinks``)."""
 
     name: str
     shape: Callable[[ModelConfig], tuple[int, ...]]
@@ -112,6 +115,7 @@ class Weight:
     gguf_transform: Transform | None = None
     hf_experts: str | None = None
     layers: Callable[[ModelConfig], Sequence[int]] | None = None
+    hf_bare: bool = False
     finite: bool = False
 
     @property
@@ -179,7 +183,8 @@ def splits(table: Sequence[Weight], config: ModelConfig) -> dict[str, Split]:
 
 def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str, mx.array],
                  source: Source, where: str, ignored: Sequence[re.Pattern] = (),
-                 block_types: Mapping[str, str] | None = None
+                 block_types: Mapping[str, str] | None = None,
+                 labels: Mapping[str, str] | None = None
                  ) -> tuple[dict[str, mx.array], dict[str, str],
                             dict[str, Quantization | GGMLQuantization]]:
     """The logical weights of ``config`` read from a file's ``tensors`` (named
@@ -190,8 +195,10 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str
     ``ignored`` and those of entries the config leaves out (a tied model's
     stored ``lm_head``). ``block_types`` names the GGML block type of each
     stored tensor kept in a GGUF file's blocks (``uint8 [rows, row_bytes]``).
-    ``where`` names the file in errors. Per-expert tensors stacked at load
-    are removed from ``tensors`` (see :func:`_stored_parts`)."""
+    ``labels`` names what in the file a tensor re-laid at load came from
+    (:meth:`Family.hf_tensors`; the stored name otherwise). ``where`` names
+    the file in errors. Per-expert tensors stacked at load are removed from
+    ``tensors`` (see :func:`_stored_parts`)."""
     weights: dict[str, mx.array] = {}
     names: dict[str, str] = {}
     quantization: dict[str, Quantization | GGMLQuantization] = {}
@@ -208,8 +215,10 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str
         shape = tuple(e.weight.shape(config))
         parts = _MATRIX_PARTS if e.weight.matrix else ("weight",)
         found = {}
-        for part, (key, value) in _stored_parts(e, parts, shape, tensors, read, where).items():
-            label = key
+        bare = source == "hf" and e.weight.hf_bare
+        for part, (key, value) in _stored_parts(e, parts, shape, tensors, read, where,
+                                                    bare).items():
+            label = (labels or {}).get(key, key)
             if rows is not None:
                 value = value[rows[0]:rows[1]]
                 label = f"{key}[{rows[0]}:{rows[1]}]"
@@ -223,11 +232,13 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str
         has_bias = e.weight.matrix and e.weight.bias(config)
         required = ["weight"] + (["bias"] if has_bias else [])
         if "scales" in found or "biases" in found:
-            required += ["scales", "biases"]
+            # mxfp4 layers have no biases: their scales are E8M0 bytes.
+            mxfp4 = "scales" in found and found["scales"][0].dtype == mx.uint8
+            required += ["scales"] if mxfp4 else ["scales", "biases"]
         for part in required:
             if part not in found:
-                missing.append(f"{e.stored}.{part}" + ("" if rows is None else
-                                                      f" (rows {rows[0]}:{rows[1]})"))
+                missing.append((e.stored if bare else f"{e.stored}.{part}")
+                               + ("" if rows is None else f" (rows {rows[0]}:{rows[1]})"))
         if "bias" in found and not has_bias:
             raise ModelError(f"{where}: {e.stored}.bias is there but the config gives "
                              f"{e.name} no bias")
@@ -253,8 +264,8 @@ def read_weights(table: Sequence[Weight], config: ModelConfig, tensors: dict[str
 
 
 def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
-                  tensors: dict[str, mx.array], read: set[str], where: str
-                  ) -> dict[str, tuple[str, mx.array]]:
+                  tensors: dict[str, mx.array], read: set[str], where: str,
+                  bare: bool = False) -> dict[str, tuple[str, mx.array]]:
     """The stored arrays of entry ``e``'s ``parts`` found in ``tensors``, as
     (stored name, array), each marked ``read``. An expert stack (``shape``
     ``(experts, out, in)``) whose stacked tensors are not there is stacked
@@ -263,7 +274,13 @@ def _stored_parts(e: Entry, parts: Sequence[str], shape: tuple[int, ...],
     (lazy reads of the file) dropped from ``tensors``, so that each expert
     is held once, in its stack. Experts missing or unlike the others are a
     :class:`ModelError`; experts beyond the count are left unread (the
-    caller's unexpected weights)."""
+    caller's unexpected weights). ``bare``: a vector stored under the stem
+    itself (``Weight.hf_bare``)."""
+    if bare:
+        if e.stored not in tensors:
+            return {}
+        read.add(e.stored)
+        return {"weight": (e.stored, tensors[e.stored])}
     found = {part: (f"{e.stored}.{part}", tensors[f"{e.stored}.{part}"])
              for part in parts if f"{e.stored}.{part}" in tensors}
     if found or e.stored_experts is None:
@@ -328,8 +345,10 @@ def _check_shapes(name: str, found: dict[str, tuple[mx.array, str]], shape: tupl
     elif "scales" in found:
         if len(shape) not in (2, 3):
             raise ModelError(f"{where}: {label} is quantized, but {name} is not a matrix")
+        biases = found.get("biases")
         quantization[name] = infer_quantization(
-            f"{where}: {what}", weight, found["scales"][0], found["biases"][0], shape)
+            f"{where}: {what}", weight, found["scales"][0],
+            None if biases is None else biases[0], shape)
     elif tuple(weight.shape) != shape:
         raise ModelError(f"{where}: {label} has shape {tuple(weight.shape)}, expected {shape} "
                          f"for {what}")
@@ -649,6 +668,15 @@ class Family:
         """The family's weight table for ``config``."""
         raise NotImplementedError
 
+    def hf_tensors(self, tensors: dict[str, mx.array], config: ModelConfig
+                   ) -> tuple[dict[str, mx.array], Mapping[str, str]]:
+        """A Hugging Face file's tensors as the weight table names them, and
+        for each tensor re-laid what in the file it came from: as stored
+        (no labels), unless the family's checkpoints come in a layout of
+        their own to be re-laid first (gpt-oss's fused, interleaved
+        experts)."""
+        return tensors, {}
+
 
 # -- the decoder ------------------------------------------------------------------
 
@@ -694,12 +722,8 @@ class Decoder:
             y = sb.ggml_matmul(x, self.weight(f"{name}.weight"), type=quant.type,
                                numerics=self.numerics)
         elif quant is not None:
-            # "exact" is the op's default: such programs stay as they were.
-            numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
-            y = sb.quantized_matmul(x, self.weight(f"{name}.weight"),
-                                    self.weight(f"{name}.scales"),
-                                    self.weight(f"{name}.biases"), transpose=True,
-                                    group_size=quant.group_size, bits=quant.bits, **numerics)
+            y = sb.quantized_matmul(x, *self._quantized_parts(name, quant), transpose=True,
+                                    **self._packing(quant), **self._numerics())
         else:
             w = self.weight(f"{name}.weight")
             y = sb.matmul(x, sb.transpose(sb.astype(w, dtype="float32")))
@@ -709,31 +733,47 @@ class Decoder:
             y = y + sb.astype(self.weight(f"{name}.bias"), dtype="float32")
         return y
 
+    def _quantized_parts(self, name: str, quant: Quantization) -> list[Value]:
+        """The captures of MLX-quantized layer ``name``: weight, scales and
+        (affine) biases."""
+        return [self.weight(f"{name}.{part}") for part in quant.parts]
+
+    @staticmethod
+    def _packing(quant: Quantization) -> dict[str, Any]:
+        """The quantized ops' attributes of ``quant`` (``mode`` only where it
+        is not affine, the ops' default, so such programs stay as they were)."""
+        mode = {} if quant.mode == "affine" else {"mode": quant.mode}
+        return dict(group_size=quant.group_size, bits=quant.bits, **mode)
+
+    def _numerics(self) -> dict[str, Any]:
+        """The quantized ops' ``numerics`` attribute ("exact" is their
+        default: such programs stay as they were)."""
+        return {} if self.numerics == "exact" else {"numerics": self.numerics}
+
     def expert_linear(self, sb, name: str, x: Value, indices: Value,
-                      per_slot: bool = False) -> Value:
+                      per_slot: bool = False, bias: bool = True) -> Value:
         """``x`` through the experts ``indices`` ([..., k], from
         :meth:`route`) of expert stack ``name`` (``[experts, N, K]``, its
         quantization as :meth:`linear`'s, numerics the decoder's): float32
         [..., k, N]. ``x`` is [..., K], the same input for every slot, or
         with ``per_slot`` [..., k, K], one row per slot (a down projection).
         A stack with a ``.bias`` (``[experts, N]``) adds each slot's
-        expert's row."""
+        expert's row (unless ``bias`` is false: a stack split by columns
+        across ranks adds it once, after the ranks' sum)."""
         quant = self.spec.quantization.get(name)
         weight = self.weight(f"{name}.weight")
         if isinstance(quant, GGMLQuantization):
             y = sb.ggml_gather_matmul(x, weight, indices, type=quant.type,
                                       numerics=self.numerics, per_slot=per_slot)
         elif quant is not None:
-            numerics = {} if self.numerics == "exact" else {"numerics": self.numerics}
-            y = sb.gather_quantized_matmul(x, weight, self.weight(f"{name}.scales"),
-                                           self.weight(f"{name}.biases"), indices,
-                                           group_size=quant.group_size, bits=quant.bits,
-                                           per_slot=per_slot, **numerics)
+            y = sb.gather_quantized_matmul(x, *self._quantized_parts(name, quant), indices,
+                                           per_slot=per_slot, **self._packing(quant),
+                                           **self._numerics())
         else:
             y = sb.gather_matmul(x, weight, indices, per_slot=per_slot)
-        if self.has(f"{name}.bias"):
-            bias = sb.astype(self.weight(f"{name}.bias"), dtype="float32")
-            y = y + sb.take(bias, indices, axis=0)
+        if bias and self.has(f"{name}.bias"):
+            y = y + sb.take(sb.astype(self.weight(f"{name}.bias"), dtype="float32"), indices,
+                            axis=0)
         return y
 
     def route(self, sb, name: str, x: Value) -> tuple[Value, Value]:
@@ -776,15 +816,15 @@ class Decoder:
         elif quant is None:
             rows = sb.take(self.weight("embed_tokens.weight"), tokens, axis=0)
         else:
-            # MLX dequantizes in the scales' dtype: float16 scales would
-            # round each value to 11 bits (GGUF's Q8_0 rows re-laid as affine
-            # ones are exact only in float32), so the gathered rows' scales
-            # and biases are widened first.
-            codes, scales, biases = (sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
-                                     for p in ("weight", "scales", "biases"))
-            rows = sb.dequantize(codes, sb.astype(scales, dtype="float32"),
-                                 sb.astype(biases, dtype="float32"),
-                                 group_size=quant.group_size, bits=quant.bits)
+            codes, *scaling = [sb.take(self.weight(f"embed_tokens.{p}"), tokens, axis=0)
+                               for p in quant.parts]
+            if quant.mode == "affine":
+                # MLX dequantizes in the scales' dtype: float16 scales would
+                # round each value to 11 bits (GGUF's Q8_0 rows re-laid as
+                # affine ones are exact only in float32), so the gathered
+                # rows' scales and biases are widened first.
+                scaling = [sb.astype(s, dtype="float32") for s in scaling]
+            rows = sb.dequantize(codes, *scaling, **self._packing(quant))
         return sb.astype(rows, dtype="float32")
 
     def norm(self, sb, name: str, x: Value) -> Value:
@@ -828,18 +868,22 @@ class Decoder:
                             base=c.rope_theta if base is None else base, scale=scale, **extra)
 
     def attend(self, sb, q: Value, k: Value, v: Value, T, cache_offset, key_mask,
-               cache: LayerCache, **settings: Any) -> tuple[Value, LayerCache]:
+               cache: LayerCache, sinks: Value | None = None,
+               **settings: Any) -> tuple[Value, LayerCache]:
         """q, k, v [B, heads, T, D] (q and k rotated) written into the
         layer's ``cache`` (its arrays as the cache ops take them,
         :meth:`CacheLayout.layers <mlxprog.llm.cache.CacheLayout.layers>`) at
         ``cache_offset`` and attended by the layout's op
         (``kv_cache_sdpa_update``, or ``quantized_kv_cache_sdpa_update``
         where the cache is quantized; settings: the op's ``scale``,
-        ``softcap``, ``window``): [B, T, heads * D] and the layer's new
-        cache."""
+        ``softcap``, ``window``; ``sinks``: the rank's heads' attention-sink
+        logits [heads]): [B, T, heads * D] and the layer's new cache."""
         settings = {k: v for k, v in settings.items() if v is not None}
         op, attributes = self.kv.sdpa_op()
-        attn, *new = sb.op(op, q, k, v, *cache, cache_offset, key_mask, **attributes,
+        extra = [] if sinks is None else [sinks]
+        if sinks is not None:
+            settings["sinks"] = True
+        attn, *new = sb.op(op, q, k, v, *cache, cache_offset, key_mask, *extra, **attributes,
                            **settings)
         return self.merge_heads(sb, attn, self.shard.num_heads, T), tuple(new)
 
@@ -937,7 +981,13 @@ def load_checkpoint_tensors(family: Family, config: ModelConfig, tensors: dict[s
     """A :class:`Checkpoint` of ``family`` from a file's ``tensors``
     (``block_types``: see :func:`read_weights`)."""
     ignored = family.hf_ignored if source == "hf" else ()
+    labels: Mapping[str, str] = {}
+    if source == "hf":
+        try:
+            tensors, labels = family.hf_tensors(tensors, config)
+        except ModelError as e:
+            raise ModelError(f"{where}: {e}") from None
     weights, names, quantization = read_weights(family.weights(config), config, tensors,
-                                                source, where, ignored, block_types)
+                                                source, where, ignored, block_types, labels)
     return Checkpoint(path=path, config=config, weights=weights, quantization=quantization,
                       tokenizer=tokenizer, source_names=names)

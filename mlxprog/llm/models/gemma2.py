@@ -176,8 +176,8 @@ class Gemma2Family(Family):
         fields = hf_gemma_fields(hf)
         n = fields["num_layers"]
         sliding_window = hf.integer("sliding_window", 4096)
-        scale, _ = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                        allowed=("default", "linear"))
+        scale = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                     allowed=("default", "linear")).scale
         return GemmaConfig(
             **fields, family=self.name, rope_scale=scale,
             attn_softcap=optional_number(hf, "attn_logit_softcapping", 50.0),

@@ -62,8 +62,8 @@ class Gemma3TextFamily(Family):
         n = fields["num_layers"]
         pattern = positive(hf.integer("sliding_window_pattern", 6),
                            "config.json: sliding_window_pattern")
-        scale, _ = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                        allowed=("default", "linear"))
+        scale = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                     allowed=("default", "linear")).scale
         return GemmaConfig(
             **fields, family=self.name, rope_scale=scale,
             final_softcap=optional_number(hf, "final_logit_softcapping", None),

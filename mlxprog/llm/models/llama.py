@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import mlx.core as mx
 
@@ -97,26 +97,105 @@ def decoder_weights(*, qkv_bias=_attention_bias, **changes: Weight) -> tuple[Wei
     return tuple(table.values())
 
 
+class RopeScaling(NamedTuple):
+    """A RoPE scaling as the decoder applies it: positions times ``scale``;
+    ``freqs`` the per-pair periods (None: ``theta ** (2i / dims)``);
+    ``attention_factor`` multiplies the rotated features of q and k before
+    the rotation (YaRN's ``mscale``: the scores grow by its square)."""
+
+    scale: float = 1.0
+    freqs: tuple[float, ...] | None = None
+    attention_factor: float = 1.0
+
+
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor of a context stretched ``factor`` times:
+    ``0.1 * mscale * ln(factor) + 1`` (1 without stretching)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn(theta: float, dims: int, factor: float, original_context: float,
+         beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
+         attention_factor: float | None = None) -> RopeScaling:
+    """YaRN (NTK-by-parts) RoPE scaling of ``dims`` rotated features: pair i
+    keeps its period ``theta ** (2i / dims)`` where it turns more than
+    ``beta_fast`` times over the ``original_context``, is stretched
+    ``factor`` times where it turns fewer than ``beta_slow`` times, and is
+    blended linearly (in frequency) between; the two bounding pairs are
+    rounded outward with ``truncate`` (Hugging Face's default and
+    llama.cpp's; gpt-oss's config turns it off). ``attention_factor``
+    defaults to :func:`yarn_attention_factor`."""
+    def pair_turning(rotations: float) -> float:
+        # The pair index whose wavelength fits `rotations` times in the context.
+        turns = original_context / (rotations * 2 * math.pi)
+        return dims * math.log(turns) / (2 * math.log(theta))
+
+    low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    if high == low:
+        high += 0.001  # a step rather than a division by zero
+    periods = []
+    for i in range(dims // 2):
+        period = theta ** (2 * i / dims)
+        kept = 1.0 - min(max((i - low) / (high - low), 0.0), 1.0)
+        periods.append(1.0 / (kept / period + (1.0 - kept) / (factor * period)))
+    return RopeScaling(1.0, tuple(periods), yarn_attention_factor(factor)
+                       if attention_factor is None else attention_factor)
+
+
+def _scaling_number(scaling: dict[str, Any], key: str, default: float | None) -> float:
+    """Field ``key`` of ``config.json``'s rope_scaling, a positive number."""
+    value = scaling.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ModelError(f"config.json: rope_scaling {key} must be a positive number, got "
+                         f"{value!r}")
+    return float(value)
+
+
 def rope_scaling_from_hf(hf: HFConfig, theta: float, head_dim: int,
                          allowed: Sequence[str] = ("default", "linear", "llama3")
-                         ) -> tuple[float, tuple[float, ...] | None]:
-    """(position scale, per-pair periods) of ``config.json``'s RoPE
-    scaling (:meth:`~.base.HFConfig.rope_scaling`): none or ``default``;
-    ``linear`` (positions times ``1 / factor``); ``llama3`` (long wavelengths stretched by ``factor``,
-    short ones kept, a smooth blend between). A type not in ``allowed`` is a
+                         ) -> RopeScaling:
+    """The :class:`RopeScaling` of ``config.json``'s RoPE scaling
+    (:meth:`~.base.HFConfig.rope_scaling`): none or ``default``;
+    ``linear`` (positions times ``1 / factor``); ``llama3`` (long wavelengths
+    stretched by ``factor``, short ones kept, a smooth blend between);
+    ``yarn`` (:func:`yarn`, with Hugging Face's keys and defaults:
+    ``beta_fast`` 32, ``beta_slow`` 1, ``truncate`` true,
+    ``original_max_position_embeddings`` the config's context, and the
+    attention factor ``attention_factor``, else from ``mscale`` and
+    ``mscale_all_dim`` where both are set). A type not in ``allowed`` is a
     :class:`ModelError` naming it."""
     scaling = hf.rope_scaling()
     if not scaling:
-        return 1.0, None
+        return RopeScaling()
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind not in allowed:
         raise ModelError(f"config.json: rope_scaling type {kind!r} is not supported by the "
                          f"{hf.model_type} family (supported: {', '.join(allowed)})")
-    factor = float(scaling.get("factor", 1.0))
     if kind == "default":
-        return 1.0, None
+        return RopeScaling()
+    factor = _scaling_number(scaling, "factor", 1.0)
     if kind == "linear":
-        return 1.0 / factor, None
+        return RopeScaling(scale=1.0 / factor)
+    if kind == "yarn":
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is not None:
+            attention_factor = _scaling_number(scaling, "attention_factor", None)
+        elif scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            attention_factor = (
+                yarn_attention_factor(factor, _scaling_number(scaling, "mscale", None))
+                / yarn_attention_factor(factor, _scaling_number(scaling, "mscale_all_dim", None)))
+        truncate = scaling.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise ModelError(f"config.json: rope_scaling truncate must be true or false, got "
+                             f"{truncate!r}")
+        return yarn(theta, head_dim, factor,
+                    _scaling_number(scaling, "original_max_position_embeddings",
+                                    hf.integer("max_position_embeddings")),
+                    _scaling_number(scaling, "beta_fast", 32.0),
+                    _scaling_number(scaling, "beta_slow", 1.0), truncate, attention_factor)
     original = float(scaling.get("original_max_position_embeddings", 8192))
     low = float(scaling.get("low_freq_factor", 1.0))
     high = float(scaling.get("high_freq_factor", 4.0))
@@ -130,7 +209,7 @@ def rope_scaling_from_hf(hf: HFConfig, theta: float, head_dim: int,
             smooth = (original / wavelength - low) / (high - low)
             period /= (1 - smooth) / factor + smooth
         periods.append(period)
-    return 1.0, tuple(periods)
+    return RopeScaling(freqs=tuple(periods))
 
 
 def reject_sliding_window(hf: HFConfig, context: int) -> None:
@@ -167,8 +246,9 @@ class LlamaFamily(Family):
         hf.reject("mlp_bias", "MLP biases")
         fields = hf.common()
         reject_sliding_window(hf, fields["context_length"])
-        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"])
-        return ModelConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs,
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"])
+        return ModelConfig(**fields, family=self.name, rope_scale=rope.scale,
+                           rope_freqs=rope.freqs,
                            attention_bias=(hf.model_type == "qwen2"
                                            or bool(hf.get("attention_bias", False))))
 
@@ -331,8 +411,9 @@ class LlamaDecoder(Decoder):
         if all(isinstance(self.spec.quantization.get(name), GGMLQuantization) for name in parts):
             return tuple(tuple(name for name, _ in group) for group in self.ggml_parts(i))
         quant = {self.spec.quantization.get(name) for name in names}
-        # The affine form's op reads one MLX quantization for all four.
+        # The affine form's op reads one MLX affine quantization for all four.
         if (len(quant) != 1 or not isinstance(next(iter(quant)), Quantization)
+                or next(iter(quant)).mode != "affine"
                 or any(name not in self.spec.fused for name in names[::2])):
             return None
         gate_rows = self.spec.local_shape(f"{p}.mlp.gate_proj.weight", self.shard)[0]

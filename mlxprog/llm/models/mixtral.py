@@ -46,10 +46,10 @@ class MixtralFamily(Family):
         hf.choice("hidden_act", ("silu",), "silu")
         fields = hf.common()
         reject_sliding_window(hf, fields["context_length"])
-        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                            allowed=("default", "linear"))
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                    allowed=("default", "linear"))
         count, used = hf.experts("num_local_experts")
-        return MoEConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs,
+        return MoEConfig(**fields, family=self.name, rope_scale=rope.scale, rope_freqs=rope.freqs,
                          num_experts=count, experts_per_token=used,
                          expert_intermediate_size=fields["intermediate_size"],
                          router="topk_softmax")

@@ -56,10 +56,10 @@ class OlmoeFamily(Family):
         hf.reject("mlp_bias", "expert biases")
         hf.reject("attention_bias", "projection biases")
         fields = hf.common()
-        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                            allowed=("default", "linear"))
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                    allowed=("default", "linear"))
         count, used = hf.experts()
-        return MoEConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs,
+        return MoEConfig(**fields, family=self.name, rope_scale=rope.scale, rope_freqs=rope.freqs,
                          num_experts=count, experts_per_token=used,
                          expert_intermediate_size=fields["intermediate_size"],
                          router="softmax_topk",

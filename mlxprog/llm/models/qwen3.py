@@ -53,9 +53,10 @@ class Qwen3Family(Family):
         # not use).
         if hf.get("use_sliding_window", False):
             reject_sliding_window(hf, fields["context_length"])
-        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                            allowed=("default", "linear"))
-        return ModelConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs)
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                    allowed=("default", "linear"))
+        return ModelConfig(**fields, family=self.name, rope_scale=rope.scale,
+                           rope_freqs=rope.freqs)
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
         """Qwen3 GGUF metadata: full-width RoPE in the half-split layout,

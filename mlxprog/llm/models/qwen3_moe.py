@@ -73,10 +73,10 @@ class Qwen3MoeFamily(Family):
         fields = hf.common()
         if hf.get("use_sliding_window", False):
             reject_sliding_window(hf, fields["context_length"])
-        scale, freqs = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                            allowed=("default", "linear"))
+        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                    allowed=("default", "linear"))
         count, used = hf.experts()
-        return MoEConfig(**fields, family=self.name, rope_scale=scale, rope_freqs=freqs,
+        return MoEConfig(**fields, family=self.name, rope_scale=rope.scale, rope_freqs=rope.freqs,
                          num_experts=count, experts_per_token=used,
                          expert_intermediate_size=hf.integer("moe_intermediate_size"),
                          router="softmax_topk",

@@ -16,4 +16,5 @@ NB_MODULE(_mlxprog_native, m) {
   mlxprog::bind_runtime(m);
   mlxprog::bind_int_matmul(m);
   mlxprog::bind_ggml(m);
+  mlxprog::bind_moe_route(m);
 }

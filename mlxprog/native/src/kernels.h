@@ -82,7 +82,10 @@ struct RopeProblem {
 // of batch b sees key j when j <= start + t, j > start + t - window (when
 // window > 0) and key_mask[b, j] (when given); a query that sees no key gets
 // zeros. Scores are q . k * scale, capped at softcap * tanh(score / softcap)
-// when softcap > 0. float32 throughout.
+// when softcap > 0. With sinks, head h's logit sinks[h] joins each of its
+// queries' softmax as one more (uncapped) score whose value is zero: it
+// takes probability mass and adds nothing (gpt-oss's attention sinks).
+// float32 throughout.
 //
 // A quantized cache (format.kv_bits 4 or 8) holds its keys and values as
 // MLX's affine quantization along D (see QuantizedRows) in k_quantized and
@@ -146,6 +149,7 @@ struct AttentionProblem {
   float scale;
   int64_t window;           // sliding window in keys; 0: every key up to the query's
   float softcap;            // 0: scores uncapped
+  const float* sinks;       // H sink logits, one a query head, or null
   CacheFormat format;       // float: k and v; quantized: k_quantized, v_quantized
   QuantizedRows k_quantized, v_quantized;
   RecentRows recent;        // quantized caches only

@@ -92,5 +92,6 @@ void bind_gemm_conv(nb::module_& m);
 void bind_window(nb::module_& m);
 void bind_int_matmul(nb::module_& m);
 void bind_ggml(nb::module_& m);
+void bind_moe_route(nb::module_& m);
 
 }  // namespace mlxprog

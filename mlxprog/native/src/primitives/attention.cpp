@@ -116,9 +116,9 @@ int64_t cache_head_dim(const mx::array& k, const CacheFormat& format) {
 class CacheAttention : public CpuPrimitive {
  public:
   CacheAttention(mx::Stream stream, float scale, bool has_key_mask, int64_t window,
-                 float softcap, CacheFormat format, bool has_recent)
+                 float softcap, CacheFormat format, bool has_recent, bool has_sinks)
       : CpuPrimitive(stream), scale_(scale), has_key_mask_(has_key_mask), window_(window),
-        softcap_(softcap), format_(format), has_recent_(has_recent) {}
+        softcap_(softcap), format_(format), has_recent_(has_recent), has_sinks_(has_sinks) {}
 
   // inputs: q [B, H, T, D] (float32), the cache's arrays (k and v [B, H_kv,
   // S, D] float32, or of each the codes [B, H_kv, S, D * bits / 32] uint32
@@ -126,11 +126,12 @@ class CacheAttention : public CpuPrimitive {
   // (int32, one element), key_mask [B, S] (bool) when has_key_mask, and a
   // quantized cache's recent ring when has_recent: k_recent, v_recent [B,
   // H_kv, R, D] (float32), recent_slots [B, R] (int32), new_k, new_v [B,
-  // H_kv, T, D] (float32), see RecentRows.
+  // H_kv, T, D] (float32), see RecentRows; last, sinks [H] (float32) when
+  // has_sinks.
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     enqueue(out, [inputs, scale = scale_, has_key_mask = has_key_mask_, window = window_,
                   softcap = softcap_, format = format_,
-                  has_recent = has_recent_](mx::array& out) mutable {
+                  has_recent = has_recent_, has_sinks = has_sinks_](mx::array& out) mutable {
       const size_t n = format.arrays();
       std::vector<std::vector<uint8_t>> keep(inputs.size());
       std::vector<const void*> cache(n);
@@ -160,6 +161,10 @@ class CacheAttention : public CpuPrimitive {
           ring[i] = contiguous_data(inputs[first + i], keep[first + i]);
         set_recent(p, inputs[first].shape(2), ring);
       }
+      if (has_sinks) {
+        const size_t last = inputs.size() - 1;
+        p.sinks = static_cast<const float*>(contiguous_data(inputs[last], keep[last]));
+      }
       run_attention(p);
     });
   }
@@ -170,7 +175,7 @@ class CacheAttention : public CpuPrimitive {
     auto* o = dynamic_cast<const CacheAttention*>(&other);
     return o && o->scale_ == scale_ && o->has_key_mask_ == has_key_mask_ &&
            o->window_ == window_ && o->softcap_ == softcap_ && o->format_ == format_ &&
-           o->has_recent_ == has_recent_;
+           o->has_recent_ == has_recent_ && o->has_sinks_ == has_sinks_;
   }
 
  private:
@@ -180,6 +185,7 @@ class CacheAttention : public CpuPrimitive {
   float softcap_;
   CacheFormat format_;
   bool has_recent_;
+  bool has_sinks_;
 };
 
 // A cache format the kernels read (Python's CacheFormat(kv_bits=,
@@ -237,7 +243,8 @@ void check_recent(const std::vector<mx::array>& ring, const mx::array& k,
 mx::array cache_attention(const mx::array& q, const std::vector<mx::array>& caches,
                           const mx::array& start, std::optional<mx::array> key_mask,
                           float scale, int64_t window, float softcap, const CacheFormat& format,
-                          std::optional<std::vector<mx::array>> recent) {
+                          std::optional<std::vector<mx::array>> recent,
+                          std::optional<mx::array> sinks) {
   if (window < 0 || !(softcap >= 0.f))
     throw std::invalid_argument("cache_attention: window and softcap must be >= 0 (0: none)");
   check_cache(caches, format, "cache_attention");
@@ -259,10 +266,18 @@ mx::array cache_attention(const mx::array& q, const std::vector<mx::array>& cach
                                     "float32 [B, H_kv, T, D]");
     inputs.insert(inputs.end(), recent->begin(), recent->end());
   }
+  if (sinks) {
+    if (sinks->ndim() != 1 || q.ndim() != 4 || sinks->shape(0) != q.shape(1) ||
+        sinks->dtype() != mx::float32)
+      throw std::invalid_argument("mlxprog native cache_attention: sinks must be float32 [H], "
+                                  "one logit a query head");
+    inputs.push_back(*sinks);
+  }
   return mx::array(q.shape(), mx::float32,
                    std::make_shared<CacheAttention>(mx::default_stream(mx::Device::cpu), scale,
                                                     key_mask.has_value(), window, softcap,
-                                                    format, recent.has_value()),
+                                                    format, recent.has_value(),
+                                                    sinks.has_value()),
                    inputs);
 }
 
@@ -639,6 +654,7 @@ void bind_attention(nb::module_& m) {
         nb::arg("start"), nb::arg("key_mask").none() = nb::none(), nb::kw_only(),
         nb::arg("scale"), nb::arg("window") = 0, nb::arg("softcap") = 0.f,
         nb::arg("format") = CacheFormat{}, nb::arg("recent").none() = nb::none(),
+        nb::arg("sinks").none() = nb::none(),
         "Attention of q [B, H, T, D] over a cache of `format` (a CacheFormat): caches = "
         "[k, v] ([B, H_kv, S, D] float32), or quantized the codes, scales and biases of k, "
         "then of v. Query t sees key j when "
@@ -648,7 +664,8 @@ void bind_attention(nb::module_& m) {
         "[B, H_kv, R, D] float32, recent_slots [B, R] int32, new_k, new_v [B, H_kv, T, D] "
         "float32], all in the cache's basis: query t (slot p = start + t) reads key and "
         "value j with p - j < R from new_k/new_v (j >= start) or from the ring's entry "
-        "j % R when recent_slots[b, j % R] == j, else dequantized.");
+        "j % R when recent_slots[b, j % R] == j, else dequantized. sinks (float32 [H]): "
+        "head h's logit joins its queries' softmax denominators as a score of no value.");
   m.def("cache_attention_block", &cache_attention_block, nb::arg("qkv"),
         nb::arg("caches"), nb::arg("start"), nb::arg("positions"), nb::kw_only(),
         nb::arg("heads"), nb::arg("kv_heads"), nb::arg("dims"), nb::arg("traditional"),

@@ -94,10 +94,11 @@ void AttentionLoops::dequantize_rows(const QuantizedRows& c, int bits, int64_t g
 enum class Seen { keys, nothing, nan };
 
 // A query's n raw scores (q . k * scale) made into its attention weights in
-// place: capped (softcap), masked (key_mask; -inf), softmaxed.
+// place: capped (softcap), masked (key_mask; -inf), softmaxed, with the
+// head's sink logit (`sink`, or null) one more term of the denominator.
 template <class Loops>
 Seen attention_weights(const AttentionProblem& p, float* scores, int64_t n,
-                       const uint8_t* mask) {
+                       const uint8_t* mask, const float* sink) {
   if (p.softcap > 0.f)
     for (int64_t j = 0; j < n; ++j) scores[j] = p.softcap * __builtin_tanhf(scores[j] / p.softcap);
   float top = -__builtin_inff();
@@ -109,7 +110,13 @@ Seen attention_weights(const AttentionProblem& p, float* scores, int64_t n,
   }
   if (nan || top == __builtin_inff()) return Seen::nan;
   if (top == -__builtin_inff()) return Seen::nothing;
-  const float norm = 1.f / Loops::softmax_numerators(scores, n, top);
+  if (sink) {
+    if (*sink != *sink || *sink == __builtin_inff()) return Seen::nan;
+    top = *sink > top ? *sink : top;
+  }
+  float total = Loops::softmax_numerators(scores, n, top);
+  if (sink) total += __builtin_expf(*sink - top);
+  const float norm = 1.f / total;
   for (int64_t j = 0; j < n; ++j) scores[j] *= norm;
   return Seen::keys;
 }
@@ -136,7 +143,8 @@ void attention(const AttentionProblem& p, int64_t i0, int64_t i1) {
     k += begin * D;
     v += begin * D;
     Loops::key_scores(q, k, n, D, p.scale, scores);
-    switch (attention_weights<Loops>(p, scores, n, mask)) {
+    const float* sink = p.sinks ? p.sinks + h : nullptr;
+    switch (attention_weights<Loops>(p, scores, n, mask, sink)) {
       case Seen::nan:
         for (int64_t d = 0; d < D; ++d) out[d] = __builtin_nanf("");
         break;
@@ -212,7 +220,8 @@ void attention_quantized(const AttentionProblem& p, int64_t i0, int64_t i1) {
         Loops::key_scores(queries + g * D, rows, count, D, p.scale, &scores[g * n + j0]);
     }
     for (int64_t g = 0; g < group; ++g) {
-      seen[g] = attention_weights<Loops>(p, &scores[g * n], n, mask);
+      seen[g] = attention_weights<Loops>(p, &scores[g * n], n, mask,
+                                        p.sinks ? p.sinks + kv * group + g : nullptr);
       float* out = p.out + query(g);
       const float fill = seen[g] == Seen::nan ? __builtin_nanf("") : 0.f;
       for (int64_t d = 0; d < D; ++d) out[d] = fill;
