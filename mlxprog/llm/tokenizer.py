@@ -226,6 +226,19 @@ def _tokens_found_whole(metadata: Mapping[str, Any], tokens: list[str],
     return found
 
 
+def _ends_by_text(tokens: list[str]) -> list[int]:
+    """The tokens that end a generation by their text, as llama.cpp takes
+    them whatever the file's EOS keys say (a Qwen file's ``<|im_end|>``
+    beside its ``<|endoftext|>``). Harmony vocabularies (gpt-oss) end a
+    reply at ``<|return|>`` or ``<|call|>``: their ``<|end|>`` closes one
+    channel of the reply, not the reply."""
+    ends = [i for i, text in enumerate(tokens) if text in _END_OF_GENERATION_TEXTS]
+    texts = {tokens[i] for i in ends}
+    if {"<|return|>", "<|call|>"} <= texts:
+        ends = [i for i in ends if tokens[i] != "<|end|>"]
+    return ends
+
+
 #: The conversation a chat template given to :func:`~mlxprog.llm.load` must
 #: render (with ``add_generation_prompt``): a system message, then user and
 #: assistant turns alternating, ending on the user's, as Mistral-style
@@ -360,7 +373,7 @@ class Tokenizer:
                 single=" ".join([tokens[i] for i in prefix] + ["$A"] + [tokens[i] for i in suffix]),
                 special_tokens=[(tokens[i], i) for i in set(prefix + suffix)])
         eos_ids = [i for i in (eos, token_id("eot_token_id"), token_id("eom_token_id"))
-                   if i is not None]
+                   if i is not None] + _ends_by_text(tokens)
         return cls(backend, bos_token_id=bos, eos_token_ids=eos_ids,
                    chat_template=metadata_value(metadata.get("tokenizer.chat_template")))
 
@@ -392,7 +405,8 @@ class Tokenizer:
             template = template_file.read_text(encoding="utf-8")
         eos = token_id("eos_token")
         return cls(backend, bos_token_id=token_id("bos_token"),
-                   eos_token_ids=[] if eos is None else [eos], chat_template=template)
+                   eos_token_ids=([] if eos is None else [eos]) + _generation_ends(directory),
+                   chat_template=template)
 
     @property
     def vocab_size(self) -> int:
@@ -583,6 +597,19 @@ def _template_environment() -> ImmutableSandboxedEnvironment:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
+
+
+def _generation_ends(directory: Path) -> list[int]:
+    """The ``eos_token_id`` ids of ``generation_config.json`` (one or a
+    list), which end a generation as Hugging Face's ``generate`` ends it:
+    gpt-oss's ``<|call|>`` is named only there."""
+    path = directory / "generation_config.json"
+    value = (_read_json(path) or {}).get("eos_token_id")
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ModelError(f"{path}: eos_token_id must be a token id or a list of them, "
+                         f"got {value!r}")
+    return ids
 
 
 def _read_json(path: Path) -> dict | None:

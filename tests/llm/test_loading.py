@@ -72,7 +72,9 @@ def test_smollm_config_matches_metadata(smollm):
     assert c.norm_eps == pytest.approx(1e-5)
     assert c.context_length == m("context_length") == 8192
     assert c.tie_embeddings and "lm_head.weight" not in smollm.weights
-    assert (c.bos_token_id, c.eos_token_ids) == (1, (2,))
+    # EOS <|im_end|>, then <|endoftext|>, which llama.cpp also takes for an
+    # end of generation by its text.
+    assert (c.bos_token_id, c.eos_token_ids) == (1, (2, 0))
     assert c.rope_traditional and c.rope_scale == 1.0 and c.rope_freqs is None
     assert not c.attention_bias
 
@@ -465,3 +467,17 @@ def test_reference_rope_matches_mlx_rope(tmp_path, traditional, scaling):
     expected = mx.fast.rope(x, offset=7, **ckpt.config.rope_kwargs())
     np.testing.assert_allclose(np.array(model.rope(x, 7)), np.array(expected),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_generation_config_ends_generations(tmp_path):
+    """``generation_config.json``'s ``eos_token_id`` (one id or a list) ends
+    a generation beside the tokenizer's EOS, as in Hugging Face's
+    ``generate``; a value that is no token id is a ModelError naming the
+    file."""
+    write_hf(tmp_path)
+    own = Tokenizer.from_hf(tmp_path).eos_token_ids
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert Tokenizer.from_hf(tmp_path).eos_token_ids == (*own, 7, 9)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "<eos>"}))
+    with pytest.raises(ModelError, match="generation_config.json: eos_token_id"):
+        Tokenizer.from_hf(tmp_path)

@@ -86,6 +86,22 @@ def test_bos_and_eos():
                               skip_special_tokens=True) == "the"
 
 
+@pytest.mark.parametrize("harmony", [False, True])
+def test_generation_ends_at_tokens_named_by_their_text(harmony):
+    """As llama.cpp: tokens whose text ends a generation (``<|end|>``,
+    ``<|endoftext|>``, ...) end it beside the file's EOS; a harmony
+    vocabulary (``<|return|>`` and ``<|call|>``) keeps ``<|end|>``, which
+    closes one channel of its reply."""
+    ends = ["<|end|>", "<|endoftext|>"] + (["<|return|>", "<|call|>"] if harmony else [])
+    meta = spm_tokenizer_metadata(user_defined=ends + ["<|channel|>"])
+    tok = Tokenizer.from_gguf_metadata(meta)
+    tokens = meta["tokenizer.ggml.tokens"]
+    named = {tokens[i] for i in tok.eos_token_ids[1:]}
+    assert tok.eos_token_ids[0] == meta["tokenizer.ggml.eos_token_id"]
+    assert named == ({"<|endoftext|>", "<|return|>", "<|call|>"} if harmony
+                     else {"<|end|>", "<|endoftext|>"})
+
+
 def test_space_prefix():
     tok = tokenizer(add_space_prefix=True)
     assert pieces(tok, "the and") == ["▁the", "▁and"]
