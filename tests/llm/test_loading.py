@@ -268,7 +268,7 @@ def test_tiny_gguf_round_trip(tmp_path, arch, tied):
         architecture=arch, **TINY, norm_eps=pytest.approx(1e-5), rope_theta=10000.0,
         # llama.cpp permutes Llama's Q/K rows only; Qwen2 keeps the NEOX layout.
         rope_traditional=arch == "llama", tie_embeddings=tied, context_length=256, bos_token_id=1,
-        eos_token_ids=(2,), attention_bias=arch == "qwen2")
+        eos_token_ids=(2, 0), attention_bias=arch == "qwen2")  # 0: <|endoftext|>, by its text
     assert_same_weights(ckpt.weights, weights)
     assert ckpt.source_names["layers.1.self_attn.q_proj.weight"] == "blk.1.attn_q.weight"
 
