@@ -23,9 +23,9 @@ import mlx.core as mx
 from pydantic import model_validator
 
 from ..arrays import AVal, is_integer
+from ..ggml.dequantize import dequantize as dequantize_blocks
 from ..native import kernels as native
 from ..native import record_numerics_fallback
-from ..ggml.dequantize import dequantize as dequantize_blocks
 from .attrs import Attrs, CheckError, PositiveInt
 from .ggml import GGMLAttrs, row_elements
 from .index import clamp_index
@@ -392,10 +392,10 @@ def ggml_gather_matmul(operands, attrs, context):
     each row of x once, not once per slot). On the CPU with native kernels
     it runs the type's kernels on the chosen experts' rows only, the slots
     grouped by expert so that each expert's rows are read once for all the
-    tokens that chose it. Elsewhere the selected experts' blocks are dequantized with MLX ops (all
-    experts once, when there are at least as many slots as experts) and
-    multiplied in float32 (int8 numerics then compute ``"exact"``, and
-    ``exe.stats.numerics_fallbacks`` counts it)."""
+    tokens that chose it. Elsewhere the chosen experts' blocks are
+    dequantized with MLX ops (all experts once, when there are at least as
+    many slots as experts) and multiplied in float32 (int8 numerics then
+    compute ``"exact"``, and ``exe.stats.numerics_fallbacks`` counts it)."""
     x, w, indices = operands
     t = attrs.ggml
     result = native.ggml_gather_matmul(context.native, x, w, indices, t,
