@@ -155,6 +155,7 @@ def test_gather_matmul_against_numpy(lead, per_slot, dtype):
     np.testing.assert_allclose(np.array(got), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.usefixtures("native_and_mlx_ops")
 @pytest.mark.parametrize("lead", sorted(LEADS))
 @pytest.mark.parametrize("per_slot", [False, True])
 @pytest.mark.parametrize("mode,bits", [("affine", 4), ("affine", 8), ("mxfp4", 4)])
@@ -314,7 +315,8 @@ def test_native_router_agrees_with_mlx_ops(scoring, renormalize):
 def test_native_coverage_as_inspect_reports_it():
     """The ops' native_coverage rules (what ``mlxprog inspect`` says) ask the
     kernels' questions: the router and the GGML kernel for their float
-    operands, the affine int8 kernel only for int8 numerics of 4 or 8 bits."""
+    operands, the affine experts' kernel for the native quantized matmul's
+    bits (4 or 8 in int8 numerics), not mxfp4."""
     from mlxprog.arrays import AVal
 
     def covered(op, avals, **attrs):
@@ -329,7 +331,10 @@ def test_native_coverage_as_inspect_reports_it():
     affine = [x, AVal((4, 16, 8), mx.uint32), AVal((4, 16, 2), mx.float16),
               AVal((4, 16, 2), mx.float16), indices]
     assert covered("gather_quantized_matmul", affine, group_size=32, bits=4, numerics="int8")
-    assert not covered("gather_quantized_matmul", affine, group_size=32, bits=4)
+    assert covered("gather_quantized_matmul", affine, group_size=32, bits=4)
     three_bit = [x, AVal((4, 16, 6), mx.uint32), *affine[2:]]
+    assert covered("gather_quantized_matmul", three_bit, group_size=32, bits=3)
     assert not covered("gather_quantized_matmul", three_bit, group_size=32, bits=3,
                        numerics="int8")
+    mxfp4 = [x, AVal((4, 16, 8), mx.uint32), AVal((4, 16, 2), mx.uint8), indices]
+    assert not covered("gather_quantized_matmul", mxfp4, mode="mxfp4")
