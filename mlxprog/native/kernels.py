@@ -107,22 +107,25 @@ def _slot_rows_fit(x: AVal, indices: AVal, features: int, per_slot: bool) -> boo
             and tuple(x_shape) == (*lead, features))
 
 
-def gather_int8_uncovered_reason(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
-                                 indices: AVal, group_size: int, bits: int, mode: str,
-                                 per_slot: bool) -> str:
-    """Why the native int8 expert kernel cannot compute this
-    ``gather_quantized_matmul`` ("" when it can): affine experts ``w`` uint32
-    ``[E, N, K * bits / 32]`` of 4- or 8-bit codes with float scales and
-    biases ``[E, N, K / group_size]``, no empty axis, and x and indices as
+def gather_uncovered_reason(x: AVal, w: AVal, scales: AVal, biases: AVal | None,
+                            indices: AVal, group_size: int, bits: int, mode: str,
+                            per_slot: bool, int8: bool) -> str:
+    """Why the native expert kernel of MLX-quantized experts cannot compute
+    this ``gather_quantized_matmul`` ("" when it can): affine experts ``w``
+    uint32 ``[E, N, K * bits / 32]`` (the native quantized matmul's bits;
+    4 or 8 for int8 numerics) with float scales and biases ``[E, N, K /
+    group_size]``, no empty axis, and x and indices as
     :func:`_slot_rows_fit` reads them."""
     if mode != "affine":
-        return f"int8 numerics need mode 'affine', found {mode!r}"
-    if bits not in Q8_BITS:
+        return f"{'int8 numerics need' if int8 else 'the native kernel needs'} mode 'affine', " \
+               f"found {mode!r}"
+    if int8 and bits not in Q8_BITS:
         return f"int8 numerics need 4- or 8-bit codes, found {bits}"
     (w_shape, w_dtype), (s_shape, s_dtype) = w, scales
     fits = (biases is not None and w_dtype == mx.uint32 and len(w_shape) == 3
-            and 0 not in w_shape and group_size in QMM_GROUP_SIZES
-            and s_dtype in FLOATS and biases[1] in FLOATS and 0 not in x[0] and 0 not in indices[0])
+            and 0 not in w_shape and bits in QMM_BITS and group_size in QMM_GROUP_SIZES
+            and s_dtype in FLOATS and biases[1] in FLOATS and 0 not in x[0]
+            and 0 not in indices[0])
     if fits:
         features = w_shape[2] * 32 // bits
         groups = (w_shape[0], w_shape[1], features // group_size)
@@ -131,21 +134,22 @@ def gather_int8_uncovered_reason(x: AVal, w: AVal, scales: AVal, biases: AVal | 
     return "" if fits else "the native kernel does not cover these operands (dtypes, shapes)"
 
 
-def gather_quantized_matmul_int8(setting: Setting, x: mx.array, w: mx.array, scales: mx.array,
-                                 biases: mx.array | None, indices: mx.array, *, group_size: int,
-                                 bits: int, mode: str,
-                                 per_slot: bool) -> tuple[mx.array | None, str]:
+def gather_quantized_matmul(setting: Setting, x: mx.array, w: mx.array, scales: mx.array,
+                            biases: mx.array | None, indices: mx.array, *, group_size: int,
+                            bits: int, mode: str, per_slot: bool,
+                            int8: bool) -> tuple[mx.array | None, str]:
     """Each slot's ``x @ dequantize(w[indices[..., j]]).T`` (MLX's affine
-    experts) in int8 numerics on the native kernel, float32 ``[..., k, N]``,
-    and ""; or None and why it cannot run here."""
-    reason = inactive_reason(setting) or gather_int8_uncovered_reason(
+    experts) on the native kernel (int8: in int8 numerics), float32
+    ``[..., k, N]``, and ""; or None and why it cannot run here."""
+    reason = inactive_reason(setting) or gather_uncovered_reason(
         AVal.of(x), AVal.of(w), AVal.of(scales), None if biases is None else AVal.of(biases),
-        AVal.of(indices), group_size, bits, mode, per_slot)
+        AVal.of(indices), group_size, bits, mode, per_slot, int8)
     if reason:
         return None, reason
     record(setting, "gather_quantized_matmul")
     return active(setting).gather_quantized_matmul(
-        x, w, scales, biases, indices, group_size=group_size, bits=bits, per_slot=per_slot), ""
+        x, w, scales, biases, indices, group_size=group_size, bits=bits, per_slot=per_slot,
+        int8=int8), ""
 
 
 def covers_ggml(x: AVal | None, blocks: AVal, ggml_type) -> bool:

@@ -23,9 +23,9 @@ import mlx.core as mx
 from pydantic import model_validator
 
 from ..arrays import AVal, is_integer
+from ..ggml.dequantize import dequantize as dequantize_blocks
 from ..native import kernels as native
 from ..native import record_numerics_fallback
-from ..ggml.dequantize import dequantize as dequantize_blocks
 from .attrs import Attrs, CheckError, PositiveInt
 from .ggml import GGMLAttrs, row_elements
 from .index import clamp_index
@@ -300,15 +300,13 @@ def _gather_quantized_matmul_shape(avals: list[AVal],
 
 
 def _native_gather_quantized_matmul(avals: list[AVal], attrs: GatherQuantizedMatmulAttrs) -> bool:
-    """Whether the native int8 kernel computes this instruction (int8
-    numerics only: the exact ones run MLX's)."""
-    if attrs.numerics != "int8":
-        return False
+    """Whether the native kernel computes this instruction (in int8
+    numerics: the int8 one)."""
     named = dict(zip(attrs.operand_names(), avals))
     group_size, bits = attrs.resolved()
-    return not native.gather_int8_uncovered_reason(
+    return not native.gather_uncovered_reason(
         named["x"], named["w"], named["scales"], named.get("biases"), named["indices"],
-        group_size, bits, attrs.mode, attrs.per_slot)
+        group_size, bits, attrs.mode, attrs.per_slot, attrs.numerics == "int8")
 
 
 @register_op("gather_quantized_matmul", attrs=GatherQuantizedMatmulAttrs, operands=(4, 5),
@@ -324,21 +322,23 @@ def gather_quantized_matmul(operands, attrs, context):
     ``y[..., j, :] = x(_j) @ dequantize(w[indices[..., j]]).T``. Negative
     indices count from the end; out-of-range ones are clamped.
 
-    ``numerics`` as ``quantized_matmul``'s: ``"exact"`` runs MLX's
-    ``gather_qmm`` (transposed); ``"int8"`` runs mlxprog's native CPU kernel
-    (affine mode, 4- or 8-bit codes), which reads only the chosen experts,
-    each once for the slots of all the tokens that chose it, and elsewhere
-    computes ``"exact"`` (``exe.stats.numerics_fallbacks`` counts it, with
-    the reason)."""
+    ``numerics`` as ``quantized_matmul``'s. On the CPU with native kernels
+    (affine mode with the native quantized matmul's bits, 4 or 8 for
+    ``"int8"``) it runs mlxprog's kernel, which reads only the chosen
+    experts, each once for the slots of all the tokens that chose it;
+    elsewhere MLX's ``gather_qmm`` (transposed), where ``"int8"`` computes
+    ``"exact"`` and ``exe.stats.numerics_fallbacks`` counts it, with the
+    reason."""
     named = dict(zip(attrs.operand_names(), operands))
     w, scales, biases = named["w"], named["scales"], named.get("biases")
-    if attrs.numerics == "int8":
-        group_size, bits = attrs.resolved()
-        result, reason = native.gather_quantized_matmul_int8(
-            context.native, named["x"], w, scales, biases, named["indices"],
-            group_size=group_size, bits=bits, mode=attrs.mode, per_slot=attrs.per_slot)
-        if result is not None:
-            return result
+    group_size, bits = attrs.resolved()
+    int8 = attrs.numerics == "int8"
+    result, reason = native.gather_quantized_matmul(
+        context.native, named["x"], w, scales, biases, named["indices"], group_size=group_size,
+        bits=bits, mode=attrs.mode, per_slot=attrs.per_slot, int8=int8)
+    if result is not None:
+        return result
+    if int8:
         record_numerics_fallback(context.native, "gather_quantized_matmul",
                                  f"int8 computed exactly: {reason}")
 
@@ -392,10 +392,10 @@ def ggml_gather_matmul(operands, attrs, context):
     each row of x once, not once per slot). On the CPU with native kernels
     it runs the type's kernels on the chosen experts' rows only, the slots
     grouped by expert so that each expert's rows are read once for all the
-    tokens that chose it. Elsewhere the selected experts' blocks are dequantized with MLX ops (all
-    experts once, when there are at least as many slots as experts) and
-    multiplied in float32 (int8 numerics then compute ``"exact"``, and
-    ``exe.stats.numerics_fallbacks`` counts it)."""
+    tokens that chose it. Elsewhere the chosen experts' blocks are
+    dequantized with MLX ops (all experts once, when there are at least as
+    many slots as experts) and multiplied in float32 (int8 numerics then
+    compute ``"exact"``, and ``exe.stats.numerics_fallbacks`` counts it)."""
     x, w, indices = operands
     t = attrs.ggml
     result = native.ggml_gather_matmul(context.native, x, w, indices, t,

@@ -25,11 +25,12 @@ RNG = np.random.default_rng(380)
 TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"]
 TABLES = ["avx2+avx512vnni", "avx2+avxvnni", "avx2", "neon+dotprod", "portable"]
 EXPERTS, SLOTS, ROWS = 8, 3, 40
-INT8_PANEL_SLOTS = 16  # ggml_matmul.cpp's kInt8PanelMinRows
+INT8_PANEL_SLOTS = 32  # ggml_matmul.cpp's kInt8PanelMinRows
 # (tokens, per_slot): a decode step, a prefill (expert 1 is in every
-# token's first slot: more than the panel GEMM's threshold of slots), and a
-# prefill's down projection (one row of x per slot).
-CASES = {"decode": (1, False), "decode-per-slot": (2, True), "prefill": (24, False),
+# token's first slot: more slots than either numerics' panel GEMM takes,
+# the other experts fewer than the int8 one), and a prefill's down
+# projection (one row of x per slot).
+CASES = {"decode": (1, False), "decode-per-slot": (2, True), "prefill": (40, False),
          "prefill-per-slot": (12, True)}
 
 

@@ -298,12 +298,14 @@ def gathered_program(x, w, scales, biases, indices, **attrs) -> mp.Program:
 
 @pytest.mark.parametrize("per_slot", [False, True])
 @pytest.mark.parametrize("tokens", [1, 3, 40])
-@pytest.mark.parametrize("bits", [4, 8])
-def test_gathered_int8_is_the_dense_kernel_on_each_expert(ext, isa, bits, tokens, per_slot):
-    """Each chosen expert's slots go through the int8 quantized matmul once:
-    the same results, bit for bit, as that kernel on the expert alone (and
-    so the int8 numerics' definition, which its tests check); expert 0 is
-    chosen by no slot, expert 1 by every token's first."""
+@pytest.mark.parametrize("numerics, bits", [("int8", 4), ("int8", 8), ("exact", 3),
+                                            ("exact", 4)])
+def test_gathered_is_the_dense_kernel_on_each_expert(ext, isa, numerics, bits, tokens,
+                                                     per_slot):
+    """Each chosen expert's slots go through the native quantized matmul
+    once: the same results, bit for bit, as that kernel on the expert alone
+    (whose own tests check its numerics against float64 references); expert
+    0 is chosen by no slot, expert 1 by every token's first."""
     rng = np.random.default_rng(bits * 100 + tokens)
     experts, k, n, features = 6, 3, 24, 128
     w, scales, biases = quantized(rng, (experts, n, features), mx.float32, 32, bits)
@@ -312,7 +314,7 @@ def test_gathered_int8_is_the_dense_kernel_on_each_expert(ext, isa, bits, tokens
     indices = rng.integers(2, experts, (tokens, k)).astype(np.uint32)
     indices[:, 0] = 1
     prog = gathered_program(x, w, scales, biases, mx.array(indices), group_size=32, bits=bits,
-                            per_slot=per_slot, numerics="int8")
+                            per_slot=per_slot, numerics=numerics)
     exe = mp.compile(prog)
     (got,) = exe(x, w, scales, biases, mx.array(indices))
     assert exe.stats.native_ops.get("gather_quantized_matmul") == 1
@@ -322,8 +324,9 @@ def test_gathered_int8_is_the_dense_kernel_on_each_expert(ext, isa, bits, tokens
     for e in range(1, experts):
         picked = indices == e
         if picked.any():
-            want = int8_qmm(ext, mx.array(np.ascontiguousarray(rows[picked])), w[e], scales[e],
-                            biases[e], 32, bits)
+            want = ext.quantized_matmul(mx.array(np.ascontiguousarray(rows[picked])), w[e],
+                                        scales[e], biases[e], transpose=True, group_size=32,
+                                        bits=bits, int8=numerics == "int8")
             np.testing.assert_array_equal(got[picked], np.array(want))
 
 

@@ -46,9 +46,10 @@ const float* float_rows(const mx::array& x, std::vector<float>& keep) {
 }
 
 // From this many slots on, an expert's int8 products run the panel GEMM on
-// the activation blocks' values: decoding its weight rows once beats one
-// integer dot product per (slot, row) pair from about this many slots.
-constexpr int64_t kInt8PanelMinRows = 16;
+// the activation blocks' values (its weight rows decoded once) rather than
+// one integer dot product per (slot, row) pair: the two were about even at
+// 32 slots (Q4_K experts of 512 x 1024, AVX512-VNNI), the GEMM faster above.
+constexpr int64_t kInt8PanelMinRows = 32;
 
 // How far ahead of the row being multiplied the weight rows are prefetched.
 constexpr int64_t kPrefetchRows = 8;

@@ -1,6 +1,6 @@
 // The quantized matmul primitives (MLX's affine format; the kernels:
 // kernels/*/qmm.h) and their Python functions: quantized_matmul, and
-// gather_quantized_matmul (int8, each slot's expert of a stack of them).
+// gather_quantized_matmul (each slot's expert of a stack of them).
 #include "primitives/quantized_matmul.h"
 
 #include <cstring>
@@ -200,18 +200,20 @@ int64_t scalar_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
 // out [..., k, N] float32: each slot of indices [..., k] times its expert of
 // w uint32 [E, N, K * bits / 32] with scales and biases [E, N, K /
-// group_size], x [..., K] (one row per token) or, per_slot, [..., k, K]; the
-// int8 numerics (4- or 8-bit codes). Each chosen expert runs run_qmm once on
-// the rows of all its slots (ExpertSlots); the other experts are not read.
+// group_size], x [..., K] (one row per token) or, per_slot, [..., k, K];
+// int8: the int8 numerics (4- or 8-bit codes). Each chosen expert runs
+// run_qmm once on the rows of all its slots (ExpertSlots); the other experts
+// are not read.
 class GatherQuantizedMatmul : public CpuPrimitive {
  public:
-  GatherQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool per_slot)
-      : CpuPrimitive(stream), group_size_(group_size), bits_(bits), per_slot_(per_slot) {}
+  GatherQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool per_slot, bool int8)
+      : CpuPrimitive(stream), group_size_(group_size), bits_(bits), per_slot_(per_slot),
+        int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     enqueue(out, [x = inputs[0], w = inputs[1], scales = inputs[2], biases = inputs[3],
                   indices = inputs[4], group_size = group_size_, bits = bits_,
-                  per_slot = per_slot_](mx::array& out) {
+                  per_slot = per_slot_, int8 = int8_](mx::array& out) {
       std::vector<uint8_t> keep_x, keep_w, keep_s, keep_b;
       const int64_t K = x.shape(-1), N = w.shape(1), groups = K / group_size;
       const ExpertSlots slots(indices, w.shape(0));
@@ -234,7 +236,7 @@ class GatherQuantizedMatmul : public CpuPrimitive {
                    e * N * groups * scalar_bytes(all.scales_dtype);
         m.biases = static_cast<const uint8_t*>(all.biases) +
                    e * N * groups * scalar_bytes(all.biases_dtype);
-        run_qmm(gathered.data(), x_dtype, count, K, N, m, true, true, product.data());
+        run_qmm(gathered.data(), x_dtype, count, K, N, m, true, int8, product.data());
         for (int64_t i = 0; i < count; ++i)
           std::memcpy(y + slots.rows(e, i, per_slot).second * N, product.data() + i * N,
                       N * sizeof(float));
@@ -264,20 +266,22 @@ class GatherQuantizedMatmul : public CpuPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const GatherQuantizedMatmul*>(&other);
-    return o && group_size_ == o->group_size_ && bits_ == o->bits_ && per_slot_ == o->per_slot_;
+    return o && group_size_ == o->group_size_ && bits_ == o->bits_ &&
+           per_slot_ == o->per_slot_ && int8_ == o->int8_;
   }
 
  private:
   int group_size_, bits_;
-  bool per_slot_;
+  bool per_slot_, int8_;
 };
 
 mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w,
                                   const mx::array& scales, const mx::array& biases,
                                   const mx::array& indices, int group_size, int bits,
-                                  bool per_slot) {
+                                  bool per_slot, bool int8) {
   const int K = x.ndim() ? x.shape(-1) : 0;
-  bool fits = w.ndim() == 3 && w.dtype() == mx::uint32 && (bits == 4 || bits == 8) &&
+  const bool int8_bits = bits == 4 || bits == 8, any_bits = bits >= 1 && bits <= 8 && bits != 7;
+  bool fits = w.ndim() == 3 && w.dtype() == mx::uint32 && (int8 ? int8_bits : any_bits) &&
               w.shape(0) > 0 && K > 0 && K % group_size == 0 && w.shape(2) * 32 / bits == K;
   fits = fits && scales.shape() == mx::Shape{w.shape(0), w.shape(1), K / group_size} &&
          biases.shape() == scales.shape() && indices.ndim() >= 1 &&
@@ -288,13 +292,13 @@ mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w,
   if (!fits)
     throw std::invalid_argument(
         "mlxprog native gather_quantized_matmul: needs x [..., K] (per slot [..., k, K]), w "
-        "uint32 [E, N, K * bits / 32] of 4- or 8-bit codes, scales and biases [E, N, K / "
+        "uint32 [E, N, K * bits / 32] (int8: 4- or 8-bit codes), scales and biases [E, N, K / "
         "group_size] and integer indices [..., k]");
   mx::Shape shape = indices.shape();
   shape.push_back(w.shape(1));
   return mx::array(shape, mx::float32,
                    std::make_shared<GatherQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
-                                                           group_size, bits, per_slot),
+                                                           group_size, bits, per_slot, int8),
                    {x, w, scales, biases, indices});
 }
 
@@ -310,10 +314,11 @@ void bind_quantized_matmul(nb::module_& m) {
   m.def("gather_quantized_matmul", &gather_quantized_matmul, nb::arg("x"), nb::arg("w"),
         nb::arg("scales"), nb::arg("biases"), nb::arg("indices"), nb::kw_only(),
         nb::arg("group_size"), nb::arg("bits"), nb::arg("per_slot") = false,
+        nb::arg("int8") = false,
         "For each slot of indices [..., k]: x [..., K] (per_slot: [..., k, K]) @ "
         "dequantize(w[e]).T as float32 [..., k, N], MLX's affine experts w [E, N, K * bits / "
-        "32]; the int8 numerics (4- or 8-bit codes). Reads only the chosen experts, each once "
-        "for all its slots.");
+        "32]; int8: the int8 numerics (4- or 8-bit codes). Reads only the chosen experts, each "
+        "once for all its slots.");
 }
 
 }  // namespace mlxprog
