@@ -251,7 +251,7 @@ def test_extra_eos_tokens_in_the_api(model):
         load(model, extra_eos_tokens=[""])
     # One string is one token's text, not one per character.
     llm = load(model, extra_eos_tokens="<|im_start|>")
-    assert llm.tokenizer.eos_token_ids == (2, 1)
+    assert llm.tokenizer.eos_token_ids == (2, 0, 1)  # 0: <|endoftext|>, by its text
 
 
 # -- --threads ----------------------------------------------------------------------

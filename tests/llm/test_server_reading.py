@@ -168,7 +168,8 @@ def test_generation_keeps_special_tokens_when_asked(model_path):
 @pytest.mark.parametrize("family, text, shown", [
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', None),
     ("mistral", 'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "Checking."),
-    # <|eom_id|>: an end of message that this vocabulary does not count as EOS.
+    # <|eom_id|>: Llama 3.1's end of a message with a call, which ends the
+    # reply (llama.cpp takes it for an end of generation by its text).
     ("llama3", 'Let me see. <|python_tag|>{"name": "get_weather", "parameters": '
                '{"city": "Paris"}}<|eom_id|>', "Let me see. "),
 ])
@@ -187,7 +188,7 @@ def test_a_call_after_a_special_token_marker_is_read(servers, scripted, family, 
 @pytest.mark.parametrize("stream", [False, True])
 def test_special_tokens_never_reach_the_content(servers, scripted, stream):
     server = servers("mistral")
-    scripted(server, "Sure<|eom_id|>, no tool: [TOOL_CALLS] is not a call.")
+    scripted(server, "Sure<|python_tag|>, no tool: [TOOL_CALLS] is not a call.")
     content, _, calls, finish = _chat(server, stream, tools=[WEATHER])
     assert content == "Sure, no tool:  is not a call." and not calls and finish == "stop"
     # Without tools nothing is read: the engine leaves the special tokens out itself.

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from llm_fixtures import TINY, tiny_gguf, write_gguf
+from llm_fixtures import TINY, tiny_tokenizer_metadata, write_gguf
 
 from mlxprog.llm import LLM, load
 from mlxprog.llm.server import Server
@@ -45,9 +45,20 @@ LONG = 1200
 MODEL_ID = "tiny"
 
 
+def one_end() -> dict:
+    """The tiny vocabulary with EOS as its only end of generation: its
+    ``<|endoftext|>``, which ends a generation by its text as in llama.cpp,
+    renamed, so that the random models' long answers run their length."""
+    tokens = list(tiny_tokenizer_metadata()["tokenizer.ggml.tokens"])
+    tokens[tokens.index("<|endoftext|>")] = "<|unused|>"
+    return {"tokenizer.ggml.tokens": tokens}
+
+
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
-    return tiny_gguf(tmp_path_factory, "shutdown")
+    path = tmp_path_factory.mktemp("shutdown") / "tiny.gguf"
+    write_gguf(path, tied=False, **one_end())
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +81,7 @@ SLOW_LONG = 600
 @pytest.fixture(scope="module")
 def slow_reference(tmp_path_factory) -> LLM:
     path = tmp_path_factory.mktemp("shutdown") / "slow.gguf"
-    write_gguf(path, tied=False, sizes=SLOW_SIZES)
+    write_gguf(path, tied=False, sizes=SLOW_SIZES, **one_end())
     llm = load(path, max_length=MAX_LENGTH)
     assert llm.generate(SLOW_PROMPT, chat=False, max_tokens=SLOW_LONG).finish_reason == "length"
     return llm
