@@ -772,11 +772,25 @@ class Engine:
             self._trim()  # each row has room, so some slots are padding everywhere
         width = llm.cache_width(self.offset + tokens)
         if width > self.width:
-            self.caches = llm.cache_layout.widened(self.caches, width)
+            self._widen(width)
             self._key_mask = None
         elif width < self.width:
             self.caches = llm.cache_layout.map_slots(self.caches, lambda x: x[:, :, :width])
             self._key_mask = None
+
+    def _widen(self, width: int) -> None:
+        """Make the caches ``width`` slots wide, one array at a time: each
+        widened copy is computed and the old array's buffer handed back
+        before the next, so the old and new caches are never held whole
+        together (twice the cache's memory at the peak; and MLX's cache of
+        free buffers, which keeps the old buffers, cannot reuse them for
+        the larger arrays)."""
+        widened = list(self.llm.cache_layout.widened(self.caches, width))
+        self.caches = ()
+        for array in widened:
+            mx.eval(array)
+            mx.clear_cache()
+        self.caches = tuple(widened)
 
     def key_mask(self) -> mx.array:
         """``[B, W]``: false on each row's padding."""

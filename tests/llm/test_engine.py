@@ -192,6 +192,31 @@ def test_rows_reaching_the_end_of_the_cache_leave_room_for_the_others(llm):
         assert request.result().cache_full == expected.cache_full
 
 
+def test_widening_keeps_every_slot_and_adds_empty_ones_one_array_at_a_time(llm):
+    """The widened caches hold the old slots and empty ones after them; the
+    old arrays are let go as the new ones are made, so the memory in use
+    never grows by the whole new cache (it would, widened all at once)."""
+    engine = Engine(llm)
+    engine.add(llm.request(PROMPT, GenerationOptions(max_tokens=4, chat=False)))
+    engine.step()
+    mx.eval(engine.caches)
+    before = [np.array(x) for x in engine.caches]
+    width = engine.width
+    new_bytes = sum(x.nbytes for x in before) * (width + 16) // width
+    mx.synchronize()
+    in_use = mx.get_active_memory()
+    mx.reset_peak_memory()
+    engine._widen(width + 16)
+    # One array (and its padding) at a time: 12 KB of this 24 KB cache; at once: 32 KB.
+    assert mx.get_peak_memory() - in_use < new_bytes
+    assert len(engine.caches) == len(before)
+    for old, new in zip(before, engine.caches):
+        new = np.array(new)
+        assert new.shape[2] == width + 16
+        np.testing.assert_array_equal(new[:, :, :width], old)
+        assert not new[:, :, width:].any()
+
+
 def test_prefill_lengths_are_bucketed():
     assert [prefill_bucket(n) for n in (1, 8, 9, 31, 33, 100, 512, 513, 600)] == [
         8, 8, 16, 32, 64, 128, 512, 768, 768]
