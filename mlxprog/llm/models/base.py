@@ -570,6 +570,27 @@ class GGUFMetadata:
         check_expert_counts(f"{prefix}.expert_count", count, f"{prefix}.expert_used_count", used)
         return int(count), int(used)
 
+    def require_full_rope(self, head_dim: int, family: str) -> None:
+        """A :class:`ModelError` unless RoPE turns all ``head_dim`` features
+        of a head (``rope.dimension_count`` absent or equal): ``family`` has
+        no partial RoPE."""
+        dims = int(self.get("rope.dimension_count", head_dim))
+        if dims != head_dim:
+            raise ModelError(f"GGUF metadata: partial RoPE ({self.architecture}.rope."
+                             f"dimension_count {dims} of head_dim {head_dim}) is not supported "
+                             f"by the {family} family")
+
+    def expert_fields(self) -> dict[str, int]:
+        """A mixture of experts' :class:`~mlxprog.llm.config.MoEConfig`
+        counts: ``num_experts`` and ``experts_per_token`` (checked, see
+        :meth:`experts`) and ``expert_intermediate_size``
+        (``expert_feed_forward_length``, else ``feed_forward_length``)."""
+        count, used = self.experts()
+        width = self.get("expert_feed_forward_length", None)
+        return dict(num_experts=count, experts_per_token=used,
+                    expert_intermediate_size=int(self.get("feed_forward_length")
+                                                 if width is None else width))
+
     def linear_rope_scale(self) -> float:
         """The position scale of GGUF's linear RoPE scaling (1 without it);
         other scaling types are a :class:`ModelError`."""

@@ -134,11 +134,7 @@ def gguf_gemma_fields(gguf: GGUFMetadata, family: str) -> dict[str, Any]:
     RoPE in the half-split layout (NEOX), linear scaling at most, and the
     scale of the embeddings by the float32 root, as llama.cpp's."""
     fields = gguf.common()
-    dims = int(gguf.get("rope.dimension_count", fields["head_dim"]))
-    if dims != fields["head_dim"]:
-        raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                         f"dimension_count {dims} of head_dim {fields['head_dim']}) is not "
-                         f"supported by the {family} family")
+    gguf.require_full_rope(fields["head_dim"], family)
     return dict(fields, rope_traditional=False,
                 rope_scale=gguf.linear_rope_scale(), embed_scale_dtype="float32")
 

@@ -176,9 +176,7 @@ class GptOssFamily(Family):
         half-split RoPE (llama.cpp's NEOX)."""
         fields = gguf.common()
         arch = gguf.architecture
-        if int(gguf.get("rope.dimension_count", fields["head_dim"])) != fields["head_dim"]:
-            raise ModelError(f"GGUF metadata: partial RoPE ({arch}.rope.dimension_count) is "
-                             "not supported by the gpt_oss family")
+        gguf.require_full_rope(fields["head_dim"], "gpt_oss")
         fields["intermediate_size"] = int(gguf.get("expert_feed_forward_length",
                                                    fields["intermediate_size"]))
         rope: dict[str, Any] = {}
@@ -199,11 +197,9 @@ class GptOssFamily(Family):
             raise ModelError(f"GGUF metadata: {arch}.rope.scaling.type {kind!r} is not "
                              "supported by the gpt_oss family (none, yarn)")
         n = fields["num_layers"]
-        experts, used = gguf.experts()
         return GptOssConfig(
-            **fields, family=self.name, rope_traditional=False, attention_bias=True,
-            num_experts=experts, experts_per_token=used,
-            expert_intermediate_size=fields["intermediate_size"],
+            **fields, **gguf.expert_fields(), family=self.name, rope_traditional=False,
+            attention_bias=True,
             sliding_window=int(_positive_key(gguf, "attention.sliding_window", 128)),
             sliding_layers=tuple(i % 2 == 0 for i in range(n)), **rope)
 

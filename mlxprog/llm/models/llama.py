@@ -257,10 +257,7 @@ class LlamaFamily(Family):
         scaling: per-pair divisors of the frequencies) becomes ``rope_freqs``."""
         fields = gguf.common()
         head_dim = fields["head_dim"]
-        if int(gguf.get("rope.dimension_count", head_dim)) != head_dim:
-            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                             f"dimension_count {gguf.get('rope.dimension_count')} of head_dim "
-                             f"{head_dim}) is not supported by the llama family")
+        gguf.require_full_rope(head_dim, "llama")
         rope_freqs = None
         factors = gguf.setting_tensors.get("rope_freqs.weight")
         if factors is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ModelError
 from ..config import ModelConfig, MoEConfig
 from .base import (Family, GGUFMetadata, HFConfig, Weight, gguf_expert_count,
                    moe_weights)
@@ -59,16 +58,9 @@ class MixtralFamily(Family):
         interleaved RoPE layout, the experts' count and top-k, their width
         (``expert_feed_forward_length``, else ``feed_forward_length``)."""
         fields = gguf.common()
-        head_dim = fields["head_dim"]
-        if int(gguf.get("rope.dimension_count", head_dim)) != head_dim:
-            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                             f"dimension_count) is not supported by the {self.name} family")
-        count, used = gguf.experts()
-        return MoEConfig(**fields, family=self.name, rope_traditional=True,
-                         rope_scale=gguf.linear_rope_scale(), num_experts=count,
-                         experts_per_token=used,
-                         expert_intermediate_size=int(gguf.get(
-                             "expert_feed_forward_length", fields["intermediate_size"])),
+        gguf.require_full_rope(fields["head_dim"], self.name)
+        return MoEConfig(**fields, **gguf.expert_fields(), family=self.name,
+                         rope_traditional=True, rope_scale=gguf.linear_rope_scale(),
                          router="topk_softmax")
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...errors import ModelError
 from ..config import ModelConfig, MoEConfig
 from ..spec import ROWS_BY_HEADS, ROWS_BY_KV_HEADS, Split
 from .base import Family, GGUFMetadata, HFConfig, Weight, moe_weights
@@ -69,16 +68,9 @@ class OlmoeFamily(Family):
         """OLMoE GGUF metadata: half-split RoPE, the experts' count, top-k
         and width; the kept weights not renormalized (llama.cpp's)."""
         fields = gguf.common()
-        head_dim = fields["head_dim"]
-        if int(gguf.get("rope.dimension_count", head_dim)) != head_dim:
-            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                             f"dimension_count) is not supported by the {self.name} family")
-        count, used = gguf.experts()
-        return MoEConfig(**fields, family=self.name, rope_traditional=False,
-                         rope_scale=gguf.linear_rope_scale(), num_experts=count,
-                         experts_per_token=used,
-                         expert_intermediate_size=int(gguf.get(
-                             "expert_feed_forward_length", fields["intermediate_size"])),
+        gguf.require_full_rope(fields["head_dim"], self.name)
+        return MoEConfig(**fields, **gguf.expert_fields(), family=self.name,
+                         rope_traditional=False, rope_scale=gguf.linear_rope_scale(),
                          router="softmax_topk",
                          renormalize=bool(gguf.get("expert_weights_norm", False)))
 

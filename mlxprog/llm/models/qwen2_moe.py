@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...errors import ModelError
 from ..config import ModelConfig, MoEConfig
 from .base import (Family, GGUFMetadata, HFConfig, Weight,
                    expert_layers, moe_weights)
@@ -75,16 +74,10 @@ class Qwen2MoeFamily(Family):
         top-k and width, the shared expert's width; the kept weights not
         renormalized (llama.cpp's, unless ``expert_weights_norm`` says so)."""
         fields = gguf.common()
-        head_dim = fields["head_dim"]
-        if int(gguf.get("rope.dimension_count", head_dim)) != head_dim:
-            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                             f"dimension_count) is not supported by the {self.name} family")
-        count, used = gguf.experts()
-        return MoEConfig(**fields, family=self.name, rope_traditional=False,
-                         rope_scale=gguf.linear_rope_scale(),
+        gguf.require_full_rope(fields["head_dim"], self.name)
+        return MoEConfig(**fields, **gguf.expert_fields(), family=self.name,
+                         rope_traditional=False, rope_scale=gguf.linear_rope_scale(),
                          attention_bias="blk.0.attn_q.bias" in gguf.tensor_names,
-                         num_experts=count, experts_per_token=used,
-                         expert_intermediate_size=int(gguf.get("expert_feed_forward_length")),
                          router="softmax_topk",
                          renormalize=bool(gguf.get("expert_weights_norm", False)),
                          shared_expert_intermediate_size=int(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...errors import ModelError
 from ..config import ModelConfig
 from .base import Family, GGUFMetadata, HFConfig, Weight
 from .llama import LlamaDecoder, decoder_weights, reject_sliding_window, rope_scaling_from_hf
@@ -62,12 +61,7 @@ class Qwen3Family(Family):
         """Qwen3 GGUF metadata: full-width RoPE in the half-split layout,
         linear scaling at most."""
         fields = gguf.common()
-        head_dim = fields["head_dim"]
-        dims = int(gguf.get("rope.dimension_count", head_dim))
-        if dims != head_dim:
-            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                             f"dimension_count {dims} of head_dim {head_dim}) is not supported "
-                             "by the qwen3 family")
+        gguf.require_full_rope(fields["head_dim"], "qwen3")
         return ModelConfig(**fields, family=self.name, rope_traditional=False,
                            rope_scale=gguf.linear_rope_scale())
 

@@ -89,17 +89,9 @@ class Qwen3MoeFamily(Family):
         renormalized as llama.cpp does (unless ``expert_weights_norm`` says
         otherwise)."""
         fields = gguf.common()
-        head_dim = fields["head_dim"]
-        dims = int(gguf.get("rope.dimension_count", head_dim))
-        if dims != head_dim:
-            raise ModelError(f"GGUF metadata: partial RoPE ({gguf.architecture}.rope."
-                             f"dimension_count {dims} of head_dim {head_dim}) is not supported "
-                             f"by the {self.name} family")
-        count, used = gguf.experts()
-        return MoEConfig(**fields, family=self.name, rope_traditional=False,
-                         rope_scale=gguf.linear_rope_scale(), num_experts=count,
-                         experts_per_token=used,
-                         expert_intermediate_size=int(gguf.get("expert_feed_forward_length")),
+        gguf.require_full_rope(fields["head_dim"], self.name)
+        return MoEConfig(**fields, **gguf.expert_fields(), family=self.name,
+                         rope_traditional=False, rope_scale=gguf.linear_rope_scale(),
                          router="softmax_topk",
                          renormalize=bool(gguf.get("expert_weights_norm", True)))
 
