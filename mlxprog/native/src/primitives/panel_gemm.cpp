@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <cstdlib>
 
 #include "threadpool.h"
 
@@ -86,8 +85,7 @@ void panel_gemm_rows_as_a(const Kernels& kernels, const float* x, int64_t M, int
 void panel_gemm(const Kernels& kernels, const float* x, int64_t M, int64_t K, int64_t N,
                 const RowDequantizer& dequantize_row, float* y, int64_t ldy) {
   if (M == 0 || N == 0) return;
-  static const int64_t limit = getenv("TMP_ROWS_AS_A") ? atoll(getenv("TMP_ROWS_AS_A")) : kRowsAsAMaxRows;
-  if (M <= limit) {
+  if (M <= kRowsAsAMaxRows) {
     panel_gemm_rows_as_a(kernels, x, M, K, N, dequantize_row, y, ldy);
     return;
   }
