@@ -261,6 +261,53 @@ def test_cache_attention_matches_reference(ext, isa, heads):
                 np.testing.assert_allclose(f64(got), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_cache_attention_prefill_equals_one_query_at_a_time(ext, isa, D):
+    # A prefill's consecutive positions are scored and summed in pairs
+    # (each key and value row read once for both); every query's output
+    # must be the bits it gets alone, with or without a key mask.
+    rng = np.random.default_rng(17)
+    B, H, H_kv, S, T = 2, 9, 3, 40, 7
+    k = mx.array(rng.standard_normal((B, H_kv, S, D)).astype(np.float32))
+    v = mx.array(rng.standard_normal((B, H_kv, S, D)).astype(np.float32))
+    q = mx.array(rng.standard_normal((B, H, T, D)).astype(np.float32))
+    for start in (0, 5, S - T):
+        for key_mask in (None, mx.array(rng.random((B, S)) > 0.3)):
+            got = np.array(ext.cache_attention(q, [k, v], mx.array([start], mx.int32), key_mask,
+                                               scale=0.125))
+            np.testing.assert_allclose(got, reference_attention(q, k, v, start, key_mask, 0.125),
+                                       rtol=1e-4, atol=1e-5)
+            for t in range(T):
+                alone = ext.cache_attention(q[:, :, t:t + 1], [k, v],
+                                            mx.array([start + t], mx.int32), key_mask,
+                                            scale=0.125)
+                np.testing.assert_array_equal(got[:, :, t:t + 1].view(np.uint32),
+                                              np.array(alone).view(np.uint32))
+
+
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q4_K", "Q8_0"])
+def test_ggml_prefill_gemm_same_bits_for_short_and_long_prompts(ext, isa, type_name):
+    # Exact numerics from 8 rows on: up to 256 rows the dequantized weight
+    # rows are the GEMM's A, beyond that x is; each output sums the same
+    # products in the same order either way, so a short prompt's rows are
+    # the bits the same rows get inside a long one.
+    from ggml_blocks import random_blocks, reference
+    from mlxprog.ggml import types as ggml_types
+
+    rng = np.random.default_rng(18)
+    t = ggml_types.BY_NAME[type_name]
+    w = random_blocks(rng, type_name, 150, 512)
+    x = rng.standard_normal((300, 512)).astype(np.float32)
+    long = np.array(ext.ggml_matmul(mx.array(x), mx.array(w), type=t.id, int8=False))
+    dense = reference(type_name, w).astype(np.float64)
+    want = x.astype(np.float64) @ dense.T
+    bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(dense).T) + 1e-6
+    assert np.all(np.abs(long - want) <= bound)
+    for rows in (8, 21, 256):
+        short = np.array(ext.ggml_matmul(mx.array(x[:rows]), mx.array(w), type=t.id, int8=False))
+        np.testing.assert_array_equal(short.view(np.uint32), long[:rows].view(np.uint32))
+
+
 # -- dispatch from programs ------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-// panel_gemm: dequantized panels of weight rows laid out as the float GEMM's
-// B, multiplied on the thread pool.
+// panel_gemm: dequantized panels of weight rows multiplied by x with the
+// float GEMM's register tiles, on the thread pool.
 #include "primitives/panel_gemm.h"
 
 #include <algorithm>
@@ -11,25 +11,90 @@
 namespace mlxprog {
 namespace {
 
-// Weight rows one panel holds: a chunk of work for one thread, whose
+// Weight rows one panel holds at most: a chunk of work for one thread, whose
 // dequantized floats (kPanelRows * K) stay in L2 while x passes over them.
 constexpr int64_t kPanelRows = 128;
 // Weight rows dequantized together and transposed into a panel's columns.
 constexpr int64_t kTransposeRows = 8;
+// Up to this many rows of x, the weight rows are the GEMM's A (see
+// panel_gemm_rows_as_a); from here on x is.
+constexpr int64_t kRowsAsAMaxRows = 256;
+
+// 64-byte aligned scratch of `floats` floats (sgemm's panels want it).
+struct AlignedFloats {
+  explicit AlignedFloats(int64_t floats) : raw(new float[floats + 16]) {}
+  float* get() const {
+    return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw.get()) + 63) & ~uintptr_t{63});
+  }
+  std::unique_ptr<float[]> raw;
+};
+
+// The weight rows one panel takes: the pool's threads get equal numbers of
+// panels of at most kPanelRows rows (a layer's 576 rows on two threads: six
+// panels of 96, not five of 128 split three to two), each a multiple of the
+// register tile's rows so the GEMM reads them in place.
+int64_t panel_rows(const Kernels& kernels, int64_t N) {
+  const int64_t threads = ThreadPool::instance().threads();
+  const int64_t per_thread = (N + threads - 1) / threads;
+  const int64_t panels = threads * ((per_thread + kPanelRows - 1) / kPanelRows);
+  const int64_t tile = kernels.sgemm_rows;
+  const int64_t rows = ((N + panels - 1) / panels + tile - 1) / tile * tile;
+  return std::max<int64_t>(tile, rows);
+}
+
+// x's transpose (K x M) packed once as the GEMM's B, as sgemm_pack_b lays
+// out a whole B (K * gemm_packed_cols(M) floats).
+AlignedFloats pack_x_as_b(const Kernels& kernels, const float* x, int64_t M, int64_t K) {
+  AlignedFloats packed(K * gemm_packed_cols(M));
+  const GemmProblem xt{nullptr, 0, 0, x, 1, K, nullptr, 0, 0, M, K, nullptr};
+  for (int64_t k0 = 0; k0 < K; k0 += kGemmKC)
+    kernels.sgemm_pack_b(xt, k0, std::min(kGemmKC, K - k0), 0, M,
+                         packed.get() + k0 * gemm_packed_cols(M));
+  return packed;
+}
+
+// For a few rows of x (a short prompt), y^T = W x^T: each panel's weight
+// rows, dequantized, are the GEMM's A, read in place (dense rows), against
+// x^T packed once per call, and the panel's few outputs are transposed into
+// y. Each output sums the same products in the same order as with x as A
+// (the tile's FMA multiplies the pair either way round), but the panel needs
+// neither a transpose of its weights nor a packing of them.
+void panel_gemm_rows_as_a(const Kernels& kernels, const float* x, int64_t M, int64_t K, int64_t N,
+                          const RowDequantizer& dequantize_row, float* y, int64_t ldy) {
+  const AlignedFloats xt = pack_x_as_b(kernels, x, M, K);
+  const int64_t rows_per_panel = panel_rows(kernels, N);
+  const int64_t panels = (N + rows_per_panel - 1) / rows_per_panel;
+  ThreadPool::instance().parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
+    // Scratch the kernels overwrite whole: no zeroing.
+    AlignedFloats rows(rows_per_panel * K), out(rows_per_panel * M),
+        work(gemm_workspace(M));
+    for (int64_t panel_index = p0; panel_index < p1; ++panel_index) {
+      const int64_t n0 = panel_index * rows_per_panel, count = std::min(rows_per_panel, N - n0);
+      for (int64_t r = 0; r < count; ++r) dequantize_row(n0 + r, rows.get() + r * K);
+      // out (count x M) = rows (count x K) @ x^T (K x M).
+      GemmProblem problem{rows.get(), K, 1, x, 1, K, out.get(), M, count, M, K, nullptr};
+      kernels.sgemm(problem, 0, count, 0, M, work.get(), xt.get());
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < count; ++r) y[m * ldy + n0 + r] = out.get()[r * M + m];
+    }
+  });
+}
 
 }  // namespace
 
 void panel_gemm(const Kernels& kernels, const float* x, int64_t M, int64_t K, int64_t N,
                 const RowDequantizer& dequantize_row, float* y, int64_t ldy) {
   if (M == 0 || N == 0) return;
+  if (M <= kRowsAsAMaxRows) {
+    panel_gemm_rows_as_a(kernels, x, M, K, N, dequantize_row, y, ldy);
+    return;
+  }
   const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
   ThreadPool::instance().parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
     // Scratch the kernels overwrite whole: no zeroing.
     std::unique_ptr<float[]> panel(new float[kPanelRows * K]),
-        rows(new float[kTransposeRows * K]), work(new float[gemm_workspace(kPanelRows) + 16]);
-    // sgemm wants its scratch 64-byte aligned.
-    float* scratch = reinterpret_cast<float*>(
-        (reinterpret_cast<uintptr_t>(work.get()) + 63) & ~uintptr_t{63});
+        rows(new float[kTransposeRows * K]);
+    AlignedFloats scratch(gemm_workspace(kPanelRows));
     for (int64_t panel_index = p0; panel_index < p1; ++panel_index) {
       const int64_t n0 = panel_index * kPanelRows, count = std::min(kPanelRows, N - n0);
       // B is K x count, row-major: the GEMM's packing then reads contiguous
@@ -42,7 +107,7 @@ void panel_gemm(const Kernels& kernels, const float* x, int64_t M, int64_t K, in
       }
       // y[:, n0:n0+count] = x (M x K) @ panel (K x count).
       GemmProblem problem{x, K, 1, panel.get(), count, 1, y + n0, ldy, M, count, K, nullptr};
-      kernels.sgemm(problem, 0, M, 0, count, scratch, nullptr);
+      kernels.sgemm(problem, 0, M, 0, count, scratch.get(), nullptr);
     }
   });
 }

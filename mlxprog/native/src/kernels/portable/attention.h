@@ -31,6 +31,18 @@ struct AttentionLoops {
   static void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float scale,
                          float* dots);
 
+  // Two queries q0, q1 (D floats each) against the first n0 and n1 >= n0
+  // of the same keys: key_scores of each into dots0 and dots1, with the same
+  // values (a vector version reads the shared keys once for both).
+  static void key_scores_pair(const float* q0, const float* q1, const float* keys, int64_t n0,
+                              int64_t n1, int64_t D, float scale, float* dots0, float* dots1);
+
+  // weighted_rows of two queries' weights w0 (n0 of them) and w1 (n1 >= n0)
+  // over the same rows into out0 and out1 (not accumulating), with the same
+  // values (a vector version reads the shared rows once for both).
+  static void weighted_rows_pair(const float* w0, const float* w1, const float* rows,
+                                 int64_t n0, int64_t n1, int64_t D, float* out0, float* out1);
+
   // Rows [row0, row0 + n) of a quantized cache of D features a row (`bits`
   // wide codes, groups of `group_size`) as floats, scale * code + bias, into
   // out (n x D).
@@ -66,6 +78,20 @@ void AttentionLoops::weighted_rows(const float* w, const float* rows, int64_t n,
 void AttentionLoops::key_scores(const float* q, const float* keys, int64_t n, int64_t D,
                                 float scale, float* dots) {
   for (int64_t j = 0; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
+}
+
+void AttentionLoops::key_scores_pair(const float* q0, const float* q1, const float* keys,
+                                     int64_t n0, int64_t n1, int64_t D, float scale,
+                                     float* dots0, float* dots1) {
+  key_scores(q0, keys, n0, D, scale, dots0);
+  key_scores(q1, keys, n1, D, scale, dots1);
+}
+
+void AttentionLoops::weighted_rows_pair(const float* w0, const float* w1, const float* rows,
+                                        int64_t n0, int64_t n1, int64_t D, float* out0,
+                                        float* out1) {
+  weighted_rows(w0, rows, n0, D, out0);
+  weighted_rows(w1, rows, n1, D, out1);
 }
 
 void AttentionLoops::dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size,
@@ -121,14 +147,36 @@ Seen attention_weights(const AttentionProblem& p, float* scores, int64_t n,
   return Seen::keys;
 }
 
-// One work item per (batch, head, query position).
+// A query's output from its attention weights `w` over n keys (`seen` as
+// attention_weights said): the weighted sum of its value rows v, zeros, or
+// NaN.
+template <class Loops>
+void finish_query(Seen seen, const float* w, const float* v, int64_t n, int64_t D, float* out) {
+  switch (seen) {
+    case Seen::nan:
+      for (int64_t d = 0; d < D; ++d) out[d] = __builtin_nanf("");
+      break;
+    case Seen::nothing:
+      for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
+      break;
+    case Seen::keys:
+      Loops::weighted_rows(w, v, n, D, out);
+  }
+}
+
+// One work item per (batch, head, query position). Without a sliding
+// window, two consecutive positions of a head see the same keys but the
+// second's last one, so they are scored and summed as a pair (each key and
+// value row read once for both; the same values as one at a time).
 template <class Loops>
 void attention(const AttentionProblem& p, int64_t i0, int64_t i1) {
   const int64_t S = p.S, D = p.D, group = p.H / p.H_kv;
   // Keys after the last query's position are never seen.
   const int64_t visible_end = imin(S, p.start + p.T);
-  float* scores = new float[visible_end > 0 ? visible_end : 1];
-  for (int64_t i = i0; i < i1; ++i) {
+  const int64_t stride = visible_end > 0 ? visible_end : 1;
+  float* scores = new float[2 * stride];
+  float* second = scores + stride;
+  for (int64_t i = i0; i < i1;) {
     const int64_t t = i % p.T, h = (i / p.T) % p.H, b = i / (p.T * p.H), kv = h / group;
     const float* k = p.k + (b * p.H_kv + kv) * S * D;
     const float* v = p.v + (b * p.H_kv + kv) * S * D;
@@ -142,18 +190,28 @@ void attention(const AttentionProblem& p, int64_t i0, int64_t i1) {
     const uint8_t* mask = p.key_mask ? p.key_mask + b * S + begin : nullptr;
     k += begin * D;
     v += begin * D;
-    Loops::key_scores(q, k, n, D, p.scale, scores);
     const float* sink = p.sinks ? p.sinks + h : nullptr;
-    switch (attention_weights<Loops>(p, scores, n, mask, sink)) {
-      case Seen::nan:
-        for (int64_t d = 0; d < D; ++d) out[d] = __builtin_nanf("");
-        break;
-      case Seen::nothing:
-        for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-        break;
-      case Seen::keys:
-        Loops::weighted_rows(scores, v, n, D, out);
+    // The pair's second query sees n2 = n or n + 1 keys (n + 1 unless the
+    // cache ends at the first one's last key).
+    const bool pair = p.window <= 0 && i + 1 < i1 && t + 1 < p.T && n > 0;
+    if (!pair) {
+      Loops::key_scores(q, k, n, D, p.scale, scores);
+      finish_query<Loops>(attention_weights<Loops>(p, scores, n, mask, sink), scores, v, n, D,
+                          out);
+      ++i;
+      continue;
     }
+    const int64_t n2 = imin(S, p.start + t + 2);
+    Loops::key_scores_pair(q, q + D, k, n, n2, D, p.scale, scores, second);
+    const Seen seen = attention_weights<Loops>(p, scores, n, mask, sink);
+    const Seen seen2 = attention_weights<Loops>(p, second, n2, mask, sink);
+    if (seen == Seen::keys && seen2 == Seen::keys) {
+      Loops::weighted_rows_pair(scores, second, v, n, n2, D, out, out + D);
+    } else {
+      finish_query<Loops>(seen, scores, v, n, D, out);
+      finish_query<Loops>(seen2, second, v, n2, D, out + D);
+    }
+    i += 2;
   }
   delete[] scores;
 }

@@ -28,6 +28,19 @@ struct AttentionLoops {
   static void key_scores(const float* q, const float* keys, int64_t n, int64_t D, float scale,
                          float* dots);
 
+  // key_scores of two queries: the four-key blocks both see load each key
+  // once for the two, and each query's other keys go through key_scores
+  // from the same multiple of four (so each dot is summed as key_scores
+  // sums it).
+  static void key_scores_pair(const float* q0, const float* q1, const float* keys, int64_t n0,
+                              int64_t n1, int64_t D, float scale, float* dots0, float* dots1);
+
+  // weighted_rows of two queries: 32 output floats of each in registers,
+  // each row's vectors loaded once for the two (D a multiple of 64, else
+  // one query at a time), then the second query's rows past the first's.
+  static void weighted_rows_pair(const float* w0, const float* w1, const float* rows,
+                                 int64_t n0, int64_t n1, int64_t D, float* out0, float* out1);
+
   static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
                               int64_t row0, int64_t n, float* out);
 };
@@ -79,6 +92,15 @@ void AttentionLoops::weighted_rows(const float* w, const float* rows, int64_t n,
   }
 }
 
+// dots[0..4) = the horizontal sums of four keys' accumulators, times scale.
+inline void store_key_sums(const __m256* acc, float scale, float* dots) {
+  // [a0+a1.., b.., c.., d..] in one 128-bit vector
+  const __m256 ab = _mm256_hadd_ps(acc[0], acc[1]), cd = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);
+  const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+  _mm_storeu_ps(dots, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+}
+
 void AttentionLoops::key_scores(const float* q, const float* keys, int64_t n, int64_t D,
                                 float scale, float* dots) {
   int64_t j = 0;
@@ -91,14 +113,68 @@ void AttentionLoops::key_scores(const float* q, const float* keys, int64_t n, in
         for (int u = 0; u < 4; ++u)
           acc[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + u) * D + d), acc[u]);
       }
-      // [a0+a1.., b.., c.., d..] in one 128-bit vector
-      const __m256 ab = _mm256_hadd_ps(acc[0], acc[1]), cd = _mm256_hadd_ps(acc[2], acc[3]);
-      const __m256 abcd = _mm256_hadd_ps(ab, cd);
-      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-      _mm_storeu_ps(dots + j, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+      store_key_sums(acc, scale, dots + j);
     }
   }
   for (; j < n; ++j) dots[j] = Vec::dot(q, keys + j * D, D) * scale;
+}
+
+void AttentionLoops::key_scores_pair(const float* q0, const float* q1, const float* keys,
+                                     int64_t n0, int64_t n1, int64_t D, float scale,
+                                     float* dots0, float* dots1) {
+  int64_t j = 0;
+  if (D % 8 == 0) {
+    for (; j + 4 <= n0; j += 4) {
+      __m256 acc0[4], acc1[4];
+      for (int u = 0; u < 4; ++u) acc0[u] = acc1[u] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 q0d = _mm256_loadu_ps(q0 + d), q1d = _mm256_loadu_ps(q1 + d);
+        for (int u = 0; u < 4; ++u) {
+          const __m256 key = _mm256_loadu_ps(keys + (j + u) * D + d);
+          acc0[u] = _mm256_fmadd_ps(q0d, key, acc0[u]);
+          acc1[u] = _mm256_fmadd_ps(q1d, key, acc1[u]);
+        }
+      }
+      store_key_sums(acc0, scale, dots0 + j);
+      store_key_sums(acc1, scale, dots1 + j);
+    }
+  }
+  key_scores(q0, keys + j * D, n0 - j, D, scale, dots0 + j);
+  key_scores(q1, keys + j * D, n1 - j, D, scale, dots1 + j);
+}
+
+void AttentionLoops::weighted_rows_pair(const float* w0, const float* w1, const float* rows,
+                                        int64_t n0, int64_t n1, int64_t D, float* out0,
+                                        float* out1) {
+  if (D % 64) {
+    weighted_rows(w0, rows, n0, D, out0);
+    weighted_rows(w1, rows, n1, D, out1);
+    return;
+  }
+  for (int64_t d0 = 0; d0 < D; d0 += 32) {
+    __m256 acc0[4], acc1[4];
+    for (int u = 0; u < 4; ++u) acc0[u] = acc1[u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n0; ++j) {
+      const bool use0 = w0[j] != 0.f, use1 = w1[j] != 0.f;
+      if (!use0 && !use1) continue;
+      const float* r = rows + j * D + d0;
+      __m256 row[4];
+      for (int u = 0; u < 4; ++u) row[u] = _mm256_loadu_ps(r + 8 * u);
+      if (use0) {
+        const __m256 wj = _mm256_set1_ps(w0[j]);
+        for (int u = 0; u < 4; ++u) acc0[u] = _mm256_fmadd_ps(wj, row[u], acc0[u]);
+      }
+      if (use1) {
+        const __m256 wj = _mm256_set1_ps(w1[j]);
+        for (int u = 0; u < 4; ++u) acc1[u] = _mm256_fmadd_ps(wj, row[u], acc1[u]);
+      }
+    }
+    for (int u = 0; u < 4; ++u) {
+      _mm256_storeu_ps(out0 + d0 + 8 * u, acc0[u]);
+      _mm256_storeu_ps(out1 + d0 + 8 * u, acc1[u]);
+    }
+  }
+  if (n1 > n0) weighted_rows(w1 + n0, rows + n0 * D, n1 - n0, D, out1, true);
 }
 
 void AttentionLoops::dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size,
