@@ -61,11 +61,7 @@ class GemmaConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if len(self.sliding_layers) != self.num_layers:
-            raise ModelError(f"model config: sliding_layers has {len(self.sliding_layers)} "
-                             f"entries for {self.num_layers} layers")
-        if any(self.sliding_layers) and self.sliding_window is None:
-            raise ModelError("model config: sliding layers without a sliding_window")
+        check_sliding_layers(self)
 
 
 def positive(value: float | None, field: str) -> float | None:
@@ -103,6 +99,19 @@ def hf_gemma_fields(hf: HFConfig) -> dict[str, Any]:
     scalar = hf.number("query_pre_attn_scalar", 256)
     positive(scalar, "config.json: query_pre_attn_scalar")
     return dict(fields, query_scale=scalar ** -0.5)
+
+
+def check_sliding_layers(config: ModelConfig) -> None:
+    """The ``sliding_layers`` of a config that alternates windowed and full
+    attention (Gemma's, gpt-oss's: one flag a layer, whether it attends
+    through the ``sliding_window``) fit its layers and its window; else a
+    :class:`ModelError`."""
+    layers = config.sliding_layers
+    if len(layers) != config.num_layers:
+        raise ModelError(f"model config: sliding_layers has {len(layers)} entries for "
+                         f"{config.num_layers} layers")
+    if any(layers) and config.sliding_window is None:
+        raise ModelError("model config: sliding layers without a sliding_window")
 
 
 def hf_sliding_layers(hf: HFConfig, num_layers: int, sliding: Sequence[bool]) -> tuple[bool, ...]:

@@ -39,7 +39,7 @@ from ..config import ModelConfig, MoEConfig, Scoring
 from ..spec import (BY_QUERY_HEAD, COLUMNS_BY_EXPERT_INTERMEDIATE, COLUMNS_BY_HEADS,
                     ROWS_BY_EXPERT_INTERMEDIATE, Split)
 from .base import Family, GGUFMetadata, HFConfig, Weight
-from .gemma2 import hf_sliding_layers, positive
+from .gemma2 import check_sliding_layers, hf_sliding_layers, positive
 from .llama import LlamaDecoder, decoder_weights, rope_scaling_from_hf, yarn
 
 if TYPE_CHECKING:
@@ -66,11 +66,7 @@ class GptOssConfig(MoEConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if len(self.sliding_layers) != self.num_layers:
-            raise ModelError(f"model config: sliding_layers has {len(self.sliding_layers)} "
-                             f"entries for {self.num_layers} layers")
-        if any(self.sliding_layers) and self.sliding_window is None:
-            raise ModelError("model config: sliding layers without a sliding_window")
+        check_sliding_layers(self)
 
 
 def _always(c: ModelConfig) -> bool:

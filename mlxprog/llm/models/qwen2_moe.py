@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from ..config import ModelConfig, MoEConfig
 from .base import (Family, GGUFMetadata, HFConfig, Weight,
                    expert_layers, moe_weights)
-from .llama import LlamaDecoder, reject_sliding_window, rope_scaling_from_hf
-from .qwen3_moe import dense_layers_from_hf, dense_mlp_weights
+from .llama import LlamaDecoder
+from .qwen3 import qwen_hf_fields
+from .qwen3_moe import dense_mlp_weights, qwen_expert_fields
 
 if TYPE_CHECKING:
     from ...builder import Value
@@ -53,21 +54,11 @@ class Qwen2MoeFamily(Family):
     def config_from_hf(self, hf: HFConfig) -> MoEConfig:
         """Qwen2-MoE ``config.json``: Qwen2's attention (q/k/v biases), the
         experts, the shared expert's width, the dense layers."""
-        hf.choice("hidden_act", ("silu",), "silu")
-        fields = hf.common()
-        if hf.get("use_sliding_window", False):
-            reject_sliding_window(hf, fields["context_length"])
-        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                    allowed=("default", "linear"))
-        count, used = hf.experts()
-        return MoEConfig(**fields, family=self.name, rope_scale=rope.scale, rope_freqs=rope.freqs,
-                         attention_bias=True, num_experts=count, experts_per_token=used,
-                         expert_intermediate_size=hf.integer("moe_intermediate_size"),
-                         router="softmax_topk",
-                         renormalize=bool(hf.get("norm_topk_prob", False)),
+        fields = qwen_hf_fields(hf)
+        return MoEConfig(**fields, **qwen_expert_fields(hf, fields["num_layers"]),
+                         family=self.name, attention_bias=True,
                          shared_expert_intermediate_size=hf.integer(
-                             "shared_expert_intermediate_size"),
-                         dense_layers=dense_layers_from_hf(hf, fields["num_layers"]))
+                             "shared_expert_intermediate_size"))
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> MoEConfig:
         """Qwen2-MoE GGUF metadata: half-split RoPE, the experts' count,

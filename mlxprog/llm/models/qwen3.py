@@ -11,7 +11,7 @@ Qwen3's Q/K rows (NEOX, as for Qwen2), so GGUF files are not
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import ModelConfig
 from .base import Family, GGUFMetadata, HFConfig, Weight
@@ -32,6 +32,22 @@ def head_norm(kind: str) -> Weight:
 _WEIGHTS = decoder_weights() + (head_norm("q"), head_norm("k"))
 
 
+def qwen_hf_fields(hf: HFConfig) -> dict[str, Any]:
+    """The :class:`ModelConfig` fields of a Qwen ``config.json`` (Qwen3's,
+    and the Qwen2/Qwen3 mixtures of experts'): SiLU only, no sliding window
+    shorter than the context, RoPE scaling none or linear."""
+    hf.choice("hidden_act", ("silu",), "silu")
+    fields = hf.common()
+    # Unlike Mistral's, Qwen's sliding window is off unless
+    # use_sliding_window turns it on (its configs often name one they do not
+    # use).
+    if hf.get("use_sliding_window", False):
+        reject_sliding_window(hf, fields["context_length"])
+    rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
+                                allowed=("default", "linear"))
+    return dict(fields, rope_scale=rope.scale, rope_freqs=rope.freqs)
+
+
 class Qwen3Family(Family):
     """Qwen3 (see the module docstring)."""
 
@@ -42,20 +58,10 @@ class Qwen3Family(Family):
     def config_from_hf(self, hf: HFConfig) -> ModelConfig:
         """Qwen3 ``config.json``: SiLU only, no projection biases, no sliding
         window shorter than the context; RoPE scaling none or linear."""
-        hf.choice("hidden_act", ("silu",), "silu")
         # Hugging Face's Qwen3 puts this bias on q, k, v and o; no released
         # Qwen3 has one.
         hf.reject("attention_bias", "projection biases")
-        fields = hf.common()
-        # Unlike Mistral's, Qwen3's sliding window is off unless
-        # use_sliding_window turns it on (its configs often name one they do
-        # not use).
-        if hf.get("use_sliding_window", False):
-            reject_sliding_window(hf, fields["context_length"])
-        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                    allowed=("default", "linear"))
-        return ModelConfig(**fields, family=self.name, rope_scale=rope.scale,
-                           rope_freqs=rope.freqs)
+        return ModelConfig(**qwen_hf_fields(hf), family=self.name)
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> ModelConfig:
         """Qwen3 GGUF metadata: full-width RoPE in the half-split layout,

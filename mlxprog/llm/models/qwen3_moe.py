@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelError
 from ..config import ModelConfig, MoEConfig
 from .base import Family, GGUFMetadata, HFConfig, Weight, moe_weights
-from .llama import decoder_weights, reject_sliding_window, rope_scaling_from_hf
-from .qwen3 import Qwen3Decoder, head_norm
+from .llama import decoder_weights
+from .qwen3 import Qwen3Decoder, head_norm, qwen_hf_fields
 
 if TYPE_CHECKING:
     from ...builder import Value
@@ -38,6 +38,18 @@ def dense_mlp_weights() -> tuple[Weight, ...]:
     (:attr:`~.base.MoEConfig.dense_layers`)."""
     return tuple(dataclasses.replace(w, layers=_dense_layers)
                  if w.name.startswith("layers.{i}.mlp.") else w for w in decoder_weights())
+
+
+def qwen_expert_fields(hf: HFConfig, num_layers: int) -> dict[str, Any]:
+    """The :class:`MoEConfig` fields of a Qwen mixture's ``config.json``
+    (Qwen2-MoE's, Qwen3-MoE's): the experts' count, top-k and width, a
+    softmax over every expert then the k best (renormalized as
+    ``norm_topk_prob`` says), the dense layers."""
+    count, used = hf.experts()
+    return dict(num_experts=count, experts_per_token=used,
+                expert_intermediate_size=hf.integer("moe_intermediate_size"),
+                router="softmax_topk", renormalize=bool(hf.get("norm_topk_prob", False)),
+                dense_layers=dense_layers_from_hf(hf, num_layers))
 
 
 def dense_layers_from_hf(hf: HFConfig, num_layers: int) -> tuple[int, ...]:
@@ -68,20 +80,10 @@ class Qwen3MoeFamily(Family):
     def config_from_hf(self, hf: HFConfig) -> MoEConfig:
         """Qwen3-MoE ``config.json``: Qwen3's attention settings, the
         experts' count, width, top-k and renormalization, the dense layers."""
-        hf.choice("hidden_act", ("silu",), "silu")
         hf.reject("attention_bias", "projection biases")
-        fields = hf.common()
-        if hf.get("use_sliding_window", False):
-            reject_sliding_window(hf, fields["context_length"])
-        rope = rope_scaling_from_hf(hf, fields["rope_theta"], fields["head_dim"],
-                                    allowed=("default", "linear"))
-        count, used = hf.experts()
-        return MoEConfig(**fields, family=self.name, rope_scale=rope.scale, rope_freqs=rope.freqs,
-                         num_experts=count, experts_per_token=used,
-                         expert_intermediate_size=hf.integer("moe_intermediate_size"),
-                         router="softmax_topk",
-                         renormalize=bool(hf.get("norm_topk_prob", False)),
-                         dense_layers=dense_layers_from_hf(hf, fields["num_layers"]))
+        fields = qwen_hf_fields(hf)
+        return MoEConfig(**fields, **qwen_expert_fields(hf, fields["num_layers"]),
+                         family=self.name)
 
     def config_from_gguf(self, gguf: GGUFMetadata) -> MoEConfig:
         """Qwen3-MoE GGUF metadata: Qwen3's (full-width RoPE, half-split
