@@ -39,7 +39,7 @@ from ...ggml import types as ggml_types
 from ...ggml.gguf_file import metadata_value
 from ..cache import CacheLayout, LayerCache
 from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
-from ..config import ModelConfig, check_expert_counts
+from ..config import ModelConfig, MoEConfig, check_expert_counts
 from ..spec import (COLUMNS_BY_EXPERT_INTERMEDIATE, ROWS_BY_EXPERT_INTERMEDIATE, ModelSpec,
                     Shard, Split)
 
@@ -612,12 +612,6 @@ def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
     return 0 if count is None else count
 
 
-def expert_layers(c: ModelConfig) -> Sequence[int]:
-    """The layers of a :class:`~mlxprog.llm.config.MoEConfig` with a
-    mixture of experts (a weight table entry's ``layers``)."""
-    return c.expert_layers()
-
-
 def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj", "up_proj",
                                                                     "down_proj")
                 ) -> tuple[Weight, ...]:
@@ -638,14 +632,14 @@ def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj",
               "up_proj": lambda c: (c.num_experts, c.expert_intermediate_size, c.hidden_size),
               "down_proj": lambda c: (c.num_experts, c.hidden_size, c.expert_intermediate_size)}
     router = Weight(f"{layer}.gate", lambda c: (c.num_experts, c.hidden_size),
-                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=expert_layers,
+                    hf=f"model.{layer}.gate", gguf="blk.{i}.ffn_gate_inp", layers=MoEConfig.expert_layers,
                     finite=True)
     splits = {"gate_proj": ROWS_BY_EXPERT_INTERMEDIATE, "up_proj": ROWS_BY_EXPERT_INTERMEDIATE,
               "down_proj": COLUMNS_BY_EXPERT_INTERMEDIATE}
     return (router,) + tuple(
         Weight(f"{layer}.switch_mlp.{name}", shapes[name], hf=f"model.{layer}.switch_mlp.{name}",
                gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_exps",
-               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=expert_layers,
+               hf_experts=f"model.{layer}.experts.{{e}}.{stored}", layers=MoEConfig.expert_layers,
                split=splits[name])
         for name, stored in zip(("gate_proj", "up_proj", "down_proj"), hf_experts))
 
@@ -901,9 +895,9 @@ class Decoder:
         logits [heads]): [B, T, heads * D] and the layer's new cache."""
         settings = {k: v for k, v in settings.items() if v is not None}
         op, attributes = self.kv.sdpa_op()
-        extra = [] if sinks is None else [sinks]
+        extra = []
         if sinks is not None:
-            settings["sinks"] = True
+            extra, settings["sinks"] = [sinks], True
         attn, *new = sb.op(op, q, k, v, *cache, cache_offset, key_mask, *extra, **attributes,
                            **settings)
         return self.merge_heads(sb, attn, self.shard.num_heads, T), tuple(new)

@@ -15,8 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config import ModelConfig, MoEConfig
-from .base import (Family, GGUFMetadata, HFConfig, Weight,
-                   expert_layers, moe_weights)
+from .base import Family, GGUFMetadata, HFConfig, Weight, moe_weights
 from .llama import LlamaDecoder
 from .qwen3 import qwen_hf_fields
 from .qwen3_moe import dense_mlp_weights, qwen_expert_fields
@@ -34,11 +33,11 @@ def _shared_expert() -> tuple[Weight, ...]:
     return tuple(
         Weight(f"{layer}.shared_expert.{name}", shapes[name],
                hf=f"model.{layer}.shared_expert.{name}",
-               gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_shexp", layers=expert_layers)
+               gguf=f"blk.{{i}}.ffn_{name[:-len('_proj')]}_shexp", layers=MoEConfig.expert_layers)
         for name in shapes) + (
         Weight(f"{layer}.shared_expert_gate", lambda c: (1, c.hidden_size),
                hf=f"model.{layer}.shared_expert_gate", gguf="blk.{i}.ffn_gate_inp_shexp",
-               layers=expert_layers),)
+               layers=MoEConfig.expert_layers),)
 
 
 _WEIGHTS = dense_mlp_weights() + moe_weights() + _shared_expert()
