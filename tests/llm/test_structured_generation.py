@@ -167,8 +167,11 @@ def test_speculative_decoding_keeps_the_constrained_output(llm):
 def test_finish_reasons_of_a_complete_match(llm):
     # A match that cannot grow ends the generation ("stop"); one that could
     # ends where the model writes EOS, which the mask allows only there.
-    out = llm.generate("Say hello.", max_tokens=40,
-                       constraint=Constraint.regex("[A-Za-z ,.!]{1,80}"))
+    # (Exactly 80 characters: no complete match before the 80th, so no EOS
+    # the model might take there, whatever the numerics; every token adds at
+    # least one character, so 80 tokens reach it.)
+    out = llm.generate("Say hello.", max_tokens=80,
+                       constraint=Constraint.regex("[A-Za-z ,.!]{80}"))
     assert len(out.text) == 80 and out.finish_reason == "stop", out
     out = llm.generate("What is 2+2?", max_tokens=40,
                        constraint=Constraint.regex("[A-Za-z0-9 ,.!]+"))
