@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxprog.ggml.dequantize import dequantize as dequantize_blocks
 from mlxprog.llm import Checkpoint
+from mlxprog.llm.checkpoint import GGMLQuantization
 
 
 @dataclass
@@ -56,8 +58,10 @@ class ReferenceModel:
     def linear(self, name: str, x: mx.array) -> mx.array:
         """``x @ W.T (+ b)`` for layer ``name``, quantized or not."""
         w = self.weights
-        if name in self.quantization:
-            q = self.quantization[name]
+        q = self.quantization.get(name)
+        if isinstance(q, GGMLQuantization):  # a GGUF file's blocks, dequantized
+            y = x @ dequantize_blocks(q.type, w[f"{name}.weight"]).astype(x.dtype).T
+        elif q is not None:
             y = mx.quantized_matmul(x, w[f"{name}.weight"], w[f"{name}.scales"],
                                     w[f"{name}.biases"], transpose=True,
                                     group_size=q.group_size, bits=q.bits)
@@ -70,8 +74,10 @@ class ReferenceModel:
     def embed(self, ids: mx.array) -> mx.array:
         """Embedding rows of ``ids`` (dequantizing just those rows)."""
         w = self.weights
-        if "embed_tokens" in self.quantization:
-            q = self.quantization["embed_tokens"]
+        q = self.quantization.get("embed_tokens")
+        if isinstance(q, GGMLQuantization):
+            rows = dequantize_blocks(q.type, w["embed_tokens.weight"][ids])
+        elif q is not None:
             rows = mx.dequantize(w["embed_tokens.weight"][ids], w["embed_tokens.scales"][ids],
                                  w["embed_tokens.biases"][ids], group_size=q.group_size,
                                  bits=q.bits)

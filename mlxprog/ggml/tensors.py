@@ -4,13 +4,18 @@
 packed ``uint32``, ``stem.scales``, ``stem.biases``: the same values, read
 by the affine kernels); every other type as the file's own blocks (``uint8
 [rows, row_bytes]``), read by the ``ggml_matmul`` / ``ggml_dequantize`` ops.
-In a file that holds block types (a K-quant mixture: its Q8_0 output or
-Q4_0 fallbacks beside Q4_K), the affine types stay blocks too, so that
-every layer's projections are of one kind (a layer is then one
-``transformer_layer`` node whatever its parts' types). For a GPU device (no
-native kernels there) the block types MLX's affine format holds exactly
-are re-laid as affine too, and the rest are expanded to float16 with a
-one-line notice naming the types and the memory cost.
+Where the native kernels run (the CPU, unless ``MLXPROG_NATIVE=0``) the
+affine types stay blocks too: the GGML kernels read them at least as fast
+as the affine ones read the re-laid form (SmolLM2's Q8_0 file decoded
+about 25% faster so, its Q4_1 file about 10%; docs/benchmarks.md), the
+file is not re-laid at load, and every layer's projections are of one
+kind (a layer is then one ``transformer_layer`` node whatever its parts'
+types). The same holds without the native kernels in a file that holds
+block types (a K-quant mixture: its Q8_0 output or Q4_0 fallbacks beside
+Q4_K). For a GPU device (no native kernels there) the block types MLX's
+affine format holds exactly are re-laid as affine too, and the rest are
+expanded to float16 with a one-line notice naming the types and the
+memory cost.
 
 Both the LLM loader and the weight binding of ``mlxprog.compile(...,
 weights="model.gguf")`` read GGUF files through here, so a program exported
@@ -25,6 +30,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from .. import native as native_kernels
 from ..errors import ModelError
 from . import affine
 from . import types as ggml_types
@@ -35,24 +41,27 @@ from .gguf_file import GGUFFile, TensorInfo, open_gguf
 
 def load_gguf_tensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, str]]:
     """Every tensor of the GGUF file at ``path`` as :func:`read_tensors`
-    keeps it (for the default device), and the block type of each tensor
-    kept as blocks."""
+    keeps it (for the default device, and the native kernels unless
+    ``MLXPROG_NATIVE=0``), and the block type of each tensor kept as
+    blocks."""
     with open_gguf(path) as gguf:
-        return read_tensors(gguf, set(gguf.tensors), on_gpu=mx.default_device() != mx.cpu)
+        return read_tensors(gguf, set(gguf.tensors), on_gpu=mx.default_device() != mx.cpu,
+                            native=native_kernels.default_enabled())
 
 
-def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool
+def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool, native: bool
                  ) -> tuple[dict[str, mx.array], dict[str, str]]:
     """The tensors ``names`` of an open file as MLX arrays, each kept as its
-    type's storage says (``on_gpu``: as a GPU device can run them, see the
-    module docstring), and the GGML block type of each tensor kept as
-    blocks. Each tensor's bytes are read once, straight into memory of its
-    own (no mapping of the file stays alive)."""
+    type's storage says (``on_gpu``: as a GPU device can run them;
+    ``native``: whether the native kernels run on the CPU; see the module
+    docstring), and the GGML block type of each tensor kept as blocks. Each
+    tensor's bytes are read once, straight into memory of its own (no
+    mapping of the file stays alive)."""
     tensors: dict[str, mx.array] = {}
     block_types: dict[str, str] = {}
     expanded: dict[str, int] = {}
-    all_blocks = not on_gpu and any(gguf.tensors[name].type.storage == "blocks"
-                                    for name in names)
+    all_blocks = not on_gpu and (native or any(gguf.tensors[name].type.storage == "blocks"
+                                               for name in names))
     for name, info in gguf.tensors.items():
         if name not in names:
             continue

@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import mlx.core as mx
+import numpy as np
 
 from ..arrays import is_int, name_of
 from ..errors import ModelError, SettingError
+from ..ggml import affine
 from ..ggml import types as ggml_types
 from ..ggml.dequantize import dequantize as dequantize_blocks
 from ..runtime.binding import weights_file_problem
@@ -331,38 +333,53 @@ def apply_adapter(checkpoint: Checkpoint, adapter: Adapter, source: Source) -> C
             updates[name] = part
     weights = dict(checkpoint.weights)
     names = dict(checkpoint.source_names)
+    quantization = dict(checkpoint.quantization)
+    fused: list[mx.array] = []
     for name, delta in updates.items():
-        for key, value in fuse(checkpoint, name, delta).items():
+        arrays, quant = fuse(checkpoint, name, delta)
+        for key, value in arrays.items():
             weights[key] = value
             names[key] = names.get(key, key) + ADAPTED
-    # A layer kept in GGUF blocks comes back as float16 (see fuse).
-    quantization = {name: q for name, q in checkpoint.quantization.items()
-                    if not (name in updates and isinstance(q, GGMLQuantization))}
-    mx.eval(list(weights[k] for name in updates for k in _arrays(checkpoint, name)))
+        fused += arrays.values()
+        if quant is None:
+            quantization.pop(name, None)
+        else:
+            quantization[name] = quant
+    mx.eval(fused)
     return replace(checkpoint, weights=weights, source_names=names, adapter_path=adapter.path,
                    quantization=quantization)
 
 
-def fuse(checkpoint: Checkpoint, name: str, delta: mx.array) -> dict[str, mx.array]:
+def fuse(checkpoint: Checkpoint, name: str, delta: mx.array
+         ) -> tuple[dict[str, mx.array], Quantization | None]:
     """The arrays of projection ``name`` (a logical layer) of ``checkpoint``
-    with the float32 ``delta`` added to its weight: ``.weight`` in its
-    dtype, or for a quantized layer ``.weight``, ``.scales`` and
-    ``.biases`` of ``dequantize(W) + delta`` quantized with the layer's
-    bits and group size. A layer kept in a GGUF file's blocks (of a GGML
-    type MLX cannot re-quantize into) becomes a float16 ``.weight``."""
+    with the float32 ``delta`` added to its weight, and the layer's
+    quantization afterwards (None: float): ``.weight`` in its dtype, or for
+    a quantized layer ``.weight``, ``.scales`` and ``.biases`` of
+    ``dequantize(W) + delta`` quantized with the layer's bits and group
+    size. A layer kept in a GGUF file's blocks is first re-laid as MLX's
+    affine form where that holds its type exactly (Q4_0, Q4_1, Q5_0, Q5_1,
+    Q8_0, Q4_K, Q5_K: the same values) and requantized so; one of another
+    GGML type becomes a float16 ``.weight``."""
     weight = checkpoint.weights[f"{name}.weight"]
     quant = checkpoint.quantization.get(name)
     if quant is None:
-        return {f"{name}.weight": (weight.astype(mx.float32) + delta).astype(weight.dtype)}
+        return {f"{name}.weight": (weight.astype(mx.float32) + delta).astype(weight.dtype)}, None
     if isinstance(quant, GGMLQuantization):
-        dense = dequantize_blocks(quant.type, weight)
-        return {f"{name}.weight": (dense + delta).astype(mx.float16)}
-    scales, biases = (checkpoint.weights[f"{name}.{p}"] for p in ("scales", "biases"))
+        if quant.type not in affine.affine_types():
+            dense = dequantize_blocks(quant.type, weight)
+            return {f"{name}.weight": (dense + delta).astype(mx.float16)}, None
+        packed, scales_np, biases_np, bits, group_size = affine.to_affine(quant.type,
+                                                                          np.array(weight))
+        weight, scales, biases = mx.array(packed), mx.array(scales_np), mx.array(biases_np)
+        quant = Quantization(bits, group_size)
+    else:
+        scales, biases = (checkpoint.weights[f"{name}.{p}"] for p in ("scales", "biases"))
     dense = mx.dequantize(weight, scales, biases, group_size=quant.group_size, bits=quant.bits)
     packed, new_scales, new_biases = requantize(dense.astype(mx.float32) + delta, scales,
                                                 biases, quant)
     return {f"{name}.weight": packed, f"{name}.scales": new_scales,
-            f"{name}.biases": new_biases}
+            f"{name}.biases": new_biases}, quant
 
 
 def requantize(dense: mx.array, scales: mx.array, biases: mx.array,
@@ -411,12 +428,6 @@ def _pack(codes: mx.array, bits: int) -> mx.array:
     octets = octets.reshape(out_features, in_features * bits // 32, 4)
     words = mx.sum(mx.left_shift(octets, mx.arange(4, dtype=mx.uint64) * 8), axis=-1)
     return words.astype(mx.uint32)
-
-
-def _arrays(checkpoint: Checkpoint, name: str) -> list[str]:
-    quant = checkpoint.quantization.get(name)
-    parts = ("weight", "scales", "biases") if isinstance(quant, Quantization) else ("weight",)
-    return [f"{name}.{p}" for p in parts]
 
 
 def _projections(config: ModelConfig) -> dict[str, list[tuple[str, tuple[int, int]]]]:

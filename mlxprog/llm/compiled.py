@@ -54,13 +54,13 @@ class ExportedPrograms:
 def program_numerics(kind: str, numerics: str) -> str:
     """The numerics of the model's ``kind`` program under its ``numerics``:
     the decode steps take the model's choice; the prefill is always
-    ``"exact"``. A prefill multiplies one row per prompt token, and from
-    eight rows on the int8 kernel hands the quantized activations to the
-    same float kernel the exact path runs (docs/native.md), so int8 would
-    save no time there and only round the prompt's activations: the logits
-    that pick the first token stay exact. (On the README prompt the first
-    token is a tie, "The" 0.08 ahead of "L" in the logits, that 8-bit
-    activations flip everywhere, llama.cpp's included.)"""
+    ``"exact"``. A prefill multiplies one row per prompt token; on an AVX2
+    CPU the integer GEMM of those rows runs at about the float GEMM's speed
+    (docs/benchmarks.md), so int8 would save a prefill little and round the
+    prompt's activations: the logits that pick the first token stay exact.
+    (On the README prompt the first token is a tie, "The" 0.08 ahead of "L"
+    in the logits, that 8-bit activations flip everywhere, llama.cpp's
+    included.)"""
     return "exact" if kind == "prefill" else numerics
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .. import native as native_kernels
 from ..errors import ModelError
 from ..ggml.gguf_file import metadata_value, open_gguf
 from ..ggml.tensors import float_tensor, read_tensors
@@ -41,6 +42,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
                                                           settings))
         except ModelError as e:
             raise ModelError(f"{path}: {e}") from None
-        tensors, block_types = read_tensors(gguf, names, on_gpu=mx.default_device() != mx.cpu)
+        tensors, block_types = read_tensors(gguf, names, on_gpu=mx.default_device() != mx.cpu,
+                                            native=native_kernels.default_enabled())
     return load_checkpoint_tensors(family, config, tensors, "gguf", str(path), path, tokenizer,
                                    block_types)

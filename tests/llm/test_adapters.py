@@ -20,9 +20,13 @@ from family_checks import PROMPT_IDS, TINY_CONFIG, load_tiny, program_logits, wr
 from gguf_writer import _permute, write_gguf_from_hf
 from mlx.utils import tree_flatten
 
+from mlxprog import native
 from mlxprog.cli import main
+from mlxprog.ggml.affine import to_affine
+from mlxprog.ggml.dequantize import dequantize as dequantize_blocks
 from mlxprog.llm import LLM, SettingError, export, load, load_checkpoint
 from mlxprog.llm.adapters import ADAPTED, load_adapter
+from mlxprog.llm.checkpoint import GGMLQuantization, Quantization
 
 CONFIG = dict(TINY_CONFIG, model_type="llama", rope_theta=5000.0)
 RANK, SCALE, NUM_LAYERS = 4, 2.0, 2
@@ -231,14 +235,27 @@ def reference_fused(files) -> dict[str, np.ndarray]:
 def test_a_zero_update_leaves_a_q4_1_base_as_it_was(files, tmp_path):
     """Requantizing keeps each group's grid where its values fit: an
     adapter whose update is zero gives back the file's packed weights,
-    scales and biases bit for bit."""
+    scales and biases bit for bit (an adapted layer the file keeps as GGML
+    blocks, as it is where the native kernels run, comes back as those
+    blocks re-laid as MLX's affine form; the others are untouched)."""
     zero = {k: (mx.zeros_like(v) if k.endswith("lora_b") else v)
             for k, v in mlx_weights(files).items()}
     fused = load_checkpoint(files["q4_1"], edited(tmp_path, files["mlx-lm"], weights=zero))
     base = load_checkpoint(files["q4_1"])
+    relaid = 0
     for name, value in base.weights.items():
-        assert fused.weights[name].dtype == value.dtype
+        stem = name.removesuffix(".weight")
+        if fused.weights[name].dtype != value.dtype:
+            assert isinstance(base.quantization[stem], GGMLQuantization), name
+            assert fused.quantization[stem] == Quantization(4, 32), name
+            want = to_affine("Q4_1", np.array(value))[:3]
+            got = [np.array(fused.weights[f"{stem}.{p}"]) for p in ("weight", "scales", "biases")]
+            for part, g, w in zip(("weight", "scales", "biases"), got, want):
+                np.testing.assert_array_equal(g, w, f"{stem}.{part}")
+            relaid += 1
+            continue
         np.testing.assert_array_equal(np.array(fused.weights[name]), np.array(value), name)
+    assert relaid == (len(reference_fused(files)) if native.default_enabled() else 0)
 
 
 def test_a_q4_1_base_is_requantized_within_half_a_step(files):
@@ -317,8 +334,11 @@ def test_an_mlx_quantized_base_is_requantized_with_its_own_packing(files, tmp_pa
 
 
 def dequantized(checkpoint, name: str) -> mx.array:
-    """Quantized layer ``name`` of ``checkpoint`` in float32."""
+    """Quantized layer ``name`` of ``checkpoint`` (MLX-quantized, or GGML
+    blocks) in float32."""
     q = checkpoint.quantization[name]
+    if isinstance(q, GGMLQuantization):
+        return dequantize_blocks(q.type, checkpoint.weights[f"{name}.weight"])
     return mx.dequantize(*(checkpoint.weights[f"{name}.{p}"] for p in ("weight", "scales",
                                                                       "biases")),
                          group_size=q.group_size, bits=q.bits).astype(mx.float32)

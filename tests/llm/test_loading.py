@@ -21,8 +21,10 @@ from llm_fixtures import (
 from llm_reference import KVCache, ReferenceModel, greedy_generate
 
 import mlxprog as mp
+from mlxprog import native
+from mlxprog.ggml.dequantize import dequantize as dequantize_blocks
 from mlxprog.llm import ModelError, Tokenizer, load_checkpoint, model_files
-from mlxprog.llm.checkpoint import Quantization, infer_quantization
+from mlxprog.llm.checkpoint import GGMLQuantization, Quantization, infer_quantization
 from mlxprog.llm.config import ModelConfig
 from mlxprog.llm.gguf import load_gguf
 from mlxprog.llm.hf import load_hf
@@ -80,20 +82,31 @@ def test_smollm_config_matches_metadata(smollm):
 
 
 def test_smollm_quantization_per_tensor(smollm):
+    """Its Q8_0 embeddings and Q4_1 layers: the file's blocks where the
+    native kernels run, else re-laid as MLX's affine form (8 and 4 bits,
+    groups of 32)."""
     q = smollm.quantization
-    assert q["embed_tokens"] == Quantization(bits=8, group_size=32)
     layers = {name: value for name, value in q.items() if name.startswith("layers.")}
     assert len(layers) == 7 * 30
-    assert set(layers.values()) == {Quantization(bits=4, group_size=32)}
     w = smollm.weights
+    assert w["norm.weight"].dtype == mx.float32
+    assert smollm.source_names["embed_tokens.weight"] == "token_embd.weight"
+    if native.default_enabled():
+        assert q["embed_tokens"] == GGMLQuantization("Q8_0")
+        assert set(layers.values()) == {GGMLQuantization("Q4_1")}
+        assert w["layers.0.mlp.down_proj.weight"].shape == (576, 1536 // 32 * 20)
+        assert w["layers.0.mlp.down_proj.weight"].dtype == mx.uint8
+        assert "layers.0.mlp.down_proj.scales" not in w
+        assert dequantize_blocks("Q8_0", w["embed_tokens.weight"][:2]).shape == (2, 576)
+        return
+    assert q["embed_tokens"] == Quantization(bits=8, group_size=32)
+    assert set(layers.values()) == {Quantization(bits=4, group_size=32)}
     assert w["layers.0.mlp.down_proj.weight"].shape == (576, 1536 * 4 // 32)
     assert w["layers.0.mlp.down_proj.scales"].shape == (576, 1536 // 32)
-    assert w["norm.weight"].dtype == mx.float32
     embed = mx.dequantize(w["embed_tokens.weight"][:2], w["embed_tokens.scales"][:2],
                           w["embed_tokens.biases"][:2], group_size=32, bits=8)
     assert embed.shape == (2, 576)
     assert smollm.source_names["layers.7.self_attn.o_proj.scales"] == "blk.7.attn_output.scales"
-    assert smollm.source_names["embed_tokens.weight"] == "token_embd.weight"
 
 
 def test_smollm_chat_prompt_token_ids(smollm):

@@ -14,6 +14,8 @@
 //                    b = activation blocks;                   out: one float
 //   4 dot_f32:       name = ISA, a and b = n floats;          out: one float
 //   5 set_codebook:  name = codebook, a = its bytes;          out: nothing
+//   6 int8_gemm:     name = ISA, code = type, n = K, a = weight rows,
+//                    b = rows of activation blocks;           out: the products
 // The driver exits with 0 at the end of its input, and with 1 on a short
 // read or an unknown op.
 #include <cstdint>
@@ -32,6 +34,8 @@ int mlxprog_quants_vec_dot(const char* isa, int type, int64_t n, const uint8_t* 
 int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const float* b,
                            float* out);
 int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes);
+int mlxprog_quants_int8_gemm(const char* isa, int type, int64_t K, const uint8_t* w,
+                             int64_t w_bytes, const void* xq, int64_t xq_bytes, float* out);
 }
 
 namespace {
@@ -73,6 +77,10 @@ int main() {
       case 3: rc = mlxprog_quants_vec_dot(name.c_str(), code, n, a8, b.data(), out.data()); break;
       case 4: rc = mlxprog_quants_dot_f32(name.c_str(), n, a.data(), b.data(), out.data()); break;
       case 5: rc = mlxprog_quants_set_codebook(name.c_str(), a.data(), header[4]); break;
+      case 6:
+        rc = mlxprog_quants_int8_gemm(name.c_str(), code, n, a8, header[4], b.data(), header[5],
+                                      out.data());
+        break;
       default: return 1;
     }
     std::fwrite(&rc, sizeof rc, 1, stdout);

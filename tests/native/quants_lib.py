@@ -191,7 +191,8 @@ def build_arm64(compiler: str, directory: Path | None = None) -> Path:
 
 
 #: The operations of the C ABI, numbered as the arm64 driver reads them.
-OPS = {"has": 0, "dequantize": 1, "quantize": 2, "vec_dot": 3, "dot_f32": 4, "set_codebook": 5}
+OPS = {"has": 0, "dequantize": 1, "quantize": 2, "vec_dot": 3, "dot_f32": 4, "set_codebook": 5,
+       "int8_gemm": 6}
 
 
 class Kernels:
@@ -240,6 +241,15 @@ class Kernels:
         a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
         return float(self._run("dot_f32", isa, 0, a.size, a, b, out_bytes=4).view(np.float32)[0])
 
+    def int8_gemm(self, isa: str, type_id: int, k: int, w: np.ndarray, xq: np.ndarray,
+                  rows_w: int, rows_x: int) -> np.ndarray:
+        """The table's int8 GEMM: ``rows_w`` weight rows of ``k`` elements
+        (their blocks, uint8) unpacked, times ``rows_x`` rows of activation
+        blocks ``xq``, as float32 ``[rows_x, rows_w]``."""
+        w = np.asarray(w, dtype=np.uint8)
+        out = self._run("int8_gemm", isa, type_id, k, w, xq, out_bytes=4 * rows_w * rows_x)
+        return out.view(np.float32).reshape(rows_x, rows_w)
+
     def set_codebook(self, name: str, data: np.ndarray) -> None:
         """Give the kernels codebook ``name`` (raw bytes of ``data``)."""
         self._run("set_codebook", name, 0, 0, data)
@@ -260,6 +270,8 @@ class Quants(Kernels):
         self.lib.mlxprog_quants_vec_dot.argtypes = [c.c_char_p, c.c_int, c.c_int64, p, p, p]
         self.lib.mlxprog_quants_dot_f32.argtypes = [c.c_char_p, c.c_int64, p, p, p]
         self.lib.mlxprog_quants_set_codebook.argtypes = [c.c_char_p, p, c.c_int64]
+        self.lib.mlxprog_quants_int8_gemm.argtypes = [c.c_char_p, c.c_int, c.c_int64, p,
+                                                      c.c_int64, p, c.c_int64, p]
 
     def call(self, op, name, code, n, a, b, out_bytes):
         out = np.zeros(out_bytes, np.uint8)
@@ -272,6 +284,8 @@ class Quants(Kernels):
             "vec_dot": lambda: lib.mlxprog_quants_vec_dot(key, code, n, a_, b_, o),
             "dot_f32": lambda: lib.mlxprog_quants_dot_f32(key, n, a_, b_, o),
             "set_codebook": lambda: lib.mlxprog_quants_set_codebook(key, a_, a.nbytes),
+            "int8_gemm": lambda: lib.mlxprog_quants_int8_gemm(key, code, n, a_, a.nbytes, b_,
+                                                              b.nbytes, o),
         }
         return calls[op](), out
 

@@ -2,13 +2,13 @@
 mlxprog/native/src/primitives/ggml_matmul.cpp) on every kernel table this
 CPU runs and the portable one: against a float64 product of gguf's
 dequantization (int8 numerics within the activations' rounding), and, int8,
-bit for bit against the dense ``ggml_matmul`` kernel on each expert with
-few slots (the same activation blocks and dot products); decode sizes
-(fewer slots than experts) and prefill sizes (the slots grouped by expert;
-an expert with many slots takes the panel GEMM, in int8 numerics on the
-activation blocks' values), with an expert no token chooses and one every
-token chooses; and the kernel against the op's MLX path (native kernels
-off)."""
+bit for bit against the dense ``ggml_matmul`` kernel on each expert (the
+same activation blocks, and the same dot products: one vec_dot per pair
+for an expert with few slots, the int8 GEMM from kInt8GemmMinRows slots on,
+as the dense kernel for as many rows); decode sizes (fewer slots than
+experts) and prefill sizes (the slots grouped by expert), with an expert no
+token chooses and one every token chooses; and the kernel against the op's
+MLX path (native kernels off)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ RNG = np.random.default_rng(380)
 TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"]
 TABLES = ["avx2+avx512vnni", "avx2+avxvnni", "avx2", "neon+dotprod", "portable"]
 EXPERTS, SLOTS, ROWS = 8, 3, 40
-INT8_PANEL_SLOTS = 32  # ggml_matmul.cpp's kInt8PanelMinRows
+INT8_GEMM_SLOTS = 16  # ggml_matmul.cpp's kInt8GemmMinRows
 # (tokens, per_slot): a decode step, a prefill (expert 1 is in every
-# token's first slot: more slots than either numerics' panel GEMM takes,
-# the other experts fewer than the int8 one), and a prefill's down
-# projection (one row of x per slot).
+# token's first slot: more slots than either numerics' GEMM takes, the
+# other experts fewer than the int8 one), and a prefill's down projection
+# (one row of x per slot).
 CASES = {"decode": (1, False), "decode-per-slot": (2, True), "prefill": (40, False),
          "prefill-per-slot": (12, True)}
 
@@ -95,14 +95,18 @@ def test_against_float64_product(table, type_name, numerics, case):
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("type_name", TYPES)
 def test_int8_equals_the_dense_kernel_on_each_expert(table, type_name, case):
-    """Experts with fewer slots than the int8 panel GEMM takes: the dense
-    kernel's dot products on the same activation blocks."""
+    """Each chosen expert's slots: the dense kernel's products of the same
+    rows (one vec_dot per pair below INT8_GEMM_SLOTS rows, the int8 GEMM
+    from there on; the prefill case has experts on both sides)."""
     x, w, indices, per_slot = inputs(type_name, case)
     got = run(x, w, indices, type_name, "int8", per_slot)
     rows = slot_rows(x, indices, per_slot)
+    counts = [int((indices == e).sum()) for e in range(EXPERTS)]
+    if case == "prefill":
+        assert max(counts) >= INT8_GEMM_SLOTS and 0 < min(c for c in counts if c) < INT8_GEMM_SLOTS
     for e in range(EXPERTS):
         picked = indices == e
-        if not 0 < picked.sum() < INT8_PANEL_SLOTS:
+        if not picked.any():
             continue
         program = one_op_program("ggml_matmul", rows[picked], w[e], type=type_name)
         want = np.array(mp.run(program, mx.array(np.ascontiguousarray(rows[picked])),

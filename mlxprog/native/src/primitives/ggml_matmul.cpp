@@ -45,11 +45,13 @@ const float* float_rows(const mx::array& x, std::vector<float>& keep) {
   return keep.data();
 }
 
-// From this many slots on, an expert's int8 products run the panel GEMM on
-// the activation blocks' values (its weight rows decoded once) rather than
-// one integer dot product per (slot, row) pair: the two were about even at
-// 32 slots (Q4_K experts of 512 x 1024, AVX512-VNNI), the GEMM faster above.
-constexpr int64_t kInt8PanelMinRows = 32;
+// From this many rows of x on (a prefill, an expert's slots in one), the
+// int8 products run the int8 GEMM: each tile of weight rows is unpacked
+// once (the type's unpack_row) for all the rows, instead of every block
+// being decoded again in each row's dot product. Fewer rows (a decode step,
+// a small batch) take one vec_dot per pair, so a row's result is the same
+// whatever other rows below this count share its product.
+constexpr int64_t kInt8GemmMinRows = 16;
 
 // How far ahead of the row being multiplied the weight rows are prefetched.
 constexpr int64_t kPrefetchRows = 8;
@@ -143,6 +145,26 @@ void int8_tile(const quants::TypeKernels& k, int64_t K, const uint8_t* w, int64_
   }
 }
 
+// The int8 GEMM of `table` for the type's activation blocks (the portable
+// table's where `table` has none).
+quants::Int8Gemm int8_gemm_of(const quants::QuantKernels& table, const quants::TypeInfo& info) {
+  const int a = static_cast<int>(info.activation);
+  return table.int8_gemm[a] ? table.int8_gemm[a] : quants::portable_table().int8_gemm[a];
+}
+
+// One tile of weight rows [n0, n1) of w against `count` rows of x (xq: their
+// activation blocks, act_row bytes each, dense) by the int8 GEMM: the rows
+// unpacked into `unpacked` (kRowsPerTile rows of `unpacked_row` bytes), then
+// y[i * ldy + n] for i < count.
+void int8_gemm_tile(const quants::TypeKernels& k, quants::Int8Gemm gemm, int64_t K,
+                    const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                    const uint8_t* xq, size_t act_row, int64_t count, float* y, int64_t ldy,
+                    uint8_t* unpacked, size_t unpacked_row) {
+  for (int64_t n = n0; n < n1; ++n)
+    k.unpack_row(w + n * row_bytes, unpacked + (n - n0) * unpacked_row, K);
+  gemm(K, unpacked, n1 - n0, k.signed_codes, xq, act_row, count, y + n0, ldy);
+}
+
 // The exact numerics' counterpart of int8_tile for a few rows of x: the
 // tile's weight rows dequantized into `scratch` (kRowsPerTile * K floats),
 // then float32 dot products with x's rows (dense, K floats each).
@@ -178,6 +200,19 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
   if (int8) {
     const size_t act_row = activation_row_bytes(info, K);
     const std::vector<uint8_t> xq = quantize_activations(table, info, x, M, K, act_row);
+    if (M >= kInt8GemmMinRows && k.unpack_row) {
+      const quants::Int8Gemm gemm = int8_gemm_of(table, info);
+      const size_t unpacked_row = quants::int8_row_bytes(info, K);
+      pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
+        std::vector<uint8_t> unpacked(kRowsPerTile * unpacked_row);
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+          int8_gemm_tile(k, gemm, K, w, row_bytes, n0, n1, xq.data(), act_row, M, y, ldy,
+                         unpacked.data(), unpacked_row);
+        }
+      });
+      return;
+    }
     pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
@@ -214,31 +249,49 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   };
   ThreadPool& pool = ThreadPool::instance();
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
-  // An expert with many slots (a prefill) runs the panel GEMM on its rows of
-  // x gathered together (int8: the values the activation blocks hold, so the
-  // numerics stay int8's), the experts side by side (a GEMM started inside a
-  // pool job runs on its thread). The others take the pool tile by tile:
-  // a tile of an expert's weight rows against each of its slots' rows.
-  const int64_t panel_rows = int8 ? kInt8PanelMinRows : kPanelGemmMinRows;
+  // An expert with many slots (a prefill) multiplies its rows of x gathered
+  // together, the experts side by side (a GEMM started inside a pool job
+  // runs on its thread): int8, by the int8 GEMM on its unpacked weight rows
+  // (or, for a type without unpack_row, the panel GEMM on the values the
+  // activation blocks hold, so the numerics stay int8's); exact, by the
+  // panel GEMM. The others take the pool tile by tile: a tile of an
+  // expert's weight rows against each of its slots' rows.
+  const bool int8_gemm = int8 && k.unpack_row;
+  const int64_t panel_rows = int8 ? kInt8GemmMinRows : kPanelGemmMinRows;
   std::vector<int64_t> many, few;
   for (int64_t e : slots.chosen()) (slots.count(e) >= panel_rows ? many : few).push_back(e);
   const size_t act_row = int8 ? activation_row_bytes(info, K) : 0;
   const std::vector<uint8_t> xq =
       int8 ? quantize_activations(table, info, x, rows, K, act_row) : std::vector<uint8_t>();
-  const std::vector<float> xhat = int8 && !many.empty()
+  const std::vector<float> xhat = int8 && !int8_gemm && !many.empty()
       ? activation_values(info.activation, xq.data(), rows, K, act_row) : std::vector<float>();
   const float* panel_x = int8 ? xhat.data() : x;
+  const quants::Int8Gemm gemm = int8_gemm ? int8_gemm_of(table, info) : nullptr;
+  const size_t unpacked_row = int8_gemm ? quants::int8_row_bytes(info, K) : 0;
   pool.parallel_for(static_cast<int64_t>(many.size()), 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t e = many[j], count = slots.count(e);
-      std::vector<float> gathered(count * K), product(count * N);
+      std::vector<float> product(count * N);
       const auto rows_of = slot_rows(e);
-      for (int64_t i = 0; i < count; ++i)
-        std::memcpy(gathered.data() + i * K, panel_x + rows_of(i).first * K, K * sizeof(float));
       const uint8_t* we = w + e * expert_bytes;
-      panel_gemm(kernels, gathered.data(), count, K, N,
-                 [&](int64_t n, float* dst) { k.dequantize_row(we + n * row_bytes, dst, K); },
-                 product.data(), N);
+      if (int8_gemm) {
+        std::vector<uint8_t> gathered(count * act_row), unpacked(kRowsPerTile * unpacked_row);
+        for (int64_t i = 0; i < count; ++i)
+          std::memcpy(gathered.data() + i * act_row, xq.data() + rows_of(i).first * act_row,
+                      act_row);
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+          int8_gemm_tile(k, gemm, K, we, row_bytes, n0, n1, gathered.data(), act_row, count,
+                         product.data(), N, unpacked.data(), unpacked_row);
+        }
+      } else {
+        std::vector<float> gathered(count * K);
+        for (int64_t i = 0; i < count; ++i)
+          std::memcpy(gathered.data() + i * K, panel_x + rows_of(i).first * K, K * sizeof(float));
+        panel_gemm(kernels, gathered.data(), count, K, N,
+                   [&](int64_t n, float* dst) { k.dequantize_row(we + n * row_bytes, dst, K); },
+                   product.data(), N);
+      }
       for (int64_t i = 0; i < count; ++i)
         std::memcpy(y + rows_of(i).second * N, product.data() + i * N, N * sizeof(float));
     }

@@ -75,6 +75,31 @@ const TypeInfo* type_info(int id);
 int activation_block(Activation a);
 size_t activation_block_bytes(Activation a);
 
+// The int8 GEMM's form of weight blocks (a prefill's product of many rows
+// of x): each block's codes decoded once into a byte each, so the GEMM's
+// inner loop is integer multiply-adds only, for every row of x.
+//
+// For q8_K activations: a 256-element block as 16 groups of 16, value j of
+// group g = d * scales[g] * codes[j] + dm * mins[g]; the mins term is
+// dotted with the q8_K block's bsums. codes are 0..127 (unsigned types) or
+// -127..127 (signed_codes types); scales and mins are the type's integers.
+struct Int8BlockK {
+  int8_t codes[256];
+  int16_t scales[16];
+  int16_t mins[16];
+  float d, dm;
+};
+// For q8_0 and q8_1 activations: a 32-element block, value j = d *
+// codes[j] + m, m nonzero only for the types dotted with q8_1 blocks (whose
+// s = d_x * sum(q_x) gives the m term); codes as above.
+struct Int8Block32 {
+  int8_t codes[32];
+  float d, m;
+};
+
+// The bytes of one row of K elements of type `info` in the int8 GEMM's form.
+size_t int8_row_bytes(const TypeInfo& info, int64_t K);
+
 // One type's kernels on one ISA.
 struct TypeKernels {
   // One row of n elements (a whole number of blocks) to float32, exactly as
@@ -83,7 +108,16 @@ struct TypeKernels {
   // sum_i w[i] * x[i] over a row of n elements: w the row's blocks, x the
   // same n values quantized into the type's activation blocks.
   float (*vec_dot)(int64_t n, const uint8_t* w, const void* x);
+  // One row of n elements to n / 256 Int8BlockK (q8_K types) or n / 32
+  // Int8Block32 at dst, for the int8 GEMM; null for a type without it.
+  void (*unpack_row)(const uint8_t* src, void* dst, int64_t n) = nullptr;
+  // Whether unpack_row's codes are signed (see Int8BlockK).
+  bool signed_codes = false;
 };
+
+// The int8 GEMM's signature (QuantKernels::int8_gemm).
+using Int8Gemm = void (*)(int64_t K, const void* w, int64_t rows_w, bool signed_codes,
+                          const uint8_t* x, size_t act_row, int64_t rows_x, float* y, int64_t ldy);
 
 struct QuantKernels {
   const char* isa;
@@ -92,6 +126,11 @@ struct QuantKernels {
   void (*quantize_activation[kActivations])(const float* x, void* dst, int64_t n);
   // sum_i a[i] * b[i] in float32 (the exact numerics' products).
   float (*dot_f32)(int64_t n, const float* a, const float* b);
+  // The int8 GEMM of unpacked weight rows with rows of activation blocks of
+  // kind a: y[i * ldy + j] = w row j . x row i for j < rows_w, i < rows_x;
+  // w is rows_w rows of K elements as unpack_row writes them (Int8BlockK
+  // for q8_K, Int8Block32 otherwise), x rows_x rows of act_row bytes.
+  Int8Gemm int8_gemm[kActivations];
 };
 
 // The table of that ISA name ("portable", "avx2", "avx2+avxvnni",

@@ -63,6 +63,31 @@ int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const flo
   return 0;
 }
 
+// The int8 GEMM of a type's weight rows (w: whole rows of K elements,
+// w_bytes in all) with rows of x already quantized into the type's
+// activation blocks (xq_bytes in all): out[i * rows_w + j] = w row j . x
+// row i, each weight row unpacked by the table's unpack_row first.
+int mlxprog_quants_int8_gemm(const char* isa, int type, int64_t K, const uint8_t* w,
+                             int64_t w_bytes, const void* xq, int64_t xq_bytes, float* out) {
+  const QuantKernels* t = named(isa);
+  TypeKernels k;
+  const TypeInfo* info = type_info(type);
+  if (!t || !resolve(*t, type, k) || !k.unpack_row || K % info->block) return -1;
+  const int a = static_cast<int>(info->activation);
+  auto gemm = t->int8_gemm[a] ? t->int8_gemm[a] : portable_table().int8_gemm[a];
+  const int64_t row_bytes = K / info->block * info->block_bytes;
+  const size_t act_row = K / activation_block(info->activation) *
+                         activation_block_bytes(info->activation);
+  const size_t unpacked_row = int8_row_bytes(*info, K);
+  const int64_t rows_w = w_bytes / row_bytes, rows_x = xq_bytes / static_cast<int64_t>(act_row);
+  std::vector<uint8_t> unpacked(rows_w * unpacked_row);
+  for (int64_t j = 0; j < rows_w; ++j)
+    k.unpack_row(w + j * row_bytes, unpacked.data() + j * unpacked_row, K);
+  gemm(K, unpacked.data(), rows_w, k.signed_codes, static_cast<const uint8_t*>(xq), act_row,
+       rows_x, out, rows_w);
+  return 0;
+}
+
 int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes) {
   set_codebook(name, data, static_cast<size_t>(bytes));
   return 0;

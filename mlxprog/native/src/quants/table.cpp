@@ -89,6 +89,11 @@ size_t activation_block_bytes(Activation a) {
   }
 }
 
+size_t int8_row_bytes(const TypeInfo& info, int64_t K) {
+  return info.activation == Activation::q8_K ? K / 256 * sizeof(Int8BlockK)
+                                             : K / 32 * sizeof(Int8Block32);
+}
+
 const QuantKernels& portable_table() { return portable::table(); }
 
 const QuantKernels& table_for(const char* isa) {
@@ -113,6 +118,10 @@ const TypeKernels* resolve(const QuantKernels& table, int id, TypeKernels& out) 
   out.dequantize_row = table.types[id].dequantize_row ? table.types[id].dequantize_row
                                                       : fallback.dequantize_row;
   out.vec_dot = table.types[id].vec_dot ? table.types[id].vec_dot : fallback.vec_dot;
+  // The unpacked form is the type's, whichever ISA decodes it.
+  const bool own_unpack = table.types[id].unpack_row != nullptr;
+  out.unpack_row = own_unpack ? table.types[id].unpack_row : fallback.unpack_row;
+  out.signed_codes = own_unpack ? table.types[id].signed_codes : fallback.signed_codes;
   return &out;
 }
 

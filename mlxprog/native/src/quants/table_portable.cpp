@@ -11,6 +11,7 @@
 #include "portable/legacy.h"
 #include "portable/kquants.h"
 #include "portable/iquants.h"
+#include "portable/int8_gemm.h"
 
 namespace mlxprog {
 namespace quants {
@@ -24,6 +25,7 @@ const QuantKernels& table() {
     add_legacy(k);
     add_kquants(k);
     add_iquants(k);
+    add_int8_gemm(k);
     return k;
   }();
   return kernels;

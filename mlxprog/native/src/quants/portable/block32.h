@@ -85,6 +85,14 @@ inline int32_t dot_codes(const int32_t codes[kBlock32], const int8_t* q8) {
   return dot;
 }
 
+// One block of the int8 GEMM's form (Int8Block32) from its 32 codes, as
+// the type's dot product multiplies them, and its d and m.
+inline void write_int8_block(const int32_t codes[kBlock32], float d, float m, Int8Block32& out) {
+  for (int j = 0; j < kBlock32; ++j) out.codes[j] = static_cast<int8_t>(codes[j]);
+  out.d = d;
+  out.m = m;
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -35,6 +35,17 @@ float vec_dot_iq4_nl(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of IQ4_NL blocks in the int8 GEMM's form: the table values (signed).
+void int8_unpack_row_iq4_nl(const uint8_t* src, void* dst, int64_t n) {
+  Int8Block32* out = static_cast<Int8Block32*>(dst);
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kIq4nlBytes) {
+    int32_t codes[kBlock32];
+    unpack_4bit_codes(src + 2, codes);
+    for (int32_t& c : codes) c = kIq4nlValues[c];
+    write_int8_block(codes, load_fp16(src), 0.0f, out[i]);
+  }
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -47,6 +47,21 @@ float vec_dot_iq4_xs(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of IQ4_XS blocks in the int8 GEMM's form: the table values
+// (signed), each 32's scale, no mins.
+void int8_unpack_row_iq4_xs(const uint8_t* src, void* dst, int64_t n) {
+  const kquant::IQ4XS* blocks = reinterpret_cast<const kquant::IQ4XS*>(src);
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    int8_t packed_scales[8];
+    kquant::iq4_xs_scales(blocks[i], packed_scales);
+    unpack_iq4_xs(blocks[i], out[i].codes);
+    int scales[8], mins[8] = {};
+    for (int s = 0; s < 8; ++s) scales[s] = packed_scales[s];
+    kquant::set_int8_groups(scales, mins, 8, load_fp16(blocks[i].d), 0.0f, out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

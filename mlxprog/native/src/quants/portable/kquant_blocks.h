@@ -166,6 +166,18 @@ inline float rounded_product(float p) {
   return p;
 }
 
+// Sets the scales and mins of an Int8BlockK from per-group integers: groups
+// of 32 (subs 8) give each scale to two groups of 16.
+inline void set_int8_groups(const int* scales, const int* mins, int subs, float d, float dm,
+                            Int8BlockK& out) {
+  for (int g = 0; g < 16; ++g) {
+    out.scales[g] = static_cast<int16_t>(scales[g * subs / 16]);
+    out.mins[g] = static_cast<int16_t>(mins[g * subs / 16]);
+  }
+  out.d = d;
+  out.dm = dm;
+}
+
 }  // namespace kquant
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

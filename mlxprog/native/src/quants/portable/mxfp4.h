@@ -36,6 +36,18 @@ float vec_dot_mxfp4(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of MXFP4 blocks in the int8 GEMM's form: the doubled E2M1 values
+// (signed) and the half scale.
+void int8_unpack_row_mxfp4(const uint8_t* src, void* dst, int64_t n) {
+  Int8Block32* out = static_cast<Int8Block32*>(dst);
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kMxfp4Bytes) {
+    int32_t codes[kBlock32];
+    unpack_4bit_codes(src + 1, codes);
+    for (int32_t& c : codes) c = kMxfp4DoubledValues[c];
+    write_int8_block(codes, e8m0_half_scale(src[0]), 0.0f, out[i]);
+  }
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -56,6 +56,21 @@ float vec_dot_q2_k(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of Q2_K blocks in the int8 GEMM's form: codes 0..3, each 16's
+// scale and min, dm = -dmin.
+void int8_unpack_row_q2_k(const uint8_t* src, void* dst, int64_t n) {
+  const kquant::Q2K* blocks = reinterpret_cast<const kquant::Q2K*>(src);
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    unpack_q2_k(blocks[i], out[i].codes);
+    int scales[16], mins[16];
+    for (int g = 0; g < 16; ++g)
+      scales[g] = blocks[i].scales[g] & 0x0F, mins[g] = blocks[i].scales[g] >> 4;
+    kquant::set_int8_groups(scales, mins, 16, load_fp16(blocks[i].d), -load_fp16(blocks[i].dmin),
+                            out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

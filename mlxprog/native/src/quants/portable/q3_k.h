@@ -51,6 +51,23 @@ float vec_dot_q3_k(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of Q3_K blocks in the int8 GEMM's form: codes q + 4 (0..7), each
+// 16's scale, and its min -4 * scale (dm = d).
+void int8_unpack_row_q3_k(const uint8_t* src, void* dst, int64_t n) {
+  const kquant::Q3K* blocks = reinterpret_cast<const kquant::Q3K*>(src);
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    int8_t packed_scales[16];
+    kquant::q3_k_scales(blocks[i].scales, packed_scales);
+    unpack_q3_k(blocks[i], out[i].codes);
+    for (int8_t& c : out[i].codes) c = static_cast<int8_t>(c + 4);
+    int scales[16], mins[16];
+    for (int g = 0; g < 16; ++g) scales[g] = packed_scales[g], mins[g] = -4 * scales[g];
+    const float d = load_fp16(blocks[i].d);
+    kquant::set_int8_groups(scales, mins, 16, d, d, out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

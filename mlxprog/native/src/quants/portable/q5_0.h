@@ -35,6 +35,17 @@ float vec_dot_q5_0(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of Q5_0 blocks in the int8 GEMM's form: signed codes q - 16.
+void int8_unpack_row_q5_0(const uint8_t* src, void* dst, int64_t n) {
+  Int8Block32* out = static_cast<Int8Block32*>(dst);
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kQ5_0Bytes) {
+    int32_t codes[kBlock32];
+    unpack_5bit_codes(src + 2, src + 6, codes);
+    for (int32_t& c : codes) c -= 16;
+    write_int8_block(codes, load_fp16(src), 0.0f, out[i]);
+  }
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -36,6 +36,16 @@ float vec_dot_q5_1(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of Q5_1 blocks in the int8 GEMM's form: codes q (0..31), d and m.
+void int8_unpack_row_q5_1(const uint8_t* src, void* dst, int64_t n) {
+  Int8Block32* out = static_cast<Int8Block32*>(dst);
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kQ5_1Bytes) {
+    int32_t codes[kBlock32];
+    unpack_5bit_codes(src + 4, src + 8, codes);
+    write_int8_block(codes, load_fp16(src), load_fp16(src + 2), out[i]);
+  }
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -52,6 +52,22 @@ float vec_dot_q6_k(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of Q6_K blocks in the int8 GEMM's form: codes q + 32 (0..63), each
+// 16's scale, and its min -32 * scale (dm = d), so d * scale * (q + 32) +
+// d * (-32 * scale) is the value.
+void int8_unpack_row_q6_k(const uint8_t* src, void* dst, int64_t n) {
+  const kquant::Q6K* blocks = reinterpret_cast<const kquant::Q6K*>(src);
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    unpack_q6_k(blocks[i], out[i].codes);
+    for (int8_t& c : out[i].codes) c = static_cast<int8_t>(c + 32);
+    int scales[16], mins[16];
+    for (int g = 0; g < 16; ++g) scales[g] = blocks[i].scales[g], mins[g] = -32 * scales[g];
+    const float d = load_fp16(blocks[i].d);
+    kquant::set_int8_groups(scales, mins, 16, d, d, out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

@@ -32,6 +32,17 @@ float vec_dot_q8_0(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of Q8_0 blocks in the int8 GEMM's form: the signed codes as they
+// are.
+void int8_unpack_row_q8_0(const uint8_t* src, void* dst, int64_t n) {
+  Int8Block32* out = static_cast<Int8Block32*>(dst);
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kQ8_0Bytes) {
+    std::memcpy(out[i].codes, src + 2, kBlock32);
+    out[i].d = load_fp16(src);
+    out[i].m = 0.0f;
+  }
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -6,8 +6,11 @@
 // AVX2's multiply-adds otherwise.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "../common.h"
 #include "../quants.h"
@@ -15,6 +18,7 @@
 #include "activations.h"
 #include "legacy.h"
 #include "kquants.h"
+#include "int8_gemm.h"
 
 namespace mlxprog {
 namespace quants {
@@ -27,6 +31,7 @@ const QuantKernels& table() {
     add_activations(k);
     add_legacy(k);
     add_kquants(k);
+    add_int8_gemm(k);
     return k;
   }();
   return kernels;
