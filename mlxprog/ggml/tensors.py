@@ -5,9 +5,8 @@ packed ``uint32``, ``stem.scales``, ``stem.biases``: the same values, read
 by the affine kernels); every other type as the file's own blocks (``uint8
 [rows, row_bytes]``), read by the ``ggml_matmul`` / ``ggml_dequantize`` ops.
 Where the native kernels run (the CPU, unless ``MLXPROG_NATIVE=0``) the
-affine types stay blocks too: the GGML kernels read them at least as fast
-as the affine ones read the re-laid form (SmolLM2's Q8_0 file decoded
-about 25% faster so, its Q4_1 file about 10%; docs/benchmarks.md), the
+affine types stay blocks too: the GGML kernels decode them faster than
+the affine ones read the re-laid form (docs/benchmarks.md, issue 35), the
 file is not re-laid at load, and every layer's projections are of one
 kind (a layer is then one ``transformer_layer`` node whatever its parts'
 types). The same holds without the native kernels in a file that holds

@@ -154,11 +154,10 @@ class Generation:
 
 
 #: The tokens of a prompt an :class:`Engine` prefills in one program call by
-#: default: a 1,024-token prompt of SmolLM2 Q4_K_M peaks at 274 MB of RSS
-#: in chunks of 256 against 318 MB in one chunk (the prefill's activations
-#: and scratch are per chunk), and its TTFT is no longer (2.90-3.10 s
-#: against 3.34-3.42 s: the panel GEMM reads dequantized weights in place
-#: up to 256 rows; docs/benchmarks.md).
+#: default: the prefill's activations and the native layer's scratch are
+#: per chunk, so chunks bound the peak memory of a long prompt, and up to
+#: 256 rows the panel GEMM reads the dequantized weights in place, its
+#: faster form, so they cost no time (docs/benchmarks.md, issue 35).
 PREFILL_CHUNK = 256
 #: The flags of the settings that bound a prompt (:class:`PromptTooLongError`).
 SIZE_FLAGS = {"max_length": "--max-length", "max_kv_size": "--max-kv-size"}

@@ -47,19 +47,14 @@ float vec_dot_q5_k(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
-// A row of Q5_K blocks in the int8 GEMM's form: codes 0..31, each 32's
-// scale and min, dm = -dmin.
+// A row of Q5_K blocks in the int8 GEMM's form: codes 0..31, scales and
+// mins as Q4_K's.
 void int8_unpack_row_q5_k(const uint8_t* src, void* dst, int64_t n) {
   const kquant::Q5K* blocks = reinterpret_cast<const kquant::Q5K*>(src);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
-    uint8_t scales_mins[16];
-    kquant::q4_k_scales_mins(blocks[i].scales, scales_mins);
-    int scales[8], mins[8];
-    for (int s = 0; s < 8; ++s) scales[s] = scales_mins[s], mins[s] = scales_mins[8 + s];
     unpack_q5_k(blocks[i], out[i].codes);
-    kquant::set_int8_groups(scales, mins, 8, load_fp16(blocks[i].d), -load_fp16(blocks[i].dmin),
-                            out[i]);
+    set_q4_k_int8_groups(blocks[i].scales, blocks[i].d, blocks[i].dmin, out[i]);
   }
 }
 
