@@ -82,7 +82,7 @@ size_t activation_block_bytes(Activation a);
 // For q8_K activations: a 256-element block as 16 groups of 16, value j of
 // group g = d * scales[g] * codes[j] + dm * mins[g]; the mins term is
 // dotted with the q8_K block's bsums. codes are 0..127 (unsigned types) or
-// -127..127 (signed_codes types); scales and mins are the type's integers.
+// any int8 (signed_codes types); scales and mins are the type's integers.
 struct Int8BlockK {
   int8_t codes[256];
   int16_t scales[16];
@@ -129,7 +129,8 @@ struct QuantKernels {
   // The int8 GEMM of unpacked weight rows with rows of activation blocks of
   // kind a: y[i * ldy + j] = w row j . x row i for j < rows_w, i < rows_x;
   // w is rows_w rows of K elements as unpack_row writes them (Int8BlockK
-  // for q8_K, Int8Block32 otherwise), x rows_x rows of act_row bytes.
+  // for q8_K, Int8Block32 otherwise), x rows_x rows of act_row bytes. Null
+  // in a table without one (arm64's): the portable table's runs instead.
   Int8Gemm int8_gemm[kActivations];
 };
 
