@@ -155,10 +155,10 @@ class Generation:
 
 #: The tokens of a prompt an :class:`Engine` prefills in one program call by
 #: default: the prefill's activations and the native layer's scratch are
-#: per chunk, so chunks bound the peak memory of a long prompt, and up to
-#: 256 rows the panel GEMM reads the dequantized weights in place, its
-#: faster form, so they cost no time (docs/benchmarks.md, issue 35).
-PREFILL_CHUNK = 256
+#: per chunk, so chunks bound the peak memory of a long prompt, and on
+#: SmolLM2's files a long prompt's prefill was faster in chunks of 128 than
+#: of 256 or in one (docs/benchmarks.md, issue 35).
+PREFILL_CHUNK = 128
 #: The flags of the settings that bound a prompt (:class:`PromptTooLongError`).
 SIZE_FLAGS = {"max_length": "--max-length", "max_kv_size": "--max-kv-size"}
 
