@@ -43,6 +43,14 @@ X86_TABLES = {
 }
 ARM_TABLES = {"table_dotprod.cpp": (["-march=armv8.2-a+dotprod"], "MLXPROG_HAVE_DOTPROD")}
 
+#: The activation blocks (quants.h's BlockQ8_0, BlockQ8_1, BlockQ8_K) as
+#: numpy record dtypes, and each kind's id in the C ABI and elements a block.
+Q8_0 = np.dtype([("d", "<f4"), ("qs", "i1", 32)])
+Q8_1 = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])
+Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
+assert Q8_K.itemsize == 292 and Q8_K.fields["qs"][1] == 4 and Q8_K.fields["bsums"][1] == 260
+ACTIVATIONS = {"q8_0": (0, Q8_0, 32), "q8_1": (1, Q8_1, 32), "q8_K": (2, Q8_K, 256)}
+
 #: Kernel table name -> the /proc/cpuinfo flags it needs (x86-64).
 X86_ISAS = {"avx2": ("avx2", "fma", "f16c"),
             "avx2+avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),

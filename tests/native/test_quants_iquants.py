@@ -23,8 +23,6 @@ TYPES = {"IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ3_S": 21, "
 D_OFFSET = {"IQ2_XXS": 0, "IQ2_XS": 0, "IQ3_XXS": 0, "IQ1_S": 0, "IQ3_S": 0, "IQ2_S": 0,
             "TQ1_0": 52, "TQ2_0": 64}
 QK_K = 256
-#: A q8_K activation block (quants.h's BlockQ8_K).
-Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
 TABLES = quants_lib.tables()
 
 
@@ -67,7 +65,7 @@ def random_blocks(name: str, n_blocks: int, rng: np.random.Generator) -> np.ndar
 def random_q8_k(n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` activations as q8_K blocks: random codes in [-127, 127], random
     positive d, the per-16 sums of the codes."""
-    x = np.zeros(n // QK_K, Q8_K)
+    x = np.zeros(n // QK_K, quants_lib.Q8_K)
     x["d"] = rng.uniform(1e-3, 5e-2, x.size)
     x["qs"] = rng.integers(-127, 128, (x.size, QK_K))
     x["bsums"] = x["qs"].reshape(x.size, -1, 16).astype(np.int32).sum(-1)
@@ -144,7 +142,7 @@ def test_vec_dot_extreme_codes(quants, name, table):
     rng = np.random.default_rng(7)
     w = random_blocks(name, 8, rng)
     w64 = gguf.quants.dequantize(w, qtype(name)).reshape(-1).astype(np.float64)
-    x = np.zeros(8, Q8_K)
+    x = np.zeros(8, quants_lib.Q8_K)
     x["d"] = 1.0
     x["qs"] = np.where(w64.reshape(8, QK_K) >= 0, 127, -127)
     x["bsums"] = x["qs"].reshape(8, -1, 16).astype(np.int32).sum(-1)

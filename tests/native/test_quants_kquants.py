@@ -34,9 +34,6 @@ FP16_FIELDS = {
 TYPES = list(FP16_FIELDS)
 TABLES = quants_lib.tables()
 
-#: llama.cpp's block_q8_K: float d, int8 qs[256], int16 bsums[16].
-Q8K = np.dtype([("d", "<f4"), ("qs", "i1", QK), ("bsums", "<i2", QK // 16)])
-assert Q8K.itemsize == 292 and Q8K.fields["qs"][1] == 4 and Q8K.fields["bsums"][1] == 260
 
 
 def type_id(name: str) -> int:
@@ -67,7 +64,7 @@ def fill_codes(name: str, blocks: np.ndarray, fill: int) -> None:
 
 def q8k_blocks(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """q8_K blocks (raw bytes) of int8 codes [n] and one positive float per 256."""
-    blocks = np.zeros(codes.size // QK, Q8K)
+    blocks = np.zeros(codes.size // QK, quants_lib.Q8_K)
     blocks["d"] = scales
     blocks["qs"] = codes.reshape(-1, QK)
     blocks["bsums"] = codes.reshape(-1, QK // 16, 16).astype(np.int32).sum(-1)

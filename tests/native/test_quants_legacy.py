@@ -26,11 +26,6 @@ TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "IQ4_NL": 20, "M
 WITH_MIN = {"Q4_1", "Q5_1"}
 QK = 32
 QK_K = 256
-#: The activation blocks (quants.h's BlockQ8_0, BlockQ8_1, BlockQ8_K).
-Q8_0 = np.dtype([("d", "<f4"), ("qs", "i1", QK)])
-Q8_1 = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", QK)])
-Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
-ACTIVATION = {"q8_0": (0, Q8_0, QK), "q8_1": (1, Q8_1, QK), "q8_K": (2, Q8_K, QK_K)}
 TABLES = quants_lib.tables()
 #: Row lengths: one block, a few, a realistic row (SmolLM2's hidden size).
 SIZES = [32, 96, 576]
@@ -93,7 +88,7 @@ def test_dequantize_matches_gguf_bit_for_bit(quants, name, table):
 
 def quantize(quants, isa: str, kind: str, x: np.ndarray) -> np.ndarray:
     """``x`` quantized by table ``isa`` into ``kind`` blocks (a record array)."""
-    activation, dtype, block = ACTIVATION[kind]
+    activation, dtype, block = quants_lib.ACTIVATIONS[kind]
     raw = quants.quantize(isa, activation, x, dtype.itemsize, block)
     return raw.view(dtype)
 

@@ -77,9 +77,7 @@ quants::TypeKernels type_kernels(const quants::QuantKernels& table, int type) {
 std::vector<uint8_t> quantize_activations(const quants::QuantKernels& table,
                                           const quants::TypeInfo& info, const float* x,
                                           int64_t M, int64_t K, size_t act_row) {
-  auto quantize = table.quantize_activation[static_cast<int>(info.activation)];
-  if (!quantize)
-    quantize = quants::portable_table().quantize_activation[static_cast<int>(info.activation)];
+  const quants::Quantizer quantize = quants::resolve_quantizer(table, info.activation);
   std::vector<uint8_t> xq(M * act_row);
   auto quantize_rows = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) quantize(x + m * K, xq.data() + m * act_row, K);
@@ -91,12 +89,6 @@ std::vector<uint8_t> quantize_activations(const quants::QuantKernels& table,
   else
     pool.parallel_for(M, M / (4 * pool.threads()), quantize_rows);
   return xq;
-}
-
-// The bytes of one row of x in the type's activation blocks.
-size_t activation_row_bytes(const quants::TypeInfo& info, int64_t K) {
-  return K / quants::activation_block(info.activation) *
-         quants::activation_block_bytes(info.activation);
 }
 
 // The values x ~= d * qs that activation blocks of type Block hold, K of them.
@@ -145,13 +137,6 @@ void int8_tile(const quants::TypeKernels& k, int64_t K, const uint8_t* w, int64_
   }
 }
 
-// The int8 GEMM of `table` for the type's activation blocks (the portable
-// table's where `table` has none).
-quants::Int8Gemm int8_gemm_of(const quants::QuantKernels& table, const quants::TypeInfo& info) {
-  const int a = static_cast<int>(info.activation);
-  return table.int8_gemm[a] ? table.int8_gemm[a] : quants::portable_table().int8_gemm[a];
-}
-
 // One tile of weight rows [n0, n1) of w against `count` rows of x (xq: their
 // activation blocks, act_row bytes each, dense) by the int8 GEMM: the rows
 // unpacked into `unpacked` (kRowsPerTile rows of `unpacked_row` bytes), then
@@ -172,7 +157,7 @@ template <class Rows>
 void exact_tile(const quants::TypeKernels& k, const quants::QuantKernels& table, int64_t K,
                 const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                 int64_t count, const Rows& rows, float* y, int64_t ldy, float* scratch) {
-  auto dot = table.dot_f32 ? table.dot_f32 : quants::portable_table().dot_f32;
+  const quants::DotF32 dot = quants::resolve_dot_f32(table);
   for (int64_t n = n0; n < n1; ++n) k.dequantize_row(w + n * row_bytes, scratch + (n - n0) * K, K);
   for (int64_t i = 0; i < count; ++i) {
     const auto [xi, yi] = rows(i);
@@ -198,10 +183,10 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
   const int64_t grain = std::max<int64_t>(1, tiles / (4 * pool.threads()));
   if (int8) {
-    const size_t act_row = activation_row_bytes(info, K);
+    const size_t act_row = quants::activation_row_bytes(info, K);
     const std::vector<uint8_t> xq = quantize_activations(table, info, x, M, K, act_row);
     if (M >= kInt8GemmMinRows && k.unpack_row) {
-      const quants::Int8Gemm gemm = int8_gemm_of(table, info);
+      const quants::Int8Gemm gemm = quants::resolve_int8_gemm(table, info.activation);
       const size_t unpacked_row = quants::int8_row_bytes(info, K);
       pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
         std::vector<uint8_t> unpacked(kRowsPerTile * unpacked_row);
@@ -260,13 +245,14 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const int64_t panel_rows = int8 ? kInt8GemmMinRows : kPanelGemmMinRows;
   std::vector<int64_t> many, few;
   for (int64_t e : slots.chosen()) (slots.count(e) >= panel_rows ? many : few).push_back(e);
-  const size_t act_row = int8 ? activation_row_bytes(info, K) : 0;
+  const size_t act_row = int8 ? quants::activation_row_bytes(info, K) : 0;
   const std::vector<uint8_t> xq =
       int8 ? quantize_activations(table, info, x, rows, K, act_row) : std::vector<uint8_t>();
   const std::vector<float> xhat = int8 && !int8_gemm && !many.empty()
       ? activation_values(info.activation, xq.data(), rows, K, act_row) : std::vector<float>();
   const float* panel_x = int8 ? xhat.data() : x;
-  const quants::Int8Gemm gemm = int8_gemm ? int8_gemm_of(table, info) : nullptr;
+  const quants::Int8Gemm gemm =
+      int8_gemm ? quants::resolve_int8_gemm(table, info.activation) : nullptr;
   const size_t unpacked_row = int8_gemm ? quants::int8_row_bytes(info, K) : 0;
   pool.parallel_for(static_cast<int64_t>(many.size()), 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {

@@ -99,6 +99,8 @@ struct Int8Block32 {
 
 // The bytes of one row of K elements of type `info` in the int8 GEMM's form.
 size_t int8_row_bytes(const TypeInfo& info, int64_t K);
+// The bytes of one row of K activations in the type's activation blocks.
+size_t activation_row_bytes(const TypeInfo& info, int64_t K);
 
 // One type's kernels on one ISA.
 struct TypeKernels {
@@ -130,7 +132,8 @@ struct QuantKernels {
   // kind a: y[i * ldy + j] = w row j . x row i for j < rows_w, i < rows_x;
   // w is rows_w rows of K elements as unpack_row writes them (Int8BlockK
   // for q8_K, Int8Block32 otherwise), x rows_x rows of act_row bytes. Null
-  // in a table without one (arm64's): the portable table's runs instead.
+  // in a table without one (arm64's): resolve_int8_gemm gives the portable
+  // table's.
   Int8Gemm int8_gemm[kActivations];
 };
 
@@ -144,6 +147,14 @@ const QuantKernels& portable_table();
 // Type `id`'s kernels in `table`, each missing one taken from the portable
 // table; null when the id is not a type above.
 const TypeKernels* resolve(const QuantKernels& table, int id, TypeKernels& out);
+
+// The table's activation quantizer and int8 GEMM of kind `a`, and its float
+// dot product: each the portable table's where `table` lacks it.
+using Quantizer = void (*)(const float* x, void* dst, int64_t n);
+using DotF32 = float (*)(int64_t n, const float* a, const float* b);
+Quantizer resolve_quantizer(const QuantKernels& table, Activation a);
+Int8Gemm resolve_int8_gemm(const QuantKernels& table, Activation a);
+DotF32 resolve_dot_f32(const QuantKernels& table);
 
 // The IQ types' codebooks, taken from the gguf package at run time
 // (mlxprog/ggml) rather than written into this code: set_codebook copies

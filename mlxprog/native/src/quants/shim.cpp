@@ -38,9 +38,7 @@ int mlxprog_quants_quantize(const char* isa, int activation, const float* x, voi
                             int64_t n) {
   const QuantKernels* t = named(isa);
   if (!t || activation < 0 || activation >= kActivations) return -1;
-  auto quantize = t->quantize_activation[activation] ? t->quantize_activation[activation]
-                                                     : portable_table().quantize_activation[activation];
-  quantize(x, dst, n);
+  resolve_quantizer(*t, static_cast<Activation>(activation))(x, dst, n);
   return 0;
 }
 
@@ -59,7 +57,7 @@ int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const flo
                            float* out) {
   const QuantKernels* t = named(isa);
   if (!t) return -1;
-  *out = (t->dot_f32 ? t->dot_f32 : portable_table().dot_f32)(n, a, b);
+  *out = resolve_dot_f32(*t)(n, a, b);
   return 0;
 }
 
@@ -73,18 +71,16 @@ int mlxprog_quants_int8_gemm(const char* isa, int type, int64_t K, const uint8_t
   TypeKernels k;
   const TypeInfo* info = type_info(type);
   if (!t || !resolve(*t, type, k) || !k.unpack_row || K % info->block) return -1;
-  const int a = static_cast<int>(info->activation);
-  auto gemm = t->int8_gemm[a] ? t->int8_gemm[a] : portable_table().int8_gemm[a];
   const int64_t row_bytes = K / info->block * info->block_bytes;
-  const size_t act_row = K / activation_block(info->activation) *
-                         activation_block_bytes(info->activation);
+  const size_t act_row = activation_row_bytes(*info, K);
   const size_t unpacked_row = int8_row_bytes(*info, K);
   const int64_t rows_w = w_bytes / row_bytes, rows_x = xq_bytes / static_cast<int64_t>(act_row);
   std::vector<uint8_t> unpacked(rows_w * unpacked_row);
   for (int64_t j = 0; j < rows_w; ++j)
     k.unpack_row(w + j * row_bytes, unpacked.data() + j * unpacked_row, K);
-  gemm(K, unpacked.data(), rows_w, k.signed_codes, static_cast<const uint8_t*>(xq), act_row,
-       rows_x, out, rows_w);
+  resolve_int8_gemm(*t, info->activation)(K, unpacked.data(), rows_w, k.signed_codes,
+                                          static_cast<const uint8_t*>(xq), act_row, rows_x, out,
+                                          rows_w);
   return 0;
 }
 

@@ -94,6 +94,10 @@ size_t int8_row_bytes(const TypeInfo& info, int64_t K) {
                                              : K / 32 * sizeof(Int8Block32);
 }
 
+size_t activation_row_bytes(const TypeInfo& info, int64_t K) {
+  return K / activation_block(info.activation) * activation_block_bytes(info.activation);
+}
+
 const QuantKernels& portable_table() { return portable::table(); }
 
 const QuantKernels& table_for(const char* isa) {
@@ -123,6 +127,21 @@ const TypeKernels* resolve(const QuantKernels& table, int id, TypeKernels& out) 
   out.unpack_row = own_unpack ? table.types[id].unpack_row : fallback.unpack_row;
   out.signed_codes = own_unpack ? table.types[id].signed_codes : fallback.signed_codes;
   return &out;
+}
+
+Quantizer resolve_quantizer(const QuantKernels& table, Activation a) {
+  const int i = static_cast<int>(a);
+  return table.quantize_activation[i] ? table.quantize_activation[i]
+                                      : portable::table().quantize_activation[i];
+}
+
+Int8Gemm resolve_int8_gemm(const QuantKernels& table, Activation a) {
+  const int i = static_cast<int>(a);
+  return table.int8_gemm[i] ? table.int8_gemm[i] : portable::table().int8_gemm[i];
+}
+
+DotF32 resolve_dot_f32(const QuantKernels& table) {
+  return table.dot_f32 ? table.dot_f32 : portable::table().dot_f32;
 }
 
 void set_codebook(const char* name, const void* data, size_t bytes) {
