@@ -16,6 +16,8 @@
 //   5 set_codebook:  name = codebook, a = its bytes;          out: nothing
 //   6 int8_gemm:     name = ISA, code = type, n = K, a = weight rows,
 //                    b = rows of activation blocks;           out: the products
+//   7 vec_dot_4:     name = ISA, code = type, a = four weight rows,
+//                    b = activation blocks;                   out: four floats
 // The driver exits with 0 at the end of its input, and with 1 on a short
 // read or an unknown op.
 #include <cstdint>
@@ -31,6 +33,8 @@ int mlxprog_quants_quantize(const char* isa, int activation, const float* x, voi
                             int64_t n);
 int mlxprog_quants_vec_dot(const char* isa, int type, int64_t n, const uint8_t* w,
                            const void* xq, float* out);
+int mlxprog_quants_vec_dot_4(const char* isa, int type, int64_t n, const uint8_t* w,
+                             int64_t w_bytes, const void* xq, float* out);
 int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const float* b,
                            float* out);
 int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes);
@@ -80,6 +84,9 @@ int main() {
       case 6:
         rc = mlxprog_quants_int8_gemm(name.c_str(), code, n, a8, header[4], b.data(), header[5],
                                       out.data());
+        break;
+      case 7:
+        rc = mlxprog_quants_vec_dot_4(name.c_str(), code, n, a8, header[4], b.data(), out.data());
         break;
       default: return 1;
     }

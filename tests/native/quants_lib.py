@@ -200,7 +200,7 @@ def build_arm64(compiler: str, directory: Path | None = None) -> Path:
 
 #: The operations of the C ABI, numbered as the arm64 driver reads them.
 OPS = {"has": 0, "dequantize": 1, "quantize": 2, "vec_dot": 3, "dot_f32": 4, "set_codebook": 5,
-       "int8_gemm": 6}
+       "int8_gemm": 6, "vec_dot_4": 7}
 
 
 class Kernels:
@@ -244,6 +244,18 @@ class Kernels:
         out = self._run("vec_dot", isa, type_id, n, w, xq, out_bytes=4)
         return float(out.view(np.float32)[0])
 
+    def vec_dot_4(self, isa: str, type_id: int, n: int, w: np.ndarray,
+                  xq: np.ndarray) -> np.ndarray | None:
+        """The type's four-row dot product of weight rows ``w`` (uint8, four
+        rows) with quantized activations: four float32, or None where the
+        table has no such kernel for the type."""
+        w = np.asarray(w, dtype=np.uint8)
+        assert len(w) == 4
+        rc, out = self.call("vec_dot_4", isa, type_id, n, np.ascontiguousarray(w),
+                            np.ascontiguousarray(xq), 16)
+        assert rc in (0, 1), f"vec_dot_4 refused id {type_id} or table {isa!r}"
+        return out.view(np.float32).copy() if rc == 0 else None
+
     def dot_f32(self, isa: str, a: np.ndarray, b: np.ndarray) -> float:
         """The table's float32 dot product."""
         a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
@@ -276,6 +288,8 @@ class Quants(Kernels):
         self.lib.mlxprog_quants_dequantize.argtypes = [c.c_char_p, c.c_int, p, p, c.c_int64]
         self.lib.mlxprog_quants_quantize.argtypes = [c.c_char_p, c.c_int, p, p, c.c_int64]
         self.lib.mlxprog_quants_vec_dot.argtypes = [c.c_char_p, c.c_int, c.c_int64, p, p, p]
+        self.lib.mlxprog_quants_vec_dot_4.argtypes = [c.c_char_p, c.c_int, c.c_int64, p,
+                                                      c.c_int64, p, p]
         self.lib.mlxprog_quants_dot_f32.argtypes = [c.c_char_p, c.c_int64, p, p, p]
         self.lib.mlxprog_quants_set_codebook.argtypes = [c.c_char_p, p, c.c_int64]
         self.lib.mlxprog_quants_int8_gemm.argtypes = [c.c_char_p, c.c_int, c.c_int64, p,
@@ -290,6 +304,7 @@ class Quants(Kernels):
             "dequantize": lambda: lib.mlxprog_quants_dequantize(key, code, a_, o, n),
             "quantize": lambda: lib.mlxprog_quants_quantize(key, code, a_, o, n),
             "vec_dot": lambda: lib.mlxprog_quants_vec_dot(key, code, n, a_, b_, o),
+            "vec_dot_4": lambda: lib.mlxprog_quants_vec_dot_4(key, code, n, a_, a.nbytes, b_, o),
             "dot_f32": lambda: lib.mlxprog_quants_dot_f32(key, n, a_, b_, o),
             "set_codebook": lambda: lib.mlxprog_quants_set_codebook(key, a_, a.nbytes),
             "int8_gemm": lambda: lib.mlxprog_quants_int8_gemm(key, code, n, a_, a.nbytes, b_,

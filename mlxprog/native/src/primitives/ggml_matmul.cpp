@@ -128,9 +128,15 @@ void int8_tile(const quants::TypeKernels& k, int64_t K, const uint8_t* w, int64_
   for (int64_t i = 0; i < count; ++i) {
     const auto [xi, yi] = rows(i);
     const uint8_t* xm = xq + xi * act_row;
-    for (int64_t n = n0; n < n1; ++n) {
-      // A row is a few hundred bytes: the prefetcher alone leaves the
-      // next rows' loads waiting on memory (decode is memory-bound).
+    int64_t n = n0;
+    if (k.vec_dot_4)
+      for (; n + 4 <= n1; n += 4) {
+        // A row is a few hundred bytes: the prefetcher alone leaves the
+        // next rows' loads waiting on memory (decode is memory-bound).
+        if (i == 0) prefetch_rows(w + (n + kPrefetchRows) * row_bytes, 4 * row_bytes, w_end);
+        k.vec_dot_4(K, w + n * row_bytes, row_bytes, xm, y + yi * ldy + n);
+      }
+    for (; n < n1; ++n) {
       if (i == 0) prefetch_rows(w + (n + kPrefetchRows) * row_bytes, row_bytes, w_end);
       y[yi * ldy + n] = k.vec_dot(K, w + n * row_bytes, xm);
     }

@@ -115,6 +115,12 @@ struct TypeKernels {
   void (*unpack_row)(const uint8_t* src, void* dst, int64_t n) = nullptr;
   // Whether unpack_row's codes are signed (see Int8BlockK).
   bool signed_codes = false;
+  // vec_dot of four consecutive rows (row r at w + r * row_bytes) with the
+  // same activation row: out[r] equals vec_dot of that row bit for bit, the
+  // activation blocks read once for the four. Null where a table lacks it
+  // (vec_dot row by row).
+  void (*vec_dot_4)(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x,
+                    float* out) = nullptr;
 };
 
 // The int8 GEMM's signature (QuantKernels::int8_gemm).

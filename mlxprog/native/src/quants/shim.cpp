@@ -53,6 +53,19 @@ int mlxprog_quants_vec_dot(const char* isa, int type, int64_t n, const uint8_t* 
   return 0;
 }
 
+// The four-row dot product: w holds four rows of n weights (row r at
+// w + r * w_bytes / 4), out four floats. Returns 1 without computing when
+// the table has no vec_dot_4 for the type (its matmuls go row by row).
+int mlxprog_quants_vec_dot_4(const char* isa, int type, int64_t n, const uint8_t* w,
+                             int64_t w_bytes, const void* xq, float* out) {
+  const QuantKernels* t = named(isa);
+  TypeKernels k;
+  if (!t || !resolve(*t, type, k) || w_bytes % 4) return -1;
+  if (!k.vec_dot_4) return 1;
+  k.vec_dot_4(n, w, w_bytes / 4, xq, out);
+  return 0;
+}
+
 int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const float* b,
                            float* out) {
   const QuantKernels* t = named(isa);

@@ -121,7 +121,10 @@ const TypeKernels* resolve(const QuantKernels& table, int id, TypeKernels& out) 
   const TypeKernels& fallback = portable::table().types[id];
   out.dequantize_row = table.types[id].dequantize_row ? table.types[id].dequantize_row
                                                       : fallback.dequantize_row;
-  out.vec_dot = table.types[id].vec_dot ? table.types[id].vec_dot : fallback.vec_dot;
+  // vec_dot_4 matches the vec_dot of its own table only.
+  const bool own_dot = table.types[id].vec_dot != nullptr;
+  out.vec_dot = own_dot ? table.types[id].vec_dot : fallback.vec_dot;
+  out.vec_dot_4 = own_dot ? table.types[id].vec_dot_4 : fallback.vec_dot_4;
   // The unpacked form is the type's, whichever ISA decodes it.
   const bool own_unpack = table.types[id].unpack_row != nullptr;
   out.unpack_row = own_unpack ? table.types[id].unpack_row : fallback.unpack_row;

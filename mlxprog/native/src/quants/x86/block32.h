@@ -22,6 +22,12 @@ inline float fp16_scale(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+// fp16_scale as a function object: a template given it inlines the call,
+// where a function pointer argument can stay an indirect call per block.
+struct Fp16Scale {
+  float operator()(const uint8_t* p) const { return fp16_scale(p); }
+};
+
 // v with `value` or-ed into byte j where bit j of the little-endian uint32
 // at p is set (where_set) or clear (!where_set): the fifth bits of Q5_0 and
 // Q5_1. With AVX512BW+VL one masked byte add (the same as or: v's bytes are
@@ -106,6 +112,58 @@ inline float dot_signed_blocks(int64_t n, const uint8_t* w, const BlockQ8_0* x, 
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale(w) * x[i].d), _mm256_cvtepi32_ps(dot), acc0);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// dot_signed_blocks for four rows at once (row r at w + r * row_bytes):
+// out[r] is bit for bit what dot_signed_blocks gives for that row (each row
+// keeps its own two accumulators and the same operations in the same
+// order), while the activation blocks are loaded once for the four rows and
+// the rows' work interleaves. With kOffset > 0 codes(block) are unsigned and
+// the signed codes are codes - kOffset (Q4_0, Q5_0): the integer dot is
+// codes . x - kOffset * (sums of x), the same int32 sums as the signed
+// product without moving signs, the offset term shared by the rows.
+template <int kBytes, int kOffset, typename Codes, typename Scale>
+inline void dot_signed_blocks_x4(int64_t n, const uint8_t* w, int64_t row_bytes,
+                                 const BlockQ8_0* x, Codes codes, Scale scale, float* out) {
+  const int64_t blocks = n / kBlock32;
+  const uint8_t* rows[4] = {w, w + row_bytes, w + 2 * row_bytes, w + 3 * row_bytes};
+  __m256 acc0[4], acc1[4];
+  for (int r = 0; r < 4; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  // Row r's term for block i: its integer dot with x's block (xq its codes,
+  // offset_sums kOffset times their partial sums) times both scales.
+  auto add_block = [&](__m256 acc, int r, int64_t i, __m256i xq, __m256i offset_sums) {
+    const uint8_t* block = rows[r] + i * kBytes;
+    __m256i dot;
+    if constexpr (kOffset == 0)
+      dot = dot_s8s8(codes(block), xq);
+    else
+      dot = _mm256_sub_epi32(dot_u8s8_add(_mm256_setzero_si256(), codes(block), xq), offset_sums);
+    return _mm256_fmadd_ps(_mm256_set1_ps(scale(block) * x[i].d), _mm256_cvtepi32_ps(dot), acc);
+  };
+  auto offset_sums_of = [](__m256i xq) {
+    if constexpr (kOffset == 0)
+      return _mm256_setzero_si256();
+    else
+      return dot_u8s8_add(_mm256_setzero_si256(), _mm256_set1_epi8(kOffset), xq);
+  };
+  int64_t i = 0;
+  for (; i + 1 < blocks; i += 2) {
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
+    const __m256i off0 = offset_sums_of(x0), off1 = offset_sums_of(x1);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      acc0[r] = add_block(acc0[r], r, i, x0, off0);
+      acc1[r] = add_block(acc1[r], r, i + 1, x1, off1);
+    }
+  }
+  if (i < blocks) {
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i off0 = offset_sums_of(x0);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) acc0[r] = add_block(acc0[r], r, i, x0, off0);
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
 }
 
 // A row's dot product with q8_1 blocks for the types w = d * q + m with

@@ -26,6 +26,14 @@ float vec_dot_iq4_nl(int64_t n, const uint8_t* w, const void* x) {
                                         fp16_scale);
 }
 
+// Four IQ4_NL rows . one q8_0 row (see dot_signed_blocks_x4).
+void vec_dot_4_iq4_nl(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x,
+                      float* out) {
+  dot_signed_blocks_x4<kIq4nlBytes, 0>(
+      n, w, row_bytes, static_cast<const BlockQ8_0*>(x),
+      [](const uint8_t* block) { return iq4_nl_codes(block); }, Fp16Scale(), out);
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

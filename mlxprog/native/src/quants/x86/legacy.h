@@ -15,14 +15,21 @@ namespace MLXPROG_QUANTS_NS {
 
 // Registers the group's row dequantizers and dot products.
 inline void add_legacy(QuantKernels& k) {
-  k.types[static_cast<int>(Type::Q4_0)] = {block32::dequantize_row_q4_0, block32::vec_dot_q4_0};
+  // Four-row dot products where they are compute-bound (Q8_0's wide
+  // blocks are memory-bound: four rows streamed together read slower
+  // than one); the q8_1 types' row-at-a-time sums are fast enough.
+  k.types[static_cast<int>(Type::Q4_0)] = {block32::dequantize_row_q4_0, block32::vec_dot_q4_0,
+                                           nullptr, false, block32::vec_dot_4_q4_0};
   k.types[static_cast<int>(Type::Q4_1)] = {block32::dequantize_row_q4_1, block32::vec_dot_q4_1};
-  k.types[static_cast<int>(Type::Q5_0)] = {block32::dequantize_row_q5_0, block32::vec_dot_q5_0};
+  k.types[static_cast<int>(Type::Q5_0)] = {block32::dequantize_row_q5_0, block32::vec_dot_q5_0,
+                                           nullptr, false, block32::vec_dot_4_q5_0};
   k.types[static_cast<int>(Type::Q5_1)] = {block32::dequantize_row_q5_1, block32::vec_dot_q5_1};
   k.types[static_cast<int>(Type::Q8_0)] = {block32::dequantize_row_q8_0, block32::vec_dot_q8_0};
   k.types[static_cast<int>(Type::IQ4_NL)] = {block32::dequantize_row_iq4_nl,
-                                             block32::vec_dot_iq4_nl};
-  k.types[static_cast<int>(Type::MXFP4)] = {block32::dequantize_row_mxfp4, block32::vec_dot_mxfp4};
+                                             block32::vec_dot_iq4_nl, nullptr, false,
+                                             block32::vec_dot_4_iq4_nl};
+  k.types[static_cast<int>(Type::MXFP4)] = {block32::dequantize_row_mxfp4, block32::vec_dot_mxfp4,
+                                            nullptr, false, block32::vec_dot_4_mxfp4};
 }
 
 }  // namespace MLXPROG_QUANTS_NS

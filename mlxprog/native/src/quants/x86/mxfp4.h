@@ -29,6 +29,14 @@ float vec_dot_mxfp4(int64_t n, const uint8_t* w, const void* x) {
                                         mxfp4_scale);
 }
 
+// Four MXFP4 rows . one q8_0 row (see dot_signed_blocks_x4).
+void vec_dot_4_mxfp4(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x, float* out) {
+  dot_signed_blocks_x4<kMxfp4Bytes, 0>(
+      n, w, row_bytes, static_cast<const BlockQ8_0*>(x),
+      [](const uint8_t* block) { return mxfp4_codes(block); },
+      [](const uint8_t* block) { return mxfp4_scale(block); }, out);
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -16,6 +16,17 @@ inline __m256i q5_0_codes(const uint8_t* block) {
 }
 
 // A row of Q5_0 blocks to float32, as gguf computes it.
+// Four Q5_0 rows . one q8_0 row: the 5-bit codes unsigned, offset 16 (see
+// dot_signed_blocks_x4).
+void vec_dot_4_q5_0(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x, float* out) {
+  dot_signed_blocks_x4<kQ5_0Bytes, 16>(
+      n, w, row_bytes, static_cast<const BlockQ8_0*>(x),
+      [](const uint8_t* block) {
+        return or_where_bits<true>(nibbles_32(block + 6), block + 2, 16);
+      },
+      Fp16Scale(), out);
+}
+
 void dequantize_row_q5_0(const uint8_t* src, float* y, int64_t n) {
   dequantize_blocks<kQ5_0Bytes>(src, y, n, q5_0_codes, fp16_scale);
 }
