@@ -51,6 +51,12 @@ Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
 assert Q8_K.itemsize == 292 and Q8_K.fields["qs"][1] == 4 and Q8_K.fields["bsums"][1] == 260
 ACTIVATIONS = {"q8_0": (0, Q8_0, 32), "q8_1": (1, Q8_1, 32), "q8_K": (2, Q8_K, 256)}
 
+#: The types whose four-row dot product (vec_dot_4) every x86-64 vector
+#: table has. The portable and arm64 tables, and the types whose rows two
+#: threads already read near the memory's speed (Q8_0, the K-quants, ...),
+#: go one row a call.
+X86_FOUR_ROW_TYPES = {"Q4_0", "Q5_0", "IQ4_NL", "MXFP4"}
+
 #: Kernel table name -> the /proc/cpuinfo flags it needs (x86-64).
 X86_ISAS = {"avx2": ("avx2", "fma", "f16c"),
             "avx2+avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
@@ -276,6 +282,24 @@ class Kernels:
 
     def close(self) -> None:
         """Release the machine's resources."""
+
+
+def check_vec_dot_4(quants: Kernels, table: Table, name: str, type_id: int, n: int,
+                    rows: np.ndarray, xq: np.ndarray) -> None:
+    """The table's four-row dot product of ``rows`` (uint8, four rows of
+    ``n`` elements of type ``name``) with activation blocks ``xq`` is there
+    exactly where X86_FOUR_ROW_TYPES says, and equals each row's vec_dot bit
+    for bit (a decode step's logits must not depend on which rows share a
+    call)."""
+    expected = (table.machine == "host" and host_arch() == "x86_64"
+                and table.isa != "portable" and name in X86_FOUR_ROW_TYPES)
+    got = quants.vec_dot_4(table.isa, type_id, n, rows, xq)
+    assert (got is not None) == expected, (str(table), name)
+    if got is not None:
+        want = np.array([quants.vec_dot(table.isa, type_id, n, row, xq) for row in rows],
+                        np.float32)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                      err_msg=f"{table} {name} n={n}")
 
 
 class Quants(Kernels):

@@ -1,6 +1,8 @@
 """The K-quants (Q2_K .. Q6_K) and IQ4_XS kernels of every runnable table:
-row dequantization bit for bit against gguf's numpy reference, and the q8_K
-dot products against a float64 reference on the same quantized activations.
+row dequantization bit for bit against gguf's numpy reference, the q8_K
+dot products against a float64 reference on the same quantized activations,
+and the four-row dot products (where a table has them) bit for bit the
+one-row ones.
 The arm64 tables (portable and neon+dotprod) run the same checks under qemu
 (without the cross tools they skip, or fail where CI is set:
 quants_lib.cross_tools).
@@ -138,3 +140,23 @@ def test_vec_dot_extreme_codes(quants, table, name):
             x = codes.astype(np.float64) * 0.01
             check_dot(quants, table, name, blocks, xq, x)
 
+
+
+@pytest.mark.parametrize("table", TABLES, ids=str)
+@pytest.mark.parametrize("name", TYPES)
+def test_vec_dot_4_equals_vec_dot_bit_for_bit(quants, table, name):
+    """Four rows at once give each row's vec_dot exactly: one block and a
+    realistic row, random blocks and codes, and every code at its extremes
+    against +-127."""
+    rng = np.random.default_rng(11)
+    for n in (QK, 1024):
+        for fill in (None, 0x00, 0xFF):
+            rows = [random_blocks(name, n // QK, rng) for _ in range(4)]
+            xq, _ = random_q8k(n, rng)
+            if fill is not None:
+                for blocks in rows:
+                    fill_codes(name, blocks, fill)
+                xq = q8k_blocks(np.where(rng.random(n) < 0.5, 127, -127).astype(np.int8),
+                                np.full(n // QK, 0.01, np.float32))
+            quants_lib.check_vec_dot_4(quants, table, name, type_id(name), n,
+                                       np.stack([b.reshape(-1) for b in rows]), xq)

@@ -31,9 +31,6 @@ QK_K = 256
 TABLES = quants_lib.tables()
 #: Row lengths: one block, a few, a realistic row (SmolLM2's hidden size).
 SIZES = [32, 96, 576]
-#: The types whose four-row dot product each x86-64 table has (the
-#: compute-bound ones); the portable and arm64 tables go row by row.
-X86_FOUR_ROWS = {"Q4_0", "Q5_0", "IQ4_NL", "MXFP4"}
 
 
 def block_bytes(name: str) -> int:
@@ -143,32 +140,22 @@ def test_vec_dot_matches_float64_reference(quants, name, table, n):
 @pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
 def test_vec_dot_4_equals_vec_dot_bit_for_bit(quants, name, table):
-    """Four rows at once give each row's vec_dot exactly, so a decode step's
-    logits do not depend on which rows share a call: an odd and an even
+    """Four rows at once give each row's vec_dot exactly: an odd and an even
     number of blocks (the two-block step and its tail), random codes with
-    outlier activations and every code at its extremes against +-1."""
-    has_four = table.machine == "host" and quants_lib.host_arch() == "x86_64" \
-        and table.isa != "portable" and name in X86_FOUR_ROWS
+    outlier activations, and every code at its extremes against +-1."""
     rng = np.random.default_rng(7 * TYPES[name])
     kind = "q8_1" if name in WITH_MIN else "q8_0"
     for n in (32, 608, 576):
-        fills = [None, 0x00, 0xFF, 0x88] if n == 576 else [None]
-        for fill in fills:
+        for fill in [None, 0x00, 0xFF, 0x88] if n == 576 else [None]:
             blocks = np.stack([random_blocks(name, n // QK, rng) for _ in range(4)])
             x = activations(n, rng)
             if fill is not None:
                 # Every byte after the scales: the codes (and Q5's high bits).
                 blocks[:, :, 1 if name == "MXFP4" else 4 if name in WITH_MIN else 2:] = fill
                 x = np.where(rng.random(n) < 0.5, 1.0, -1.0).astype(np.float32)
-            rows = blocks.reshape(4, -1)
             xq = quantize(quants, table.isa, kind, x)
-            got = quants.vec_dot_4(table.isa, TYPES[name], n, rows, xq)
-            assert (got is not None) == has_four, (str(table), name)
-            if got is None:
-                continue
-            want = np.array([quants.vec_dot(table.isa, TYPES[name], n, row, xq) for row in rows],
-                            np.float32)
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+            quants_lib.check_vec_dot_4(quants, table, name, TYPES[name], n,
+                                       blocks.reshape(4, -1), xq)
 
 
 @pytest.mark.parametrize("table", TABLES, ids=str)

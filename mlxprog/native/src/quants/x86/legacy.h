@@ -15,9 +15,10 @@ namespace MLXPROG_QUANTS_NS {
 
 // Registers the group's row dequantizers and dot products.
 inline void add_legacy(QuantKernels& k) {
-  // Four-row dot products where they are compute-bound (Q8_0's wide
-  // blocks are memory-bound: four rows streamed together read slower
-  // than one); the q8_1 types' row-at-a-time sums are fast enough.
+  // Four-row dot products for the narrow signed-code blocks, whose decode
+  // is bound by instructions rather than memory. Q8_0's wide blocks are
+  // bound by memory, and four rows streamed together read slower than one
+  // (docs/benchmarks.md); Q4_1/Q5_1 keep their row-at-a-time sums.
   k.types[static_cast<int>(Type::Q4_0)] = {block32::dequantize_row_q4_0, block32::vec_dot_q4_0,
                                            nullptr, false, block32::vec_dot_4_q4_0};
   k.types[static_cast<int>(Type::Q4_1)] = {block32::dequantize_row_q4_1, block32::vec_dot_q4_1};
