@@ -452,12 +452,16 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
                           dims: int, traditional: bool, base: float, rope_scale: float,
                           scale: float, freqs: mx.array | None, key_mask: mx.array | None,
                           kind: CacheKind,
-                          recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
+                          recent: Sequence[mx.array] | None = None,
+                          qk_norm: Sequence[mx.array] | None = None,
+                          qk_norm_eps: float = 0.0) -> list[mx.array] | None:
     """The native ``kv_cache_attention_block`` (``start``: the clamped int32
     cache slot, ``positions``: int32 RoPE start positions, one or per row;
     ``caches``: the arrays of a cache of ``kind``, see
     :func:`cache_geometry`): the output, then the new cache arrays; or None
-    where it does not apply.
+    where it does not apply. ``qk_norm``: the ``(q_norm, k_norm)`` weights
+    ``[D]`` that RMS-norm each q and k head (eps ``qk_norm_eps``) before
+    RoPE, or None.
 
     ``recent``: a quantized cache's recent ring ``(k_recent, v_recent,
     recent_slots)`` (:func:`covers_recent`), read as
@@ -480,7 +484,16 @@ def cache_attention_block(setting: Setting, qkv: mx.array, caches: Sequence[mx.a
         qkv, list(caches), start, positions, heads=heads, kv_heads=kv_heads, dims=dims,
         traditional=traditional, base=base, rope_scale=rope_scale, scale=scale, freqs=freqs,
         key_mask=key_mask, format=_cache_format(native, kind),
-        recent=None if recent is None else list(recent))
+        recent=None if recent is None else list(recent), **_qk_norm(qk_norm, qk_norm_eps))
+
+
+def _qk_norm(qk_norm: Sequence[mx.array] | None, eps: float) -> dict[str, Any]:
+    """The native block's ``qk_norm`` arguments: the weights as float32 (qkv's
+    dtype there) and their eps, or none."""
+    if qk_norm is None:
+        return {}
+    return {"qk_norm": [w if w.dtype == mx.float32 else w.astype(mx.float32) for w in qk_norm],
+            "qk_norm_eps": eps}
 
 
 def transformer_layer_uncovered_reason(h: AVal, input_norm: AVal, post_norm: AVal,
@@ -529,7 +542,9 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
                       scale: float, eps: float, group_size: int, bits: int, numerics: str,
                       freqs: mx.array | None, key_mask: mx.array | None, kind: CacheKind,
                       ggml_parts=None,
-                      recent: Sequence[mx.array] | None = None) -> list[mx.array] | None:
+                      recent: Sequence[mx.array] | None = None,
+                      qk_norm: Sequence[mx.array] | None = None,
+                      qk_norm_eps: float = 0.0) -> list[mx.array] | None:
     """The native ``transformer_layer`` (``start``: the clamped int32 cache
     slot, ``positions``: int32 RoPE start positions; ``projections``: the
     (w, scales, biases) of qkv, o, gate_up and down, or with ``ggml_parts``
@@ -537,7 +552,8 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
     arrays of a cache of ``kind``, see :func:`cache_geometry`): h, then the
     new cache arrays, then with a recent ring ``recent`` (as
     :func:`cache_attention_block` takes it) the updated ring; or None where
-    it does not apply."""
+    it does not apply. ``qk_norm``, ``qk_norm_eps``: as
+    :func:`cache_attention_block` takes them."""
     native = active(setting)
     if native is None or (freqs is not None and freqs.dtype != mx.float32):
         return None
@@ -563,7 +579,8 @@ def transformer_layer(setting: Setting, h: mx.array, input_norm: mx.array, post_
         int8=numerics == "int8", freqs=freqs, key_mask=key_mask,
         part_types=None if ggml_parts is None else [
             [ggml_types.BY_NAME[t].id for t in types] for types in ggml_parts],
-        format=_cache_format(native, kind), recent=None if recent is None else list(recent))
+        format=_cache_format(native, kind), recent=None if recent is None else list(recent),
+        **_qk_norm(qk_norm, qk_norm_eps))
 
 
 def covers_matmul(a: AVal, b: AVal) -> bool:

@@ -50,6 +50,10 @@ class KVCacheAttentionBlockAttrs(CacheSettings, Attrs):
     ``quantized_kv_cache_sdpa_update`` with ``recent``; with ``kv_bits``):
     three more cache operands and results, ``k_recent, v_recent,
     recent_slots``."""
+    qk_norm_eps: Annotated[float, Field(ge=0)] | None = None
+    """With a value, each q and k head is RMS-normed over its D features by
+    the ``q_norm`` and ``k_norm`` operands (``[D]``), with this eps, before
+    RoPE (Qwen3's per-head norms); None: no such norms."""
 
     @model_validator(mode="after")
     def _heads_in_groups(self):
@@ -73,9 +77,16 @@ class KVCacheAttentionBlockAttrs(CacheSettings, Attrs):
 def _block_operand_names(avals: list, attrs: KVCacheAttentionBlockAttrs) -> list[str]:
     """The operand names of a ``kv_cache_attention_block`` with these attributes
     (the key mask is there when one more operand is)."""
-    names = ["qkv", *attrs.cache_names(), "offset", "positions"]
-    names += ["freqs"] if attrs.freqs else []
+    names = ["qkv", *attrs.cache_names(), "offset", "positions", *block_tail(attrs)]
     return names + (["key_mask"] if len(avals) > len(names) else [])
+
+
+def block_tail(attrs: KVCacheAttentionBlockAttrs) -> list[str]:
+    """The operand names after positions and before the optional key mask
+    (an attention block's, or a whole layer's): freqs and the q/k norms,
+    where the attributes ask for them."""
+    return (["freqs"] if attrs.freqs else []) + (
+        ["q_norm", "k_norm"] if attrs.qk_norm_eps is not None else [])
 
 
 def check_cache(named: dict[str, AVal], attrs: KVCacheAttentionBlockAttrs) -> Geometry:
@@ -99,6 +110,7 @@ def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBl
     names = _block_operand_names(avals, attrs)
     _check_operand_count(avals, names, "kv_cache_attention_block"
                          + (" with freqs" if attrs.freqs else "")
+                         + (" with qk_norm_eps" if attrs.qk_norm_eps is not None else "")
                          + (" with kv_bits" if attrs.kv_bits is not None else "")
                          + (" with kv_recent" if attrs.kv_recent else ""))
     ops = dict(zip(names, avals))
@@ -125,6 +137,10 @@ def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBl
     _check_offset(ops["positions"], "positions", ((), (1,), (B,)))
     if "freqs" in ops and ops["freqs"].shape != (dims // 2,):
         raise ValueError(f"freqs must be [{dims // 2}] (rope_dims / 2), found {ops['freqs']}")
+    for norm in ("q_norm", "k_norm"):
+        if norm in ops and (ops[norm].shape != (D,) or not is_floating(ops[norm].dtype)):
+            raise ValueError(f"{norm} must be a float [{D}] (the caches' head dim), found "
+                             f"{ops[norm]}")
     if "key_mask" in ops:
         _check_key_mask(ops["key_mask"], B, S)
 
@@ -137,7 +153,7 @@ def _native_kv_cache_attention_block(avals, attrs: KVCacheAttentionBlockAttrs) -
                                                recent=ring)
 
 
-@register_op("kv_cache_attention_block", attrs=KVCacheAttentionBlockAttrs, operands=(5, 14),
+@register_op("kv_cache_attention_block", attrs=KVCacheAttentionBlockAttrs, operands=(5, 16),
              outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_kv_cache_attention_block,
              native_coverage=_native_kv_cache_attention_block, context=True)
@@ -154,9 +170,14 @@ def kv_cache_attention_block(operands, attrs, context):
     ``key_mask[b, j]``. Results: the attention output ``[B, T, heads * D]``
     (token-major, ready for the output projection), then the new cache.
 
+    With ``qk_norm_eps`` set, each q and k head is first RMS-normed over its
+    D features (``fast_rms_norm`` by ``q_norm`` or ``k_norm``, cast to qkv's
+    dtype, with that eps), as Qwen3 does before RoPE.
+
     Operands: qkv, k_cache, v_cache, offset (an integer scalar), positions
     (an integer scalar or ``[B]``), freqs ``[rope_dims / 2]`` when
-    ``freqs=true``, and an optional key_mask ``[B, S]``. With ``kv_bits``
+    ``freqs=true``, q_norm and k_norm ``[D]`` when ``qk_norm_eps`` is set,
+    and an optional key_mask ``[B, S]``. With ``kv_bits``
     (4 or 8) the cache is quantized: six operands ``k_values, k_scales,
     k_biases, v_values, v_scales, v_biases`` in place of k_cache and v_cache
     (as ``quantized_kv_cache_sdpa_update`` takes, whose rule, with
@@ -178,15 +199,19 @@ def kv_cache_attention_block(operands, attrs, context):
     freqs, key_mask = named.get("freqs"), named.get("key_mask")
     scale = attrs.scale if attrs.scale is not None else D ** -0.5
     cache, ring = attrs.split_cache(caches)
+    qk_norm = (None if attrs.qk_norm_eps is None
+               else [named[n].astype(qkv.dtype) for n in ("q_norm", "k_norm")])
     out = native.cache_attention_block(
         context.native, qkv, cache, start, positions, heads=attrs.heads,
         kv_heads=attrs.kv_heads, dims=dims, traditional=attrs.traditional, base=attrs.base,
         rope_scale=attrs.rope_scale, scale=scale, freqs=freqs, key_mask=key_mask, kind=kind,
-        recent=ring)
+        recent=ring, qk_norm=qk_norm, qk_norm_eps=attrs.qk_norm_eps or 0.0)
     if out is not None:
         return tuple(out)
     heads = qkv.reshape(B, T, attrs.heads + 2 * attrs.kv_heads, D).transpose(0, 2, 1, 3)
     q, k, v = mx.split(heads, [attrs.heads, attrs.heads + attrs.kv_heads], axis=1)
+    if qk_norm is not None:
+        q, k = (mx.fast.rms_norm(a, w, attrs.qk_norm_eps) for a, w in zip((q, k), qk_norm))
     rope = dict(traditional=attrs.traditional, scale=attrs.rope_scale, offset=positions)
     if freqs is None:
         q, k = (mx.fast.rope(a, dims, base=attrs.base, **rope) for a in (q, k))

@@ -27,6 +27,7 @@ from .attention import _check_operand_count
 from .attention_block import (
     KVCacheAttentionBlockAttrs,
     _check_kv_cache_attention_block,
+    block_tail,
     check_cache,
     kv_cache_attention_block,
 )
@@ -96,8 +97,8 @@ class TransformerLayerAttrs(KVCacheAttentionBlockAttrs):
     def operand_names(self, count: int) -> list[str]:
         """The operand names of an instruction with ``count`` operands (the
         key mask is there when one more operand is)."""
-        names = [*self.before_caches(), *self.cache_names(), "offset", "positions"]
-        names += ["freqs"] if self.freqs else []
+        names = [*self.before_caches(), *self.cache_names(), "offset", "positions",
+                 *block_tail(self)]
         return names + (["key_mask"] if count > len(names) else [])
 
     def block_attrs(self) -> KVCacheAttentionBlockAttrs:
@@ -175,7 +176,8 @@ def _check_transformer_layer(avals: list[AVal], attrs: TransformerLayerAttrs) ->
     then what ``kv_cache_attention_block`` asks of the caches and the rest."""
     names = attrs.operand_names(len(avals))
     _check_operand_count(avals, names, "transformer_layer"
-                         + (" with freqs" if attrs.freqs else ""))
+                         + (" with freqs" if attrs.freqs else "")
+                         + (" with qk_norm_eps" if attrs.qk_norm_eps is not None else ""))
     named = dict(zip(names, avals))
     h = named["h"]
     if len(h.shape) != 3 or not is_floating(h.dtype) or h.dtype == mx.float64:
@@ -219,7 +221,7 @@ def _native_transformer_layer(avals, attrs: TransformerLayerAttrs) -> bool:
         ggml_parts=attrs.ggml_parts, kind=attrs.cache_kind(), recent=ring)
 
 
-@register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(11, 28),
+@register_op("transformer_layer", attrs=TransformerLayerAttrs, operands=(11, 30),
              outputs=lambda attrs, n: 1 + len(attrs.cache_names()),
              check=_check_transformer_layer, native_coverage=_native_transformer_layer,
              context=True)
@@ -234,8 +236,9 @@ def transformer_layer(operands, attrs, context):
 
     1. ``x = fast_rms_norm(h, input_norm)``;
     2. ``attn, *cache = kv_cache_attention_block(qmm(x, qkv), *cache, offset,
-       positions[, freqs][, key_mask])`` (the attention attributes, the
-       cache's ``kv_bits`` and ``kv_group_size`` too, are that op's);
+       positions[, freqs][, q_norm, k_norm][, key_mask])`` (the attention
+       attributes, the cache's ``kv_bits`` and ``kv_group_size`` and the
+       per-head norms' ``qk_norm_eps`` too, are that op's);
     3. ``h = h + qmm(attn, o)``, ``x = fast_rms_norm(h, post_norm)``;
     4. result ``h + qmm(fast_swiglu(qmm(x, gate_up)), down)``, gate_up's
        rows being the gate's, then up's.
@@ -248,8 +251,9 @@ def transformer_layer(operands, attrs, context):
     [rows, row_bytes]``), then the attention block's k_cache, v_cache
     ``[B, kv_heads, S, D]`` (or its quantized cache's six arrays, and with
     ``kv_recent`` its recent ring's three; the results likewise), offset,
-    positions, freqs (with ``freqs=true``) and an optional key_mask. The
-    norm weights are cast to h's dtype.
+    positions, freqs (with ``freqs=true``), q_norm and k_norm ``[D]`` (with
+    ``qk_norm_eps``) and an optional key_mask. The norm weights are cast to
+    h's dtype.
 
     On the CPU with native kernels (float32 h and caches, or a quantized
     cache; ``numerics="int8"`` needs 4- or 8-bit affine codes or GGML
@@ -265,6 +269,8 @@ def transformer_layer(operands, attrs, context):
     projections = _projections(named, attrs)
     positions = named["positions"]
     cache, ring = attrs.split_cache(caches)
+    qk_norm = (None if attrs.qk_norm_eps is None
+               else [named[n].astype(h.dtype) for n in ("q_norm", "k_norm")])
     result = native.transformer_layer(
         context.native, h, named["input_norm"], named["post_norm"], projections, cache,
         start=clamp_integer(named["offset"], 0, S - T, mx.int32),
@@ -274,7 +280,7 @@ def transformer_layer(operands, attrs, context):
         scale=attrs.scale if attrs.scale is not None else D ** -0.5,
         eps=attrs.eps, group_size=attrs.group_size, bits=attrs.bits, numerics=attrs.numerics,
         ggml_parts=attrs.ggml_parts, freqs=named.get("freqs"), key_mask=named.get("key_mask"),
-        kind=kind, recent=ring)
+        kind=kind, recent=ring, qk_norm=qk_norm, qk_norm_eps=attrs.qk_norm_eps or 0.0)
     if result is not None:
         return tuple(result)
     norm, matmul = NormAttrs(eps=attrs.eps), attrs.matmul_attrs()

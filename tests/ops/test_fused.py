@@ -1,8 +1,8 @@
 """The fused ops that keep a decode step's graph small, each against the
 same steps written with the separate ops, on the native kernel and on MLX's
 ops, and their validation: ``kv_cache_attention_block`` (heads of a fused
-q/k/v projection, RoPE, cache writes, attention), ``fast_add_rms_norm`` and
-the one-operand ``fast_swiglu``."""
+q/k/v projection, Qwen3's per-head q/k norms, RoPE, cache writes,
+attention), ``fast_add_rms_norm`` and the one-operand ``fast_swiglu``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import mlxprog as mp
 
 
 def block_program(B, T, H, Hkv, D, S, *, freqs=False, key_mask=True, positions_shape=None,
-                  dtype="float32", **attrs):
+                  dtype="float32", qk_norm=False, **attrs):
     b = mp.ProgramBuilder("block")
     qkv = b.input("qkv", (B, T, (H + 2 * Hkv) * D), dtype)
     caches = [b.input(n, (B, Hkv, S, D), dtype) for n in ("k_cache", "v_cache")]
@@ -22,15 +22,19 @@ def block_program(B, T, H, Hkv, D, S, *, freqs=False, key_mask=True, positions_s
     positions = b.input("positions", (B,) if positions_shape is None else positions_shape,
                         "int32")
     extra = [b.input("freqs", (D // 2,), "float32")] if freqs else []
+    extra += [b.input(n, (D,), "float32") for n in ("q_norm", "k_norm")] if qk_norm else []
     extra += [b.input("key_mask", (B, S), "bool")] if key_mask else []
+    norms = {"qk_norm_eps": 1e-4} if qk_norm else {}
     outs = b.kv_cache_attention_block(qkv, *caches, offset, positions, *extra, heads=H,
-                                      kv_heads=Hkv, freqs=freqs, **attrs)
+                                      kv_heads=Hkv, freqs=freqs, **norms, **attrs)
     return b.build(list(outs))
 
 
 def separate_program(B, T, H, Hkv, D, S, *, freqs=False, key_mask=True, positions_shape=None,
-                     traditional=False, base=10000.0, rope_scale=1.0, scale=None):
-    """The same block from the ops a model would use without it."""
+                     traditional=False, base=10000.0, rope_scale=1.0, scale=None,
+                     qk_norm=False):
+    """The same block from the ops a model would use without it (with
+    ``qk_norm``, Qwen3's: each q and k head normed before RoPE)."""
     b = mp.ProgramBuilder("separate")
     qkv = b.input("qkv", (B, T, (H + 2 * Hkv) * D), "float32")
     caches = [b.input(n, (B, Hkv, S, D), "float32") for n in ("k_cache", "v_cache")]
@@ -38,9 +42,12 @@ def separate_program(B, T, H, Hkv, D, S, *, freqs=False, key_mask=True, position
     positions = b.input("positions", (B,) if positions_shape is None else positions_shape,
                         "int32")
     f = b.input("freqs", (D // 2,), "float32") if freqs else None
+    norms = [b.input(n, (D,), "float32") for n in ("q_norm", "k_norm")] if qk_norm else []
     mask = [b.input("key_mask", (B, S), "bool")] if key_mask else []
     heads = b.transpose(b.reshape(qkv, shape=[B, T, H + 2 * Hkv, D]), axes=[0, 2, 1, 3])
     q, k, v = b.split(heads, indices_or_sections=[H, H + Hkv], axis=1)
+    if norms:
+        q, k = (b.fast_rms_norm(x, w, eps=1e-4) for x, w in zip((q, k), norms))
 
     def rope(x):
         if f is None:
@@ -55,13 +62,16 @@ def separate_program(B, T, H, Hkv, D, S, *, freqs=False, key_mask=True, position
     return b.build([out, kc, vc])
 
 
-def arguments(rng, B, T, H, Hkv, D, S, offset, positions, freqs=False, key_mask=True):
+def arguments(rng, B, T, H, Hkv, D, S, offset, positions, freqs=False, key_mask=True,
+              qk_norm=False):
     args = [mx.array(rng.standard_normal((B, T, (H + 2 * Hkv) * D)).astype(np.float32)),
             mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32)),
             mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32)),
             mx.array(offset, mx.int32), mx.array(positions, mx.int32)]
     if freqs:
         args.append(mx.array((10000.0 ** (np.arange(D // 2) * 2 / D)).astype(np.float32)))
+    if qk_norm:
+        args += [mx.array(rng.uniform(0.5, 1.5, D).astype(np.float32)) for _ in range(2)]
     if key_mask:
         mask = rng.random((B, S)) > 0.25
         mask[:, 0] = True  # every query sees a key
@@ -78,12 +88,15 @@ def arguments(rng, B, T, H, Hkv, D, S, offset, positions, freqs=False, key_mask=
          positions_shape=()),                                                   # scalar positions
     dict(B=3, T=1, H=2, Hkv=1, D=8, S=6, offset=1, positions=[4, 1, 2], key_mask=False,
          traditional=True, base=500.0, rope_scale=0.5, scale=0.3),
+    dict(B=1, T=1, H=8, Hkv=4, D=64, S=16, offset=5, positions=[5], qk_norm=True),  # Qwen3
+    dict(B=2, T=3, H=4, Hkv=2, D=16, S=8, offset=2, positions=[2, 0], qk_norm=True,
+         freqs=True),                                                    # Qwen3's prefill
 ])
 def test_block_equals_the_separate_ops(native, case):
     case = dict(case)
     offset, positions = case.pop("offset"), case.pop("positions")
     shape = {k: case.pop(k) for k in ("B", "T", "H", "Hkv", "D", "S")}
-    options = {k: case[k] for k in ("freqs", "key_mask") if k in case}
+    options = {k: case[k] for k in ("freqs", "key_mask", "qk_norm") if k in case}
     rope = {k: case[k] for k in ("traditional", "base", "rope_scale", "scale") if k in case}
     args = arguments(np.random.default_rng(0), *shape.values(), offset, positions, **options)
     fused = mp.compile(block_program(*shape.values(), **options,
@@ -162,6 +175,9 @@ def test_block_never_writes_into_a_cache_the_caller_keeps(native):
     (dict(positions_shape=(2,)), "positions must be an integer array"),
     (dict(rope_dims=3), "rope_dims must be even"),
     (dict(rope_dims=16), "rope_dims 16 exceeds the head dim 8"),
+    (dict(q_norm=(4,)), r"q_norm must be a float \[8\] \(the caches' head dim\)"),
+    (dict(k_norm_dtype="int32"), r"k_norm must be a float \[8\]"),
+    (dict(norms=1), "with qk_norm_eps"),
 ])
 def test_block_validation_names_the_problem(change, message):
     B, T, H, Hkv, D, S = 1, change.get("T", 1), change.get("H", 4), 2, 8, 6
@@ -173,9 +189,15 @@ def test_block_validation_names_the_problem(change, message):
     offset = b.input("offset", (), "int32")
     positions = b.input("positions", change.get("positions_shape", (B,)), "int32")
     attrs = {"rope_dims": change["rope_dims"]} if "rope_dims" in change else {}
+    norms = []
+    if {"q_norm", "k_norm_dtype", "norms"} & set(change):
+        attrs["qk_norm_eps"] = 1e-6
+        norms = [b.input("q_norm", change.get("q_norm", (D,)), "float32"),
+                 b.input("k_norm", (D,), change.get("k_norm_dtype", "float32"))]
+        norms = norms[:change.get("norms", 2)]
     with pytest.raises(mp.ValidationError, match=message):
-        b.kv_cache_attention_block(qkv, *caches, offset, positions, heads=H, kv_heads=Hkv,
-                                   **attrs)
+        b.kv_cache_attention_block(qkv, *caches, offset, positions, *norms, heads=H,
+                                   kv_heads=Hkv, **attrs)
 
 
 # -- fast_add_rms_norm ---------------------------------------------------------------------

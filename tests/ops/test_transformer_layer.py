@@ -64,7 +64,7 @@ def weights(rng, case) -> dict[str, mx.array]:
     return out
 
 
-def layer_program(case, *, freqs=False, key_mask=True, **attrs) -> mp.Program:
+def layer_program(case, *, freqs=False, key_mask=True, qk_norm=False, **attrs) -> mp.Program:
     B, T, H, Hkv, D, S = (case[k] for k in ("B", "T", "H", "Hkv", "D", "S"))
     b = mp.ProgramBuilder("layer")
     named = {name: b.input(name, shape, dtype) for name, (shape, dtype) in shapes(
@@ -72,15 +72,21 @@ def layer_program(case, *, freqs=False, key_mask=True, **attrs) -> mp.Program:
         case["group_size"], case.get("kv")).items()}
     rest = [b.input("offset", (), "int32"), b.input("positions", (B,), "int32")]
     rest += [b.input("freqs", (D // 2,), "float32")] if freqs else []
+    rest += [b.input(n, (D,), "float32") for n in ("q_norm", "k_norm")] if qk_norm else []
     rest += [b.input("key_mask", (B, S), "bool")] if key_mask else []
     outs = b.transformer_layer(*named.values(), *rest, heads=H, kv_heads=Hkv,
                                group_size=case["group_size"], bits=case["bits"], freqs=freqs,
-                               **cache_attrs(case), **attrs)
+                               **cache_attrs(case), **qk_norm_attrs(qk_norm), **attrs)
     return b.build(list(outs))
 
 
+def qk_norm_attrs(qk_norm: bool) -> dict:
+    """The per-head q/k norms' attribute (Qwen3's), when the case has them."""
+    return {"qk_norm_eps": 1e-4} if qk_norm else {}
+
+
 def separate_program(case, *, freqs=False, key_mask=True, numerics="exact", eps=1e-5,
-                     **block) -> mp.Program:
+                     qk_norm=False, **block) -> mp.Program:
     """The same layer from the ops it is defined by."""
     B, T, H, Hkv, D, S = (case[k] for k in ("B", "T", "H", "Hkv", "D", "S"))
     b = mp.ProgramBuilder("separate")
@@ -89,6 +95,7 @@ def separate_program(case, *, freqs=False, key_mask=True, numerics="exact", eps=
         case["group_size"], case.get("kv")).items()}
     rest = [b.input("offset", (), "int32"), b.input("positions", (B,), "int32")]
     rest += [b.input("freqs", (D // 2,), "float32")] if freqs else []
+    rest += [b.input(n, (D,), "float32") for n in ("q_norm", "k_norm")] if qk_norm else []
     rest += [b.input("key_mask", (B, S), "bool")] if key_mask else []
     quant = dict(group_size=case["group_size"], bits=case["bits"], transpose=True,
                  **({} if numerics == "exact" else {"numerics": numerics}))
@@ -101,14 +108,15 @@ def separate_program(case, *, freqs=False, key_mask=True, numerics="exact", eps=
     caches = [v for name, v in n.items() if name[0] in "kv" and name[1] == "_"]
     attn, *caches = b.kv_cache_attention_block(qmm(x, "qkv"), *caches, *rest, heads=H,
                                                kv_heads=Hkv, freqs=freqs, **cache_attrs(case),
-                                               **block)
+                                               **qk_norm_attrs(qk_norm), **block)
     h, x = b.fast_add_rms_norm(n["h"], qmm(attn, "o"), b.astype(n["post_norm"],
                                                                   dtype="float32"), eps=eps)
     out = b.add(h, qmm(b.fast_swiglu(qmm(x, "gate_up")), "down"))
     return b.build([out, *caches])
 
 
-def arguments(rng, case, offset, positions, freqs=False, key_mask=True) -> list[mx.array]:
+def arguments(rng, case, offset, positions, freqs=False, key_mask=True,
+              qk_norm=False) -> list[mx.array]:
     B, Hkv, S, D = (case[k] for k in ("B", "Hkv", "S", "D"))
     w = weights(rng, case)
     args = {"h": mx.array(rng.standard_normal((B, case["T"], case["hidden"]))
@@ -127,6 +135,8 @@ def arguments(rng, case, offset, positions, freqs=False, key_mask=True) -> list[
     out += [mx.array(offset, mx.int32), mx.array(positions, mx.int32)]
     if freqs:
         out.append(mx.array((10000.0 ** (np.arange(D // 2) * 2 / D)).astype(np.float32)))
+    if qk_norm:
+        out += [mx.array(rng.uniform(0.5, 1.5, D).astype(np.float32)) for _ in range(2)]
     if key_mask:
         mask = rng.random((B, S)) > 0.25
         mask[:, 0] = True  # every query sees a key
@@ -147,13 +157,15 @@ CASES = [
     (dict(SMOL, S=70, kv=(8, 64, True)), dict(offset=66, positions=[66])),     # an 8-bit cache
     (dict(B=2, T=3, H=4, Hkv=2, D=32, S=8, hidden=64, width=128, bits=8, group_size=64,
           kv=(4, 32, False)), dict(offset=2, positions=[2, 0])),              # 4-bit, a prefill
+    (dict(B=2, T=3, H=8, Hkv=4, D=32, S=8, hidden=128, width=128, bits=4, group_size=32),
+     dict(offset=2, positions=[2, 0], qk_norm=True)),                         # Qwen3's norms
 ]
 
 
 def _split(options):
     options = dict(options)
     offset, positions = options.pop("offset"), options.pop("positions")
-    operands = {k: options.pop(k) for k in ("freqs", "key_mask") if k in options}
+    operands = {k: options.pop(k) for k in ("freqs", "key_mask", "qk_norm") if k in options}
     return offset, positions, operands, options
 
 

@@ -285,9 +285,16 @@ class LlamaDecoder(Decoder):
     is done with the norm after it (``fast_add_rms_norm``)."""
 
     #: Whether the fused attention block and whole-layer op may be used
-    #: (families whose attention does more than RoPE between the projection
-    #: and the cache turn it off).
+    #: (families whose attention does more than RoPE, and the per-head norms
+    #: of :meth:`head_norms`, between the projection and the cache turn it
+    #: off).
     fused_attention = True
+
+    def head_norms(self, sb, i: int) -> tuple[list[Value], dict[str, Any]]:
+        """Layer ``i``'s per-head q/k norms for the attention-block and
+        whole-layer ops: their operands and attributes (none here; Qwen3's
+        decoder has them)."""
+        return [], {}
 
     def rope_settings(self, i: int) -> dict[str, Any]:
         """Layer ``i``'s RoPE settings for :meth:`~Decoder.rope`."""
@@ -324,9 +331,14 @@ class LlamaDecoder(Decoder):
         projection) over its ``cache``: [B, T, heads * D] and the new
         cache."""
         p = f"layers.{i}.self_attn"
-        if f"{p}.qkv_proj" in self.spec.fused and self.fused_attention:
-            return self.attention_block(sb, self.linear(sb, f"{p}.qkv_proj", x), rope_offset,
-                                        cache_offset, key_mask, cache)
+        if self.fused_attention:
+            # Separate q/k/v projections (parts of other quantizations) are
+            # joined for the block: one concatenation costs less than the
+            # nodes of the unfused attention.
+            qkv = (self.linear(sb, f"{p}.qkv_proj", x) if f"{p}.qkv_proj" in self.spec.fused
+                   else sb.concatenate(*(self.linear(sb, f"{p}.{n}_proj", x) for n in "qkv"),
+                                       axis=-1))
+            return self.attention_block(sb, i, qkv, rope_offset, cache_offset, key_mask, cache)
         q, k, v = self.qkv(sb, i, x, T, rope_offset)
         return self.attend(sb, q, k, v, T, cache_offset, key_mask, cache,
                            **self.attention_settings(i))
@@ -342,17 +354,18 @@ class LlamaDecoder(Decoder):
         c = self.c
         return [sb.constant(list(c.rope_freqs), "float32")] if c.rope_freqs is not None else []
 
-    def attention_block(self, sb, qkv: Value, rope_offset, cache_offset, key_mask,
+    def attention_block(self, sb, i: int, qkv: Value, rope_offset, cache_offset, key_mask,
                         cache: LayerCache) -> tuple[Value, LayerCache]:
-        """Attention from the fused projection's output ``qkv`` [B, T,
-        (heads + 2 kv_heads) D]: one ``kv_cache_attention_block`` (heads,
-        RoPE, cache writes and attention in one node on the CPU) giving
-        [B, T, heads * D] and the new cache."""
+        """Layer ``i``'s attention from the fused projection's output ``qkv``
+        [B, T, (heads + 2 kv_heads) D]: one ``kv_cache_attention_block``
+        (heads, their norms, RoPE, cache writes and attention in one node on
+        the CPU) giving [B, T, heads * D] and the new cache."""
+        norms, norm_attributes = self.head_norms(sb, i)
         attn, *new = sb.kv_cache_attention_block(
-            qkv, *cache, cache_offset, rope_offset, *self.rope_freqs_operand(sb), key_mask,
-            heads=self.shard.num_heads,
+            qkv, *cache, cache_offset, rope_offset, *self.rope_freqs_operand(sb), *norms,
+            key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(),
-            **self.kv.block_attributes())
+            **self.kv.block_attributes(), **norm_attributes)
         return attn, tuple(new)
 
     def mlp(self, sb, i: int, x: Value) -> Value:
@@ -453,13 +466,14 @@ class LlamaDecoder(Decoder):
                       for group in self.ggml_parts(i)]
             attention, mlp = groups[0] + groups[1], groups[2] + groups[3]
             packing = dict(ggml_parts=[[t for _, t in group] for group in self.ggml_parts(i)])
+        norms, norm_attributes = self.head_norms(sb, i)
         h, *new = sb.transformer_layer(
             h, self.weight(f"{p}.input_layernorm.weight"), *attention,
             self.weight(f"{p}.post_attention_layernorm.weight"), *mlp,
             *cache, cache_offset, rope_offset,
-            *self.rope_freqs_operand(sb), key_mask, heads=self.shard.num_heads,
+            *self.rope_freqs_operand(sb), *norms, key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
-            **packing, **self.kv.block_attributes(),
+            **packing, **self.kv.block_attributes(), **norm_attributes,
             **({} if self.numerics == "exact" else {"numerics": self.numerics}))
         return h, tuple(new)
 

@@ -79,9 +79,13 @@ class Qwen3Family(Family):
 class Qwen3Decoder(LlamaDecoder):
     """The llama forward pass with q and k normed per head before RoPE."""
 
-    # The fused attention block and whole-layer op rotate the projection's
-    # output directly: they have no place for the per-head norms.
-    fused_attention = False
+    def head_norms(self, sb, i: int) -> tuple[list[Value], dict[str, Any]]:
+        """Layer ``i``'s q and k norm weights (float32) and their eps, for
+        the attention-block and whole-layer ops."""
+        p = f"layers.{i}.self_attn"
+        weights = [sb.astype(self.weight(f"{p}.{kind}_norm.weight"), dtype="float32")
+                   for kind in "qk"]
+        return weights, {"qk_norm_eps": self.c.norm_eps}
 
     def qkv(self, sb, i: int, x: Value, T, rope_offset) -> tuple[Value, Value, Value]:
         """Layer ``i``'s queries, keys and values of the normed ``x``

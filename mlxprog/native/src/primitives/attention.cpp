@@ -17,6 +17,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include "primitives/norms.h"
 #include "primitives/rope.h"
 #include "threadpool.h"
 
@@ -400,6 +401,12 @@ void run_attention_block(const AttentionBlock& c, const float* x, void* const* c
       }
     }
   const Kernels& kernels = *active_kernels;
+  if (c.q_norm) {
+    // Each head's D features normed in place (run_rms_norm reads a row
+    // before it writes it).
+    run_rms_norm(q.data(), c.q_norm, DType::f32, B * H * T, D, c.qk_norm_eps, q.data());
+    run_rms_norm(k.data(), c.k_norm, DType::f32, B * H_kv * T, D, c.qk_norm_eps, k.data());
+  }
   for (const std::pair<float*, int64_t>& heads :
        {std::pair<float*, int64_t>{q.data(), H}, std::pair<float*, int64_t>{k.data(), H_kv}}) {
     RopeProblem r{};
@@ -462,11 +469,25 @@ BlockSettings block_settings(const std::vector<mx::array>& caches,
                              const std::optional<std::vector<mx::array>>& recent, int heads,
                              int kv_heads, int dims, bool traditional, float base,
                              float rope_scale, float scale, bool has_freqs, bool has_key_mask,
-                             const CacheFormat& format, const char* where) {
+                             const CacheFormat& format,
+                             const std::optional<std::vector<mx::array>>& qk_norm,
+                             float qk_norm_eps, const char* where) {
   check_cache(caches, format, where);
   if (recent) check_recent(*recent, caches[0], format, where);
-  return {heads,        kv_heads, dims,   traditional, base, rope_scale, scale, has_freqs,
-          has_key_mask, format,   recent.has_value()};
+  if (qk_norm) {
+    const mx::Shape head = {static_cast<int>(cache_head_dim(caches[0], format))};
+    if (qk_norm->size() != 2 || (*qk_norm)[0].shape() != head || (*qk_norm)[1].shape() != head ||
+        (*qk_norm)[0].dtype() != mx::float32 || (*qk_norm)[1].dtype() != mx::float32)
+      throw std::invalid_argument(std::string("mlxprog native ") + where +
+                                  ": qk_norm is q_norm and k_norm, float32 [D] (the caches' "
+                                  "head dim)");
+    if (!(qk_norm_eps >= 0.f))
+      throw std::invalid_argument(std::string("mlxprog native ") + where +
+                                  ": qk_norm_eps must be >= 0");
+  }
+  return {heads,        kv_heads, dims,   traditional,        base,
+          rope_scale,   scale,    has_freqs, has_key_mask,    format,
+          recent.has_value(), qk_norm.has_value(), qk_norm ? qk_norm_eps : 0.f};
 }
 
 std::vector<bool> share_caches(const std::vector<mx::array>& inputs, size_t first,
@@ -508,6 +529,11 @@ AttentionBlock prepare_block(const BlockSettings& s, const BlockOperands& in, in
                                : nullptr;
   block.format = s.format;
   block.R = in.ring.empty() ? 0 : in.ring[0].shape(2);
+  block.q_norm = in.q_norm ? static_cast<const float*>(contiguous_data(*in.q_norm, scratch.q_norm))
+                           : nullptr;
+  block.k_norm = in.k_norm ? static_cast<const float*>(contiguous_data(*in.k_norm, scratch.k_norm))
+                           : nullptr;
+  block.qk_norm_eps = s.qk_norm_eps;
   return block;
 }
 
@@ -528,12 +554,14 @@ std::vector<mx::array> block_inputs(std::vector<mx::array> inputs,
                                     const std::vector<mx::array>& carried,
                                     const mx::array& start, const mx::array& positions,
                                     const std::optional<mx::array>& freqs,
-                                    const std::optional<mx::array>& key_mask) {
+                                    const std::optional<mx::array>& key_mask,
+                                    const std::optional<std::vector<mx::array>>& qk_norm) {
   inputs.insert(inputs.end(), carried.begin(), carried.end());
   inputs.push_back(start);
   inputs.push_back(positions);
   if (freqs) inputs.push_back(*freqs);
   if (key_mask) inputs.push_back(*key_mask);
+  if (qk_norm) inputs.insert(inputs.end(), qk_norm->begin(), qk_norm->end());
   return inputs;
 }
 
@@ -617,11 +645,13 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv,
                                              std::optional<mx::array> freqs,
                                              std::optional<mx::array> key_mask,
                                              const CacheFormat& format,
-                                             std::optional<std::vector<mx::array>> recent) {
+                                             std::optional<std::vector<mx::array>> recent,
+                                             std::optional<std::vector<mx::array>> qk_norm,
+                                             float qk_norm_eps) {
   const BlockSettings settings =
       block_settings(caches, recent, heads, kv_heads, dims, traditional, base, rope_scale,
-                     scale, freqs.has_value(), key_mask.has_value(), format,
-                     "cache_attention_block");
+                     scale, freqs.has_value(), key_mask.has_value(), format, qk_norm,
+                     qk_norm_eps, "cache_attention_block");
   const mx::Shape out_shape = {
       qkv.shape(0), qkv.shape(1),
       heads * static_cast<int>(cache_head_dim(caches[0], settings.format))};
@@ -629,7 +659,7 @@ std::vector<mx::array> cache_attention_block(const mx::array& qkv,
   return make_block_outputs(
       out_shape, carried,
       std::make_shared<CacheAttentionBlock>(mx::default_stream(mx::Device::cpu), settings),
-      block_inputs({qkv}, carried, start, positions, freqs, key_mask));
+      block_inputs({qkv}, carried, start, positions, freqs, key_mask, qk_norm));
 }
 
 }  // namespace
@@ -672,8 +702,10 @@ void bind_attention(nb::module_& m) {
         nb::arg("base"), nb::arg("rope_scale"), nb::arg("scale"),
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
         nb::arg("format") = CacheFormat{}, nb::arg("recent").none() = nb::none(),
-        "A fused attention block: q, k, v heads of qkv [B, T, (H + 2 H_kv) D], q and k "
-        "rotated at positions[b] + t, k and v written into the cache (as cache_attention's "
+        nb::arg("qk_norm").none() = nb::none(), nb::arg("qk_norm_eps") = 0.f,
+        "A fused attention block: q, k, v heads of qkv [B, T, (H + 2 H_kv) D] (with "
+        "qk_norm [q_norm, k_norm], float32 [D] each: q and k heads RMS-normed by them, eps "
+        "qk_norm_eps, as Qwen3 does), q and k rotated at positions[b] + t, k and v written into the cache (as cache_attention's "
         "caches; quantized as mx.quantize does) at slot start, attention as "
         "cache_attention; returns [out [B, T, H D], *caches]. recent: a quantized cache's "
         "recent ring [k_recent, v_recent, recent_slots] (as cache_attention's, the new "

@@ -27,6 +27,11 @@ struct AttentionBlock {
   const uint8_t* key_mask;      // B x S, or null
   CacheFormat format;           // (kernels.h)
   int64_t R;                    // a quantized cache's recent ring (RecentRows); 0: none
+  // Per-head RMS norms of q and k before RoPE (Qwen3's q_norm, k_norm):
+  // D float32 weights each, or null; eps theirs.
+  const float* q_norm;
+  const float* k_norm;
+  float qk_norm_eps;
 };
 
 // The attributes of an attention block (a transformer layer has them too).
@@ -37,6 +42,8 @@ struct BlockSettings {
   bool has_freqs, has_key_mask;
   CacheFormat format;
   bool has_recent;  // a quantized cache's recent ring (RecentRows)
+  bool has_qk_norm;  // q and k RMS-normed per head before RoPE (q_norm, k_norm operands)
+  float qk_norm_eps;
 
   // The arrays the block carries from step to step: the cache's, then the
   // recent ring's k_recent, v_recent and recent_slots.
@@ -46,20 +53,21 @@ struct BlockSettings {
     return heads == o.heads && kv_heads == o.kv_heads && dims == o.dims &&
            traditional == o.traditional && base == o.base && rope_scale == o.rope_scale &&
            scale == o.scale && has_freqs == o.has_freqs && has_key_mask == o.has_key_mask &&
-           format == o.format && has_recent == o.has_recent;
+           format == o.format && has_recent == o.has_recent && has_qk_norm == o.has_qk_norm &&
+           qk_norm_eps == o.qk_norm_eps;
   }
 };
 
 // An attention block's operands after qkv: the cache's arrays (two, or six
 // of a quantized cache), with a recent ring its three arrays (`ring`),
 // start (int32, one element: the clamped cache slot of token 0), positions
-// (int32, one or B: the RoPE position of token 0), then freqs [dims / 2] and
-// key_mask [B, S] (bool) where the settings say; `first` is the index of
-// the cache's first array.
+// (int32, one or B: the RoPE position of token 0), then freqs [dims / 2],
+// key_mask [B, S] (bool), q_norm and k_norm [D] (float32) where the settings
+// say; `first` is the index of the cache's first array.
 struct BlockOperands {
   std::vector<mx::array> caches, ring;
   mx::array start, positions;
-  std::optional<mx::array> freqs, key_mask;
+  std::optional<mx::array> freqs, key_mask, q_norm, k_norm;
 
   BlockOperands(const BlockSettings& s, const std::vector<mx::array>& inputs, size_t first)
       : caches(inputs.begin() + first, inputs.begin() + first + s.format.arrays()),
@@ -69,18 +77,22 @@ struct BlockOperands {
     size_t next = first + s.carried() + 2;
     if (s.has_freqs) freqs = inputs[next++];
     if (s.has_key_mask) key_mask = inputs[next++];
+    if (s.has_qk_norm) {
+      q_norm = inputs[next++];
+      k_norm = inputs[next++];
+    }
   }
 };
 
 // Buffers that an AttentionBlock's pointers may point into.
 struct BlockScratch {
-  std::vector<uint8_t> start, positions, freqs, key_mask;
+  std::vector<uint8_t> start, positions, freqs, key_mask, q_norm, k_norm;
   std::vector<std::vector<uint8_t>> caches;
   std::vector<float> inv_freqs;
 };
 
 // From the fused projection qkv [B, T, (H + 2 H_kv) D]: q and k heads
-// rotated, k and v written into the cache (`cache`: its arrays in set_cache's
+// (RMS-normed per head first where c.q_norm is set) rotated, k and v written into the cache (`cache`: its arrays in set_cache's
 // order, already holding the old entries; with a recent ring (c.R > 0) then
 // k_recent, v_recent and recent_slots, holding the input ring, which the
 // attention reads and update_recent then updates) at slot start, attention
@@ -95,7 +107,9 @@ BlockSettings block_settings(const std::vector<mx::array>& caches,
                              const std::optional<std::vector<mx::array>>& recent, int heads,
                              int kv_heads, int dims, bool traditional, float base,
                              float rope_scale, float scale, bool has_freqs, bool has_key_mask,
-                             const CacheFormat& format, const char* where);
+                             const CacheFormat& format,
+                             const std::optional<std::vector<mx::array>>& qk_norm,
+                             float qk_norm_eps, const char* where);
 
 // Give each carried output (outputs[1..]: the cache's arrays, then the float
 // ring's) the input's buffer where it may be donated (see
@@ -118,12 +132,13 @@ std::vector<void*> cache_pointers(std::vector<mx::array>& cache_out);
 std::vector<mx::array> weak_caches(std::vector<mx::array>& outputs);
 
 // `inputs` followed by the BlockOperands (`carried`: the cache's arrays,
-// then the recent ring's).
+// then the recent ring's; qk_norm: q_norm and k_norm, or none).
 std::vector<mx::array> block_inputs(std::vector<mx::array> inputs,
                                     const std::vector<mx::array>& carried,
                                     const mx::array& start, const mx::array& positions,
                                     const std::optional<mx::array>& freqs,
-                                    const std::optional<mx::array>& key_mask);
+                                    const std::optional<mx::array>& key_mask,
+                                    const std::optional<std::vector<mx::array>>& qk_norm);
 
 // The arrays a block carries: the cache's, then its recent ring's, if any.
 std::vector<mx::array> carried_arrays(const std::vector<mx::array>& caches,

@@ -168,7 +168,8 @@ std::vector<mx::array> transformer_layer(
     int heads, int kv_heads, int dims, bool traditional, float base, float rope_scale,
     float scale, float eps, int group_size, int bits, bool int8, std::optional<mx::array> freqs,
     std::optional<mx::array> key_mask, const CacheFormat& format,
-    std::optional<std::vector<mx::array>> recent, std::optional<PartTypes> part_types) {
+    std::optional<std::vector<mx::array>> recent, std::optional<PartTypes> part_types,
+    std::optional<std::vector<mx::array>> qk_norm, float qk_norm_eps) {
   const PartTypes parts = part_types.value_or(PartTypes{});
   const std::vector<const std::vector<mx::array>*> projections = {&qkv, &o, &gate_up, &down};
   if (!parts.empty()) {
@@ -200,8 +201,8 @@ std::vector<mx::array> transformer_layer(
     throw std::invalid_argument("mlxprog native transformer_layer: int8 numerics need 4 or 8 bits");
   const BlockSettings settings =
       block_settings(caches, recent, heads, kv_heads, dims, traditional, base, rope_scale,
-                     scale, freqs.has_value(), key_mask.has_value(), format,
-                     "transformer_layer");
+                     scale, freqs.has_value(), key_mask.has_value(), format, qk_norm,
+                     qk_norm_eps, "transformer_layer");
   std::vector<mx::array> inputs = {h, input_norm};
   inputs.insert(inputs.end(), qkv.begin(), qkv.end());
   inputs.insert(inputs.end(), o.begin(), o.end());
@@ -213,7 +214,7 @@ std::vector<mx::array> transformer_layer(
       h.shape(), carried,
       std::make_shared<TransformerLayer>(mx::default_stream(mx::Device::cpu), settings, eps,
                                          group_size, bits, int8, parts, *active_kernels),
-      block_inputs(std::move(inputs), carried, start, positions, freqs, key_mask));
+      block_inputs(std::move(inputs), carried, start, positions, freqs, key_mask, qk_norm));
 }
 
 }  // namespace
@@ -227,9 +228,10 @@ void bind_transformer_layer(nb::module_& m) {
         nb::arg("group_size"), nb::arg("bits"), nb::arg("int8") = false,
         nb::arg("freqs").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
         nb::arg("format") = CacheFormat{}, nb::arg("recent").none() = nb::none(),
-        nb::arg("part_types").none() = nb::none(),
+        nb::arg("part_types").none() = nb::none(), nb::arg("qk_norm").none() = nb::none(),
+        nb::arg("qk_norm_eps") = 0.f,
         "A llama-style layer: x = rms_norm(h, input_norm); the attention block of "
-        "qmm(x, qkv) (as cache_attention_block); h += qmm(attention, o); x = rms_norm(h, "
+        "qmm(x, qkv) (as cache_attention_block, with its qk_norm); h += qmm(attention, o); x = rms_norm(h, "
         "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "
         "(w, scales, biases), transpose, or with part_types (per projection, the GGML type "
         "id of each part) its parts' GGML blocks stacked by rows; returns [h, *caches], with "
