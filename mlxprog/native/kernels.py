@@ -288,6 +288,22 @@ def swiglu_halves(setting: Setting, x: mx.array) -> mx.array | None:
     return native.swiglu_halves(x)
 
 
+def covers_swiglu(gate: AVal, up: AVal) -> bool:
+    """Whether the native two-operand SwiGLU computes this case: float32
+    gate and up of one non-empty shape (no broadcasting)."""
+    return (gate[1] == mx.float32 and up[1] == mx.float32 and gate[0] == up[0]
+            and len(gate[0]) >= 1 and 0 not in gate[0])
+
+
+def swiglu(setting: Setting, gate: mx.array, up: mx.array) -> mx.array | None:
+    """The native ``silu(gate) * up``, or None where it does not apply."""
+    native = active(setting)
+    if native is None or not covers_swiglu(AVal.of(gate), AVal.of(up)):
+        return None
+    record(setting, "fast_swiglu")
+    return native.swiglu(gate, up)
+
+
 def covers_add_rms_norm(x: AVal, y: AVal, weight: AVal) -> bool:
     """Whether the native add + RMS norm computes this case: float32 x and y
     of one shape, rank >= 1 with a non-empty last axis, weight float32 ``[D]``."""

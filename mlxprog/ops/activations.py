@@ -40,8 +40,10 @@ def _gelu_tanh(x: mx.array) -> mx.array:
 
 
 def _native_swiglu(avals, attrs) -> bool:
-    """Whether the native kernel computes this instruction (the one-operand form)."""
-    return len(avals) == 1 and native.covers_swiglu_halves(avals[0])
+    """Whether the native kernel computes this instruction."""
+    if len(avals) == 1:
+        return native.covers_swiglu_halves(avals[0])
+    return native.covers_swiglu(*avals)
 
 
 @register_op("fast_swiglu", operands=(1, 2), check=_check_gated, context=True,
@@ -50,11 +52,12 @@ def fast_swiglu(operands, attrs, context):
     """The SwiGLU gate ``silu(gate) * up``. Operands: gate and up
     (broadcasting), or one operand ``[..., 2I]`` holding gate then up along
     its last axis (a fused gate/up projection's output), which gives
-    ``[..., I]``: on the CPU with native kernels (float32) one graph node."""
-    if len(operands) == 1:
-        out = native.swiglu_halves(context.native, operands[0])
-        if out is not None:
-            return out
+    ``[..., I]``. On the CPU with native kernels (float32; two operands of
+    one shape) one graph node."""
+    out = (native.swiglu_halves(context.native, operands[0]) if len(operands) == 1
+           else native.swiglu(context.native, *operands))
+    if out is not None:
+        return out
     gate, up = _gate_and_up(operands)
     return gate * mx.sigmoid(gate) * up
 

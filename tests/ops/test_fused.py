@@ -256,8 +256,25 @@ def test_swiglu_of_halves_is_the_two_operand_form(native, shape):
     flat[: min(3, flat.size)] = [np.inf, -np.inf, np.nan][: min(3, flat.size)]
     halves, pair = exe(mx.array(values))
     assert halves.shape == (*shape[:-1], shape[-1] // 2)
-    np.testing.assert_allclose(np.array(halves), np.array(pair), rtol=2e-6, atol=1e-6)
-    assert exe.stats.native_ops.get("fast_swiglu", 0) == (1 if native else 0)
+    g, u = np.split(values.astype(np.float64), 2, axis=-1)
+    with np.errstate(all="ignore"):
+        want = g / (1 + np.exp(-g)) * u
+    for got in (halves, pair):
+        np.testing.assert_allclose(np.array(got), want, rtol=2e-6, atol=1e-6)
+    # Both forms are one native node each.
+    assert exe.stats.native_ops.get("fast_swiglu", 0) == (2 if native else 0)
+
+
+def test_swiglu_of_two_operands_that_broadcast_runs_on_mlx():
+    rng = np.random.default_rng(6)
+    b = mp.ProgramBuilder("swiglu")
+    gate, up = b.input("gate", (3, 8), "float32"), b.input("up", (1, 8), "float32")
+    exe = mp.compile(b.build([b.fast_swiglu(gate, up)]), native=True)
+    g, u = (rng.standard_normal(s).astype(np.float32) for s in ((3, 8), (1, 8)))
+    [got] = exe(mx.array(g), mx.array(u))
+    np.testing.assert_allclose(np.array(got), g / (1 + np.exp(-g.astype(np.float64))) * u,
+                               rtol=2e-6, atol=1e-6)
+    assert "fast_swiglu" not in exe.stats.native_ops
 
 
 def test_swiglu_of_one_operand_needs_an_even_last_axis():

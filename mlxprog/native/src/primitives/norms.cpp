@@ -1,8 +1,9 @@
 // The norm-family primitives (the kernels: kernels/*/norms.h): the RMS norm,
 // the residual add fused with it, and the SwiGLU over halves; and their
-// Python functions rms_norm, add_rms_norm and swiglu_halves.
+// Python functions rms_norm, add_rms_norm, swiglu_halves and swiglu.
 #include "primitives/norms.h"
 
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -32,6 +33,18 @@ namespace {
 
 // -- SwiGLU over the halves of a row -------------------------------------------------------
 
+// out (rows x I) = silu(gate) * up, each row of `halves` being I gate
+// values then I up values, on the pool.
+void run_swiglu(const float* halves, int64_t I, float* out, int64_t rows) {
+  SwigluProblem p{};
+  p.x = halves;
+  p.out = out;
+  p.I = I;
+  const Kernels& kernels = *active_kernels;
+  ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 1, 256),
+                                      [&](int64_t r0, int64_t r1) { kernels.swiglu(p, r0, r1); });
+}
+
 // silu(gate) * up with gate and up the two halves of x's last axis (a fused
 // gate/up projection's output): one node instead of a split and the SwiGLU.
 class SwigluHalves : public CpuPrimitive {
@@ -41,14 +54,9 @@ class SwigluHalves : public CpuPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     enqueue(out, [x = inputs[0]](mx::array& out) mutable {
       std::vector<uint8_t> keep;
-      SwigluProblem p{};
-      p.x = static_cast<const float*>(contiguous_data(x, keep));
-      p.out = out.data<float>();
-      p.I = out.shape(-1);
-      const int64_t rows = p.I ? static_cast<int64_t>(out.size()) / p.I : 0;
-      const Kernels& kernels = *active_kernels;
-      ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 1, 256),
-                                          [&](int64_t r0, int64_t r1) { kernels.swiglu(p, r0, r1); });
+      const int64_t I = out.shape(-1);
+      run_swiglu(static_cast<const float*>(contiguous_data(x, keep)), I, out.data<float>(),
+                 I ? static_cast<int64_t>(out.size()) / I : 0);
     });
   }
 
@@ -70,6 +78,44 @@ mx::array swiglu_halves(const mx::array& x) {
   shape.back() /= 2;
   return mx::array(shape, mx::float32,
                    std::make_shared<SwigluHalves>(mx::default_stream(mx::Device::cpu)), {x});
+}
+
+// silu(gate) * up of two arrays of one shape (the gathered gate and up
+// projections of a mixture of experts): their rows side by side, then the
+// kernel of SwigluHalves, one node instead of MLX's three fused ops.
+class Swiglu : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    enqueue(out, [gate = inputs[0], up = inputs[1]](mx::array& out) mutable {
+      std::vector<uint8_t> keep_gate, keep_up;
+      const float* g = static_cast<const float*>(contiguous_data(gate, keep_gate));
+      const float* u = static_cast<const float*>(contiguous_data(up, keep_up));
+      const int64_t I = out.shape(-1), rows = I ? static_cast<int64_t>(out.size()) / I : 0;
+      std::vector<float> halves(2 * rows * I);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(&halves[2 * r * I], g + r * I, I * sizeof(float));
+        std::memcpy(&halves[(2 * r + 1) * I], u + r * I, I * sizeof(float));
+      }
+      run_swiglu(halves.data(), I, out.data<float>(), rows);
+    });
+  }
+
+  const char* name() const override { return "MlxprogSwiglu"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const Swiglu*>(&other) != nullptr;
+  }
+};
+
+mx::array swiglu(const mx::array& gate, const mx::array& up) {
+  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32 || gate.shape() != up.shape() ||
+      gate.ndim() < 1)
+    throw std::invalid_argument("mlxprog native swiglu: gate and up must be float32 arrays of "
+                                "one shape");
+  return mx::array(gate.shape(), mx::float32,
+                   std::make_shared<Swiglu>(mx::default_stream(mx::Device::cpu)), {gate, up});
 }
 
 // -- RMS norm ------------------------------------------------------------------------
@@ -173,6 +219,8 @@ void bind_norms(nb::module_& m) {
         "(x + y, rms_norm(x + y) * weight) for float32 x, y [..., D] and weight [D].");
   m.def("swiglu_halves", &swiglu_halves, nb::arg("x"),
         "silu(x[..., :I]) * x[..., I:] for float32 x [..., 2I].");
+  m.def("swiglu", &swiglu, nb::arg("gate"), nb::arg("up"),
+        "silu(gate) * up for float32 gate and up of one shape (the kernel of swiglu_halves).");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::kw_only(),
         nb::arg("eps"), "RMS norm over the last axis, as MLX's CPU rms_norm.");
 }
