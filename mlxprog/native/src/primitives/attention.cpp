@@ -705,7 +705,8 @@ void bind_attention(nb::module_& m) {
         nb::arg("qk_norm").none() = nb::none(), nb::arg("qk_norm_eps") = 0.f,
         "A fused attention block: q, k, v heads of qkv [B, T, (H + 2 H_kv) D] (with "
         "qk_norm [q_norm, k_norm], float32 [D] each: q and k heads RMS-normed by them, eps "
-        "qk_norm_eps, as Qwen3 does), q and k rotated at positions[b] + t, k and v written into the cache (as cache_attention's "
+        "qk_norm_eps, as Qwen3 does), q and k rotated at positions[b] + t, k and v "
+        "written into the cache (as cache_attention's "
         "caches; quantized as mx.quantize does) at slot start, attention as "
         "cache_attention; returns [out [B, T, H D], *caches]. recent: a quantized cache's "
         "recent ring [k_recent, v_recent, recent_slots] (as cache_attention's, the new "

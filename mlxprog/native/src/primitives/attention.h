@@ -92,7 +92,8 @@ struct BlockScratch {
 };
 
 // From the fused projection qkv [B, T, (H + 2 H_kv) D]: q and k heads
-// (RMS-normed per head first where c.q_norm is set) rotated, k and v written into the cache (`cache`: its arrays in set_cache's
+// (RMS-normed per head first where c.q_norm is set) rotated, k and v
+// written into the cache (`cache`: its arrays in set_cache's
 // order, already holding the old entries; with a recent ring (c.R > 0) then
 // k_recent, v_recent and recent_slots, holding the input ring, which the
 // attention reads and update_recent then updates) at slot start, attention

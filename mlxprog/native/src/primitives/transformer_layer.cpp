@@ -231,9 +231,9 @@ void bind_transformer_layer(nb::module_& m) {
         nb::arg("part_types").none() = nb::none(), nb::arg("qk_norm").none() = nb::none(),
         nb::arg("qk_norm_eps") = 0.f,
         "A llama-style layer: x = rms_norm(h, input_norm); the attention block of "
-        "qmm(x, qkv) (as cache_attention_block, with its qk_norm); h += qmm(attention, o); x = rms_norm(h, "
-        "post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each projection is "
-        "(w, scales, biases), transpose, or with part_types (per projection, the GGML type "
+        "qmm(x, qkv) (as cache_attention_block, with its qk_norm); h += qmm(attention, o); "
+        "x = rms_norm(h, post_norm); h += qmm(swiglu_halves(qmm(x, gate_up)), down). Each "
+        "projection is (w, scales, biases), transpose, or with part_types (per projection, the GGML type "
         "id of each part) its parts' GGML blocks stacked by rows; returns [h, *caches], with "
         "recent (as cache_attention_block's) [h, *caches, k_recent, v_recent, "
         "recent_slots].");
