@@ -18,6 +18,8 @@
 //                    b = rows of activation blocks;           out: the products
 //   7 vec_dot_4:     name = ISA, code = type, a = four weight rows,
 //                    b = activation blocks;                   out: four floats
+//   8 unpack:        name = ISA, code = type, a = one weight row;
+//                                                             out: its unpacked form
 // The driver exits with 0 at the end of its input, and with 1 on a short
 // read or an unknown op.
 #include <cstdint>
@@ -37,6 +39,8 @@ int mlxprog_quants_vec_dot_4(const char* isa, int type, int64_t n, const uint8_t
                              int64_t w_bytes, const void* xq, float* out);
 int mlxprog_quants_dot_f32(const char* isa, int64_t n, const float* a, const float* b,
                            float* out);
+int mlxprog_quants_unpack(const char* isa, int type, int64_t n, const uint8_t* w, void* out,
+                          int64_t out_bytes);
 int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes);
 int mlxprog_quants_int8_gemm(const char* isa, int type, int64_t K, const uint8_t* w,
                              int64_t w_bytes, const void* xq, int64_t xq_bytes, float* out);
@@ -87,6 +91,9 @@ int main() {
         break;
       case 7:
         rc = mlxprog_quants_vec_dot_4(name.c_str(), code, n, a8, header[4], b.data(), out.data());
+        break;
+      case 8:
+        rc = mlxprog_quants_unpack(name.c_str(), code, n, a8, out.data(), header[6]);
         break;
       default: return 1;
     }

@@ -206,7 +206,7 @@ def build_arm64(compiler: str, directory: Path | None = None) -> Path:
 
 #: The operations of the C ABI, numbered as the arm64 driver reads them.
 OPS = {"has": 0, "dequantize": 1, "quantize": 2, "vec_dot": 3, "dot_f32": 4, "set_codebook": 5,
-       "int8_gemm": 6, "vec_dot_4": 7}
+       "int8_gemm": 6, "vec_dot_4": 7, "unpack": 8}
 
 
 class Kernels:
@@ -262,6 +262,13 @@ class Kernels:
         assert rc in (0, 1), f"vec_dot_4 refused id {type_id} or table {isa!r}"
         return out.view(np.float32).copy() if rc == 0 else None
 
+    def unpack(self, isa: str, type_id: int, n: int, w: np.ndarray,
+               out_bytes: int) -> np.ndarray:
+        """One row of ``n`` elements (its blocks, uint8) in the int8 GEMM's
+        form, as the table's unpack_row writes it (``out_bytes`` bytes)."""
+        w = np.asarray(w, dtype=np.uint8)
+        return self._run("unpack", isa, type_id, n, w, out_bytes=out_bytes)
+
     def dot_f32(self, isa: str, a: np.ndarray, b: np.ndarray) -> float:
         """The table's float32 dot product."""
         a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
@@ -315,6 +322,8 @@ class Quants(Kernels):
         self.lib.mlxprog_quants_vec_dot_4.argtypes = [c.c_char_p, c.c_int, c.c_int64, p,
                                                       c.c_int64, p, p]
         self.lib.mlxprog_quants_dot_f32.argtypes = [c.c_char_p, c.c_int64, p, p, p]
+        self.lib.mlxprog_quants_unpack.argtypes = [c.c_char_p, c.c_int, c.c_int64, p, p,
+                                                   c.c_int64]
         self.lib.mlxprog_quants_set_codebook.argtypes = [c.c_char_p, p, c.c_int64]
         self.lib.mlxprog_quants_int8_gemm.argtypes = [c.c_char_p, c.c_int, c.c_int64, p,
                                                       c.c_int64, p, c.c_int64, p]
@@ -330,6 +339,7 @@ class Quants(Kernels):
             "vec_dot": lambda: lib.mlxprog_quants_vec_dot(key, code, n, a_, b_, o),
             "vec_dot_4": lambda: lib.mlxprog_quants_vec_dot_4(key, code, n, a_, a.nbytes, b_, o),
             "dot_f32": lambda: lib.mlxprog_quants_dot_f32(key, n, a_, b_, o),
+            "unpack": lambda: lib.mlxprog_quants_unpack(key, code, n, a_, o, out_bytes),
             "set_codebook": lambda: lib.mlxprog_quants_set_codebook(key, a_, a.nbytes),
             "int8_gemm": lambda: lib.mlxprog_quants_int8_gemm(key, code, n, a_, a.nbytes, b_,
                                                               b.nbytes, o),

@@ -4,7 +4,8 @@ and on the arm64 tables under qemu (quants_lib.cross_tools): every product
 within float rounding of the float64 product of gguf's dequantized weights
 with the activation blocks' values, and of the same table's vec_dot (the
 decode step's numerics) on the same row pair; with the largest codes and
-+-127 activations, no int16 or int32 sum may overflow.
++-127 activations, no int16 or int32 sum may overflow. Each table's
+unpacked form of a row is the portable one's, byte for byte.
 """
 
 from __future__ import annotations
@@ -102,3 +103,24 @@ def test_int8_gemm_extreme_codes(quants, table, name):
         x[1] = 1.0
         x[2] = -1.0
         check_gemm(quants, table, name, w, x, k)
+
+
+#: The bytes of the unpacked forms (quants.h's Int8BlockK and Int8Block32).
+UNPACKED_BYTES = {256: 256 + 2 * 16 + 2 * 16 + 8, 32: 32 + 8}
+
+
+@pytest.mark.parametrize("table", TABLES, ids=str)
+@pytest.mark.parametrize("name", TYPES)
+def test_unpack_is_the_portable_form(quants, table, name):
+    """A table's own unpack_row (the x86 ones store each block's codes with
+    one vector) writes exactly the portable one's bytes, extreme codes
+    included."""
+    t = ggml_types.BY_NAME[name]
+    rng = np.random.default_rng(3 * t.id)
+    k = 3 * t.block if t.block == 256 else 608
+    out_bytes = k // t.block * UNPACKED_BYTES[t.block]
+    for fill in (None, 0x00, 0xFF):
+        [row] = random_rows(name, 1, k, rng, fill=fill)
+        got = quants.unpack(table.isa, t.id, k, row, out_bytes)
+        want = quants.unpack("portable", t.id, k, row, out_bytes)
+        np.testing.assert_array_equal(got, want, err_msg=f"{table} {name} fill={fill}")

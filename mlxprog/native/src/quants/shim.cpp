@@ -97,6 +97,20 @@ int mlxprog_quants_int8_gemm(const char* isa, int type, int64_t K, const uint8_t
   return 0;
 }
 
+// One row of n elements in the int8 GEMM's form (unpack_row), as the table
+// resolves it: out_bytes must be int8_row_bytes of the row.
+int mlxprog_quants_unpack(const char* isa, int type, int64_t n, const uint8_t* w, void* out,
+                          int64_t out_bytes) {
+  const QuantKernels* t = named(isa);
+  TypeKernels k;
+  const TypeInfo* info = type_info(type);
+  if (!t || !resolve(*t, type, k) || !k.unpack_row || n % info->block ||
+      static_cast<size_t>(out_bytes) != int8_row_bytes(*info, n))
+    return -1;
+  k.unpack_row(w, out, n);
+  return 0;
+}
+
 int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes) {
   set_codebook(name, data, static_cast<size_t>(bytes));
   return 0;

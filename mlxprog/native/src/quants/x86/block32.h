@@ -166,6 +166,27 @@ inline void dot_signed_blocks_x4(int64_t n, const uint8_t* w, int64_t row_bytes,
   for (int r = 0; r < 4; ++r) out[r] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
 }
 
+// A row of blocks of kBytes in the int8 GEMM's form (Int8Block32), the
+// values the portable unpackers write (tested equal): codes(block) the 32
+// codes as bytes, scale(block) d and min(block) m. One vector store a
+// block, where the portable loops go code by code (slow for the 5-bit and
+// table-lookup types, whose unpacking then cost more than the GEMM saved).
+template <int kBytes, typename Codes, typename Scale, typename Min>
+inline void unpack_blocks(const uint8_t* src, void* dst, int64_t n, Codes codes, Scale scale,
+                          Min min) {
+  Int8Block32* out = static_cast<Int8Block32*>(dst);
+  for (int64_t i = 0; i < n / kBlock32; ++i, src += kBytes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].codes), codes(src));
+    out[i].d = scale(src);
+    out[i].m = min(src);
+  }
+}
+
+// No minimum (the types dotted with q8_0 blocks).
+struct NoMin {
+  float operator()(const uint8_t*) const { return 0.0f; }
+};
+
 // A row's dot product with q8_1 blocks for the types w = d * q + m with
 // unsigned codes q (Q4_1, Q5_1: below 32): per block d * d_x * (q . q8)
 // plus m * s_x, the minimum times the q8_1 block's sum. codes(block) gives

@@ -34,6 +34,13 @@ void vec_dot_4_iq4_nl(int64_t n, const uint8_t* w, int64_t row_bytes, const void
       [](const uint8_t* block) { return iq4_nl_codes(block); }, Fp16Scale(), out);
 }
 
+// A row of IQ4_NL blocks in the int8 GEMM's form: the table values.
+void int8_unpack_row_iq4_nl(const uint8_t* src, void* dst, int64_t n) {
+  unpack_blocks<kIq4nlBytes>(
+      src, dst, n, [](const uint8_t* block) { return iq4_nl_codes(block); }, Fp16Scale(),
+      NoMin());
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -37,6 +37,14 @@ void vec_dot_4_mxfp4(int64_t n, const uint8_t* w, int64_t row_bytes, const void*
       [](const uint8_t* block) { return mxfp4_scale(block); }, out);
 }
 
+// A row of MXFP4 blocks in the int8 GEMM's form: the doubled E2M1 values
+// and the half scale.
+void int8_unpack_row_mxfp4(const uint8_t* src, void* dst, int64_t n) {
+  unpack_blocks<kMxfp4Bytes>(
+      src, dst, n, [](const uint8_t* block) { return mxfp4_codes(block); },
+      [](const uint8_t* block) { return mxfp4_scale(block); }, NoMin());
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

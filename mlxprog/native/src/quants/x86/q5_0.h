@@ -37,6 +37,12 @@ float vec_dot_q5_0(int64_t n, const uint8_t* w, const void* x) {
                                        fp16_scale);
 }
 
+// A row of Q5_0 blocks in the int8 GEMM's form: signed codes q - 16.
+void int8_unpack_row_q5_0(const uint8_t* src, void* dst, int64_t n) {
+  unpack_blocks<kQ5_0Bytes>(
+      src, dst, n, [](const uint8_t* block) { return q5_0_codes(block); }, Fp16Scale(), NoMin());
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -25,6 +25,13 @@ float vec_dot_q5_1(int64_t n, const uint8_t* w, const void* x) {
   return dot_unsigned_blocks_q8_1<kQ5_1Bytes>(n, w, static_cast<const BlockQ8_1*>(x), q5_1_codes);
 }
 
+// A row of Q5_1 blocks in the int8 GEMM's form: codes q (0..31), d and m.
+void int8_unpack_row_q5_1(const uint8_t* src, void* dst, int64_t n) {
+  unpack_blocks<kQ5_1Bytes>(
+      src, dst, n, [](const uint8_t* block) { return q5_1_codes(block); }, Fp16Scale(),
+      [](const uint8_t* block) { return fp16_scale(block + 2); });
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -25,6 +25,12 @@ float vec_dot_q8_0(int64_t n, const uint8_t* w, const void* x) {
                                        fp16_scale);
 }
 
+// A row of Q8_0 blocks in the int8 GEMM's form: its signed codes.
+void int8_unpack_row_q8_0(const uint8_t* src, void* dst, int64_t n) {
+  unpack_blocks<kQ8_0Bytes>(
+      src, dst, n, [](const uint8_t* block) { return q8_0_codes(block); }, Fp16Scale(), NoMin());
+}
+
 }  // namespace block32
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
