@@ -293,8 +293,8 @@ class LlamaDecoder(Decoder):
     def head_norms(self, sb, i: int) -> tuple[list[Value], dict[str, Any]]:
         """Layer ``i``'s per-head q/k norms for the attention-block and
         whole-layer ops: their operands and attributes (none here; Qwen3's
-        decoder has them, and keeps ``fused_attention``: :meth:`qkv` does
-        not apply them)."""
+        decoder has them, and its :meth:`qkv` applies them where
+        ``fused_attention`` is off)."""
         return [], {}
 
     def rope_settings(self, i: int) -> dict[str, Any]:

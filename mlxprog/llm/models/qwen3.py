@@ -77,8 +77,9 @@ class Qwen3Family(Family):
 
 
 class Qwen3Decoder(LlamaDecoder):
-    """The llama forward pass with q and k normed per head before RoPE, by
-    the fused attention block or whole-layer op (:meth:`head_norms`)."""
+    """The llama forward pass with q and k normed per head before RoPE: by
+    the fused attention block or whole-layer op (:meth:`head_norms`), or
+    by :meth:`qkv` where a subclass turns those off."""
 
     def head_norms(self, sb, i: int) -> tuple[list[Value], dict[str, Any]]:
         """Layer ``i``'s q and k norm weights (float32) and their eps, for
@@ -87,6 +88,26 @@ class Qwen3Decoder(LlamaDecoder):
         weights = [sb.astype(self.weight(f"{p}.{kind}_norm.weight"), dtype="float32")
                    for kind in "qk"]
         return weights, {"qk_norm_eps": self.c.norm_eps}
+
+    def qkv(self, sb, i: int, x: Value, T, rope_offset) -> tuple[Value, Value, Value]:
+        """Layer ``i``'s queries, keys and values of the normed ``x``
+        (``[B, heads, T, D]``): q and k normed over each head, then
+        rotated. With the fused projection, one matmul split three ways.
+        (Qwen3 itself runs the fused ops; Gemma 3, whose attention they do
+        not cover, takes this.)"""
+        p = f"layers.{i}.self_attn"
+        heads, kv_heads = self.shard.num_heads, self.shard.num_kv_heads
+        if f"{p}.qkv_proj" in self.spec.fused:
+            y = self.heads(sb, self.linear(sb, f"{p}.qkv_proj", x), heads + 2 * kv_heads, T)
+            q, k, v = sb.split(y, indices_or_sections=[heads, heads + kv_heads], axis=1)
+        else:
+            q = self.heads(sb, self.linear(sb, f"{p}.q_proj", x), heads, T)
+            k = self.heads(sb, self.linear(sb, f"{p}.k_proj", x), kv_heads, T)
+            v = self.heads(sb, self.linear(sb, f"{p}.v_proj", x), kv_heads, T)
+        rope = self.rope_settings(i)
+        q = self.rope(sb, self.norm(sb, f"{p}.q_norm.weight", q), rope_offset, **rope)
+        k = self.rope(sb, self.norm(sb, f"{p}.k_norm.weight", k), rope_offset, **rope)
+        return q, k, v
 
 
 Qwen3Family.decoder = Qwen3Decoder
