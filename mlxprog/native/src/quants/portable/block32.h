@@ -78,6 +78,13 @@ inline void unpack_4bit_codes(const uint8_t* qs, int32_t codes[kBlock32]) {
   }
 }
 
+// A block's 4-bit indices (16 bytes at qs) looked up in a 16-entry table of
+// int8 values (IQ4_NL's, MXFP4's doubled E2M1 values) as 32 ints.
+inline void table_codes(const uint8_t* qs, const int8_t* table, int32_t codes[kBlock32]) {
+  unpack_4bit_codes(qs, codes);
+  for (int j = 0; j < kBlock32; ++j) codes[j] = table[codes[j]];
+}
+
 // sum_j codes[j] * q8[j] over one block.
 inline int32_t dot_codes(const int32_t codes[kBlock32], const int8_t* q8) {
   int32_t dot = 0;

@@ -16,8 +16,8 @@ void dequantize_row_iq4_nl(const uint8_t* src, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kBlock32; ++i, src += kIq4nlBytes, y += kBlock32) {
     const float d = load_fp16(src);
     int32_t codes[kBlock32];
-    unpack_4bit_codes(src + 2, codes);
-    for (int j = 0; j < kBlock32; ++j) y[j] = d * static_cast<float>(kIq4nlValues[codes[j]]);
+    table_codes(src + 2, kIq4nlValues, codes);
+    for (int j = 0; j < kBlock32; ++j) y[j] = d * static_cast<float>(codes[j]);
   }
 }
 
@@ -28,8 +28,7 @@ float vec_dot_iq4_nl(int64_t n, const uint8_t* w, const void* xv) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kBlock32; ++i, w += kIq4nlBytes) {
     int32_t codes[kBlock32];
-    unpack_4bit_codes(w + 2, codes);
-    for (int32_t& c : codes) c = kIq4nlValues[c];
+    table_codes(w + 2, kIq4nlValues, codes);
     sum += static_cast<float>(dot_codes(codes, x[i].qs)) * (load_fp16(w) * x[i].d);
   }
   return sum;
@@ -40,8 +39,7 @@ void int8_unpack_row_iq4_nl(const uint8_t* src, void* dst, int64_t n) {
   Int8Block32* out = static_cast<Int8Block32*>(dst);
   for (int64_t i = 0; i < n / kBlock32; ++i, src += kIq4nlBytes) {
     int32_t codes[kBlock32];
-    unpack_4bit_codes(src + 2, codes);
-    for (int32_t& c : codes) c = kIq4nlValues[c];
+    table_codes(src + 2, kIq4nlValues, codes);
     write_int8_block(codes, load_fp16(src), 0.0f, out[i]);
   }
 }

@@ -17,8 +17,8 @@ void dequantize_row_mxfp4(const uint8_t* src, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kBlock32; ++i, src += kMxfp4Bytes, y += kBlock32) {
     const float d = e8m0_half_scale(src[0]);
     int32_t codes[kBlock32];
-    unpack_4bit_codes(src + 1, codes);
-    for (int j = 0; j < kBlock32; ++j) y[j] = d * static_cast<float>(kMxfp4DoubledValues[codes[j]]);
+    table_codes(src + 1, kMxfp4DoubledValues, codes);
+    for (int j = 0; j < kBlock32; ++j) y[j] = d * static_cast<float>(codes[j]);
   }
 }
 
@@ -29,8 +29,7 @@ float vec_dot_mxfp4(int64_t n, const uint8_t* w, const void* xv) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kBlock32; ++i, w += kMxfp4Bytes) {
     int32_t codes[kBlock32];
-    unpack_4bit_codes(w + 1, codes);
-    for (int32_t& c : codes) c = kMxfp4DoubledValues[c];
+    table_codes(w + 1, kMxfp4DoubledValues, codes);
     sum += static_cast<float>(dot_codes(codes, x[i].qs)) * (e8m0_half_scale(w[0]) * x[i].d);
   }
   return sum;
@@ -42,8 +41,7 @@ void int8_unpack_row_mxfp4(const uint8_t* src, void* dst, int64_t n) {
   Int8Block32* out = static_cast<Int8Block32*>(dst);
   for (int64_t i = 0; i < n / kBlock32; ++i, src += kMxfp4Bytes) {
     int32_t codes[kBlock32];
-    unpack_4bit_codes(src + 1, codes);
-    for (int32_t& c : codes) c = kMxfp4DoubledValues[c];
+    table_codes(src + 1, kMxfp4DoubledValues, codes);
     write_int8_block(codes, e8m0_half_scale(src[0]), 0.0f, out[i]);
   }
 }
