@@ -143,17 +143,21 @@ void int8_tile(const quants::TypeKernels& k, int64_t K, const uint8_t* w, int64_
   }
 }
 
-// One tile of weight rows [n0, n1) of w against `count` rows of x (xq: their
-// activation blocks, act_row bytes each, dense) by the int8 GEMM: the rows
-// unpacked into `unpacked` (kRowsPerTile rows of `unpacked_row` bytes), then
-// y[i * ldy + n] for i < count.
-void int8_gemm_tile(const quants::TypeKernels& k, quants::Int8Gemm gemm, int64_t K,
-                    const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
-                    const uint8_t* xq, size_t act_row, int64_t count, float* y, int64_t ldy,
-                    uint8_t* unpacked, size_t unpacked_row) {
-  for (int64_t n = n0; n < n1; ++n)
-    k.unpack_row(w + n * row_bytes, unpacked + (n - n0) * unpacked_row, K);
-  gemm(K, unpacked, n1 - n0, k.signed_codes, xq, act_row, count, y + n0, ldy);
+// Tiles [t0, t1) of w's N weight rows (kRowsPerTile rows each) against
+// `count` rows of x (xq: their activation blocks, act_row bytes each, dense)
+// by the int8 GEMM: each tile's rows unpacked (unpacked_row bytes each, the
+// type's unpack_row), then y[i * ldy + n] for i < count.
+void int8_gemm_tiles(const quants::TypeKernels& k, quants::Int8Gemm gemm, int64_t K,
+                     const uint8_t* w, int64_t row_bytes, int64_t N, int64_t t0, int64_t t1,
+                     const uint8_t* xq, size_t act_row, int64_t count, float* y, int64_t ldy,
+                     size_t unpacked_row) {
+  std::vector<uint8_t> unpacked(kRowsPerTile * unpacked_row);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
+    for (int64_t n = n0; n < n1; ++n)
+      k.unpack_row(w + n * row_bytes, unpacked.data() + (n - n0) * unpacked_row, K);
+    gemm(K, unpacked.data(), n1 - n0, k.signed_codes, xq, act_row, count, y + n0, ldy);
+  }
 }
 
 // The exact numerics' counterpart of int8_tile for a few rows of x: the
@@ -195,12 +199,8 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
       const quants::Int8Gemm gemm = quants::resolve_int8_gemm(table, info.activation);
       const size_t unpacked_row = quants::int8_row_bytes(info, K);
       pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-        std::vector<uint8_t> unpacked(kRowsPerTile * unpacked_row);
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-          int8_gemm_tile(k, gemm, K, w, row_bytes, n0, n1, xq.data(), act_row, M, y, ldy,
-                         unpacked.data(), unpacked_row);
-        }
+        int8_gemm_tiles(k, gemm, K, w, row_bytes, N, t0, t1, xq.data(), act_row, M, y, ldy,
+                        unpacked_row);
       });
       return;
     }
@@ -267,15 +267,12 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
       const auto rows_of = slot_rows(e);
       const uint8_t* we = w + e * expert_bytes;
       if (int8_gemm) {
-        std::vector<uint8_t> gathered(count * act_row), unpacked(kRowsPerTile * unpacked_row);
+        std::vector<uint8_t> gathered(count * act_row);
         for (int64_t i = 0; i < count; ++i)
           std::memcpy(gathered.data() + i * act_row, xq.data() + rows_of(i).first * act_row,
                       act_row);
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-          int8_gemm_tile(k, gemm, K, we, row_bytes, n0, n1, gathered.data(), act_row, count,
-                         product.data(), N, unpacked.data(), unpacked_row);
-        }
+        int8_gemm_tiles(k, gemm, K, we, row_bytes, N, 0, tiles, gathered.data(), act_row, count,
+                        product.data(), N, unpacked_row);
       } else {
         std::vector<float> gathered(count * K);
         for (int64_t i = 0; i < count; ++i)

@@ -1,5 +1,6 @@
-// Helpers every quant table shares: scalar fp16 <-> float conversions that
-// need no instruction-set support (the tables' vector code has its own).
+// What every quant table shares: the IQ4 levels, and scalar fp16 <-> float
+// conversions that need no instruction-set support (the tables' vector code
+// has its own).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,11 @@
 
 namespace mlxprog {
 namespace quants {
+
+// The 16 non-linear levels of IQ4_NL's and IQ4_XS's 4-bit codes (llama.cpp's
+// kvalues_iq4nl; gguf's IQ4_NL.kvalues): the formats' definition.
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
 
 // IEEE half to float, exactly (subnormals, inf, nan included).
 inline float fp16_to_fp32(uint16_t h) {

@@ -12,7 +12,7 @@ namespace block32 {
 
 // An IQ4_NL block's 32 table values.
 inline Codes32 iq4_nl_codes(const uint8_t* block) {
-  return lookup_16(kIq4nlValues, nibbles_32(block + 2));
+  return lookup_16(kIq4Levels, nibbles_32(block + 2));
 }
 
 // A row of IQ4_NL blocks to float32, as gguf computes it.

@@ -1,6 +1,6 @@
 // arm IQ4_XS (NEON + dotprod): per 256, an fp16 d; per 32, a 6-bit signed
-// scale; 4-bit indices into the 16 non-linear levels kIq4Values.
-// w = (d * scale) * kIq4Values[q].
+// scale; 4-bit indices into the 16 non-linear levels kIq4Levels.
+// w = (d * scale) * kIq4Levels[q].
 #pragma once
 
 #include "kquant_neon.h"
@@ -12,7 +12,7 @@ namespace {
 
 // The levels of half an IQ4_XS block (kquant_neon.h's codes_of): each
 // sub-block of 32 is 16 bytes of qs, low nibbles the first 16 elements,
-// high nibbles the next 16. table: kIq4Values.
+// high nibbles the next 16. table: kIq4Levels.
 [[gnu::always_inline]] inline void iq4_xs_levels(const kquant::IQ4XS& b, int half, int8x16_t table,
                                                  int8x16_t levels[8]) {
   const uint8x16_t low4 = vdupq_n_u8(0x0F);
@@ -27,7 +27,7 @@ namespace {
 // A row of IQ4_XS blocks to float32, as gguf computes it.
 void dequantize_row_iq4_xs(const uint8_t* src, float* y, int64_t n) {
   const kquant::IQ4XS* blocks = reinterpret_cast<const kquant::IQ4XS*>(src);
-  const int8x16_t table = vld1q_s8(kquant::kIq4Values);
+  const int8x16_t table = vld1q_s8(kIq4Levels);
   for (int64_t i = 0; i < n / kquant::kBlock; ++i, y += kquant::kBlock) {
     const kquant::IQ4XS& b = blocks[i];
     const float d = kquant::fp16_value(b.d);
@@ -44,7 +44,7 @@ void dequantize_row_iq4_xs(const uint8_t* src, float* y, int64_t n) {
 float vec_dot_iq4_xs(int64_t n, const uint8_t* w, const void* xv) {
   const kquant::IQ4XS* blocks = reinterpret_cast<const kquant::IQ4XS*>(w);
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  const int8x16_t table = vld1q_s8(kquant::kIq4Values);
+  const int8x16_t table = vld1q_s8(kIq4Levels);
   float32x4_t acc = vdupq_n_f32(0.0f);
   for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
     const kquant::IQ4XS& b = blocks[i];

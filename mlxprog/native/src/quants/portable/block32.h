@@ -25,10 +25,6 @@ constexpr int kQ8_0Bytes = 34;
 constexpr int kIq4nlBytes = 18;
 constexpr int kMxfp4Bytes = 17;
 
-// IQ4_NL's 16 values (llama.cpp's kvalues_iq4nl; gguf's IQ4_NL.kvalues).
-constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                     1,    13,   25,  38,  53,  69,  89,  113};
-
 // Twice the E2M1 values of MXFP4's 16 codes (bit 3 the sign; llama.cpp's
 // kvalues_mxfp4, gguf's MXFP4.kvalues): integers, paired with half scales.
 constexpr int8_t kMxfp4DoubledValues[16] = {0, 1,  2,  3,  4,  6,  8,  12,

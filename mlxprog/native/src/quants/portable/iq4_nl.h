@@ -1,6 +1,6 @@
 // portable IQ4_NL (4.5 bits/weight): per 32, an fp16 d and 16 bytes of
 // 4-bit indices q into a fixed non-linear table of int8 values (block32.h);
-// w = d * kIq4nlValues[q].
+// w = d * kIq4Levels[q].
 #pragma once
 
 #include "block32.h"
@@ -16,7 +16,7 @@ void dequantize_row_iq4_nl(const uint8_t* src, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kBlock32; ++i, src += kIq4nlBytes, y += kBlock32) {
     const float d = load_fp16(src);
     int32_t codes[kBlock32];
-    table_codes(src + 2, kIq4nlValues, codes);
+    table_codes(src + 2, kIq4Levels, codes);
     for (int j = 0; j < kBlock32; ++j) y[j] = d * static_cast<float>(codes[j]);
   }
 }
@@ -28,7 +28,7 @@ float vec_dot_iq4_nl(int64_t n, const uint8_t* w, const void* xv) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kBlock32; ++i, w += kIq4nlBytes) {
     int32_t codes[kBlock32];
-    table_codes(w + 2, kIq4nlValues, codes);
+    table_codes(w + 2, kIq4Levels, codes);
     sum += static_cast<float>(dot_codes(codes, x[i].qs)) * (load_fp16(w) * x[i].d);
   }
   return sum;
@@ -39,7 +39,7 @@ void int8_unpack_row_iq4_nl(const uint8_t* src, void* dst, int64_t n) {
   Int8Block32* out = static_cast<Int8Block32*>(dst);
   for (int64_t i = 0; i < n / kBlock32; ++i, src += kIq4nlBytes) {
     int32_t codes[kBlock32];
-    table_codes(src + 2, kIq4nlValues, codes);
+    table_codes(src + 2, kIq4Levels, codes);
     write_int8_block(codes, load_fp16(src), 0.0f, out[i]);
   }
 }

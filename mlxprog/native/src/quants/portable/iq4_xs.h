@@ -1,6 +1,6 @@
 // portable IQ4_XS (4.25 bits/weight): per 256, an fp16 d; per 32, a 6-bit
-// signed scale; 4-bit indices into the 16 non-linear levels kIq4Values.
-// w = (d * scale) * kIq4Values[q].
+// signed scale; 4-bit indices into the 16 non-linear levels kIq4Levels.
+// w = (d * scale) * kIq4Levels[q].
 #pragma once
 
 #include "kquant_blocks.h"
@@ -15,8 +15,8 @@ namespace {
 inline void unpack_iq4_xs(const kquant::IQ4XS& b, int8_t levels[kquant::kBlock]) {
   for (int sub = 0; sub < 8; ++sub)
     for (int l = 0; l < 16; ++l) {
-      levels[32 * sub + l] = kquant::kIq4Values[b.qs[16 * sub + l] & 0x0F];
-      levels[32 * sub + 16 + l] = kquant::kIq4Values[b.qs[16 * sub + l] >> 4];
+      levels[32 * sub + l] = kIq4Levels[b.qs[16 * sub + l] & 0x0F];
+      levels[32 * sub + 16 + l] = kIq4Levels[b.qs[16 * sub + l] >> 4];
     }
 }
 

@@ -51,15 +51,11 @@ struct IQ4XS {
   uint8_t d[2];
   uint8_t scales_h[2];  // high 2 bits of the 8 scales (little-endian uint16)
   uint8_t scales_l[4];  // low 4 bits of the 8 scales
-  uint8_t qs[128];      // 4-bit indices into kIq4Values
+  uint8_t qs[128];      // 4-bit indices into kIq4Levels
 };
 static_assert(sizeof(Q2K) == 84 && sizeof(Q3K) == 110 && sizeof(Q4K) == 144 && sizeof(Q5K) == 176 &&
                   sizeof(Q6K) == 210 && sizeof(IQ4XS) == 136,
               "K-quant block sizes");
-
-// IQ4_XS's (and IQ4_NL's) 16 non-linear levels: the format's definition.
-constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                   1,    13,   25,  38,  53,  69,  89,  113};
 
 // The little-endian uint32 at p.
 inline uint32_t load_u32(const uint8_t* p) {

@@ -1,6 +1,6 @@
 // x86 IQ4_XS (AVX2): per 256, an fp16 d; per 32, a 6-bit signed scale;
-// 4-bit indices into the 16 non-linear levels kIq4Values.
-// w = (d * scale) * kIq4Values[q].
+// 4-bit indices into the 16 non-linear levels kIq4Levels.
+// w = (d * scale) * kIq4Levels[q].
 #pragma once
 
 #include "kquant_simd.h"
@@ -12,7 +12,7 @@ namespace {
 
 // The levels of sub-blocks 2 * pair and 2 * pair + 1 of an IQ4_XS block as
 // 32 int8 each (each sub-block is 16 bytes of qs: low nibbles the first 16
-// elements, high nibbles the next 16). table: kIq4Values in both lanes.
+// elements, high nibbles the next 16). table: kIq4Levels in both lanes.
 [[gnu::always_inline]] inline void iq4_xs_levels(const kquant::IQ4XS& b, int pair, __m256i table,
                                                  __m256i levels[2]) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -23,10 +23,10 @@ namespace {
   levels[1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(low, high, 0x31));
 }
 
-// kIq4Values in both lanes (the pshufb table of iq4_xs_levels).
+// kIq4Levels in both lanes (the pshufb table of iq4_xs_levels).
 [[gnu::always_inline]] inline __m256i iq4_xs_table() {
   return _mm256_broadcastsi128_si256(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kquant::kIq4Values)));
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels)));
 }
 
 // An IQ4_XS block's eight scales (-32..31) as the low int16 of eight int32.
