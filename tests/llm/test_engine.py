@@ -111,9 +111,10 @@ def test_prefills_in_chunks_begun_together_give_what_each_would_alone(llm, chunk
 def test_chunks_are_buckets_within_the_cache(llm):
     engine = Engine(llm, prefill_chunk=20)
     # 20-token chunks, each padded to its bucket; none past MAX_LENGTH.
-    assert engine._chunks(0, 45) == [(20, 32), (20, 32), (5, 8)]
+    assert engine._chunks(0, 45) == [(20, 24), (20, 24), (5, 8)]
     assert engine._chunks(50, 13) == [(13, 14)]  # 16 would pass the 64 slots
-    assert Engine(llm)._chunks(3, 45) == [(45, 61)]  # no chunk size: one chunk
+    assert Engine(llm)._chunks(3, 45) == [(45, 48)]  # no chunk size: one chunk
+    assert Engine(llm)._chunks(3, 58) == [(58, 61)]  # 64 would pass the 64 slots
     with pytest.raises(ModelError, match="prefill_chunk must be at least 1, got 0"):
         Engine(llm, prefill_chunk=0)
 
@@ -218,8 +219,14 @@ def test_widening_keeps_every_slot_and_adds_empty_ones_one_array_at_a_time(llm):
 
 
 def test_prefill_lengths_are_bucketed():
-    assert [prefill_bucket(n) for n in (1, 8, 9, 31, 33, 100, 512, 513, 600)] == [
-        8, 8, 16, 32, 64, 128, 512, 768, 768]
+    assert [prefill_bucket(n) for n in (1, 8, 9, 31, 33, 42, 100, 129, 512, 513, 600, 1100)] == [
+        8, 8, 16, 32, 40, 48, 104, 144, 512, 576, 640, 1152]
+    lengths = range(1, 8193)
+    padded = [prefill_bucket(n) for n in lengths]
+    # At most 7 padded tokens or an eighth of the prompt, and few traces:
+    # eight lengths an octave past 128.
+    assert all(n <= p <= n + max(7, n // 8) for n, p in zip(lengths, padded))
+    assert padded == sorted(padded) and len(set(padded)) == 16 + 6 * 8
 
 
 # ---------------------------------------------------------------------------
