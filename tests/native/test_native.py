@@ -640,6 +640,29 @@ def test_cache_attention_non_finite_scores_give_nan_like_mlx(ext, isa):
     assert np.isnan(ref).all() and np.isnan(got).all()
 
 
+def test_cache_attention_a_nan_key_among_many_gives_nan_where_seen(ext, isa):
+    # Scores are masked and searched for their maximum eight at a time:
+    # a NaN key past the first eight turns exactly the queries that see it
+    # (unmasked) into NaN, and leaves the others as the reference gives them.
+    rng = np.random.default_rng(9)
+    B, H, S, T, D = 1, 2, 21, 6, 16
+    k = rng.standard_normal((B, 1, S, D)).astype(np.float32)
+    k[0, 0, 13] = np.nan
+    v = mx.array(rng.standard_normal((B, 1, S, D)).astype(np.float32))
+    q = mx.array(rng.standard_normal((B, H, T, D)).astype(np.float32))
+    for key_mask, sees in ((None, True), (mx.array(np.arange(S)[None] != 13), False)):
+        got = np.array(ext.cache_attention(q, [mx.array(k), v], mx.array([10], mx.int32),
+                                           key_mask, scale=0.5))
+        for t in range(T):
+            if sees and 10 + t >= 13:
+                assert np.isnan(got[:, :, t]).all()
+            else:
+                k_seen = np.where(np.isnan(k), 0, k)
+                want = reference_attention(q[:, :, t:t + 1], mx.array(k_seen), v, 10 + t,
+                                           key_mask, 0.5)
+                np.testing.assert_allclose(got[:, :, t:t + 1], want, rtol=1e-4, atol=1e-5)
+
+
 def test_thread_and_isa_environment_variables(ext):
     import os
     import subprocess

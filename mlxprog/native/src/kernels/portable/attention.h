@@ -16,6 +16,11 @@ namespace {
 namespace portable {
 
 struct AttentionLoops {
+  // scores[j] = -inf for j < n where mask[j] is 0 (mask may be null);
+  // returns the largest score that is not NaN (-inf if none) and sets `nan`
+  // if some score is NaN.
+  static float mask_and_top(float* scores, int64_t n, const uint8_t* mask, bool& nan);
+
   // scores[j] = exp(scores[j] - top) for j < n (masked scores are -inf: 0);
   // returns their sum.
   static float softmax_numerators(float* scores, int64_t n, float top);
@@ -49,6 +54,16 @@ struct AttentionLoops {
   static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
                               int64_t row0, int64_t n, float* out);
 };
+
+float AttentionLoops::mask_and_top(float* scores, int64_t n, const uint8_t* mask, bool& nan) {
+  float top = -__builtin_inff();
+  for (int64_t j = 0; j < n; ++j) {
+    if (mask && !mask[j]) scores[j] = -__builtin_inff();
+    nan |= scores[j] != scores[j];
+    top = scores[j] > top ? scores[j] : top;
+  }
+  return top;
+}
 
 float AttentionLoops::softmax_numerators(float* scores, int64_t n, float top) {
   float total = 0.f;
@@ -127,13 +142,8 @@ Seen attention_weights(const AttentionProblem& p, float* scores, int64_t n,
                        const uint8_t* mask, const float* sink) {
   if (p.softcap > 0.f)
     for (int64_t j = 0; j < n; ++j) scores[j] = p.softcap * __builtin_tanhf(scores[j] / p.softcap);
-  float top = -__builtin_inff();
   bool nan = false;
-  for (int64_t j = 0; j < n; ++j) {
-    if (mask && !mask[j]) scores[j] = -__builtin_inff();
-    nan |= scores[j] != scores[j];
-    top = scores[j] > top ? scores[j] : top;
-  }
+  float top = Loops::mask_and_top(scores, n, mask, nan);
   if (nan || top == __builtin_inff()) return Seen::nan;
   if (top == -__builtin_inff()) return Seen::nothing;
   if (sink) {

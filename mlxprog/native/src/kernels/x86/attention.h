@@ -17,6 +17,8 @@ namespace {
 namespace x86 {
 
 struct AttentionLoops {
+  static float mask_and_top(float* scores, int64_t n, const uint8_t* mask, bool& nan);
+
   static float softmax_numerators(float* scores, int64_t n, float top);
 
   // Eight vectors of output (64 floats) stay in registers across the rows.
@@ -44,6 +46,39 @@ struct AttentionLoops {
   static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
                               int64_t row0, int64_t n, float* out);
 };
+
+float AttentionLoops::mask_and_top(float* scores, int64_t n, const uint8_t* mask, bool& nan) {
+  int64_t j = 0;
+  const __m256 minus_inf = _mm256_set1_ps(-__builtin_inff());
+  __m256 top8 = minus_inf, unordered = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    __m256 s = _mm256_loadu_ps(scores + j);
+    if (mask) {
+      int64_t bytes;
+      std::memcpy(&bytes, mask + j, 8);
+      const __m256i keep = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+      const __m256 masked =
+          _mm256_castsi256_ps(_mm256_cmpeq_epi32(keep, _mm256_setzero_si256()));
+      s = _mm256_blendv_ps(s, minus_inf, masked);
+      _mm256_storeu_ps(scores + j, s);
+    }
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(s, s, _CMP_UNORD_Q));
+    // maxps returns its second operand where one is NaN: a NaN score leaves
+    // the running top as the scalar loop does.
+    top8 = _mm256_max_ps(s, top8);
+  }
+  nan |= _mm256_movemask_ps(unordered) != 0;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top8);
+  float top = -__builtin_inff();
+  for (float lane : lanes) top = lane > top ? lane : top;
+  for (; j < n; ++j) {
+    if (mask && !mask[j]) scores[j] = -__builtin_inff();
+    nan |= scores[j] != scores[j];
+    top = scores[j] > top ? scores[j] : top;
+  }
+  return top;
+}
 
 float AttentionLoops::softmax_numerators(float* scores, int64_t n, float top) {
   int64_t j = 0;
