@@ -262,12 +262,15 @@ def test_cache_attention_matches_reference(ext, isa, heads):
 
 
 @pytest.mark.parametrize("D", [32, 64, 128])
-def test_cache_attention_prefill_equals_one_query_at_a_time(ext, isa, D):
-    # A prefill's consecutive positions are scored and summed in pairs
-    # (each key and value row read once for both); every query's output
-    # must be the bits it gets alone, with or without a key mask.
+@pytest.mark.parametrize("S, T", [(40, 7), (150, 37)])
+def test_cache_attention_prefill_equals_one_query_at_a_time(ext, isa, D, S, T):
+    # A prefill's consecutive positions of a head are scored and summed
+    # together, a block of keys and value rows at a time (each read once
+    # for all of them; 150 keys are three blocks, 37 queries a block and a
+    # half of them); every query's output must be the bits it gets alone,
+    # with or without a key mask.
     rng = np.random.default_rng(17)
-    B, H, H_kv, S, T = 2, 9, 3, 40, 7
+    B, H, H_kv = 2, 9, 3
     k = mx.array(rng.standard_normal((B, H_kv, S, D)).astype(np.float32))
     v = mx.array(rng.standard_normal((B, H_kv, S, D)).astype(np.float32))
     q = mx.array(rng.standard_normal((B, H, T, D)).astype(np.float32))

@@ -138,6 +138,12 @@ struct RecentRows {
   const float* new_v;
 };
 
+// Consecutive query positions of one head that the float attention kernel
+// takes together (without a sliding window): each block of keys and value
+// rows it reads serves all of them. run_attention hands the kernel chunks of
+// this many query rows.
+constexpr int64_t kAttentionQueryBlock = 16;
+
 struct AttentionProblem {
   const float* q;
   const float* k;
@@ -298,7 +304,8 @@ struct Kernels {
   // Rows [r0, r1) of a rotary embedding (row = (b * H + h) * T + t).
   void (*rope)(const RopeProblem& p, int64_t r0, int64_t r1);
   // Query rows [i0, i1) of an attention, a row being a (batch, head, query
-  // position) triple in q's order.
+  // position) triple in q's order (consecutive positions of a head taken
+  // together, up to kAttentionQueryBlock).
   void (*attention)(const AttentionProblem& p, int64_t i0, int64_t i1);
   // Items [i0, i1) of an attention over a quantized cache, an item being a
   // (batch, KV head, query position) triple: the query heads of that group.

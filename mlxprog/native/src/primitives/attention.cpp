@@ -95,11 +95,14 @@ void set_recent(AttentionProblem& p, int64_t R, const void* const* arrays) {
 }
 
 // Run the attention kernel of p's cache format on the pool: work items are
-// query rows (float), or (batch, KV head, query position) (quantized).
+// query rows (float; a prefill's chunks are blocks of a head's consecutive
+// positions, which the kernel scores together), or (batch, KV head, query
+// position) (quantized).
 void run_attention(const AttentionProblem& p) {
   const Kernels& kernels = *active_kernels;
   if (!p.format.quantized()) {
-    ThreadPool::instance().parallel_for(p.B * p.H * p.T, 1, [&](int64_t i0, int64_t i1) {
+    const int64_t grain = std::min<int64_t>(p.T, kAttentionQueryBlock);
+    ThreadPool::instance().parallel_for(p.B * p.H * p.T, grain, [&](int64_t i0, int64_t i1) {
       kernels.attention(p, i0, i1);
     });
     return;

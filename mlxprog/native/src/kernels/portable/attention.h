@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstring>
+#include <memory>
 
 #include "kernels/portable/hadamard.h"
 #include "kernels/portable/vec.h"
@@ -43,10 +44,12 @@ struct AttentionLoops {
                               int64_t n1, int64_t D, float scale, float* dots0, float* dots1);
 
   // weighted_rows of two queries' weights w0 (n0 of them) and w1 (n1 >= n0)
-  // over the same rows into out0 and out1 (not accumulating), with the same
-  // values (a vector version reads the shared rows once for both).
+  // over the same rows into out0 and out1 (or with `accumulate` added to
+  // them), with the same values (a vector version reads the shared rows
+  // once for both).
   static void weighted_rows_pair(const float* w0, const float* w1, const float* rows,
-                                 int64_t n0, int64_t n1, int64_t D, float* out0, float* out1);
+                                 int64_t n0, int64_t n1, int64_t D, float* out0, float* out1,
+                                 bool accumulate);
 
   // Rows [row0, row0 + n) of a quantized cache of D features a row (`bits`
   // wide codes, groups of `group_size`) as floats, scale * code + bias, into
@@ -104,9 +107,9 @@ void AttentionLoops::key_scores_pair(const float* q0, const float* q1, const flo
 
 void AttentionLoops::weighted_rows_pair(const float* w0, const float* w1, const float* rows,
                                         int64_t n0, int64_t n1, int64_t D, float* out0,
-                                        float* out1) {
-  weighted_rows(w0, rows, n0, D, out0);
-  weighted_rows(w1, rows, n1, D, out1);
+                                        float* out1, bool accumulate) {
+  weighted_rows(w0, rows, n0, D, out0, accumulate);
+  weighted_rows(w1, rows, n1, D, out1, accumulate);
 }
 
 void AttentionLoops::dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size,
@@ -174,56 +177,105 @@ void finish_query(Seen seen, const float* w, const float* v, int64_t n, int64_t 
   }
 }
 
-// One work item per (batch, head, query position). Without a sliding
-// window, two consecutive positions of a head see the same keys but the
-// second's last one, so they are scored and summed as a pair (each key and
-// value row read once for both; the same values as one at a time).
+// Keys (and value rows) a block of queries goes through at a time: 16 KB
+// of each at D = 64, in L1 while every query of the block uses them. A
+// multiple of four, so each query's scores group keys as key_scores alone
+// does.
+constexpr int64_t kKeyBlock = 64;
+
+// Queries [0, count) of a block (count <= kAttentionQueryBlock): query r
+// (q + r * D, out + r * D) sees keys [0, n[r]) of k and v, n ascending.
+// Each block of kKeyBlock keys is scored for every query, consecutive
+// queries in pairs (each key read once for both), then each query's scores
+// are made weights, then each block of value rows is summed into every
+// query's output. A query's scores and sums are computed as key_scores and
+// weighted_rows compute them alone (the sums continue from the stored
+// partial sums), so its output is the bits it gets alone.
+template <class Loops>
+void attention_block(const AttentionProblem& p, const float* q, const float* k, const float* v,
+                     const int64_t* n, int64_t count, const uint8_t* mask, const float* sink,
+                     float* scores, int64_t stride, float* out) {
+  const int64_t D = p.D, last = n[count - 1];
+  // Keys [j0, j0 + kKeyBlock) that query r sees.
+  auto seen_in = [&](int64_t r, int64_t j0) { return imax(0, imin(kKeyBlock, n[r] - j0)); };
+  for (int64_t j0 = 0; j0 < last; j0 += kKeyBlock)
+    for (int64_t r = 0; r < count; r += 2) {
+      if (r + 1 < count)
+        Loops::key_scores_pair(q + r * D, q + (r + 1) * D, k + j0 * D, seen_in(r, j0),
+                               seen_in(r + 1, j0), D, p.scale, scores + r * stride + j0,
+                               scores + (r + 1) * stride + j0);
+      else
+        Loops::key_scores(q + r * D, k + j0 * D, seen_in(r, j0), D, p.scale,
+                          scores + r * stride + j0);
+    }
+  Seen seen[kAttentionQueryBlock];
+  for (int64_t r = 0; r < count; ++r) {
+    seen[r] = attention_weights<Loops>(p, scores + r * stride, n[r], mask, sink);
+    if (seen[r] != Seen::keys) finish_query<Loops>(seen[r], nullptr, v, 0, D, out + r * D);
+  }
+  for (int64_t j0 = 0; j0 < last; j0 += kKeyBlock)
+    for (int64_t r = 0; r < count;) {
+      const bool pair = r + 1 < count && seen[r] == Seen::keys && seen[r + 1] == Seen::keys;
+      if (pair) {
+        Loops::weighted_rows_pair(scores + r * stride + j0, scores + (r + 1) * stride + j0,
+                                  v + j0 * D, seen_in(r, j0), seen_in(r + 1, j0), D,
+                                  out + r * D, out + (r + 1) * D, j0 > 0);
+        r += 2;
+        continue;
+      }
+      if (seen[r] == Seen::keys && seen_in(r, j0) > 0)
+        Loops::weighted_rows(scores + r * stride + j0, v + j0 * D, seen_in(r, j0), D,
+                             out + r * D, j0 > 0);
+      ++r;
+    }
+}
+
+// Query rows [i0, i1), a row being (batch, head, query position). Without a
+// sliding window, a head's consecutive positions (up to
+// kAttentionQueryBlock) are computed together (attention_block); with one,
+// each query alone from its window's first key.
 template <class Loops>
 void attention(const AttentionProblem& p, int64_t i0, int64_t i1) {
   const int64_t S = p.S, D = p.D, group = p.H / p.H_kv;
   // Keys after the last query's position are never seen.
   const int64_t visible_end = imin(S, p.start + p.T);
   const int64_t stride = visible_end > 0 ? visible_end : 1;
-  float* scores = new float[2 * stride];
-  float* second = scores + stride;
+  // The block's scores, in a buffer each thread keeps between calls: a
+  // block's 64 KB (at 1,024 keys) allocated and freed a call went back to
+  // the system and faulted in again page by page, every call.
+  thread_local std::unique_ptr<float[]> kept;
+  thread_local int64_t kept_size = 0;
+  if (kept_size < kAttentionQueryBlock * stride) {
+    kept_size = kAttentionQueryBlock * stride;
+    kept.reset(new float[kept_size]);
+  }
+  float* scores = kept.get();
   for (int64_t i = i0; i < i1;) {
     const int64_t t = i % p.T, h = (i / p.T) % p.H, b = i / (p.T * p.H), kv = h / group;
     const float* k = p.k + (b * p.H_kv + kv) * S * D;
     const float* v = p.v + (b * p.H_kv + kv) * S * D;
-    const float* q = p.q + i * D;
-    float* out = p.out + i * D;
-    const int64_t end = imin(S, p.start + t + 1);
-    // The window's first key: keys before it are not scored at all.
-    const int64_t first = p.window > 0 ? p.start + t + 1 - p.window : 0;
-    const int64_t begin = first > 0 ? first : 0;
-    const int64_t n = end > begin ? end - begin : 0;
-    const uint8_t* mask = p.key_mask ? p.key_mask + b * S + begin : nullptr;
-    k += begin * D;
-    v += begin * D;
+    const uint8_t* mask = p.key_mask ? p.key_mask + b * S : nullptr;
     const float* sink = p.sinks ? p.sinks + h : nullptr;
-    // The pair's second query sees n2 = n or n + 1 keys (n + 1 unless the
-    // cache ends at the first one's last key).
-    const bool pair = p.window <= 0 && i + 1 < i1 && t + 1 < p.T && n > 0;
-    if (!pair) {
-      Loops::key_scores(q, k, n, D, p.scale, scores);
-      finish_query<Loops>(attention_weights<Loops>(p, scores, n, mask, sink), scores, v, n, D,
-                          out);
-      ++i;
+    if (p.window <= 0) {
+      const int64_t count = imin(kAttentionQueryBlock, imin(i1 - i, p.T - t));
+      int64_t n[kAttentionQueryBlock];
+      for (int64_t r = 0; r < count; ++r) n[r] = imin(S, p.start + t + r + 1);
+      attention_block<Loops>(p, p.q + i * D, k, v, n, count, mask, sink, scores, stride,
+                             p.out + i * D);
+      i += count;
       continue;
     }
-    const int64_t n2 = imin(S, p.start + t + 2);
-    Loops::key_scores_pair(q, q + D, k, n, n2, D, p.scale, scores, second);
-    const Seen seen = attention_weights<Loops>(p, scores, n, mask, sink);
-    const Seen seen2 = attention_weights<Loops>(p, second, n2, mask, sink);
-    if (seen == Seen::keys && seen2 == Seen::keys) {
-      Loops::weighted_rows_pair(scores, second, v, n, n2, D, out, out + D);
-    } else {
-      finish_query<Loops>(seen, scores, v, n, D, out);
-      finish_query<Loops>(seen2, second, v, n2, D, out + D);
-    }
-    i += 2;
+    // The window's first key: keys before it are not scored at all.
+    const int64_t end = imin(S, p.start + t + 1);
+    const int64_t first = p.start + t + 1 - p.window;
+    const int64_t begin = first > 0 ? first : 0;
+    const int64_t n = end > begin ? end - begin : 0;
+    Loops::key_scores(p.q + i * D, k + begin * D, n, D, p.scale, scores);
+    finish_query<Loops>(attention_weights<Loops>(p, scores, n, mask ? mask + begin : nullptr,
+                                                 sink),
+                        scores, v + begin * D, n, D, p.out + i * D);
+    ++i;
   }
-  delete[] scores;
 }
 
 // Put into `rows` (the dequantized rows of slots [slot0, slot0 + n) of batch

@@ -41,7 +41,8 @@ struct AttentionLoops {
   // each row's vectors loaded once for the two (D a multiple of 64, else
   // one query at a time), then the second query's rows past the first's.
   static void weighted_rows_pair(const float* w0, const float* w1, const float* rows,
-                                 int64_t n0, int64_t n1, int64_t D, float* out0, float* out1);
+                                 int64_t n0, int64_t n1, int64_t D, float* out0, float* out1,
+                                 bool accumulate);
 
   static void dequantize_rows(const QuantizedRows& c, int bits, int64_t group_size, int64_t D,
                               int64_t row0, int64_t n, float* out);
@@ -180,15 +181,18 @@ void AttentionLoops::key_scores_pair(const float* q0, const float* q1, const flo
 
 void AttentionLoops::weighted_rows_pair(const float* w0, const float* w1, const float* rows,
                                         int64_t n0, int64_t n1, int64_t D, float* out0,
-                                        float* out1) {
+                                        float* out1, bool accumulate) {
   if (D % 64) {
-    weighted_rows(w0, rows, n0, D, out0);
-    weighted_rows(w1, rows, n1, D, out1);
+    weighted_rows(w0, rows, n0, D, out0, accumulate);
+    weighted_rows(w1, rows, n1, D, out1, accumulate);
     return;
   }
   for (int64_t d0 = 0; d0 < D; d0 += 32) {
     __m256 acc0[4], acc1[4];
-    for (int u = 0; u < 4; ++u) acc0[u] = acc1[u] = _mm256_setzero_ps();
+    for (int u = 0; u < 4; ++u) {
+      acc0[u] = accumulate ? _mm256_loadu_ps(out0 + d0 + 8 * u) : _mm256_setzero_ps();
+      acc1[u] = accumulate ? _mm256_loadu_ps(out1 + d0 + 8 * u) : _mm256_setzero_ps();
+    }
     for (int64_t j = 0; j < n0; ++j) {
       const bool use0 = w0[j] != 0.f, use1 = w1[j] != 0.f;
       if (!use0 && !use1) continue;

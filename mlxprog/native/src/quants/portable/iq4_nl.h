@@ -1,5 +1,5 @@
 // portable IQ4_NL (4.5 bits/weight): per 32, an fp16 d and 16 bytes of
-// 4-bit indices q into a fixed non-linear table of int8 values (block32.h);
+// 4-bit indices q into a fixed non-linear table of int8 values (common.h);
 // w = d * kIq4Levels[q].
 #pragma once
 
