@@ -161,12 +161,14 @@ struct AttentionProblem {
   RecentRows recent;        // quantized caches only
 };
 
-// SwiGLU over the two halves of each row of x (rows x 2I, float32): out[r,
-// i] = silu(x[r, i]) * x[r, I + i].
+// SwiGLU of float32 rows: out[r, i] = silu(gate[r * stride + i]) *
+// up[r * stride + i]. The two halves of a fused gate/up projection's rows
+// (up = gate + I, stride 2I), or two arrays (stride I).
 struct SwigluProblem {
-  const float* x;
+  const float* gate;
+  const float* up;
   float* out;  // rows x I
-  int64_t I;
+  int64_t I, stride;
 };
 
 // The input of a convolution, for a GEMM whose A is its patch matrix

@@ -3,7 +3,6 @@
 // Python functions rms_norm, add_rms_norm, swiglu_halves and swiglu.
 #include "primitives/norms.h"
 
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -29,21 +28,17 @@ void run_rms_norm(const float* x, const void* weight, DType weight_dtype, int64_
                                       [&](int64_t r0, int64_t r1) { kernels.rms_norm(p, r0, r1); });
 }
 
-namespace {
-
-// -- SwiGLU over the halves of a row -------------------------------------------------------
-
-// out (rows x I) = silu(gate) * up, each row of `halves` being I gate
-// values then I up values, on the pool.
-void run_swiglu(const float* halves, int64_t I, float* out, int64_t rows) {
-  SwigluProblem p{};
-  p.x = halves;
-  p.out = out;
-  p.I = I;
+void run_swiglu(const float* gate, const float* up, int64_t stride, int64_t I, float* out,
+                int64_t rows) {
+  const SwigluProblem p{gate, up, out, I, stride};
   const Kernels& kernels = *active_kernels;
   ThreadPool::instance().parallel_for(rows, grain_for(rows, 2, 1, 256),
                                       [&](int64_t r0, int64_t r1) { kernels.swiglu(p, r0, r1); });
 }
+
+namespace {
+
+// -- SwiGLU over the halves of a row -------------------------------------------------------
 
 // silu(gate) * up with gate and up the two halves of x's last axis (a fused
 // gate/up projection's output): one node instead of a split and the SwiGLU.
@@ -55,7 +50,8 @@ class SwigluHalves : public CpuPrimitive {
     enqueue(out, [x = inputs[0]](mx::array& out) mutable {
       std::vector<uint8_t> keep;
       const int64_t I = out.shape(-1);
-      run_swiglu(static_cast<const float*>(contiguous_data(x, keep)), I, out.data<float>(),
+      const float* halves = static_cast<const float*>(contiguous_data(x, keep));
+      run_swiglu(halves, halves + I, 2 * I, I, out.data<float>(),
                  I ? static_cast<int64_t>(out.size()) / I : 0);
     });
   }
@@ -81,8 +77,8 @@ mx::array swiglu_halves(const mx::array& x) {
 }
 
 // silu(gate) * up of two arrays of one shape (the gathered gate and up
-// projections of a mixture of experts): their rows side by side, then the
-// kernel of SwigluHalves, one node instead of MLX's three fused ops.
+// projections of a mixture of experts): the kernel of SwigluHalves on the
+// two arrays, one node instead of MLX's three fused ops.
 class Swiglu : public CpuPrimitive {
  public:
   using CpuPrimitive::CpuPrimitive;
@@ -93,12 +89,7 @@ class Swiglu : public CpuPrimitive {
       const float* g = static_cast<const float*>(contiguous_data(gate, keep_gate));
       const float* u = static_cast<const float*>(contiguous_data(up, keep_up));
       const int64_t I = out.shape(-1), rows = I ? static_cast<int64_t>(out.size()) / I : 0;
-      std::vector<float> halves(2 * rows * I);
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(&halves[2 * r * I], g + r * I, I * sizeof(float));
-        std::memcpy(&halves[(2 * r + 1) * I], u + r * I, I * sizeof(float));
-      }
-      run_swiglu(halves.data(), I, out.data<float>(), rows);
+      run_swiglu(g, u, I, I, out.data<float>(), rows);
     });
   }
 

@@ -14,7 +14,6 @@
 #include "primitives/norms.h"
 #include "primitives/quantized_matmul.h"
 #include "primitives/ggml_matmul.h"
-#include "threadpool.h"
 
 namespace mlxprog {
 namespace {
@@ -119,11 +118,7 @@ class TransformerLayer : public mx::Primitive {
           run_rms_norm(h, data(layout.post_norm), dtype_of(inputs[layout.post_norm]), M, hidden,
                        eps, x.data());
           project(x.data(), hidden, G, 2, layout.gate_up, gate_up.data());
-          SwigluProblem swiglu{gate_up.data(), mlp.data(), I};
-          const Kernels& kernels = *active_kernels;
-          ThreadPool::instance().parallel_for(
-              M, grain_for(M, 2, 1, 256),
-              [&](int64_t r0, int64_t r1) { kernels.swiglu(swiglu, r0, r1); });
+          run_swiglu(gate_up.data(), gate_up.data() + I, 2 * I, I, mlp.data(), M);
           project(mlp.data(), I, hidden, 3, layout.down, y.data());
           for (int64_t i = 0; i < M * hidden; ++i) h[i] += y[i];
         });

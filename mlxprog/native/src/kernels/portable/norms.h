@@ -46,8 +46,8 @@ void rms_norm(const RmsNormProblem& p, int64_t r0, int64_t r1) {
 void swiglu(const SwigluProblem& p, int64_t r0, int64_t r1) {
   const int64_t I = p.I;
   for (int64_t r = r0; r < r1; ++r) {
-    const float* gate = p.x + r * 2 * I;
-    const float* up = gate + I;
+    const float* gate = p.gate + r * p.stride;
+    const float* up = p.up + r * p.stride;
     float* out = p.out + r * I;
     for (int64_t i = 0; i < I; ++i) {
       const float g = gate[i], e = __builtin_expf(-__builtin_fabsf(g));

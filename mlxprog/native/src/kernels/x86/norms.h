@@ -16,8 +16,8 @@ namespace x86 {
 void swiglu(const SwigluProblem& p, int64_t r0, int64_t r1) {
   const int64_t I = p.I;
   for (int64_t r = r0; r < r1; ++r) {
-    const float* gate = p.x + r * 2 * I;
-    const float* up = gate + I;
+    const float* gate = p.gate + r * p.stride;
+    const float* up = p.up + r * p.stride;
     float* out = p.out + r * I;
     int64_t i = 0;
     const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
