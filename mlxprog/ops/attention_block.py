@@ -81,12 +81,25 @@ def _block_operand_names(avals: list, attrs: KVCacheAttentionBlockAttrs) -> list
     return names + (["key_mask"] if len(avals) > len(names) else [])
 
 
+#: The per-head norms' operands, where ``qk_norm_eps`` is set.
+QK_NORMS = ("q_norm", "k_norm")
+
+
 def block_tail(attrs: KVCacheAttentionBlockAttrs) -> list[str]:
     """The operand names after positions and before the optional key mask
     (an attention block's, or a whole layer's): freqs and the q/k norms,
     where the attributes ask for them."""
     return (["freqs"] if attrs.freqs else []) + (
-        ["q_norm", "k_norm"] if attrs.qk_norm_eps is not None else [])
+        list(QK_NORMS) if attrs.qk_norm_eps is not None else [])
+
+
+def qk_norm_weights(named: dict[str, mx.array], attrs: KVCacheAttentionBlockAttrs,
+                    dtype) -> list[mx.array] | None:
+    """The q and k norm weights among ``named`` operands, cast to ``dtype``,
+    or None without ``qk_norm_eps``."""
+    if attrs.qk_norm_eps is None:
+        return None
+    return [named[n].astype(dtype) for n in QK_NORMS]
 
 
 def check_cache(named: dict[str, AVal], attrs: KVCacheAttentionBlockAttrs) -> Geometry:
@@ -137,7 +150,7 @@ def _check_kv_cache_attention_block(avals: list[AVal], attrs: KVCacheAttentionBl
     _check_offset(ops["positions"], "positions", ((), (1,), (B,)))
     if "freqs" in ops and ops["freqs"].shape != (dims // 2,):
         raise ValueError(f"freqs must be [{dims // 2}] (rope_dims / 2), found {ops['freqs']}")
-    for norm in ("q_norm", "k_norm"):
+    for norm in QK_NORMS:
         if norm in ops and (ops[norm].shape != (D,) or not is_floating(ops[norm].dtype)):
             raise ValueError(f"{norm} must be a float [{D}] (the caches' head dim), found "
                              f"{ops[norm]}")
@@ -199,8 +212,7 @@ def kv_cache_attention_block(operands, attrs, context):
     freqs, key_mask = named.get("freqs"), named.get("key_mask")
     scale = attrs.scale if attrs.scale is not None else D ** -0.5
     cache, ring = attrs.split_cache(caches)
-    qk_norm = (None if attrs.qk_norm_eps is None
-               else [named[n].astype(qkv.dtype) for n in ("q_norm", "k_norm")])
+    qk_norm = qk_norm_weights(named, attrs, qkv.dtype)
     out = native.cache_attention_block(
         context.native, qkv, cache, start, positions, heads=attrs.heads,
         kv_heads=attrs.kv_heads, dims=dims, traditional=attrs.traditional, base=attrs.base,

@@ -30,6 +30,7 @@ from .attention_block import (
     block_tail,
     check_cache,
     kv_cache_attention_block,
+    qk_norm_weights,
 )
 from .ggml import GGMLMatmulAttrs, ggml_matmul
 from .index import clamp_integer
@@ -269,8 +270,7 @@ def transformer_layer(operands, attrs, context):
     projections = _projections(named, attrs)
     positions = named["positions"]
     cache, ring = attrs.split_cache(caches)
-    qk_norm = (None if attrs.qk_norm_eps is None
-               else [named[n].astype(h.dtype) for n in ("q_norm", "k_norm")])
+    qk_norm = qk_norm_weights(named, attrs, h.dtype)
     result = native.transformer_layer(
         context.native, h, named["input_norm"], named["post_norm"], projections, cache,
         start=clamp_integer(named["offset"], 0, S - T, mx.int32),
