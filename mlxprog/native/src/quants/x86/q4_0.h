@@ -15,14 +15,6 @@ inline __m256i q4_0_codes(const uint8_t* block) {
 }
 
 // A row of Q4_0 blocks to float32, as gguf computes it.
-// Four Q4_0 rows . one q8_0 row: the codes unsigned, offset 8 (see
-// dot_signed_blocks_x4).
-void vec_dot_4_q4_0(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x, float* out) {
-  dot_signed_blocks_x4<kQ4_0Bytes, 8>(
-      n, w, row_bytes, static_cast<const BlockQ8_0*>(x),
-      [](const uint8_t* block) { return nibbles_32(block + 2); }, Fp16Scale(), out);
-}
-
 void dequantize_row_q4_0(const uint8_t* src, float* y, int64_t n) {
   dequantize_blocks<kQ4_0Bytes>(src, y, n, q4_0_codes, fp16_scale);
 }
@@ -31,6 +23,14 @@ void dequantize_row_q4_0(const uint8_t* src, float* y, int64_t n) {
 float vec_dot_q4_0(int64_t n, const uint8_t* w, const void* x) {
   return dot_signed_blocks<kQ4_0Bytes>(n, w, static_cast<const BlockQ8_0*>(x), q4_0_codes,
                                        fp16_scale);
+}
+
+// Four Q4_0 rows . one q8_0 row: the codes unsigned, offset 8 (see
+// dot_signed_blocks_x4).
+void vec_dot_4_q4_0(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x, float* out) {
+  dot_signed_blocks_x4<kQ4_0Bytes, 8>(
+      n, w, row_bytes, static_cast<const BlockQ8_0*>(x),
+      [](const uint8_t* block) { return nibbles_32(block + 2); }, Fp16Scale(), out);
 }
 
 // A row of Q4_0 blocks in the int8 GEMM's form: signed codes q - 8.

@@ -16,6 +16,16 @@ inline __m256i q5_0_codes(const uint8_t* block) {
 }
 
 // A row of Q5_0 blocks to float32, as gguf computes it.
+void dequantize_row_q5_0(const uint8_t* src, float* y, int64_t n) {
+  dequantize_blocks<kQ5_0Bytes>(src, y, n, q5_0_codes, fp16_scale);
+}
+
+// Q5_0 row . q8_0 row.
+float vec_dot_q5_0(int64_t n, const uint8_t* w, const void* x) {
+  return dot_signed_blocks<kQ5_0Bytes>(n, w, static_cast<const BlockQ8_0*>(x), q5_0_codes,
+                                       fp16_scale);
+}
+
 // Four Q5_0 rows . one q8_0 row: the 5-bit codes unsigned, offset 16 (see
 // dot_signed_blocks_x4).
 void vec_dot_4_q5_0(int64_t n, const uint8_t* w, int64_t row_bytes, const void* x, float* out) {
@@ -25,16 +35,6 @@ void vec_dot_4_q5_0(int64_t n, const uint8_t* w, int64_t row_bytes, const void* 
         return or_where_bits<true>(nibbles_32(block + 6), block + 2, 16);
       },
       Fp16Scale(), out);
-}
-
-void dequantize_row_q5_0(const uint8_t* src, float* y, int64_t n) {
-  dequantize_blocks<kQ5_0Bytes>(src, y, n, q5_0_codes, fp16_scale);
-}
-
-// Q5_0 row . q8_0 row.
-float vec_dot_q5_0(int64_t n, const uint8_t* w, const void* x) {
-  return dot_signed_blocks<kQ5_0Bytes>(n, w, static_cast<const BlockQ8_0*>(x), q5_0_codes,
-                                       fp16_scale);
 }
 
 // A row of Q5_0 blocks in the int8 GEMM's form: signed codes q - 16.
