@@ -1,11 +1,12 @@
 // x86: the int8 GEMM over unpacked weight rows (Int8BlockK, Int8Block32)
 // and rows of activation blocks, in AVX2. Unsigned codes go straight into
-// the byte multiply-add, signed ones as |w| times x with w's sign. A
-// 256-element row meets four rows of x at a time, its codes loaded once
-// for all four; per block the group scales weight the int16 pair sums into
-// int32 lanes (one multiply-add), so the float work is two multiply-adds
-// per block. The 32-element types interleave eight weight rows (Panel32)
-// so that one float multiply-add per block serves eight products.
+// the byte multiply-add, signed ones as |w| times x with w's sign. Two
+// 256-element rows meet four rows of x at a time, each chunk of codes loaded
+// once for the four and each chunk of x once for the two; per block the
+// group scales weight the int16 pair sums into int32 lanes (one
+// multiply-add), so the float work is two multiply-adds per block. The
+// 32-element types interleave eight weight rows (Panel32) so that one float
+// multiply-add per block serves eight products.
 #pragma once
 
 namespace mlxprog {
@@ -35,46 +36,79 @@ template <bool Signed>
                 : _mm256_maddubs_epi16(codes, q);
 }
 
-// One unpacked 256-element weight row against R q8_K rows x[r]: out[r].
-template <int R, bool Signed>
+// W unpacked 256-element weight rows w[v] against R q8_K rows x[r]:
+// out[r * ldo + v]. Each chunk of 32 codes of a weight row is loaded once
+// for the R rows of x, and each chunk of x once for the W weight rows; each
+// product keeps its own accumulators and order, so it is the same float
+// whatever W and R are.
+template <int W, int R, bool Signed>
 struct RowsK {
-  static void run(const Int8BlockK* w, int64_t blocks, const BlockQ8_K* const* x, float* out) {
+  static void run(const Int8BlockK* const* w, int64_t blocks, const BlockQ8_K* const* x,
+                  float* out, int64_t ldo) {
     // Byte shuffle that spreads int16 scale 0 of a 32-bit lane over the low
     // 128 bits and scale 1 over the high ones: chunk c's two groups.
     const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,  //
                                             2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    __m256 acc[W][R];
+    for (int v = 0; v < W; ++v)
+      for (int r = 0; r < R; ++r) acc[v][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-      const Int8BlockK& wb = w[b];
-      const __m256i scales = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.scales));
-      __m256i dots[R];
-      for (int r = 0; r < R; ++r) dots[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+      __m256i dots[W][R];
+      for (int v = 0; v < W; ++v)
+        for (int r = 0; r < R; ++r) dots[v][r] = _mm256_setzero_si256();
+      // Unrolled by two, not eight: fully unrolled, the scales of every
+      // chunk are computed up front and spilled (AVX2 has 16 registers).
+#pragma GCC unroll 2
       for (int c = 0; c < 8; ++c) {
-        const __m256i codes =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.codes + 32 * c));
-        const __m256i mag = Signed ? _mm256_abs_epi8(codes) : codes;
-        const __m256i group_scales =
-            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(c)), spread);
+        __m256i codes[W], mag[W], group_scales[W];
+        for (int v = 0; v < W; ++v) {
+          codes[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[v][b].codes + 32 * c));
+          mag[v] = Signed ? _mm256_abs_epi8(codes[v]) : codes[v];
+          int32_t scale_pair;  // the int16 scales of groups 2c and 2c + 1
+          std::memcpy(&scale_pair, w[v][b].scales + 2 * c, 4);
+          group_scales[v] = _mm256_shuffle_epi8(_mm256_set1_epi32(scale_pair), spread);
+        }
         for (int r = 0; r < R; ++r)
-          dots[r] = _mm256_add_epi32(
-              dots[r], _mm256_madd_epi16(pair_products<Signed>(codes, mag, x[r][b].qs + 32 * c),
-                                         group_scales));
+          for (int v = 0; v < W; ++v)
+            dots[v][r] = _mm256_add_epi32(
+                dots[v][r],
+                _mm256_madd_epi16(pair_products<Signed>(codes[v], mag[v], x[r][b].qs + 32 * c),
+                                  group_scales[v]));
       }
-      const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.mins));
-      const __m256 d = _mm256_set1_ps(wb.d), dm = _mm256_set1_ps(wb.dm);
       for (int r = 0; r < R; ++r) {
-        const __m256i min_dots = _mm256_madd_epi16(
-            mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums)));
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].bsums));
         const __m256 dx = _mm256_set1_ps(x[r][b].d);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(dx, d), acc[r]);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dx, dm), acc[r]);
+        for (int v = 0; v < W; ++v) {
+          const Int8BlockK& wb = w[v][b];
+          const __m256i min_dots = _mm256_madd_epi16(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.mins)), bsums);
+          acc[v][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[v][r]),
+                                      _mm256_mul_ps(dx, _mm256_set1_ps(wb.d)), acc[v][r]);
+          acc[v][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_dots),
+                                      _mm256_mul_ps(dx, _mm256_set1_ps(wb.dm)), acc[v][r]);
+        }
       }
     }
-    for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < W; ++v) out[r * ldo + v] = hsum(acc[v][r]);
   }
 };
+
+// rows_w unpacked 256-element weight rows against R q8_K rows x[r]:
+// y[r * ldy + j], two weight rows at a time.
+template <int R, bool Signed>
+void weight_rows_k(const Int8BlockK* w, int64_t blocks, int64_t rows_w,
+                   const BlockQ8_K* const* x, float* y, int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 2 <= rows_w; j += 2) {
+    const Int8BlockK* pair[2] = {w + j * blocks, w + (j + 1) * blocks};
+    RowsK<2, R, Signed>::run(pair, blocks, x, y + j, ldy);
+  }
+  if (j < rows_w) {
+    const Int8BlockK* last[1] = {w + j * blocks};
+    RowsK<1, R, Signed>::run(last, blocks, x, y + j, ldy);
+  }
+}
 
 // The 32-element types' GEMM works on eight weight rows at once, their
 // codes interleaved four bytes at a time: vector k of block b holds bytes
@@ -180,8 +214,8 @@ void gemm_32(int64_t K, const void* wv, int64_t rows_w, bool signed_codes, const
   }
 }
 
-// The GEMM of unpacked 256-element rows with q8_K rows: each weight row
-// against four rows of x at a time (the rest one at a time).
+// The GEMM of unpacked 256-element rows with q8_K rows: two weight rows
+// against four rows of x at a time (the rest of x one row at a time).
 void gemm_k(int64_t K, const void* wv, int64_t rows_w, bool signed_codes, const uint8_t* x,
             size_t act_row, int64_t rows_x, float* y, int64_t ldy) {
   const int64_t blocks = K / 256;
@@ -191,17 +225,13 @@ void gemm_k(int64_t K, const void* wv, int64_t rows_w, bool signed_codes, const 
     const BlockQ8_K* xs[kRows];
     for (int64_t r = 0; r < count; ++r)
       xs[r] = reinterpret_cast<const BlockQ8_K*>(x + (i + r) * act_row);
-    float out[kRows];
-    for (int64_t j = 0; j < rows_w; ++j) {
-      if (count == kRows)
-        signed_codes ? RowsK<kRows, true>::run(w + j * blocks, blocks, xs, out)
-                     : RowsK<kRows, false>::run(w + j * blocks, blocks, xs, out);
-      else
-        for (int64_t r = 0; r < count; ++r)
-          signed_codes ? RowsK<1, true>::run(w + j * blocks, blocks, xs + r, out + r)
-                       : RowsK<1, false>::run(w + j * blocks, blocks, xs + r, out + r);
-      for (int64_t r = 0; r < count; ++r) y[(i + r) * ldy + j] = out[r];
-    }
+    if (count == kRows)
+      signed_codes ? weight_rows_k<kRows, true>(w, blocks, rows_w, xs, y + i * ldy, ldy)
+                   : weight_rows_k<kRows, false>(w, blocks, rows_w, xs, y + i * ldy, ldy);
+    else
+      for (int64_t r = 0; r < count; ++r)
+        signed_codes ? weight_rows_k<1, true>(w, blocks, rows_w, xs + r, y + (i + r) * ldy, ldy)
+                     : weight_rows_k<1, false>(w, blocks, rows_w, xs + r, y + (i + r) * ldy, ldy);
   }
 }
 
