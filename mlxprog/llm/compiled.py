@@ -24,6 +24,7 @@ from ..runtime.executable import Executable, compile as compile_program
 from .cache import kv_cache_layout
 from .checkpoint import Checkpoint
 from .models import model_spec
+from .models.base import ProgramNumerics
 from .options import DEFAULT_MAX_LENGTH, ModelOptions, resolve_numerics
 from .programs import (
     Picking, Sampling, build_decode, build_decode_loop, build_embed, build_pick, build_prefill,
@@ -51,17 +52,21 @@ class ExportedPrograms:
     sampling: Sampling = Sampling()
 
 
-def program_numerics(kind: str, numerics: str) -> str:
-    """The numerics of the model's ``kind`` program under its ``numerics``:
-    the decode steps take the model's choice; the prefill is always
-    ``"exact"``. A prefill multiplies one row per prompt token; on an AVX2
-    CPU the integer GEMM of those rows runs at about the float GEMM's speed
-    (docs/benchmarks.md), so int8 would save a prefill little and round the
-    prompt's activations: the logits that pick the first token stay exact.
-    (On the README prompt the first token is a tie, "The" 0.08 ahead of "L"
-    in the logits, that 8-bit activations flip everywhere, llama.cpp's
-    included.)"""
-    return "exact" if kind == "prefill" else numerics
+def program_numerics(kind: str, numerics: str) -> ProgramNumerics:
+    """The numerics of the model's ``kind`` program under its ``numerics``.
+    The decode steps take the model's choice for every quantized matmul.
+    The prefill's dense projections stay ``"exact"``: they multiply one row
+    per prompt token, and on an AVX2 CPU the integer GEMM of those rows runs
+    at about the float GEMM's speed (docs/benchmarks.md), so int8 would save
+    them little and round the activations of every layer. (On the README
+    prompt the first token is a tie, "The" 0.08 ahead of "L" in the logits,
+    that 8-bit activations flip everywhere, llama.cpp's included.) A
+    prefill's expert stacks take the model's choice: each expert multiplies
+    only the few prompt rows routed to it (T x k / experts on average), where
+    decoding its weight blocks to floats costs as much as the products and
+    int8 dot products read the blocks as they are."""
+    dense = "exact" if kind == "prefill" else numerics
+    return ProgramNumerics(dense=dense, experts=numerics)
 
 
 def _no_generation(tokens: mx.array) -> mx.array:
@@ -92,8 +97,8 @@ class CompiledModel:
     ``programs`` (exported ones) are run instead of built.
 
     :attr:`numerics` holds the resolved numerics of the decode steps'
-    quantized matmuls; the prefill stays exact (see
-    :func:`program_numerics`). Where a kernel cannot honour ``"int8"`` (an op
+    quantized matmuls and of the expert stacks; the prefill's dense
+    projections stay exact (see :func:`program_numerics`). Where a kernel cannot honour ``"int8"`` (an op
     on the GPU, bits the integer path lacks) it computes exactly and the
     executable's ``stats`` say so.
 

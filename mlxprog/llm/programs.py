@@ -80,7 +80,7 @@ from ..errors import ModelError
 from ..format.program import Program
 from .cache import CacheLayout
 from .models import family_of
-from .models.base import Decoder
+from .models.base import Decoder, ProgramNumerics
 from .spec import ModelSpec
 
 @dataclass(frozen=True)
@@ -309,7 +309,7 @@ class LoopCarry(ProgramValues[A]):
 
 
 def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
-             world_size: int, rank: int, numerics: str, prompt: bool = False,
+             world_size: int, rank: int, numerics: str | ProgramNumerics, prompt: bool = False,
              cache: bool = True, kv: CacheLayout | None = None):
     """A builder with the batch dim ``B``, the prompt length ``T`` (with
     ``prompt``) and the cache length ``S`` (with ``cache``: a program whose
@@ -332,7 +332,8 @@ def _builder(spec: ModelSpec, name: str, max_length: int, max_batch: int,
 
 def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
                   max_batch: int = 64, world_size: int = 1, rank: int = 0,
-                  numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
+                  numerics: str | ProgramNumerics = "exact",
+                  kv: CacheLayout | None = None) -> Program:
     """The prefill program: runs a padded prompt batch [B, T] through the
     model, writing the caches from slot ``cache_offset`` (0, or after a cached
     prefix the tokens attend to), and picks the first new token (or, with
@@ -340,7 +341,9 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
     With ``world_size > 1``, rank ``rank``'s program of the tensor-parallel
     model (see the module docstring). ``numerics`` is the quantized matmuls'
     (``"exact"``: MLX's float numerics; ``"int8"``: 8-bit activations and
-    integer dot products, see the ``quantized_matmul`` op). ``kv`` is the KV
+    integer dot products, see the ``quantized_matmul`` op), or a
+    :class:`~mlxprog.llm.models.base.ProgramNumerics` giving the dense
+    projections' and the expert stacks' apart. ``kv`` is the KV
     cache's layout (None: float32, unbounded; see
     :class:`~mlxprog.llm.cache.CacheLayout`): a quantized cache's keys and values
     are three arrays each, a rotating one has ``max_kv_size + 1`` slots (see
@@ -355,7 +358,8 @@ def build_prefill(spec: ModelSpec, max_length: int, sampling: Sampling | None = 
 
 def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = Sampling(),
                  max_batch: int = 64, world_size: int = 1, rank: int = 0,
-                 numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
+                 numerics: str | ProgramNumerics = "exact",
+                 kv: CacheLayout | None = None) -> Program:
     """One decode step: the tokens [B] picked last, written at ``cache_offset``;
     picks the next tokens (or returns the logits with ``sampling=None``).
     ``world_size``, ``rank``, ``numerics`` and ``kv`` as in :func:`build_prefill`."""
@@ -368,8 +372,8 @@ def build_decode(spec: ModelSpec, max_length: int, sampling: Sampling | None = S
 
 
 def build_verify(spec: ModelSpec, max_length: int, max_batch: int = 64, world_size: int = 1,
-                 rank: int = 0, numerics: str = "exact", kv: CacheLayout | None = None
-                 ) -> Program:
+                 rank: int = 0, numerics: str | ProgramNumerics = "exact",
+                 kv: CacheLayout | None = None) -> Program:
     """The speculative verify step (:class:`VerifyInputs`): T tokens a row
     written from ``cache_offset`` on, as a prefill after a cached prefix
     writes them, returning the logits after every one of them, ``logits [B,
@@ -400,7 +404,8 @@ def _build_step(b: ProgramBuilder, model: Decoder, logits: Value, key: Value,
 
 def build_decode_loop(spec: ModelSpec, max_length: int, sampling: Sampling = Sampling(),
                       max_batch: int = 64, world_size: int = 1, rank: int = 0,
-                      numerics: str = "exact", kv: CacheLayout | None = None) -> Program:
+                      numerics: str | ProgramNumerics = "exact",
+                      kv: CacheLayout | None = None) -> Program:
     """The whole decode loop as one program: a ``while`` loop whose body runs a
     decode step, picks the next tokens and streams them to the ``emit``
     callback, until ``emit`` returns true or ``max_new`` tokens were made.
@@ -460,8 +465,8 @@ def build_embed(spec: ModelSpec, max_length: int, pooling: str = "mean",
     :data:`POOLINGS`), divided by their L2 norm with ``normalize``. Causal
     attention keeps the right padding out of every real token's view, so a
     row's embedding does not depend on the others in its batch. The
-    quantized matmuls are exact, as the prefill's (a row per token: int8
-    activations would save nothing; see
+    quantized matmuls are exact, as the prefill's dense ones (a row per
+    token: int8 activations would save nothing; see
     :func:`~mlxprog.llm.compiled.program_numerics`). ``world_size`` and
     ``rank`` as in :func:`build_prefill` (every rank ends with the whole
     hidden states)."""

@@ -695,6 +695,24 @@ class Family:
 
 # -- the decoder ------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class ProgramNumerics:
+    """The numerics (``"exact"`` or ``"int8"``, see the ``quantized_matmul``
+    op) of one program's quantized matmuls: ``dense``, the projections every
+    token runs, and ``experts``, the gathered expert stacks of a mixture of
+    experts. :func:`~mlxprog.llm.compiled.program_numerics` says which a
+    model's programs take."""
+
+    dense: str = "exact"
+    experts: str = "exact"
+
+    @classmethod
+    def of(cls, numerics: str | ProgramNumerics) -> ProgramNumerics:
+        """``numerics`` as a :class:`ProgramNumerics`: a string is every
+        quantized matmul's."""
+        return numerics if isinstance(numerics, ProgramNumerics) else cls(numerics, numerics)
+
+
 class Decoder:
     """Emits a family's forward pass into a builder: the pieces every family
     shares (captures, projections with their quantization and
@@ -704,11 +722,13 @@ class Decoder:
     :meth:`logits`."""
 
     def __init__(self, root: ProgramBuilder, spec: ModelSpec, shard: Shard,
-                 numerics: str = "exact", kv: CacheLayout | None = None):
+                 numerics: str | ProgramNumerics = "exact", kv: CacheLayout | None = None):
         self.root = root
         self.spec = spec
         self.shard = shard
-        self.numerics = numerics
+        numerics = ProgramNumerics.of(numerics)
+        #: The dense projections' numerics and the expert stacks'.
+        self.numerics, self.expert_numerics = numerics.dense, numerics.experts
         self.c = spec.config
         #: The KV cache's layout (given None: float32, unbounded), with the
         #: rank's KV heads.
@@ -738,7 +758,7 @@ class Decoder:
                                numerics=self.numerics)
         elif quant is not None:
             y = sb.quantized_matmul(x, *self._quantized_parts(name, quant), transpose=True,
-                                    **self._packing(quant), **self._numerics())
+                                    **self._packing(quant), **self._numerics(self.numerics))
         else:
             w = self.weight(f"{name}.weight")
             y = sb.matmul(x, sb.transpose(sb.astype(w, dtype="float32")))
@@ -760,16 +780,17 @@ class Decoder:
         mode = {} if quant.mode == "affine" else {"mode": quant.mode}
         return dict(group_size=quant.group_size, bits=quant.bits, **mode)
 
-    def _numerics(self) -> dict[str, Any]:
-        """The quantized ops' ``numerics`` attribute ("exact" is their
-        default: such programs stay as they were)."""
-        return {} if self.numerics == "exact" else {"numerics": self.numerics}
+    @staticmethod
+    def _numerics(numerics: str) -> dict[str, Any]:
+        """The quantized ops' ``numerics`` attribute for ``numerics``
+        ("exact" is their default: such programs stay as they were)."""
+        return {} if numerics == "exact" else {"numerics": numerics}
 
     def expert_linear(self, sb, name: str, x: Value, indices: Value,
                       per_slot: bool = False, bias: bool = True) -> Value:
         """``x`` through the experts ``indices`` ([..., k], from
         :meth:`route`) of expert stack ``name`` (``[experts, N, K]``, its
-        quantization as :meth:`linear`'s, numerics the decoder's): float32
+        quantization as :meth:`linear`'s, numerics :attr:`expert_numerics`): float32
         [..., k, N]. ``x`` is [..., K], the same input for every slot, or
         with ``per_slot`` [..., k, K], one row per slot (a down projection).
         A stack with a ``.bias`` (``[experts, N]``) adds each slot's
@@ -779,11 +800,11 @@ class Decoder:
         weight = self.weight(f"{name}.weight")
         if isinstance(quant, GGMLQuantization):
             y = sb.ggml_gather_matmul(x, weight, indices, type=quant.type,
-                                      numerics=self.numerics, per_slot=per_slot)
+                                      numerics=self.expert_numerics, per_slot=per_slot)
         elif quant is not None:
             y = sb.gather_quantized_matmul(x, *self._quantized_parts(name, quant), indices,
                                            per_slot=per_slot, **self._packing(quant),
-                                           **self._numerics())
+                                           **self._numerics(self.expert_numerics))
         else:
             y = sb.gather_matmul(x, weight, indices, per_slot=per_slot)
         if bias and self.has(f"{name}.bias"):

@@ -475,7 +475,7 @@ class LlamaDecoder(Decoder):
             *self.rope_freqs_operand(sb), *norms, key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
             **packing, **self.kv.block_attributes(), **norm_attributes,
-            **({} if self.numerics == "exact" else {"numerics": self.numerics}))
+            **self._numerics(self.numerics))
         return h, tuple(new)
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,

@@ -248,7 +248,32 @@ def test_int8_numerics_stay_close_on_quantized_experts(plain, tmp_path):
     want = program_logits(load_tiny(directory, numerics="exact"), PROMPT_IDS, continuation)
     got = program_logits(load_tiny(directory, numerics="int8"), PROMPT_IDS, continuation)
     assert np.abs(got - want).mean() <= 0.08 * np.abs(want).mean()
-    assert not np.array_equal(got[1:], want[1:])  # the decode steps ran another kernel
+    # Every step ran another kernel: the decode steps' matmuls and the
+    # prefill's experts (program_numerics).
+    assert not np.array_equal(got[0], want[0])
+    assert not np.array_equal(got[1:], want[1:])
+
+
+def test_a_prefill_runs_its_experts_in_the_models_numerics(plain, tmp_path):
+    """An int8 model's prefill: the gathered expert matmuls int8, the dense
+    projections (attention, router, head) exact; exact models carry no
+    numerics attribute at all."""
+    from family_checks import write_quantized_checkpoint
+
+    directory = write_quantized_checkpoint(plain, tmp_path / "q4")
+
+    def numerics_by_op(llm) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for instruction in llm.program("prefill").to_dict()["instructions"]:
+            if instruction["op"] in ("quantized_matmul", "gather_quantized_matmul"):
+                found.setdefault(instruction["op"], set()).add(
+                    instruction["attrs"].get("numerics", "exact"))
+        return found
+
+    assert numerics_by_op(load_tiny(directory, numerics="int8")) == {
+        "quantized_matmul": {"exact"}, "gather_quantized_matmul": {"int8"}}
+    assert numerics_by_op(load_tiny(directory, numerics="exact")) == {
+        "quantized_matmul": {"exact"}, "gather_quantized_matmul": {"exact"}}
 
 
 def test_expert_stacks_a_table_does_not_split_are_refused(plain):
