@@ -55,13 +55,15 @@ class ExportedPrograms:
 def program_numerics(kind: str, numerics: str) -> ProgramNumerics:
     """The numerics of the model's ``kind`` program under its ``numerics``.
     The decode steps take the model's choice for every quantized matmul.
-    The prefill's dense projections stay ``"exact"``: they multiply one row
-    per prompt token, and on an AVX2 CPU the integer GEMM of those rows runs
-    at about the float GEMM's speed (docs/benchmarks.md), so int8 would save
-    them little and round the activations of every layer. (On the README
-    prompt the first token is a tie, "The" 0.08 ahead of "L" in the logits,
-    that 8-bit activations flip everywhere, llama.cpp's included.) A
-    prefill's expert stacks take the model's choice: each expert multiplies
+    The prefill's dense projections stay ``"exact"``: 8-bit activations
+    would round every prompt token's activations in every layer, and the
+    logits that pick the first token with them. (On the README prompt the
+    first token is a tie, "The" 0.08 ahead of "L" in the logits, that 8-bit
+    activations flip everywhere, llama.cpp's included, into a looping
+    answer.) The integer GEMM would make some prompts faster (a 1,024-token
+    prompt of a Q4_K_M file by a fifth on an AVX2 CPU, docs/benchmarks.md),
+    not enough to trade the first token's quality for. A prefill's expert
+    stacks take the model's choice: each expert multiplies
     only the few prompt rows routed to it (T x k / experts on average), where
     decoding its weight blocks to floats costs as much as the products and
     int8 dot products read the blocks as they are."""
