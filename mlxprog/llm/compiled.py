@@ -63,10 +63,10 @@ def program_numerics(kind: str, numerics: str) -> ProgramNumerics:
     answer.) The integer GEMM would make some prompts faster (a 1,024-token
     prompt of a Q4_K_M file by a fifth on an AVX2 CPU, docs/benchmarks.md),
     not enough to trade the first token's quality for. A prefill's expert
-    stacks take the model's choice: each expert multiplies
-    only the few prompt rows routed to it (T x k / experts on average), where
-    decoding its weight blocks to floats costs as much as the products and
-    int8 dot products read the blocks as they are."""
+    stacks take the model's choice: each expert multiplies only the few
+    prompt rows routed to it (T x k / experts on average), where decoding
+    its weight blocks to floats costs as much as the products and int8 dot
+    products read the blocks as they are."""
     dense = "exact" if kind == "prefill" else numerics
     return ProgramNumerics(dense=dense, experts=numerics)
 
@@ -100,9 +100,9 @@ class CompiledModel:
 
     :attr:`numerics` holds the resolved numerics of the decode steps'
     quantized matmuls and of the expert stacks; the prefill's dense
-    projections stay exact (see :func:`program_numerics`). Where a kernel cannot honour ``"int8"`` (an op
-    on the GPU, bits the integer path lacks) it computes exactly and the
-    executable's ``stats`` say so.
+    projections stay exact (see :func:`program_numerics`). Where a kernel
+    cannot honour ``"int8"`` (an op on the GPU, bits the integer path lacks)
+    it computes exactly and the executable's ``stats`` say so.
 
     ``group`` (an ``mx.distributed`` group of more than one process) runs the
     model tensor-parallel over it: this process builds and runs its rank's

@@ -790,8 +790,8 @@ class Decoder:
                       per_slot: bool = False, bias: bool = True) -> Value:
         """``x`` through the experts ``indices`` ([..., k], from
         :meth:`route`) of expert stack ``name`` (``[experts, N, K]``, its
-        quantization as :meth:`linear`'s, numerics :attr:`expert_numerics`): float32
-        [..., k, N]. ``x`` is [..., K], the same input for every slot, or
+        quantization as :meth:`linear`'s, numerics
+        :attr:`expert_numerics`): float32 [..., k, N]. ``x`` is [..., K], the same input for every slot, or
         with ``per_slot`` [..., k, K], one row per slot (a down projection).
         A stack with a ``.bias`` (``[experts, N]``) adds each slot's
         expert's row (unless ``bias`` is false: a stack split by columns
