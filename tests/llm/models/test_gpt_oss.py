@@ -280,6 +280,27 @@ def test_gguf_mxfp4_experts_are_the_float_values_they_hold(tmp_path):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_gguf_mxfp4_experts_in_int8_stay_close(tmp_path):
+    """The same MXFP4 experts in int8 numerics (the CPU's default): the
+    prefill's experts run the integer kernels too (the 40-token prompt gives
+    each of the 4 experts about 20 rows: the int8 GEMM, and dot products
+    for an expert below 16), as do the decode steps; the logits stay near
+    exact numerics'."""
+    from family_checks import program_logits
+    from gguf_writer import write_gguf_from_hf
+
+    from mlxprog import native
+
+    if mx.default_device() != mx.cpu or not native.default_enabled():
+        pytest.skip("int8 numerics run on the CPU's native kernels (elsewhere: exact)")
+    checkpoint = write_checkpoint(tmp_path / "hf", GPT_OSS)
+    path = write_gguf_from_hf(checkpoint, tmp_path / "model.gguf", stored=_mxfp4_experts)
+    want = program_logits(load_tiny(path, numerics="exact"), PROMPT_IDS, CONTINUATION)
+    got = program_logits(load_tiny(path, numerics="int8"), PROMPT_IDS, CONTINUATION)
+    assert np.abs(got - want).mean() <= 0.05 * np.abs(want).mean()
+    assert not np.array_equal(got[0], want[0])  # the prefill's experts ran int8
+
+
 def test_gguf_names_are_llama_cpps():
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, 1)
     from mlxprog.llm.models import family_for_gguf
