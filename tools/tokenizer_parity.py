@@ -70,6 +70,10 @@ TEXTS = [
     # Numbers of every length, in other scripts, inside words and formats.
     "1 12 123 1234 12345 123456 1234567 12345678901234567890 3.14159 -42 +7e-10\n"
     "1,000,000 0x1F 2024-06-01 07:30:59 ٣٤٥ ５６７ 1st 2nd v1.2.3 $9.99 100% a1b22c333d4444\n",
+    # Case changes inside words (o200k's and Tekken's splits), in ASCII and
+    # beyond, with contractions and paths.
+    "CamelCaseWord HTTPServer iPhone McDONALD'S XMLHttpRequest getURLForID ÉCOLE Élan "
+    "ÀbcDÉf naïveTÉXT ΑθήναΣ ǅungla ǈJ snake_case_name path/to/file/ a/b//c\n",
     # Code: indentation, braces, operators, strings, comments.
     "def fib(n: int) -> int:\n"
     '    """Return the n-th Fibonacci number."""\n'
@@ -152,8 +156,13 @@ BPE_UNMERGED_WORDS = [" Fibonacci", " французских", " indented"]
 
 #: tokenizer.ggml.pre of the tiny byte-level BPE files -> llama.cpp's
 #: ``clean_spaces`` for it (its detokenizer's clean-up of spaces).
-BPE_PRE = {"gpt-2": True, "smollm": False, "starcoder": True, "refact": True,
-           "llama-bpe": True, "qwen2": False}
+BPE_PRE = {"default": True, "gpt-2": True, "smollm": False, "starcoder": True, "refact": True,
+           "llama-bpe": True, "dbrx": True, "qwen2": False, "seed-coder": False,
+           "gpt-4o": False, "tekken": False,
+           # Names llama.cpp gives one of the rules above.
+           "llama3": True, "llama-v3": True, "falcon3": True, "pixtral": True, "midm-2.0": True,
+           "olmo": True, "mpt": True, "trillion": False, "minerva-7b": True, "smaug-bpe": True,
+           "deepseek-r1-qwen": False, "megrez": True, "llama4": False}
 
 #: Most merges learnt from whole texts (learning stops earlier when no pair
 #: occurs twice).
@@ -339,6 +348,8 @@ def phi3_vocabulary() -> dict[str, Any]:
 FILES = {
     **{f"bpe_{pre}": (f"tiny byte-level BPE, pre-tokenizer {pre!r}", "bpe",
                       {"tokenizer.ggml.pre": pre}, clean) for pre, clean in BPE_PRE.items()},
+    "bpe_no_pre": ("tiny byte-level BPE without tokenizer.ggml.pre (llama.cpp's default rules)",
+                   "bpe", {"tokenizer.ggml.pre": None}, True),
     "bpe_llama-bpe_default_bos": (
         "tiny byte-level BPE, pre-tokenizer 'llama-bpe', no add_bos_token key", "bpe",
         {"tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.add_bos_token": None}, True),

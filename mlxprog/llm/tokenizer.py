@@ -43,6 +43,31 @@ _LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SEED_CODER_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                     r"| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Words split where lower case turns to upper (o200k and Tekken), as
+# llama.cpp spells it: a letter outside a-z counts as upper case and one
+# outside A-Z as lower case, so every letter beyond ASCII is both (its
+# expression runs on text whose non-ASCII letters are one stand-in byte):
+# "ÉCOLE" splits after its É, which the tokenizer.json's Lu/Ll classes
+# keep in the word.
+_UPPER = r"(?:(?=\p{L})[^a-z])"
+_LOWER = r"(?:(?=\p{L})[^A-Z])"
+
+
+def _cased_words(suffix: str) -> str:
+    """A word of letters, lower case after any upper case or upper case
+    then lower, after at most one character that is no letter, digit or
+    line break, then ``suffix``."""
+    lead = r"[^\r\n\p{L}\p{N}]?"
+    return f"{lead}{_UPPER}*{_LOWER}+{suffix}|{lead}{_UPPER}+{_LOWER}*{suffix}"
+
+
+_PUNCTUATION_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_GPT4O_SPLIT = _cased_words(_CONTRACTIONS + "?") + r"|\p{N}{1,3}" + _PUNCTUATION_TAIL
+_TEKKEN_SPLIT = _cased_words("") + r"|\p{N}" + _PUNCTUATION_TAIL
+#: GPT-2's expression (the ``ByteLevel`` pre-tokenizer's).
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
 def _gpt2() -> pre_tokenizers.PreTokenizer:
@@ -53,11 +78,21 @@ def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
-def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+def _split_then_bytes(*patterns: str) -> pre_tokenizers.PreTokenizer:
+    """Each pattern splits the pieces the ones before it made (a stretch no
+    match covers stays a piece), as llama.cpp applies a pre-tokenizer's
+    list of expressions; then the pieces' bytes as GPT-2's characters."""
     return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        *(pre_tokenizers.Split(Regex(p), behavior="isolated") for p in patterns),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
+
+
+def _default_splits() -> pre_tokenizers.PreTokenizer:
+    """llama.cpp's rules for a byte-level BPE file that names no
+    pre-tokenizer: runs of punctuation and of ``$+<=>^~|`` first, then GPT-2's
+    expression, then runs of digits cut in threes from the left."""
+    return _split_then_bytes(r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", "[0-9]{3}")
 
 
 @dataclass(frozen=True)
@@ -73,13 +108,32 @@ class _PreTokenizer:
 
 
 _PRE_TOKENIZERS = {
+    "default": _PreTokenizer(_default_splits),
     "gpt-2": _PreTokenizer(_gpt2),
     "smollm": _PreTokenizer(_digits_then_gpt2),
     "starcoder": _PreTokenizer(_digits_then_gpt2),
     "refact": _PreTokenizer(_digits_then_gpt2),
     "llama-bpe": _PreTokenizer(lambda: _split_then_bytes(_LLAMA3_SPLIT), ignore_merges=True,
                                add_bos=True),
+    "dbrx": _PreTokenizer(lambda: _split_then_bytes(_LLAMA3_SPLIT)),
     "qwen2": _PreTokenizer(lambda: _split_then_bytes(_QWEN2_SPLIT)),
+    "seed-coder": _PreTokenizer(lambda: _split_then_bytes(_SEED_CODER_SPLIT)),
+    "gpt-4o": _PreTokenizer(lambda: _split_then_bytes(_GPT4O_SPLIT)),
+    "tekken": _PreTokenizer(lambda: _split_then_bytes(_TEKKEN_SPLIT), ignore_merges=True,
+                            add_bos=True),
+}
+
+#: Other ``tokenizer.ggml.pre`` names llama.cpp gives the same rules (the
+#: files of Llama 3 and Falcon 3, OLMoE, Phi-4, DeepSeek-R1's Qwen
+#: distillations, ...), with the name whose rules they are.
+_PRE_TOKENIZER_ALIASES = {
+    "llama3": "llama-bpe", "llama-v3": "llama-bpe", "falcon3": "llama-bpe",
+    "pixtral": "llama-bpe", "midm-2.0": "llama-bpe",
+    "olmo": "gpt-2", "mpt": "gpt-2", "trillion": "gpt-2",
+    "minerva-7b": "starcoder",
+    "smaug-bpe": "dbrx",
+    "deepseek-r1-qwen": "qwen2", "megrez": "qwen2",
+    "llama4": "gpt-4o",
 }
 
 
@@ -88,7 +142,7 @@ def _byte_level_backend(metadata: Mapping[str, Any], tokens: list[str],
     """``tokenizer.ggml.model`` "gpt2": byte-level BPE with the merges of
     ``tokenizer.ggml.merges`` and llama.cpp's pre-tokenizer for
     ``tokenizer.ggml.pre``."""
-    pre = _PRE_TOKENIZERS[_pre_tokenizer_name(metadata)]
+    pre = _pre_tokenizer(metadata)
     try:
         merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
     except KeyError as e:
@@ -100,13 +154,19 @@ def _byte_level_backend(metadata: Mapping[str, Any], tokens: list[str],
     return backend
 
 
-def _pre_tokenizer_name(metadata: Mapping[str, Any]) -> str:
-    """``tokenizer.ggml.pre`` of a byte-level BPE, one mlxprog supports."""
-    pre = metadata_value(metadata.get("tokenizer.ggml.pre"))
+def _pre_tokenizer(metadata: Mapping[str, Any]) -> _PreTokenizer:
+    """The rules of a byte-level BPE's ``tokenizer.ggml.pre``: one mlxprog
+    supports, or llama.cpp's default ones when the file names none."""
+    pre = metadata_value(metadata.get("tokenizer.ggml.pre", "default"))
+    if not isinstance(pre, str):
+        raise ModelError(f"GGUF key tokenizer.ggml.pre holds {type(pre).__name__} {pre!r:.60}, "
+                         "not a pre-tokenizer name")
+    pre = _PRE_TOKENIZER_ALIASES.get(pre, pre)
     if pre not in _PRE_TOKENIZERS:
-        raise ModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: "
-                         + ", ".join(sorted(_PRE_TOKENIZERS)))
-    return pre
+        raise ModelError(f"GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported; "
+                         "supported: " + ", ".join(sorted([*_PRE_TOKENIZERS,
+                                                           *_PRE_TOKENIZER_ALIASES])))
+    return _PRE_TOKENIZERS[pre]
 
 
 def _sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
@@ -365,7 +425,7 @@ class Tokenizer:
         bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
         # llama.cpp's defaults: SentencePiece vocabularies add BOS, BPE ones
         # only for some pre-tokenizers (Llama 3's).
-        add_bos = model == "llama" or _PRE_TOKENIZERS[_pre_tokenizer_name(metadata)].add_bos
+        add_bos = model == "llama" or _pre_tokenizer(metadata).add_bos
         prefix = [bos] if bos is not None and flag("add_bos_token", add_bos) else []
         suffix = [eos] if eos is not None and flag("add_eos_token", False) else []
         if prefix or suffix:

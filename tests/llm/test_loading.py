@@ -207,8 +207,11 @@ def test_gguf_pre_tokenizers(pre, pieces):
 
 
 def test_gguf_tokenizer_errors():
-    with pytest.raises(ModelError, match="pre-tokenizer 'mystery' is not supported"):
+    with pytest.raises(ModelError, match="pre-tokenizer 'mystery' .* is not supported"):
         Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata("mystery"))
+    with pytest.raises(ModelError, match=r"tokenizer\.ggml\.pre holds list \[1, 2\], not a "
+                                         "pre-tokenizer name"):
+        Tokenizer.from_gguf_metadata(tiny_tokenizer_metadata([1, 2]))
     meta = tiny_tokenizer_metadata()
     meta["tokenizer.ggml.model"] = "bert"  # "llama" (SentencePiece): test_tokenizer_spm.py
     with pytest.raises(ModelError, match=r"tokenizer model 'bert' \(tokenizer\.ggml\.model\) "

@@ -12,7 +12,7 @@ code, whitespace runs and special-token text, on:
   file holds (a vocabulary of ``vocabularies.json`` and changes to its
   metadata): a byte-level BPE for every ``tokenizer.ggml.pre`` mlxprog
   supports (and one without ``add_bos_token``, whose default is the
-  pre-tokenizer's), SentencePiece vocabularies with and without the space
+  pre-tokenizer's, and one without ``tokenizer.ggml.pre``), SentencePiece vocabularies with and without the space
   prefix, and one with Phi-3's special tokens and name;
 - the SentencePiece vocabulary of ``test_tokenizer_spm.py``, with and
   without the space prefix, on that test's strings and 400 random strings
@@ -42,7 +42,7 @@ from llm_fixtures import smollm_path
 
 from mlxprog.ggml.gguf_file import open_gguf
 from mlxprog.llm import Tokenizer
-from mlxprog.llm.tokenizer import _PRE_TOKENIZERS
+from mlxprog.llm.tokenizer import _PRE_TOKENIZER_ALIASES, _PRE_TOKENIZERS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer_parity"
 #: The tiny vocabularies' metadata, which the data files' recipes change.
@@ -118,8 +118,9 @@ def parity(request, tmp_path) -> tuple[dict[str, Any], Tokenizer, str]:
 def test_data_covers_every_vocabulary_kind():
     data = [load_data(name) for name in FILES]
     metadata = [vocabulary_metadata(d["recipe"]) for d in data if "recipe" in d]
-    assert {m["tokenizer.ggml.pre"] for m in metadata
-            if m["tokenizer.ggml.model"] == "gpt2"} == set(_PRE_TOKENIZERS)
+    # Every name mlxprog takes, and a file that names none.
+    assert {m.get("tokenizer.ggml.pre") for m in metadata if m["tokenizer.ggml.model"] == "gpt2"
+            } == {*_PRE_TOKENIZERS, *_PRE_TOKENIZER_ALIASES, None}
     assert {m.get("tokenizer.ggml.add_space_prefix", True) for m in metadata
             if m["tokenizer.ggml.model"] == "llama"} == {False, True}
     assert any("phi-3" in m.get("general.name", "").lower() for m in metadata)
