@@ -112,12 +112,21 @@ class _Scope:
         values = self._operands(operands, where)
         inst = Instruction(op=name, operands=[v.ref for v in values], attrs=attrs,
                            subprograms=subprograms or {})
-        _, _, out_avals, results, _ = infer(
-            # Only structured ops read the base (to validate their subprograms).
-            self.root.base() if spec.subprograms else None, spec,
-            self.root.at_sample(inst, where), [v.aval for v in values],
-            [v.placeholder for v in values], path, self.root.limits, self.root._context,
-        )
+        sample = self.root.at_sample(inst, where)
+        # An op applied again with the same attrs to operands of the same
+        # avals (a model's next layer) infers alike: the first inference serves.
+        key = None if subprograms else (name, repr(sample.attrs), *(v.aval for v in values))
+        inferred = self.root._inferred.get(key) if key is not None else None
+        if inferred is None:
+            inferred = infer(
+                # Only structured ops read the base (to validate their subprograms).
+                self.root.base() if spec.subprograms else None, spec, sample,
+                [v.aval for v in values], [v.placeholder for v in values], path,
+                self.root.limits, self.root._context,
+            )
+            if key is not None:
+                self.root._inferred[key] = inferred
+        _, _, out_avals, results, _ = inferred
         self.instructions.append(inst)
         outs = tuple(
             Value(self, Ref.of("result", self.n_results + k), aval, ph)
@@ -276,6 +285,8 @@ class ProgramBuilder(_Scope):
         self.constants: list[Constant] = []
         self._values: list[Value] = []  # input, capture, constant values (for placeholders)
         self._constant_cache: dict[tuple, Value] = {}
+        # (op, attrs at the sample, *operand avals) -> infer's result.
+        self._inferred: dict[tuple, tuple] = {}
         self._base: Base | None = None
         super().__init__(self, (), ())
 

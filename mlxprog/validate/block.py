@@ -167,8 +167,9 @@ class _Scope:
         # This runs once per instruction (100,000 times for a large program), so
         # the common case is kept cheap: the op's spec and operand range come
         # from a per-scope table, result refs (most operands) are resolved
-        # inline, and an instruction without attrs or subprograms whose op and
-        # operand avals were seen before reuses the earlier inference.
+        # inline, and an instruction without subprograms whose op, attrs and
+        # operand avals were seen before (a model's layers) reuses the earlier
+        # inference: attrs models are frozen and shapes depend on no values.
         op, operands = inst.op, inst.operands
         base = self.base
         base.instructions += 1
@@ -194,7 +195,9 @@ class _Scope:
             key.append(avals[slot])
         args = tuple(slots)
         path = (*self.path, index) if self.path else (index,)
-        key = None if inst.attrs or inst.subprograms else tuple(key)  # (op, *avals)
+        if inst.attrs:
+            key.append(repr(inst.attrs))
+        key = None if inst.subprograms else tuple(key)  # (op, *avals[, attrs])
         inferred = self.inferred.get(key)
         if inferred is None:
             inferred = infer(base, spec, inst, [avals[s] for s in args],

@@ -168,6 +168,9 @@ def _lift_outputs(program: Program, input_shapes, samples):
     candidates.extend(attr_expressions(program.instructions))
     dims = sorted(program.dims)
     candidates.extend(BinOp("*", a, b) for i, a in enumerate(dims) for b in dims[i:])
+    # Once each, first place kept: the first match is the same, and a model's
+    # layers repeat the same expressions in their attributes.
+    candidates = list(dict.fromkeys(candidates))
     bindings = [b for b, _ in samples]
     # A dim that can vary but has one value at every sample that validated
     # (only the all-minimum binding did, say) cannot be told from a constant.
@@ -190,13 +193,14 @@ def _match(sizes: list[int], bindings: list[dict], candidates: list[Expr],
     candidate expression matching it; None (shown ``?``) when nothing
     matches, or when an expression over a ``stuck`` dim matches too, as the
     samples cannot say which it is."""
-    matching = [c for c in candidates
-                if all(_value(c, b) == s for b, s in zip(bindings, sizes))]
-    if any(names(c) & stuck for c in matching):
+    def fits(c: Expr) -> bool:
+        return all(_value(c, b) == s for b, s in zip(bindings, sizes))
+
+    if stuck and any(names(c) & stuck and fits(c) for c in candidates):
         return None
     if len(set(sizes)) == 1:
         return sizes[0]
-    return matching[0] if matching else None
+    return next((c for c in candidates if fits(c)), None)
 
 
 def _value(expr: Expr, bindings: Mapping[str, int]) -> int | None:
