@@ -121,8 +121,8 @@ class _Scope:
         self.prefix = f"{render(path)} > " if path else ""
         # op name -> (spec, min operands, max operands), looked up once per scope
         self.ops: dict[str, tuple[OpSpec, int, int | None]] = {}
-        # Instructions without attrs or subprograms whose op and operand avals
-        # match infer alike: (op, *avals) -> infer's result, computed once.
+        # Instructions without subprograms whose op, operand avals and attrs
+        # match infer alike: (op, *avals[, attrs]) -> infer's result, computed once.
         self.inferred: dict[tuple, tuple] = {}
 
     def where(self, index: int) -> str:
