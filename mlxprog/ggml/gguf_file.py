@@ -547,6 +547,7 @@ def describe(model: GGUFFile) -> str:
         f"architecture: {_shown(architecture)}",
         f"name: {_shown(meta.get('general.name'))}",
         f"parameters: {parameters:,}{_scaled(parameters)}",
+        *_experts_line(meta, architecture, tensors, parameters),
         f"context length: {_shown(meta.get(f'{architecture}.context_length'))}",
         f"chat template: {'yes' if meta.get('tokenizer.chat_template') else 'no'}",
         f"tokenizer: {_shown(meta.get('tokenizer.ggml.model'))}, vocabulary {vocab}",
@@ -572,6 +573,23 @@ def describe(model: GGUFFile) -> str:
     else:
         lines.append("every tensor type is supported")
     return "\n".join(lines)
+
+
+def _experts_line(meta: dict[str, Any], architecture: Any, tensors: list,
+                  parameters: int) -> list[str]:
+    """A mixture of experts' line: its experts per layer, how many each token
+    uses and the parameters a token reads (the expert stacks, ``*_exps``
+    tensors, counted at that share); none for a dense file."""
+    count = meta.get(f"{architecture}.expert_count")
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+        return []
+    used = meta.get(f"{architecture}.expert_used_count")
+    if not isinstance(used, int) or isinstance(used, bool) or not 0 < used <= count:
+        return [f"experts: {count:,} per layer, experts used per token {_shown(used)}"]
+    stacked = sum(t.elements for t in tensors if "_exps." in t.name)
+    active = parameters - stacked + stacked * used // count
+    return [f"experts: {count:,} per layer, {used:,} used per token "
+            f"(active parameters {active:,}{_scaled(active)})"]
 
 
 def _shown(value: Any) -> str:

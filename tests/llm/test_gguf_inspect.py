@@ -133,3 +133,34 @@ def test_inspect_smollm2(capsys):
                  "tokenizer: gpt2, vocabulary 49,152 tokens", "tensors: 272",
                  "  Q4_1       210  66,355,200 (63.3 MiB)", "every tensor type is supported"):
         assert line + "\n" in out, out
+
+
+@pytest.mark.parametrize("used, line", [
+    (2, "experts: 4 per layer, 2 used per token (active parameters 96)"),
+    (None, "experts: 4 per layer, experts used per token (not set)"),
+    (5, "experts: 4 per layer, experts used per token 5"),
+])
+def test_describe_a_mixture_of_experts(tmp_path, used, line):
+    path = tmp_path / "moe.gguf"
+    writer = gguf.GGUFWriter(path, "qwen3moe")
+    writer.add_expert_count(4)
+    if used is not None:
+        writer.add_expert_used_count(used)
+    # 64 dense parameters and an expert stack of 4 experts x 2 x 8: a token
+    # reads the dense ones and 2 of the 4 experts' 16.
+    writer.add_tensor("token_embd.weight", np.zeros((4, 16), np.float32))
+    writer.add_tensor("blk.0.ffn_up_exps.weight", np.zeros((4, 2, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with open_gguf(path) as model:
+        text = describe(model)
+    assert "parameters: 128\n" + line + "\n" in text, text
+
+
+def test_describe_a_dense_model_names_no_experts(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_model(path)
+    with open_gguf(path) as model:
+        assert "experts" not in describe(model)
