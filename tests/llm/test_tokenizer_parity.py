@@ -12,8 +12,9 @@ code, whitespace runs and special-token text, on:
   file holds (a vocabulary of ``vocabularies.json`` and changes to its
   metadata): a byte-level BPE for every ``tokenizer.ggml.pre`` mlxprog
   supports (and one without ``add_bos_token``, whose default is the
-  pre-tokenizer's, and one without ``tokenizer.ggml.pre``), SentencePiece vocabularies with and without the space
-  prefix, and one with Phi-3's special tokens and name;
+  pre-tokenizer's, and one without ``tokenizer.ggml.pre``), SentencePiece
+  vocabularies with and without the space prefix, and one with Phi-3's
+  special tokens and name;
 - the SentencePiece vocabulary of ``test_tokenizer_spm.py``, with and
   without the space prefix, on that test's strings and 400 random strings
   of its pieces, byte-fallback characters and special-token text.
