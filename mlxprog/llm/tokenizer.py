@@ -39,12 +39,15 @@ _SPM_SPACE = "\u2581"
 # the tokenizer.json's (?i:'s|...): Oniguruma's case folding also takes the
 # long s (U+017F) for an s, so "x'ſa" would split after "'ſ".
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SEED_CODER_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                     r"| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+# The parts llama.cpp's expressions share: at most one character that is no
+# letter, digit or line break before a word's letters, a word (a contraction
+# or such letters), and the whitespace rules that end each expression.
+_LEAD = r"[^\r\n\p{L}\p{N}]?"
+_WORD = _CONTRACTIONS + "|" + _LEAD + r"\p{L}+"
+_SPACES = r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = _WORD + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _SPACES
+_QWEN2_SPLIT = _WORD + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _SPACES
+_SEED_CODER_SPLIT = _WORD + r"|\p{N}| ?[^\s\p{L}\p{N}\r\n]+" + _SPACES
 # Words split where lower case turns to upper (o200k and Tekken), as
 # llama.cpp spells it: a letter outside a-z counts as upper case and one
 # outside A-Z as lower case, so every letter beyond ASCII is both (its
@@ -59,13 +62,12 @@ def _cased_words(suffix: str) -> str:
     """A word of letters, lower case after any upper case or upper case
     then lower, after at most one character that is no letter, digit or
     line break, then ``suffix``."""
-    lead = r"[^\r\n\p{L}\p{N}]?"
-    return f"{lead}{_UPPER}*{_LOWER}+{suffix}|{lead}{_UPPER}+{_LOWER}*{suffix}"
+    return f"{_LEAD}{_UPPER}*{_LOWER}+{suffix}|{_LEAD}{_UPPER}+{_LOWER}*{suffix}"
 
 
-_PUNCTUATION_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-_GPT4O_SPLIT = _cased_words(_CONTRACTIONS + "?") + r"|\p{N}{1,3}" + _PUNCTUATION_TAIL
-_TEKKEN_SPLIT = _cased_words("") + r"|\p{N}" + _PUNCTUATION_TAIL
+_GPT4O_SPLIT = (_cased_words(_CONTRACTIONS + "?") + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+                + _SPACES)
+_TEKKEN_SPLIT = _cased_words("") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _SPACES
 #: GPT-2's expression (the ``ByteLevel`` pre-tokenizer's).
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
