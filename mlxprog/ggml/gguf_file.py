@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 import mlx.core as mx
 import numpy as np
 
+from ..arrays import is_int
 from ..errors import ModelError
 from .types import BY_ID, RETIRED, GGMLType
 
@@ -581,10 +582,10 @@ def _experts_line(meta: dict[str, Any], architecture: Any, tensors: list,
     uses and the parameters a token reads (the expert stacks, ``*_exps``
     tensors, counted at that share); none for a dense file."""
     count = meta.get(f"{architecture}.expert_count")
-    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+    if not is_int(count) or count <= 0:
         return []
     used = meta.get(f"{architecture}.expert_used_count")
-    if not isinstance(used, int) or isinstance(used, bool) or not 0 < used <= count:
+    if not is_int(used) or not 0 < used <= count:
         return [f"experts: {count:,} per layer, experts used per token {_shown(used)}"]
     stacked = sum(t.elements for t in tensors if "_exps." in t.name)
     active = parameters - stacked + stacked * used // count
@@ -597,7 +598,7 @@ def _shown(value: Any) -> str:
     thousands separators, long ones are cut short."""
     if value is None:
         return "(not set)"
-    text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+    text = f"{value:,}" if is_int(value) else str(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
