@@ -44,11 +44,14 @@ inline __m256i dot_s8s8(__m256i a, __m256i b) {
 }
 
 // 32 bytes of 4-bit codes (16 bytes: low nibbles are elements 0..15, high
-// nibbles 16..31, as GGML's 32-blocks store them) as 32 bytes 0..15.
+// nibbles 16..31, as GGML's 32-blocks store them) as 32 bytes 0..15: the 16
+// bytes loaded into both halves (a load, no shuffle), the high half shifted
+// right by 4 bits.
 inline __m256i nibbles_32(const uint8_t* p) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+  const __m256i both =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
 }  // namespace
