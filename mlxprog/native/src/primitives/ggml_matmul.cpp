@@ -160,18 +160,21 @@ void int8_gemm_tiles(const quants::TypeKernels& k, quants::Int8Gemm gemm, int64_
   }
 }
 
-// The exact numerics' counterpart of int8_tile for a few rows of x: the
-// tile's weight rows dequantized into `scratch` (kRowsPerTile * K floats),
-// then float32 dot products with x's rows (dense, K floats each).
+// The exact numerics' counterpart of int8_tile for a few rows of x: each
+// weight row of the tile dequantized into `scratch` (K floats: it stays in
+// L1, where a whole tile's rows would not), then its float32 dot products
+// with x's rows (dense, K floats each).
 template <class Rows>
 void exact_tile(const quants::TypeKernels& k, const quants::QuantKernels& table, int64_t K,
                 const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                 int64_t count, const Rows& rows, float* y, int64_t ldy, float* scratch) {
   const quants::DotF32 dot = quants::resolve_dot_f32(table);
-  for (int64_t n = n0; n < n1; ++n) k.dequantize_row(w + n * row_bytes, scratch + (n - n0) * K, K);
-  for (int64_t i = 0; i < count; ++i) {
-    const auto [xi, yi] = rows(i);
-    for (int64_t n = n0; n < n1; ++n) y[yi * ldy + n] = dot(K, scratch + (n - n0) * K, x + xi * K);
+  for (int64_t n = n0; n < n1; ++n) {
+    k.dequantize_row(w + n * row_bytes, scratch, K);
+    for (int64_t i = 0; i < count; ++i) {
+      const auto [xi, yi] = rows(i);
+      y[yi * ldy + n] = dot(K, scratch, x + xi * K);
+    }
   }
 }
 
@@ -219,7 +222,7 @@ void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table,
     return;
   }
   pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> rows(kRowsPerTile * K);
+    std::vector<float> rows(K);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
       exact_tile(k, table, K, w, row_bytes, n0, n1, x, M, same_row, y, ldy, rows.data());
@@ -290,7 +293,7 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const int64_t items = static_cast<int64_t>(few.size()) * tiles;
   pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
                     [&](int64_t i0, int64_t i1) {
-    std::vector<float> scratch(int8 ? 0 : kRowsPerTile * K);
+    std::vector<float> scratch(int8 ? 0 : K);
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t e = few[item / tiles], t = item % tiles;
       const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
