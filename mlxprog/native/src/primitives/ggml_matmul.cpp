@@ -183,51 +183,106 @@ std::pair<int64_t, int64_t> same_row(int64_t i) { return {i, i}; }
 
 }  // namespace
 
+void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table,
+                       const std::vector<GgmlPart>& parts, const float* x, int64_t M, int64_t K,
+                       bool int8, float* y, int64_t ldy) {
+  if (M == 0) return;
+  // Each part's kernels and layout, and the columns of y it fills.
+  struct Layout {
+    quants::TypeKernels k;
+    const quants::TypeInfo* info;
+    const uint8_t* w;
+    int64_t rows, row_bytes, column, tiles;
+  };
+  std::vector<Layout> layouts;
+  int64_t columns = 0;
+  for (const GgmlPart& part : parts) {
+    const quants::TypeInfo* info = quants::type_info(part.type);
+    layouts.push_back({type_kernels(table, part.type), info, part.w, part.rows,
+                       K / info->block * info->block_bytes, columns,
+                       (part.rows + kRowsPerTile - 1) / kRowsPerTile});
+    columns += part.rows;
+  }
+  if (columns == 0) return;
+  ThreadPool& pool = ThreadPool::instance();
+  // The parts whose products go tile by tile (few rows of x: a decode step)
+  // share one pool job over all their tiles, the parts' tiles one after
+  // another, rather than a job and a wait per part. `xq` holds x quantized
+  // into each activation type the parts need (int8), once per type.
+  std::vector<const Layout*> tiled;
+  std::vector<std::vector<uint8_t>> xq(int8 ? quants::kActivations : 0);
+  auto quantized = [&](const Layout& l) -> const std::vector<uint8_t>& {
+    std::vector<uint8_t>& q = xq[static_cast<int>(l.info->activation)];
+    if (q.empty())
+      q = quantize_activations(table, *l.info, x, M, K, quants::activation_row_bytes(*l.info, K));
+    return q;
+  };
+  if (int8) {
+    for (const Layout& l : layouts) {
+      if (M < kInt8GemmMinRows || !l.k.unpack_row) {
+        tiled.push_back(&l);
+        continue;
+      }
+      // Many rows: each tile of weight rows is unpacked once for all of
+      // them (the type's unpack_row) and multiplied by the int8 GEMM.
+      const std::vector<uint8_t>& q = quantized(l);
+      const size_t act_row = quants::activation_row_bytes(*l.info, K);
+      const quants::Int8Gemm gemm = quants::resolve_int8_gemm(table, l.info->activation);
+      const size_t unpacked_row = quants::int8_row_bytes(*l.info, K);
+      pool.parallel_for(l.tiles, std::max<int64_t>(1, l.tiles / (4 * pool.threads())),
+                        [&](int64_t t0, int64_t t1) {
+        int8_gemm_tiles(l.k, gemm, K, l.w, l.row_bytes, l.rows, t0, t1, q.data(), act_row, M,
+                        y + l.column, ldy, unpacked_row);
+      });
+    }
+  } else if (M >= kPanelGemmMinRows) {
+    // Many rows: one GEMM over every part's rows (x packed once), each
+    // weight row dequantized exactly as its part's type gives it.
+    panel_gemm(kernels, x, M, K, columns,
+               [&](int64_t n, float* dst) {
+                 const Layout* l = layouts.data();
+                 while (n >= l->column + l->rows) ++l;
+                 l->k.dequantize_row(l->w + (n - l->column) * l->row_bytes, dst, K);
+               },
+               y, ldy);
+    return;
+  } else {
+    for (const Layout& l : layouts) tiled.push_back(&l);
+  }
+  if (tiled.empty()) return;
+  for (const Layout* l : tiled)
+    if (int8) quantized(*l);
+  // Work items: (part, tile of its rows), part by part.
+  std::vector<int64_t> first_item;  // each tiled part's first item
+  int64_t items = 0;
+  for (const Layout* l : tiled) {
+    first_item.push_back(items);
+    items += l->tiles;
+  }
+  pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
+                    [&](int64_t i0, int64_t i1) {
+    std::vector<float> scratch(int8 ? 0 : K);
+    size_t j = 0;
+    for (int64_t item = i0; item < i1; ++item) {
+      while (j + 1 < tiled.size() && item >= first_item[j + 1]) ++j;
+      const Layout& l = *tiled[j];
+      const int64_t t = item - first_item[j];
+      const int64_t n0 = t * kRowsPerTile, n1 = std::min(l.rows, n0 + kRowsPerTile);
+      if (int8)
+        int8_tile(l.k, K, l.w, l.row_bytes, l.w + l.rows * l.row_bytes, n0, n1,
+                  xq[static_cast<int>(l.info->activation)].data(),
+                  quants::activation_row_bytes(*l.info, K), M, same_row, y + l.column, ldy);
+      else
+        exact_tile(l.k, table, K, l.w, l.row_bytes, n0, n1, x, M, same_row, y + l.column, ldy,
+                   scratch.data());
+    }
+  });
+}
+
 void ggml_matmul_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,
                       const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
                       bool int8, float* y, int64_t ldy) {
-  if (M == 0 || N == 0) return;
-  const quants::TypeInfo& info = *quants::type_info(type);
-  const quants::TypeKernels k = type_kernels(table, type);
-  const int64_t row_bytes = K / info.block * info.block_bytes;
-  const uint8_t* w_end = w + N * row_bytes;
-  ThreadPool& pool = ThreadPool::instance();
-  // Chunks of whole tiles, about four per thread (uneven rows balance).
-  const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
-  const int64_t grain = std::max<int64_t>(1, tiles / (4 * pool.threads()));
-  if (int8) {
-    const size_t act_row = quants::activation_row_bytes(info, K);
-    const std::vector<uint8_t> xq = quantize_activations(table, info, x, M, K, act_row);
-    if (M >= kInt8GemmMinRows && k.unpack_row) {
-      const quants::Int8Gemm gemm = quants::resolve_int8_gemm(table, info.activation);
-      const size_t unpacked_row = quants::int8_row_bytes(info, K);
-      pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-        int8_gemm_tiles(k, gemm, K, w, row_bytes, N, t0, t1, xq.data(), act_row, M, y, ldy,
-                        unpacked_row);
-      });
-      return;
-    }
-    pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-        int8_tile(k, K, w, row_bytes, w_end, n0, n1, xq.data(), act_row, M, same_row, y, ldy);
-      }
-    });
-    return;
-  }
-  if (M >= kPanelGemmMinRows) {
-    panel_gemm(kernels, x, M, K, N,
-               [&](int64_t n, float* dst) { k.dequantize_row(w + n * row_bytes, dst, K); }, y,
-               ldy);
-    return;
-  }
-  pool.parallel_for(tiles, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> rows(K);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kRowsPerTile, n1 = std::min(N, n0 + kRowsPerTile);
-      exact_tile(k, table, K, w, row_bytes, n0, n1, x, M, same_row, y, ldy, rows.data());
-    }
-  });
+  ggml_matmul_parts(kernels, table, {GgmlPart{type, w, N}}, x, M, K, int8, y, ldy);
 }
 
 void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table, int type,

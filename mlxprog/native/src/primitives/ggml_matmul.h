@@ -4,12 +4,30 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "primitive.h"
 #include "primitives/expert_slots.h"
 #include "quants/quants.h"
 
 namespace mlxprog {
+
+// One of the matrices a matmul applies to the same x: `rows` weight rows of
+// GGML type `type` (GGUF's id) at w.
+struct GgmlPart {
+  int type;
+  const uint8_t* w;
+  int64_t rows;
+};
+
+// ggml_matmul_rows of each part in turn, the parts' products side by side in
+// y (row stride ldy): part i fills the columns after part i - 1's. The
+// parts' few-row tiles (a decode step) run as one pool job and their exact
+// panels as one GEMM (x packed once), where part by part each would wait
+// for the pool on its own.
+void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table,
+                       const std::vector<GgmlPart>& parts, const float* x, int64_t M, int64_t K,
+                       bool int8, float* y, int64_t ldy);
 
 // Columns [0, N) of y's M rows (row stride ldy) = x (M x K float32, dense)
 // @ dequantize(w).T, w N rows of GGML type `type` (GGUF's id) in `table`'s

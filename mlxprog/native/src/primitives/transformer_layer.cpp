@@ -96,14 +96,11 @@ class TransformerLayer : public mx::Primitive {
               run_qmm(x, DType::f32, M, K, N, matrix, true, int8, out);
               return;
             }
-            int64_t column = 0;
-            for (size_t i = 0; i < parts[which].size(); ++i) {
-              const int64_t rows = inputs[first + i].shape(0);
-              ggml_matmul_rows(*kernel_table, *quant, parts[which][i], x, M, K,
-                               static_cast<const uint8_t*>(data(first + i)), rows, int8,
-                               out + column, N);
-              column += rows;
-            }
+            std::vector<GgmlPart> matrices;
+            for (size_t i = 0; i < parts[which].size(); ++i)
+              matrices.push_back({parts[which][i], static_cast<const uint8_t*>(data(first + i)),
+                                  inputs[first + i].shape(0)});
+            ggml_matmul_parts(*kernel_table, *quant, matrices, x, M, K, int8, out, N);
           };
           float* h = h_out.data<float>();
           std::vector<float> x(M * hidden), qkv(M * F), attn(M * A), y(M * hidden), gate_up(M * G),
