@@ -63,6 +63,12 @@ inline void prefetch_rows(const uint8_t* row, int64_t bytes, const uint8_t* end)
   for (const uint8_t* p = row; p < stop; p += 64) __builtin_prefetch(p, 0, 3);
 }
 
+// The grain of a pool job over `items` pieces of work: about four chunks a
+// thread, so that uneven pieces balance.
+int64_t grain_of(int64_t items, const ThreadPool& pool) {
+  return std::max<int64_t>(1, items / (4 * pool.threads()));
+}
+
 // The type's kernels in the quant table of kernel table `isa`.
 quants::TypeKernels type_kernels(const quants::QuantKernels& table, int type) {
   quants::TypeKernels k{};
@@ -87,7 +93,7 @@ std::vector<uint8_t> quantize_activations(const quants::QuantKernels& table,
   if (M < 4 * pool.threads())
     quantize_rows(0, M);
   else
-    pool.parallel_for(M, M / (4 * pool.threads()), quantize_rows);
+    pool.parallel_for(M, grain_of(M, pool), quantize_rows);
   return xq;
 }
 
@@ -229,8 +235,7 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
       const size_t act_row = quants::activation_row_bytes(*l.info, K);
       const quants::Int8Gemm gemm = quants::resolve_int8_gemm(table, l.info->activation);
       const size_t unpacked_row = quants::int8_row_bytes(*l.info, K);
-      pool.parallel_for(l.tiles, std::max<int64_t>(1, l.tiles / (4 * pool.threads())),
-                        [&](int64_t t0, int64_t t1) {
+      pool.parallel_for(l.tiles, grain_of(l.tiles, pool), [&](int64_t t0, int64_t t1) {
         int8_gemm_tiles(l.k, gemm, K, l.w, l.row_bytes, l.rows, t0, t1, q.data(), act_row, M,
                         y + l.column, ldy, unpacked_row);
       });
@@ -259,8 +264,7 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
     first_item.push_back(items);
     items += l->tiles;
   }
-  pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
-                    [&](int64_t i0, int64_t i1) {
+  pool.parallel_for(items, grain_of(items, pool), [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(int8 ? 0 : K);
     size_t j = 0;
     for (int64_t item = i0; item < i1; ++item) {
@@ -346,8 +350,7 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   // Work items: (expert, tile of its rows), expert by expert, so a chunk
   // reads one expert's rows once for all of its slots.
   const int64_t items = static_cast<int64_t>(few.size()) * tiles;
-  pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())),
-                    [&](int64_t i0, int64_t i1) {
+  pool.parallel_for(items, grain_of(items, pool), [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(int8 ? 0 : K);
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t e = few[item / tiles], t = item % tiles;
@@ -478,7 +481,7 @@ class GgmlDequantize : public QuantPrimitive {
           const uint8_t* src = static_cast<const uint8_t*>(contiguous_data(blocks, keep));
           float* dst = out.data<float>();
           ThreadPool& pool = ThreadPool::instance();
-          pool.parallel_for(rows, std::max<int64_t>(1, rows / (4 * pool.threads())),
+          pool.parallel_for(rows, grain_of(rows, pool),
                             [&](int64_t r0, int64_t r1) {
                               for (int64_t r = r0; r < r1; ++r)
                                 k.dequantize_row(src + r * row_bytes, dst + r * K, K);
