@@ -22,9 +22,10 @@ ROWS = {"qkv": (H * D, HKV * D, HKV * D), "o": (HIDDEN,), "gate_up": (WIDTH, WID
 FEATURES = {"qkv": HIDDEN, "o": H * D, "gate_up": HIDDEN, "down": WIDTH}
 
 
-def operands(rng) -> dict[str, np.ndarray]:
-    """Every operand of the layer but the offsets, by name."""
-    out = {"h": rng.standard_normal((B, T, HIDDEN)).astype(np.float32),
+def operands(rng, tokens: int = T) -> dict[str, np.ndarray]:
+    """Every operand of the layer but the offsets, by name (``tokens`` rows
+    of h per sequence)."""
+    out = {"h": rng.standard_normal((B, tokens, HIDDEN)).astype(np.float32),
            "input_norm": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32)}
     for name, types in zip(("qkv", "o", "gate_up", "down"), PARTS):
         if name == "gate_up":
@@ -48,25 +49,29 @@ def program(values: dict[str, np.ndarray], numerics: str, parts=PARTS) -> mp.Pro
 
 def run(values, numerics: str, native: bool, steps: int = 3) -> list[np.ndarray]:
     """The layer's h and caches after ``steps`` calls, each writing at the
-    next T slots."""
+    next slots (as many as h has rows per sequence)."""
     exe = mp.compile(program(values, numerics), native=native)
     state = dict(values)
+    tokens = values["h"].shape[1]
     for step in range(steps):
-        offset = np.array(step * T, np.int32)
-        h, k, v = exe(*state.values(), offset, np.full((B,), step * T, np.int32))
+        offset = np.array(step * tokens, np.int32)
+        h, k, v = exe(*state.values(), offset, np.full((B,), step * tokens, np.int32))
         state.update(k_cache=np.array(k), v_cache=np.array(v))
     if native:
         assert exe.stats.native_ops.get("transformer_layer") == 1  # counted at the trace
     return [np.array(h), state["k_cache"], state["v_cache"]]
 
 
+# Decode-sized steps (the parts' tiles in one pool job) and a prefill-sized
+# one (18 rows: the exact panels as one GEMM over the parts, the int8 GEMM).
+@pytest.mark.parametrize("tokens, steps", [(T, 3), (9, 1)])
 @pytest.mark.parametrize("numerics", ["exact", "int8"])
-def test_native_layer_equals_its_ops(numerics):
+def test_native_layer_equals_its_ops(numerics, tokens, steps):
     if mx.default_device() != mx.cpu:
         pytest.skip("the native layer runs on the CPU")
-    values = operands(np.random.default_rng(5))
-    want = run(values, "exact", native=False)
-    got = run(values, numerics, native=True)
+    values = operands(np.random.default_rng(5), tokens)
+    want = run(values, "exact", native=False, steps=steps)
+    got = run(values, numerics, native=True, steps=steps)
     tol = 1e-4 if numerics == "exact" else 5e-2
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol * np.abs(w).max())
