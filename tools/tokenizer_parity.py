@@ -68,6 +68,11 @@ TEXTS = [
     "🧑🏿\u200d💻!\n"
     "Symbols: ©®™ ½ ² ①②③ → ≠ ∑ √2 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ẞ ﬁ e\u0301 zero\u200bwidth\u200djoin "
     "\ufeffbom\n",
+    # DeepSeek's listed ranges: Hangul, full-width letters and punctuation,
+    # polytonic Greek, letter-like symbols, Deseret, Glagolitic, scripts
+    # between U+0800 and CJK, and whitespace inside those ranges.
+    "한국어 텍스트입니다. ＦＵＬＬ\u3000ｗｉｄｔｈ！？ 「引用」、‘quote’ “dq” \u1f62\u1f7d \u1fbe\u1fd3 "
+    "\u2126=5\u2126 300\u212a 𐐀𐐨 Ⰰⰰ हिन्दी ไทย ひらがな\u3000\u3000カタカナ\u2003漢字 x\u3000\u3000。\n",
     # Numbers of every length, in other scripts, inside words and formats.
     "1 12 123 1234 12345 123456 1234567 12345678901234567890 3.14159 -42 +7e-10\n"
     "1,000,000 0x1F 2024-06-01 07:30:59 ٣٤٥ ５６７ 1st 2nd v1.2.3 $9.99 100% a1b22c333d4444\n",
@@ -159,7 +164,7 @@ BPE_UNMERGED_WORDS = [" Fibonacci", " французских", " indented"]
 #: ``clean_spaces`` for it (its detokenizer's clean-up of spaces).
 BPE_PRE = {"default": True, "gpt-2": True, "smollm": False, "starcoder": True, "refact": True,
            "llama-bpe": True, "dbrx": True, "qwen2": False, "seed-coder": False,
-           "gpt-4o": False, "tekken": False,
+           "gpt-4o": False, "tekken": False, "deepseek-llm": False, "deepseek-coder": False,
            # Names llama.cpp gives one of the rules above.
            "llama3": True, "llama-v3": True, "falcon3": True, "pixtral": True, "midm-2.0": True,
            "olmo": True, "mpt": True, "trillion": False, "minerva-7b": True, "smaug-bpe": True,

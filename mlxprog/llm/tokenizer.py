@@ -72,6 +72,49 @@ _TEKKEN_SPLIT = _cased_words("") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _SPACE
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
+# DeepSeek LLM's letters (llama.cpp's "deepseek-llm" lists them as ranges:
+# most scripts' cased letters, not CJK's, Hangul's or other scripts' uncased ones).
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00B5\u00C0-\u00D6\u00D8-\u00F6\u00F8-\u01BA\u01BC-\u01BF\u01C4-\u0293"
+    "\u0295-\u02AF\u0370-\u0373\u0376\u0377\u037B-\u037D\u037F\u0386\u0388-\u038A"
+    "\u038C\u038E-\u03A1\u03A3-\u03F5\u03F7-\u0481\u048A-\u052F\u0531-\u0556"
+    "\u10A0-\u10C5\u13A0-\u13F5\u13F8-\u13FD\u1C90-\u1CBA\u1CBD-\u1CBF\u1D00-\u1D2B"
+    "\u1D6B-\u1D77\u1D79-\u1D9A\u1E00-\u1F15\u1F18-\u1F1D\u1F20-\u1F45\u1F48-\u1F4D"
+    "\u1F50-\u1F57\u1F59\u1F5B\u1F5D\u1F5F-\u1F7D\u1F80-\u1FB4\u1FB6-\u1FBC\u1FBE"
+    "\u1FC2-\u1FC4\u1FC6-\u1FCC\u1FD0-\u1FD3\u1FD6-\u1FDB\u1FE0-\u1FEC\u1FF2-\u1FF4"
+    "\u1FF6-\u1FFC\u2102\u2107\u210A-\u2113\u2115\u2119-\u211D\u2124\u2126\u2128"
+    "\u212A-\u212D\u212F-\u2134\u2139\u213C-\u213F\u2145-\u2149\u214E\u2183\u2184"
+    "\u2C00-\u2C7B\u2C7E-\u2CE4\u2CEB-\u2CEE\u2CF2\u2CF3\uA640-\uA66D\uA680-\uA69B"
+    "\uA722-\uA76F\uA771-\uA787\uA78B-\uA78E\uAB70-\uABBF\uFB00-\uFB06\uFB13-\uFB17"
+    "\uFF21-\uFF3A\uFF41-\uFF5A\U00010400-\U0001044F\U000104B0-\U000104D3"
+    "\U000104D8-\U000104FB\U00010C80-\U00010CB2\U00010CC0-\U00010CF2\U000118A0-\U000118DF"
+    "\U0001E900-\U0001E943"
+)
+# Runs of CJK ideographs, of everything from U+0800 to them, and of Hangul:
+# DeepSeek's, less whitespace (`&&\S`). llama.cpp runs its expressions that
+# list characters on text whose non-ASCII whitespace is one stand-in control
+# character, so the whitespace inside these ranges (U+2000-U+200A, U+3000, ...)
+# never matches them there.
+_DEEPSEEK_CJK = "[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF&&\\S]+"
+
+
+def _deepseek_llm() -> pre_tokenizers.PreTokenizer:
+    """llama.cpp's "deepseek-llm" list: line breaks alone, words of the
+    listed letters, runs of ASCII, full-width and CJK punctuation, trailing
+    whitespace, CJK and Hangul runs, then runs of digits."""
+    return _split_then_bytes(
+        "[\r\n]", "\\s?[" + _DEEPSEEK_LETTERS + "]+",
+        "\\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3000-\u3002&&\\S]+",
+        "\\s+$", _DEEPSEEK_CJK, "\\p{N}+")
+
+
+def _deepseek_coder() -> pre_tokenizers.PreTokenizer:
+    """llama.cpp's "deepseek-coder" list: line breaks alone, words, runs of
+    punctuation, CJK and Hangul runs, then single digits."""
+    return _split_then_bytes("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", _DEEPSEEK_CJK,
+                             "\\p{N}")
+
+
 def _gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
@@ -123,6 +166,8 @@ _PRE_TOKENIZERS = {
     "gpt-4o": _PreTokenizer(lambda: _split_then_bytes(_GPT4O_SPLIT)),
     "tekken": _PreTokenizer(lambda: _split_then_bytes(_TEKKEN_SPLIT), ignore_merges=True,
                             add_bos=True),
+    "deepseek-llm": _PreTokenizer(_deepseek_llm),
+    "deepseek-coder": _PreTokenizer(_deepseek_coder),
 }
 
 #: Other ``tokenizer.ggml.pre`` names llama.cpp gives the same rules (the
