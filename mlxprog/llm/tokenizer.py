@@ -41,12 +41,15 @@ _SPM_SPACE = "\u2581"
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 # The parts llama.cpp's expressions share: at most one character that is no
 # letter, digit or line break before a word's letters, a word (a contraction
-# or such letters), and the whitespace rules that end each expression.
+# or such letters), a run of other characters after at most one space (each
+# expression then says which line breaks it takes), and the whitespace rules
+# that end each expression.
 _LEAD = r"[^\r\n\p{L}\p{N}]?"
 _WORD = _CONTRACTIONS + "|" + _LEAD + r"\p{L}+"
+_OTHERS = r"| ?[^\s\p{L}\p{N}]+"
 _SPACES = r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = _WORD + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _SPACES
-_QWEN2_SPLIT = _WORD + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _SPACES
+_LLAMA3_SPLIT = _WORD + r"|\p{N}{1,3}" + _OTHERS + r"[\r\n]*" + _SPACES
+_QWEN2_SPLIT = _WORD + r"|\p{N}" + _OTHERS + r"[\r\n]*" + _SPACES
 _SEED_CODER_SPLIT = _WORD + r"|\p{N}| ?[^\s\p{L}\p{N}\r\n]+" + _SPACES
 # Words split where lower case turns to upper (o200k and Tekken), as
 # llama.cpp spells it: a letter outside a-z counts as upper case and one
@@ -65,9 +68,8 @@ def _cased_words(suffix: str) -> str:
     return f"{_LEAD}{_UPPER}*{_LOWER}+{suffix}|{_LEAD}{_UPPER}+{_LOWER}*{suffix}"
 
 
-_GPT4O_SPLIT = (_cased_words(_CONTRACTIONS + "?") + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
-                + _SPACES)
-_TEKKEN_SPLIT = _cased_words("") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*" + _SPACES
+_GPT4O_SPLIT = _cased_words(_CONTRACTIONS + "?") + r"|\p{N}{1,3}" + _OTHERS + r"[\r\n/]*" + _SPACES
+_TEKKEN_SPLIT = _cased_words("") + r"|\p{N}" + _OTHERS + r"[\r\n/]*" + _SPACES
 #: GPT-2's expression (the ``ByteLevel`` pre-tokenizer's).
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
