@@ -193,12 +193,14 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
                        const std::vector<GgmlPart>& parts, const float* x, int64_t M, int64_t K,
                        bool int8, float* y, int64_t ldy) {
   if (M == 0) return;
-  // Each part's kernels and layout, and the columns of y it fills.
+  // Each part's kernels and layout, its activation row's bytes, and the
+  // columns of y it fills.
   struct Layout {
     quants::TypeKernels k;
     const quants::TypeInfo* info;
     const uint8_t* w;
     int64_t rows, row_bytes, column, tiles;
+    size_t act_row;
   };
   std::vector<Layout> layouts;
   int64_t columns = 0;
@@ -206,7 +208,8 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
     const quants::TypeInfo* info = quants::type_info(part.type);
     layouts.push_back({type_kernels(table, part.type), info, part.w, part.rows,
                        K / info->block * info->block_bytes, columns,
-                       (part.rows + kRowsPerTile - 1) / kRowsPerTile});
+                       (part.rows + kRowsPerTile - 1) / kRowsPerTile,
+                       quants::activation_row_bytes(*info, K)});
     columns += part.rows;
   }
   if (columns == 0) return;
@@ -220,7 +223,7 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
   auto quantized = [&](const Layout& l) -> const std::vector<uint8_t>& {
     std::vector<uint8_t>& q = xq[static_cast<int>(l.info->activation)];
     if (q.empty())
-      q = quantize_activations(table, *l.info, x, M, K, quants::activation_row_bytes(*l.info, K));
+      q = quantize_activations(table, *l.info, x, M, K, l.act_row);
     return q;
   };
   if (int8) {
@@ -232,12 +235,11 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
       // Many rows: each tile of weight rows is unpacked once for all of
       // them (the type's unpack_row) and multiplied by the int8 GEMM.
       const std::vector<uint8_t>& q = quantized(l);
-      const size_t act_row = quants::activation_row_bytes(*l.info, K);
       const quants::Int8Gemm gemm = quants::resolve_int8_gemm(table, l.info->activation);
       const size_t unpacked_row = quants::int8_row_bytes(*l.info, K);
       pool.parallel_for(l.tiles, grain_of(l.tiles, pool), [&](int64_t t0, int64_t t1) {
-        int8_gemm_tiles(l.k, gemm, K, l.w, l.row_bytes, l.rows, t0, t1, q.data(), act_row, M,
-                        y + l.column, ldy, unpacked_row);
+        int8_gemm_tiles(l.k, gemm, K, l.w, l.row_bytes, l.rows, t0, t1, q.data(), l.act_row,
+                        M, y + l.column, ldy, unpacked_row);
       });
     }
   } else if (M >= kPanelGemmMinRows) {
@@ -274,8 +276,8 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
       const int64_t n0 = t * kRowsPerTile, n1 = std::min(l.rows, n0 + kRowsPerTile);
       if (int8)
         int8_tile(l.k, K, l.w, l.row_bytes, l.w + l.rows * l.row_bytes, n0, n1,
-                  xq[static_cast<int>(l.info->activation)].data(),
-                  quants::activation_row_bytes(*l.info, K), M, same_row, y + l.column, ldy);
+                  xq[static_cast<int>(l.info->activation)].data(), l.act_row, M, same_row,
+                  y + l.column, ldy);
       else
         exact_tile(l.k, table, K, l.w, l.row_bytes, n0, n1, x, M, same_row, y + l.column, ldy,
                    scratch.data());
