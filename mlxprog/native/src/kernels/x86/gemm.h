@@ -42,14 +42,22 @@ struct Avx2GemmTile {
 
   // tile (MR x NR, row stride ldc) = (accumulate ? tile : 0) + a @ b over kc
   // steps of packed micro-panels; after K's last slice (`end` given) its
-  // epilogue is applied before the store.
+  // epilogue is applied before the store. `half`: only the tile's first 8
+  // columns are C's (a prompt of 8 rows past a multiple of 16, as half the
+  // prefill buckets are), so the others are skipped.
+  template <bool half>
+  static void multiply_panels(int64_t kc, const float* a, int64_t lda, const float* b,
+                              float* tile, int64_t ldc, bool accumulate, const TileEnd* end);
+
   static void multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
                        int64_t ldc, bool accumulate, const TileEnd* end);
 
-  // An overhanging tile, whole into `edge` for multiply_block to clip (see
-  // portable::GemmTile).
-  static bool multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t,
-                            int64_t, float*, int64_t, bool, const TileEnd*, float* edge);
+  // An overhanging tile (rows x cols of C): of 8 columns or fewer, half the
+  // multiplies, and straight into C where it has all MR rows and exactly 8
+  // columns; otherwise whole into `edge` for multiply_block to clip.
+  static bool multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t rows,
+                            int64_t cols, float* tile, int64_t ldc, bool accumulate,
+                            const TileEnd* end, float* edge);
 
   // out[j] = a . (b + j * stride) over n values, for j < columns: four
   // columns at a time (dot4), the rest one by one.
@@ -57,44 +65,32 @@ struct Avx2GemmTile {
                           int64_t columns, float* out);
 };
 
-void Avx2GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
-                            int64_t ldc, bool accumulate, const TileEnd* end) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda,
-              *a5 = a + 5 * lda;
+template <bool half>
+void Avx2GemmTile::multiply_panels(int64_t kc, const float* a, int64_t lda, const float* b,
+                                   float* tile, int64_t ldc, bool accumulate, const TileEnd* end) {
+  __m256 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const float* row[MR];
+  for (int r = 0; r < MR; ++r) row[r] = a + r * lda;
   for (int64_t k = 0; k < kc; ++k, b += NR) {
-    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-    __m256 x = _mm256_broadcast_ss(a0 + k);
-    c00 = _mm256_fmadd_ps(x, b0, c00);
-    c01 = _mm256_fmadd_ps(x, b1, c01);
-    x = _mm256_broadcast_ss(a1 + k);
-    c10 = _mm256_fmadd_ps(x, b0, c10);
-    c11 = _mm256_fmadd_ps(x, b1, c11);
-    x = _mm256_broadcast_ss(a2 + k);
-    c20 = _mm256_fmadd_ps(x, b0, c20);
-    c21 = _mm256_fmadd_ps(x, b1, c21);
-    x = _mm256_broadcast_ss(a3 + k);
-    c30 = _mm256_fmadd_ps(x, b0, c30);
-    c31 = _mm256_fmadd_ps(x, b1, c31);
-    x = _mm256_broadcast_ss(a4 + k);
-    c40 = _mm256_fmadd_ps(x, b0, c40);
-    c41 = _mm256_fmadd_ps(x, b1, c41);
-    x = _mm256_broadcast_ss(a5 + k);
-    c50 = _mm256_fmadd_ps(x, b0, c50);
-    c51 = _mm256_fmadd_ps(x, b1, c51);
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = half ? b0 : _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 x = _mm256_broadcast_ss(row[r] + k);
+      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+      if (!half) acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+    }
   }
-  __m256 rows[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
-                         {c30, c31}, {c40, c41}, {c50, c51}};
   const __m256 zero = _mm256_setzero_ps();
   const float* bias = end ? end->bias : nullptr;
   const float* residual = end ? end->residual : nullptr;
   const bool relu = end && end->activation == Activation::relu;
   const __m256 bias0 = bias ? _mm256_loadu_ps(bias) : zero;
-  const __m256 bias1 = bias ? _mm256_loadu_ps(bias + 8) : zero;
+  const __m256 bias1 = bias && !half ? _mm256_loadu_ps(bias + 8) : zero;
   for (int r = 0; r < MR; ++r, tile += ldc) {
-    for (int h = 0; h < 2; ++h) {
-      __m256 v = rows[r][h];
+    for (int h = 0; h < (half ? 1 : 2); ++h) {
+      __m256 v = acc[r][h];
       if (accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(tile + 8 * h));
       if (bias) v = _mm256_add_ps(v, h ? bias1 : bias0);
       if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + r * ldc + 8 * h));
@@ -104,9 +100,23 @@ void Avx2GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const float
   }
 }
 
-bool Avx2GemmTile::multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t,
-                                 int64_t, float*, int64_t, bool, const TileEnd*, float* edge) {
-  multiply(kc, a, lda, b, edge, NR, false, nullptr);
+void Avx2GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
+                            int64_t ldc, bool accumulate, const TileEnd* end) {
+  multiply_panels<false>(kc, a, lda, b, tile, ldc, accumulate, end);
+}
+
+bool Avx2GemmTile::multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b,
+                                 int64_t rows, int64_t cols, float* tile, int64_t ldc,
+                                 bool accumulate, const TileEnd* end, float* edge) {
+  if (cols > 8) {
+    multiply(kc, a, lda, b, edge, NR, false, nullptr);
+    return false;
+  }
+  if (rows == MR && cols == 8) {
+    multiply_panels<true>(kc, a, lda, b, tile, ldc, accumulate, end);
+    return true;
+  }
+  multiply_panels<true>(kc, a, lda, b, edge, NR, false, nullptr);
   return false;
 }
 
