@@ -60,15 +60,24 @@ def program_numerics(kind: str, numerics: str) -> ProgramNumerics:
     logits that pick the first token with them. (On the README prompt the
     first token is a tie, "The" 0.08 ahead of "L" in the logits, that 8-bit
     activations flip everywhere, llama.cpp's included, into a looping
-    answer.) The integer GEMM would make some prompts faster (a 1,024-token
-    prompt of a Q4_K_M file by a fifth on an AVX2 CPU, docs/benchmarks.md),
-    not enough to trade the first token's quality for. A prefill's expert
-    stacks take the model's choice: each expert multiplies only the few
-    prompt rows routed to it (T x k / experts on average), where decoding
-    its weight blocks to floats costs as much as the products and int8 dot
-    products read the blocks as they are."""
-    dense = "exact" if kind == "prefill" else numerics
-    return ProgramNumerics(dense=dense, experts=numerics)
+    answer.) Two kinds take the model's choice in the prefill too:
+
+    * layers (and an output head) stored wholly in GGML's super-block types
+      (a Q4_K_M file of a model whose widths are multiples of 256: Q4_K and
+      Q6_K throughout). There the exact path, which decodes every weight
+      block to floats for each prompt, is 1.3x-1.6x the int8 GEMM on a
+      short prompt, and llama.cpp's prefill is that GEMM; the files of the
+      32-element types (Q4_1, Q8_0, and the fallbacks of rows that are no
+      multiple of 256) keep the exact prefill;
+    * a mixture's expert stacks: each expert multiplies only the few prompt
+      rows routed to it (T x k / experts on average), where decoding its
+      weight blocks to floats costs as much as the products and int8 dot
+      products read the blocks as they are.
+
+    (docs/benchmarks.md has the measurements.)"""
+    if kind != "prefill":
+        return ProgramNumerics.of(numerics)
+    return ProgramNumerics(dense="exact", experts=numerics, superblocks=numerics)
 
 
 def _no_generation(tokens: mx.array) -> mx.array:
@@ -100,7 +109,8 @@ class CompiledModel:
 
     :attr:`numerics` holds the resolved numerics of the decode steps'
     quantized matmuls and of the expert stacks; the prefill's dense
-    projections stay exact (see :func:`program_numerics`). Where a kernel
+    projections stay exact, but for layers stored wholly in GGML's
+    super-block types (see :func:`program_numerics`). Where a kernel
     cannot honour ``"int8"`` (an op on the GPU, bits the integer path lacks)
     it computes exactly and the executable's ``stats`` say so.
 

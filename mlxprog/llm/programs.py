@@ -465,9 +465,8 @@ def build_embed(spec: ModelSpec, max_length: int, pooling: str = "mean",
     :data:`POOLINGS`), divided by their L2 norm with ``normalize``. Causal
     attention keeps the right padding out of every real token's view, so a
     row's embedding does not depend on the others in its batch. The
-    quantized matmuls are exact, as the prefill's dense ones (a row per
-    token: int8 activations would save nothing; see
-    :func:`~mlxprog.llm.compiled.program_numerics`). ``world_size`` and
+    quantized matmuls are exact, as most of the prefill's dense ones are
+    (see :func:`~mlxprog.llm.compiled.program_numerics`). ``world_size`` and
     ``rank`` as in :func:`build_prefill` (every rank ends with the whole
     hidden states)."""
     if pooling not in POOLINGS:

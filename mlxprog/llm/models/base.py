@@ -699,18 +699,25 @@ class Family:
 class ProgramNumerics:
     """The numerics (``"exact"`` or ``"int8"``, see the ``quantized_matmul``
     op) of one program's quantized matmuls: ``dense``, the projections every
-    token runs, and ``experts``, the gathered expert stacks of a mixture of
-    experts. :func:`~mlxprog.llm.compiled.program_numerics` says which a
-    model's programs take."""
+    token runs; ``superblocks``, those of them stored whole in GGML's
+    super-block types (the K-quants, IQ4_XS and the lower IQ types, whose
+    int8 dot products take Q8_K activation blocks of 256; see
+    :meth:`Decoder.ggml_numerics`); and ``experts``, the gathered expert
+    stacks of a mixture of experts.
+    :func:`~mlxprog.llm.compiled.program_numerics` says which a model's
+    programs take."""
 
     dense: str = "exact"
     experts: str = "exact"
+    superblocks: str = "exact"
 
     @classmethod
     def of(cls, numerics: str | ProgramNumerics) -> ProgramNumerics:
         """``numerics`` as a :class:`ProgramNumerics`: a string is every
         quantized matmul's."""
-        return numerics if isinstance(numerics, ProgramNumerics) else cls(numerics, numerics)
+        if isinstance(numerics, ProgramNumerics):
+            return numerics
+        return cls(dense=numerics, experts=numerics, superblocks=numerics)
 
 
 class Decoder:
@@ -729,6 +736,8 @@ class Decoder:
         numerics = ProgramNumerics.of(numerics)
         #: The dense projections' numerics and the expert stacks'.
         self.numerics, self.expert_numerics = numerics.dense, numerics.experts
+        #: The numerics of dense projections wholly in GGML super-block types.
+        self.superblock_numerics = numerics.superblocks
         self.c = spec.config
         #: The KV cache's layout (given None: float32, unbounded), with the
         #: rank's KV heads.
@@ -755,7 +764,7 @@ class Decoder:
         quant = self.spec.quantization.get(name)
         if isinstance(quant, GGMLQuantization):
             y = sb.ggml_matmul(x, self.weight(f"{name}.weight"), type=quant.type,
-                               numerics=self.numerics)
+                               numerics=self.ggml_numerics(name))
         elif quant is not None:
             y = sb.quantized_matmul(x, *self._quantized_parts(name, quant), transpose=True,
                                     **self._packing(quant), **self._numerics(self.numerics))
@@ -767,6 +776,24 @@ class Decoder:
         if self.has(f"{name}.bias"):
             y = y + sb.astype(self.weight(f"{name}.bias"), dtype="float32")
         return y
+
+    def ggml_numerics(self, name: str) -> str:
+        """The numerics of dense projection ``name``, stored in GGML blocks:
+        :attr:`superblock_numerics` where every dense projection of its
+        layer (those under the same ``layers.<i>.``; the output head alone)
+        is in a super-block type (the K-quants, IQ4_XS, the lower IQ types:
+        int8 dot products with Q8_K activation blocks of 256), else
+        :attr:`numerics`. A layer's projections share numerics, so a layer
+        computes alike as one ``transformer_layer`` op or op by op."""
+        match = re.match(r"layers\.\d+\.", name)
+        prefix = match.group(0) if match else name
+        superblocks = all(
+            isinstance(quant, GGMLQuantization)
+            and ggml_types.BY_NAME[quant.type].activation == "q8_K"
+            for layer, quant in self.spec.quantization.items()
+            if (layer == name or (match and layer.startswith(prefix)))
+            and len(self.spec.weights[f"{layer}.weight"][0]) == 2)
+        return self.superblock_numerics if superblocks else self.numerics
 
     def _quantized_parts(self, name: str, quant: Quantization) -> list[Value]:
         """The captures of MLX-quantized layer ``name``: weight, scales and

@@ -462,11 +462,13 @@ class LlamaDecoder(Decoder):
                            for part in ("weight", "scales", "biases")]
             attention, mlp = projections[:6], projections[6:]
             packing = dict(group_size=quant.group_size, bits=quant.bits)
+            numerics = self.numerics
         else:
             groups = [[self.weight(f"{layer}.weight") for layer, _ in group]
                       for group in self.ggml_parts(i)]
             attention, mlp = groups[0] + groups[1], groups[2] + groups[3]
             packing = dict(ggml_parts=[[t for _, t in group] for group in self.ggml_parts(i)])
+            numerics = self.ggml_numerics(f"{p}.self_attn.o_proj")
         norms, norm_attributes = self.head_norms(sb, i)
         h, *new = sb.transformer_layer(
             h, self.weight(f"{p}.input_layernorm.weight"), *attention,
@@ -475,7 +477,7 @@ class LlamaDecoder(Decoder):
             *self.rope_freqs_operand(sb), *norms, key_mask, heads=self.shard.num_heads,
             kv_heads=self.shard.num_kv_heads, **self.rope_attributes(), eps=self.c.norm_eps,
             **packing, **self.kv.block_attributes(), **norm_attributes,
-            **self._numerics(self.numerics))
+            **self._numerics(numerics))
         return h, tuple(new)
 
     def trunk(self, sb, h: Value, T, rope_offset, cache_offset, key_mask,
