@@ -63,10 +63,11 @@ inline void prefetch_rows(const uint8_t* row, int64_t bytes, const uint8_t* end)
   for (const uint8_t* p = row; p < stop; p += 64) __builtin_prefetch(p, 0, 3);
 }
 
-// The grain of a pool job over `items` pieces of work: about four chunks a
-// thread, so that uneven pieces balance.
-int64_t grain_of(int64_t items, const ThreadPool& pool) {
-  return std::max<int64_t>(1, items / (4 * pool.threads()));
+// The grain of a pool job over `items` pieces of work: about
+// `chunks_per_thread` chunks a thread (four by default, so that uneven
+// pieces balance).
+int64_t grain_of(int64_t items, const ThreadPool& pool, int64_t chunks_per_thread = 4) {
+  return std::max<int64_t>(1, items / (chunks_per_thread * pool.threads()));
 }
 
 // The type's kernels in the quant table of kernel table `isa`.
@@ -266,7 +267,12 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
     first_item.push_back(items);
     items += l->tiles;
   }
-  pool.parallel_for(items, grain_of(items, pool), [&](int64_t i0, int64_t i1) {
+  // Tiles of a few rows (a decode step's) cost alike: two chunks a thread.
+  // Each chunk starts a new stream of weight rows whose first rows wait on
+  // memory (the prefetches run ahead within a chunk), which cost more than
+  // the imbalance finer chunks would save (IQ4_XS decode +5% against four a
+  // thread, Q4_K_M level; docs/benchmarks.md).
+  pool.parallel_for(items, grain_of(items, pool, 2), [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(int8 ? 0 : K);
     size_t j = 0;
     for (int64_t item = i0; item < i1; ++item) {
