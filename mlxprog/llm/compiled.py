@@ -63,12 +63,13 @@ def program_numerics(kind: str, numerics: str) -> ProgramNumerics:
     answer.) Two kinds take the model's choice in the prefill too:
 
     * layers (and an output head) stored wholly in GGML's super-block types
-      (a Q4_K_M file of a model whose widths are multiples of 256: Q4_K and
-      Q6_K throughout). There the exact path, which decodes every weight
-      block to floats for each prompt, is 1.3x-1.6x the int8 GEMM on a
-      short prompt, and llama.cpp's prefill is that GEMM; the files of the
-      32-element types (Q4_1, Q8_0, and the fallbacks of rows that are no
-      multiple of 256) keep the exact prefill;
+      with an int8 GEMM, the K-quants and IQ4_XS (a Q4_K_M file of a model
+      whose widths are multiples of 256: Q4_K and Q6_K throughout). There
+      the exact path, which decodes every weight block to floats for each
+      prompt, takes 1.2x-1.6x the int8 GEMM's time on a short prompt, and
+      llama.cpp's prefill is that GEMM. The files of the 32-element types
+      (Q4_1, Q8_0, and the fallbacks of rows that are no multiple of 256)
+      keep the exact prefill;
     * a mixture's expert stacks: each expert multiplies only the few prompt
       rows routed to it (T x k / experts on average), where decoding its
       weight blocks to floats costs as much as the products and int8 dot

@@ -245,18 +245,21 @@ def test_expert_stacks_match_their_float_twin(tmp_path, family, mix):
 
 def test_prefill_takes_int8_only_in_layers_wholly_of_superblock_types(tmp_path):
     """In int8 numerics the prefill runs a layer (and the output head) in int8
-    where all its dense projections are super-block types (program_numerics),
-    and keeps the exact path in a layer with one 32-element matrix; decode
-    steps take int8 everywhere, and an exact model stays exact."""
-    config = dict(CONFIGS["llama"], num_hidden_layers=2)
+    where all its dense projections are super-block types with an int8 GEMM
+    (program_numerics), and keeps the exact path in a layer with one
+    32-element matrix and in one of a lower IQ type; decode steps take int8
+    everywhere, and an exact model stays exact."""
+    config = dict(CONFIGS["llama"], num_hidden_layers=3)
     checkpoint = write_checkpoint(tmp_path / "hf", config)
     rng = np.random.default_rng(5)
 
     def mixed(name: str, data: np.ndarray):
         if data.ndim != 2 or not name.endswith(".weight"):
             return data, None
-        # Layer 1 has one matrix of a 32-element type; the rest K-quants.
+        # Layer 1 has one matrix of a 32-element type, layer 2 is IQ2_XXS;
+        # the rest K-quants.
         type_name = "Q5_0" if name == "blk.1.attn_q.weight" else (
+            "IQ2_XXS" if name.startswith("blk.2.") else
             "Q6_K" if name in ("output.weight", "blk.0.ffn_down.weight") else "Q4_K")
         raw = blocks_with_std(rng, type_name, data.shape[0], data.shape[1], float(np.std(data)))
         return raw, gguf.GGMLQuantizationType[type_name]
@@ -270,8 +273,9 @@ def test_prefill_takes_int8_only_in_layers_wholly_of_superblock_types(tmp_path):
                 for i in program["instructions"] if i["op"] in ("transformer_layer", "ggml_matmul")]
 
     int8 = load_tiny(path, numerics="int8")
-    # Layer 0, layer 1, then the output head.
-    assert numerics(int8, "prefill") == [("transformer_layer", "int8"),
-                                         ("transformer_layer", "exact"), ("ggml_matmul", "int8")]
+    # Layers 0, 1 and 2, then the output head.
+    assert numerics(int8, "prefill") == [
+        ("transformer_layer", "int8"), ("transformer_layer", "exact"),
+        ("transformer_layer", "exact"), ("ggml_matmul", "int8")]
     assert {n for _, n in numerics(int8, "decode")} == {"int8"}
     assert {n for _, n in numerics(load_tiny(path, numerics="exact"), "prefill")} == {"exact"}

@@ -18,10 +18,9 @@ import quants_lib
 
 from mlxprog.ggml import types as ggml_types
 
-#: The types with an unpack_row (mlxprog.ggml.types has their ids, blocks,
-#: activation kinds and fp16 fields).
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+#: The types with an unpack_row (mlxprog.ggml.types says which, and has
+#: their ids, blocks, activation kinds and fp16 fields).
+TYPES = [t.name for t in ggml_types.BY_NAME.values() if t.int8_gemm]
 TABLES = quants_lib.tables()
 
 
@@ -124,3 +123,18 @@ def test_unpack_is_the_portable_form(quants, table, name):
         got = quants.unpack(table.isa, t.id, k, row, out_bytes)
         want = quants.unpack("portable", t.id, k, row, out_bytes)
         np.testing.assert_array_equal(got, want, err_msg=f"{table} {name} fill={fill}")
+
+
+def test_the_types_table_says_which_types_have_the_gemm(machines):
+    """mlxprog.ggml.types' ``int8_gemm`` (which the models' prefill numerics
+    ask) is true exactly for the types whose portable unpack_row exists,
+    the one every table falls back to."""
+    quants = machines["host"]
+    for t in ggml_types.BY_NAME.values():
+        if t.activation is None:
+            continue
+        k = 2 * t.block if t.block == 256 else 608
+        [row] = random_rows(t.name, 1, k, np.random.default_rng(t.id))
+        rc, _ = quants.call("unpack", "portable", t.id, k, row, np.empty(0),
+                            k // t.block * UNPACKED_BYTES[t.block])
+        assert (rc == 0) == t.int8_gemm, t.name
