@@ -782,8 +782,8 @@ class Decoder:
         :attr:`superblock_numerics` where every dense projection of its
         layer (those under the same ``layers.<i>.``; the output head alone)
         is in a super-block type with an int8 GEMM (the K-quants and IQ4_XS:
-        int8 dot products with Q8_K activation blocks of 256; not the lower
-        IQ types, whose many-row int8 products are no GEMM), else
+        int8 dot products with Q8_K activation blocks of 256; the lower IQ
+        and TQ types have no such GEMM, see ``GGMLType.int8_gemm``), else
         :attr:`numerics`. A layer's projections share numerics, so a layer
         computes alike as one ``transformer_layer`` op or op by op."""
         match = re.match(r"layers\.\d+\.", name)
