@@ -52,9 +52,7 @@ struct Avx2GemmTile {
   static void multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
                        int64_t ldc, bool accumulate, const TileEnd* end);
 
-  // An overhanging tile (rows x cols of C): of 8 columns or fewer, half the
-  // multiplies, and straight into C where it has all MR rows and exactly 8
-  // columns; otherwise whole into `edge` for multiply_block to clip.
+  // An overhanging tile (rows x cols of C): multiply_edge_in_halves.
   static bool multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t rows,
                             int64_t cols, float* tile, int64_t ldc, bool accumulate,
                             const TileEnd* end, float* edge);
@@ -105,19 +103,33 @@ void Avx2GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const float
   multiply_panels<false>(kc, a, lda, b, tile, ldc, accumulate, end);
 }
 
+// multiply_edge of a tile whose multiply_panels<true> multiplies only its
+// first NR / 2 columns (the AVX2 and AVX-512 tiles): an overhanging tile
+// (rows x cols of C) of NR / 2 columns or fewer takes half the multiplies,
+// straight into C where it has all MR rows and exactly NR / 2 columns;
+// otherwise whole into `edge` for multiply_block to clip.
+template <class Tile>
+bool multiply_edge_in_halves(int64_t kc, const float* a, int64_t lda, const float* b,
+                             int64_t rows, int64_t cols, float* tile, int64_t ldc,
+                             bool accumulate, const portable::TileEnd* end, float* edge) {
+  constexpr int64_t half = Tile::NR / 2;
+  if (cols > half) {
+    Tile::multiply(kc, a, lda, b, edge, Tile::NR, false, nullptr);
+    return false;
+  }
+  if (rows == Tile::MR && cols == half) {
+    Tile::template multiply_panels<true>(kc, a, lda, b, tile, ldc, accumulate, end);
+    return true;
+  }
+  Tile::template multiply_panels<true>(kc, a, lda, b, edge, Tile::NR, false, nullptr);
+  return false;
+}
+
 bool Avx2GemmTile::multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b,
                                  int64_t rows, int64_t cols, float* tile, int64_t ldc,
                                  bool accumulate, const TileEnd* end, float* edge) {
-  if (cols > 8) {
-    multiply(kc, a, lda, b, edge, NR, false, nullptr);
-    return false;
-  }
-  if (rows == MR && cols == 8) {
-    multiply_panels<true>(kc, a, lda, b, tile, ldc, accumulate, end);
-    return true;
-  }
-  multiply_panels<true>(kc, a, lda, b, edge, NR, false, nullptr);
-  return false;
+  return multiply_edge_in_halves<Avx2GemmTile>(kc, a, lda, b, rows, cols, tile, ldc, accumulate,
+                                               end, edge);
 }
 
 void Avx2GemmTile::column_dots(const float* a, const float* b, int64_t stride, int64_t n,

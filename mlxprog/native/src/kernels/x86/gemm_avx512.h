@@ -30,9 +30,7 @@ struct Avx512GemmTile : Avx2GemmTile {
   static void multiply(int64_t kc, const float* a, int64_t lda, const float* b, float* tile,
                        int64_t ldc, bool accumulate, const TileEnd* end);
 
-  // An overhanging tile (rows x cols of C): of 16 columns or fewer, half the
-  // multiplies, and straight into C where it has all MR rows and exactly 16
-  // columns; otherwise whole into `edge` for multiply_block to clip.
+  // An overhanging tile (rows x cols of C): multiply_edge_in_halves.
   static bool multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b, int64_t rows,
                             int64_t cols, float* tile, int64_t ldc, bool accumulate,
                             const TileEnd* end, float* edge);
@@ -81,16 +79,8 @@ void Avx512GemmTile::multiply(int64_t kc, const float* a, int64_t lda, const flo
 bool Avx512GemmTile::multiply_edge(int64_t kc, const float* a, int64_t lda, const float* b,
                                    int64_t rows, int64_t cols, float* tile, int64_t ldc,
                                    bool accumulate, const TileEnd* end, float* edge) {
-  if (cols > 16) {
-    multiply(kc, a, lda, b, edge, NR, false, nullptr);
-    return false;
-  }
-  if (rows == MR && cols == 16) {
-    multiply_panels<true>(kc, a, lda, b, tile, ldc, accumulate, end);
-    return true;
-  }
-  multiply_panels<true>(kc, a, lda, b, edge, NR, false, nullptr);
-  return false;
+  return multiply_edge_in_halves<Avx512GemmTile>(kc, a, lda, b, rows, cols, tile, ldc,
+                                                 accumulate, end, edge);
 }
 
 }  // namespace x86
