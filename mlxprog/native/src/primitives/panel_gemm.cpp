@@ -135,8 +135,7 @@ void panel_gemm(const Kernels& kernels, const float* x, int64_t M, int64_t K, in
       for (int64_t r0 = 0; r0 < count; r0 += kTransposeRows) {
         const int64_t r1 = std::min(count, r0 + kTransposeRows);
         for (int64_t r = r0; r < r1; ++r) dequantize_row(n0 + r, rows.get() + (r - r0) * K);
-        for (int64_t kk = 0; kk < K; ++kk)
-          for (int64_t r = r0; r < r1; ++r) panel[kk * count + r] = rows[(r - r0) * K + kk];
+        transpose(rows.get(), r1 - r0, K, K, panel.get() + r0, count);
       }
       // y[:, n0:n0+count] = x (M x K) @ panel (K x count).
       GemmProblem problem{x, K, 1, panel.get(), count, 1, y + n0, ldy, M, count, K, nullptr};
