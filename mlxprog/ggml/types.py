@@ -50,11 +50,6 @@ class GGMLType:
     #: Byte offsets in a block of its fp16 scale fields (a NaN or infinite
     #: one makes the block's values so; the loader refuses such blocks).
     fp16_scales: tuple[int, ...] = ()
-    #: Whether the native kernels multiply many rows of activations by the
-    #: type in int8 with an integer GEMM (the type has an ``unpack_row``).
-    #: Without it, int8 numerics take a dot product per (activation row,
-    #: weight row), 10-50x the exact path's time for a prompt's rows.
-    int8_gemm: bool = False
 
     def row_bytes(self, elements: int) -> int:
         """The bytes of a row of ``elements`` values (a multiple of
@@ -71,28 +66,28 @@ _TYPES = (
     GGMLType("F32", 0, 1, 4, "float"),
     GGMLType("F16", 1, 1, 2, "float"),
     GGMLType("BF16", 30, 1, 2, "float"),
-    GGMLType("Q4_0", 2, 32, 18, "affine", "q8_0", (0,), int8_gemm=True),
-    GGMLType("Q4_1", 3, 32, 20, "affine", "q8_1", (0, 2), int8_gemm=True),
-    GGMLType("Q5_0", 6, 32, 22, "blocks", "q8_0", (0,), int8_gemm=True),
-    GGMLType("Q5_1", 7, 32, 24, "blocks", "q8_1", (0, 2), int8_gemm=True),
-    GGMLType("Q8_0", 8, 32, 34, "affine", "q8_0", (0,), int8_gemm=True),
-    GGMLType("Q2_K", 10, 256, 84, "blocks", "q8_K", (80, 82), int8_gemm=True),
-    GGMLType("Q3_K", 11, 256, 110, "blocks", "q8_K", (108,), int8_gemm=True),
-    GGMLType("Q4_K", 12, 256, 144, "blocks", "q8_K", (0, 2), int8_gemm=True),
-    GGMLType("Q5_K", 13, 256, 176, "blocks", "q8_K", (0, 2), int8_gemm=True),
-    GGMLType("Q6_K", 14, 256, 210, "blocks", "q8_K", (208,), int8_gemm=True),
+    GGMLType("Q4_0", 2, 32, 18, "affine", "q8_0", (0,)),
+    GGMLType("Q4_1", 3, 32, 20, "affine", "q8_1", (0, 2)),
+    GGMLType("Q5_0", 6, 32, 22, "blocks", "q8_0", (0,)),
+    GGMLType("Q5_1", 7, 32, 24, "blocks", "q8_1", (0, 2)),
+    GGMLType("Q8_0", 8, 32, 34, "affine", "q8_0", (0,)),
+    GGMLType("Q2_K", 10, 256, 84, "blocks", "q8_K", (80, 82)),
+    GGMLType("Q3_K", 11, 256, 110, "blocks", "q8_K", (108,)),
+    GGMLType("Q4_K", 12, 256, 144, "blocks", "q8_K", (0, 2)),
+    GGMLType("Q5_K", 13, 256, 176, "blocks", "q8_K", (0, 2)),
+    GGMLType("Q6_K", 14, 256, 210, "blocks", "q8_K", (208,)),
     GGMLType("IQ2_XXS", 16, 256, 66, "blocks", "q8_K", (0,)),
     GGMLType("IQ2_XS", 17, 256, 74, "blocks", "q8_K", (0,)),
     GGMLType("IQ3_XXS", 18, 256, 98, "blocks", "q8_K", (0,)),
     GGMLType("IQ1_S", 19, 256, 50, "blocks", "q8_K", (0,)),
-    GGMLType("IQ4_NL", 20, 32, 18, "blocks", "q8_0", (0,), int8_gemm=True),
+    GGMLType("IQ4_NL", 20, 32, 18, "blocks", "q8_0", (0,)),
     GGMLType("IQ3_S", 21, 256, 110, "blocks", "q8_K", (0,)),
     GGMLType("IQ2_S", 22, 256, 82, "blocks", "q8_K", (0,)),
-    GGMLType("IQ4_XS", 23, 256, 136, "blocks", "q8_K", (0,), int8_gemm=True),
+    GGMLType("IQ4_XS", 23, 256, 136, "blocks", "q8_K", (0,)),
     GGMLType("IQ1_M", 29, 256, 56, "blocks", "q8_K"),
     GGMLType("TQ1_0", 34, 256, 54, "blocks", "q8_K", (52,)),
     GGMLType("TQ2_0", 35, 256, 66, "blocks", "q8_K", (64,)),
-    GGMLType("MXFP4", 39, 32, 17, "blocks", "q8_0", int8_gemm=True),
+    GGMLType("MXFP4", 39, 32, 17, "blocks", "q8_0"),
 )
 
 #: Every supported type by name.

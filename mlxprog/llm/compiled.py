@@ -62,8 +62,8 @@ def program_numerics(kind: str, numerics: str) -> ProgramNumerics:
     activations flip everywhere, llama.cpp's included, into a looping
     answer.) Two kinds take the model's choice in the prefill too:
 
-    * layers (and an output head) stored wholly in GGML's super-block types
-      with an int8 GEMM, the K-quants and IQ4_XS (a Q4_K_M file of a model
+    * layers (and an output head) stored wholly in GGML's super-block
+      types, the K-quants and the IQ and TQ types (a Q4_K_M file of a model
       whose widths are multiples of 256: Q4_K and Q6_K throughout). There
       the exact path, which decodes every weight block to floats for each
       prompt, takes 1.2x-1.6x the int8 GEMM's time on a short prompt, and

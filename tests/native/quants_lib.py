@@ -28,6 +28,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pytest
 
+from mlxprog.ggml.codebooks import codebooks
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "mlxprog" / "native" / "src" / "quants"
 DRIVER = ROOT / "tests" / "native" / "quants_arm64_driver.cpp"
@@ -376,6 +378,13 @@ class Arm64Quants(Kernels):
         self.process.wait(timeout=60)
         self.process.stdout.close()
         self.process.stderr.close()
+
+
+def set_codebooks(kernels: Kernels) -> None:
+    """Give ``kernels`` every IQ codebook (a Machines ``setup``: the IQ
+    types' kernels read them)."""
+    for name, grid in codebooks().items():
+        kernels.set_codebook(name, grid)
 
 
 class Machines:

@@ -18,17 +18,26 @@ import quants_lib
 
 from mlxprog.ggml import types as ggml_types
 
-#: The types with an unpack_row (mlxprog.ggml.types says which, and has
-#: their ids, blocks, activation kinds and fp16 fields).
-TYPES = [t.name for t in ggml_types.BY_NAME.values() if t.int8_gemm]
+#: Every block type: each has an unpack_row (mlxprog.ggml.types has their
+#: ids, blocks, activation kinds and fp16 fields).
+TYPES = [t.name for t in ggml_types.BY_NAME.values() if t.activation is not None]
 TABLES = quants_lib.tables()
+
+
+@pytest.fixture(scope="module")
+def machines():
+    """conftest's machines, with the IQ types' codebooks set."""
+    machines = quants_lib.Machines(setup=quants_lib.set_codebooks)
+    yield machines
+    machines.close()
 
 
 def random_rows(name: str, rows: int, k: int, rng: np.random.Generator,
                 fill: int | None = None) -> np.ndarray:
     """``rows`` rows of ``k`` elements of type ``name`` (uint8 [rows, bytes]):
     random bytes in every code and scale field (or ``fill`` there), every
-    fp16 field uniform in [-1, 1]; MXFP4's E8M0 byte in 110..140."""
+    fp16 field (IQ1_M's spread over the top nibbles of its scale words)
+    uniform in [-1, 1]; MXFP4's E8M0 byte in 110..140."""
     t = ggml_types.BY_NAME[name]
     n_blocks = rows * k // t.block
     blocks = rng.integers(0, 256, (n_blocks, t.block_bytes), dtype=np.uint8)
@@ -39,6 +48,11 @@ def random_rows(name: str, rows: int, k: int, rng: np.random.Generator,
     for offset in t.fp16_scales:
         values = rng.uniform(-1.0, 1.0, n_blocks).astype(np.float16)
         blocks[:, offset:offset + 2] = values[:, None].view(np.uint8)
+    if name == "IQ1_M":
+        d = rng.uniform(-1.0, 1.0, n_blocks).astype(np.float16).view(np.uint16)
+        words = blocks[:, 48:56].copy().view(np.uint16)
+        nibbles = (d[:, None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(0xF)
+        blocks[:, 48:56] = ((words & np.uint16(0x0FFF)) | (nibbles << np.uint16(12))).view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
@@ -123,18 +137,3 @@ def test_unpack_is_the_portable_form(quants, table, name):
         got = quants.unpack(table.isa, t.id, k, row, out_bytes)
         want = quants.unpack("portable", t.id, k, row, out_bytes)
         np.testing.assert_array_equal(got, want, err_msg=f"{table} {name} fill={fill}")
-
-
-def test_the_types_table_says_which_types_have_the_gemm(machines):
-    """mlxprog.ggml.types' ``int8_gemm`` (which the models' prefill numerics
-    ask) is true exactly for the types whose portable unpack_row exists,
-    the one every table falls back to."""
-    quants = machines["host"]
-    for t in ggml_types.BY_NAME.values():
-        if t.activation is None:
-            continue
-        k = 2 * t.block if t.block == 256 else 608
-        [row] = random_rows(t.name, 1, k, np.random.default_rng(t.id))
-        rc, _ = quants.call("unpack", "portable", t.id, k, row, np.empty(0),
-                            k // t.block * UNPACKED_BYTES[t.block])
-        assert (rc == 0) == t.int8_gemm, t.name

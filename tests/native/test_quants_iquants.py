@@ -26,17 +26,11 @@ QK_K = 256
 TABLES = quants_lib.tables()
 
 
-def set_codebooks(kernels: quants_lib.Kernels) -> None:
-    """Give ``kernels`` every codebook."""
-    for name, grid in codebooks().items():
-        kernels.set_codebook(name, grid)
-
-
 @pytest.fixture(scope="module")
 def machines():
     """conftest's machines, with every codebook set (the quants fixture
     picks from these)."""
-    machines = quants_lib.Machines(setup=set_codebooks)
+    machines = quants_lib.Machines(setup=quants_lib.set_codebooks)
     yield machines
     machines.close()
 

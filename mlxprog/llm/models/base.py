@@ -700,8 +700,8 @@ class ProgramNumerics:
     """The numerics (``"exact"`` or ``"int8"``, see the ``quantized_matmul``
     op) of one program's quantized matmuls: ``dense``, the projections every
     token runs; ``superblocks``, those in layers stored wholly in GGML's
-    super-block types that have an int8 GEMM (the K-quants and IQ4_XS,
-    whose int8 dot products take Q8_K activation blocks of 256; see
+    super-block types (the K-quants, the IQ and the TQ types, whose int8
+    dot products take Q8_K activation blocks of 256; see
     :meth:`Decoder.ggml_numerics`); and ``experts``, the gathered expert
     stacks of a mixture of experts.
     :func:`~mlxprog.llm.compiled.program_numerics` says which a model's
@@ -781,9 +781,8 @@ class Decoder:
         """The numerics of dense projection ``name``, stored in GGML blocks:
         :attr:`superblock_numerics` where every dense projection of its
         layer (those under the same ``layers.<i>.``; the output head alone)
-        is in a super-block type with an int8 GEMM (the K-quants and IQ4_XS:
-        int8 dot products with Q8_K activation blocks of 256; the lower IQ
-        and TQ types have no such GEMM, see ``GGMLType.int8_gemm``), else
+        is in a super-block type (the K-quants, the IQ and the TQ types:
+        int8 dot products with Q8_K activation blocks of 256), else
         :attr:`numerics`. A layer's projections share numerics, so a layer
         computes alike as one ``transformer_layer`` op or op by op."""
         match = re.match(r"layers\.\d+\.", name)
@@ -791,7 +790,6 @@ class Decoder:
         superblocks = all(
             isinstance(quant, GGMLQuantization)
             and ggml_types.BY_NAME[quant.type].activation == "q8_K"
-            and ggml_types.BY_NAME[quant.type].int8_gemm
             for layer, quant in self.spec.quantization.items()
             if (layer == name or (match and layer.startswith(prefix)))
             and len(self.spec.weights[f"{layer}.weight"][0]) == 2)

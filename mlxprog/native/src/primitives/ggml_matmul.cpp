@@ -98,32 +98,6 @@ std::vector<uint8_t> quantize_activations(const quants::QuantKernels& table,
   return xq;
 }
 
-// The values x ~= d * qs that activation blocks of type Block hold, K of them.
-template <class Block>
-void block_values(const uint8_t* src, int64_t K, float* out) {
-  const Block* blocks = reinterpret_cast<const Block*>(src);
-  constexpr int64_t n = sizeof(blocks->qs);
-  for (int64_t b = 0; b < K / n; ++b)
-    for (int64_t i = 0; i < n; ++i) out[b * n + i] = blocks[b].d * blocks[b].qs[i];
-}
-
-// Rows of x quantized into activation blocks (act_row bytes each) back to the
-// float32 values they hold: the int8 numerics' x, for the float GEMM.
-std::vector<float> activation_values(quants::Activation a, const uint8_t* xq, int64_t M,
-                                     int64_t K, size_t act_row) {
-  std::vector<float> values(M * K);
-  for (int64_t m = 0; m < M; ++m) {
-    const uint8_t* row = xq + m * act_row;
-    float* out = values.data() + m * K;
-    switch (a) {
-      case quants::Activation::q8_0: block_values<quants::BlockQ8_0>(row, K, out); break;
-      case quants::Activation::q8_1: block_values<quants::BlockQ8_1>(row, K, out); break;
-      case quants::Activation::q8_K: block_values<quants::BlockQ8_K>(row, K, out); break;
-    }
-  }
-  return values;
-}
-
 // One tile of weight rows [n0, n1) of w (rows of row_bytes, the matrix ending
 // at w_end) against `count` rows of x, int8 numerics: for i < count, with
 // (xi, yi) = rows(i), y[yi * ldy + n] = vec_dot(w row n, xq row xi). The
@@ -229,7 +203,7 @@ void ggml_matmul_parts(const Kernels& kernels, const quants::QuantKernels& table
   };
   if (int8) {
     for (const Layout& l : layouts) {
-      if (M < kInt8GemmMinRows || !l.k.unpack_row) {
+      if (M < kInt8GemmMinRows) {
         tiled.push_back(&l);
         continue;
       }
@@ -312,31 +286,24 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
   const int64_t tiles = (N + kRowsPerTile - 1) / kRowsPerTile;
   // An expert with many slots (a prefill) multiplies its rows of x gathered
   // together, the experts side by side (a GEMM started inside a pool job
-  // runs on its thread): int8, by the int8 GEMM on its unpacked weight rows
-  // (or, for a type without unpack_row, the panel GEMM on the values the
-  // activation blocks hold, so the numerics stay int8's); exact, by the
-  // panel GEMM. The others take the pool tile by tile: a tile of an
-  // expert's weight rows against each of its slots' rows.
-  const bool int8_gemm = int8 && k.unpack_row;
+  // runs on its thread): int8, by the int8 GEMM on its unpacked weight rows;
+  // exact, by the panel GEMM. The others take the pool tile by tile: a tile
+  // of an expert's weight rows against each of its slots' rows.
   const int64_t panel_rows = int8 ? kInt8GemmMinRows : kPanelGemmMinRows;
   std::vector<int64_t> many, few;
   for (int64_t e : slots.chosen()) (slots.count(e) >= panel_rows ? many : few).push_back(e);
   const size_t act_row = int8 ? quants::activation_row_bytes(info, K) : 0;
   const std::vector<uint8_t> xq =
       int8 ? quantize_activations(table, info, x, rows, K, act_row) : std::vector<uint8_t>();
-  const std::vector<float> xhat = int8 && !int8_gemm && !many.empty()
-      ? activation_values(info.activation, xq.data(), rows, K, act_row) : std::vector<float>();
-  const float* panel_x = int8 ? xhat.data() : x;
-  const quants::Int8Gemm gemm =
-      int8_gemm ? quants::resolve_int8_gemm(table, info.activation) : nullptr;
-  const size_t unpacked_row = int8_gemm ? quants::int8_row_bytes(info, K) : 0;
+  const quants::Int8Gemm gemm = int8 ? quants::resolve_int8_gemm(table, info.activation) : nullptr;
+  const size_t unpacked_row = int8 ? quants::int8_row_bytes(info, K) : 0;
   pool.parallel_for(static_cast<int64_t>(many.size()), 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t e = many[j], count = slots.count(e);
       std::vector<float> product(count * N);
       const auto rows_of = slot_rows(e);
       const uint8_t* we = w + e * expert_bytes;
-      if (int8_gemm) {
+      if (int8) {
         std::vector<uint8_t> gathered(count * act_row);
         for (int64_t i = 0; i < count; ++i)
           std::memcpy(gathered.data() + i * act_row, xq.data() + rows_of(i).first * act_row,
@@ -346,7 +313,7 @@ void ggml_gather_rows(const Kernels& kernels, const quants::QuantKernels& table,
       } else {
         std::vector<float> gathered(count * K);
         for (int64_t i = 0; i < count; ++i)
-          std::memcpy(gathered.data() + i * K, panel_x + rows_of(i).first * K, K * sizeof(float));
+          std::memcpy(gathered.data() + i * K, x + rows_of(i).first * K, K * sizeof(float));
         panel_gemm(kernels, gathered.data(), count, K, N,
                    [&](int64_t n, float* dst) { k.dequantize_row(we + n * row_bytes, dst, K); },
                    product.data(), N);

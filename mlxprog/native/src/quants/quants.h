@@ -111,7 +111,8 @@ struct TypeKernels {
   // same n values quantized into the type's activation blocks.
   float (*vec_dot)(int64_t n, const uint8_t* w, const void* x);
   // One row of n elements to n / 256 Int8BlockK (q8_K types) or n / 32
-  // Int8Block32 at dst, for the int8 GEMM; null for a type without it.
+  // Int8Block32 at dst, for the int8 GEMM. Every type's portable table has
+  // one; null in a vector table that takes the portable one (resolve()).
   void (*unpack_row)(const uint8_t* src, void* dst, int64_t n) = nullptr;
   // Whether unpack_row's codes are signed (see Int8BlockK).
   bool signed_codes = false;

@@ -79,6 +79,24 @@ float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of IQ1_M blocks in the int8 GEMM's form: codes 8 * grid +- 1 (each
+// 8's shift folded in), each 16's 2s + 1 its group's scale, d / 8
+// (vec_dot's grid and shift sums as one integer sum).
+void int8_unpack_row_iq1_m(const uint8_t* src, void* dst, int64_t n) {
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1mBytes) {
+    int8_t* codes = out[i].codes;
+    int scales[16];
+    for (int h = 0; h < 16; ++h) {
+      scales[h] = iq1_m_scale(src, h);
+      for (int k = 2 * h; k < 2 * h + 2; ++k, codes += 8)
+        write_shifted_codes(iq1_m_row(grid, src, k), iq1_m_field(src, k) & 8, codes);
+    }
+    set_iq_int8_groups(scales, 16, 0.125f * iq1_m_d(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

@@ -59,6 +59,25 @@ float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of IQ1_S blocks in the int8 GEMM's form: codes 8 * grid +- 1 (the
+// shift folded in), each 32's 2s + 1 its two groups' scale, d / 8
+// (vec_dot's grid and shift sums as one integer sum).
+void int8_unpack_row_iq1_s(const uint8_t* src, void* dst, int64_t n) {
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1sBytes) {
+    int8_t* codes = out[i].codes;
+    int scales[8];
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint32_t high = load_u16(src + 34 + 2 * ib);
+      scales[ib] = static_cast<int>(2 * ((high >> 12) & 7) + 1);
+      for (int l = 0; l < 4; ++l, codes += 8)
+        write_shifted_codes(iq1_s_row(grid, src + 2 + 4 * ib, high, l), high & 0x8000, codes);
+    }
+    set_iq_int8_groups(scales, 8, 0.125f * load_fp16(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

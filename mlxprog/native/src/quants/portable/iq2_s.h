@@ -54,6 +54,23 @@ float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
   return 0.125f * sum;
 }
 
+// A row of IQ2_S blocks in the int8 GEMM's form: codes +-grid, each 16's
+// 2s + 1 its group's scale, d / 8 (vec_dot's sums regrouped).
+void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq2s_grid");
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2sBytes) {
+    int8_t* codes = out[i].codes;
+    int scales[16];
+    for (int half = 0; half < 16; ++half) {
+      scales[half] = 2 * ((src[74 + half / 2] >> (4 * (half % 2))) & 15) + 1;
+      for (int k = 2 * half; k < 2 * half + 2; ++k, codes += 8)
+        write_signed_codes(iq2_s_row(grid, src, k), src[34 + k], codes, 8);
+    }
+    set_iq_int8_groups(scales, 16, 0.125f * load_fp16(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

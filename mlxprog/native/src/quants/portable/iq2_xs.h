@@ -53,6 +53,25 @@ float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
   return 0.125f * sum;
 }
 
+// A row of IQ2_XS blocks in the int8 GEMM's form: codes +-grid, each 16's
+// 2s + 1 its group's scale, d / 8 (vec_dot's sums regrouped).
+void int8_unpack_row_iq2_xs(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq2xs_grid");
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2xsBytes) {
+    int8_t* codes = out[i].codes;
+    int scales[16];
+    for (int half = 0; half < 16; ++half) {
+      scales[half] = 2 * ((src[66 + half / 2] >> (4 * (half % 2))) & 15) + 1;
+      for (int k = 2 * half; k < 2 * half + 2; ++k, codes += 8) {
+        const uint32_t code = load_u16(src + 2 + 2 * k);
+        write_signed_codes(grid + 8 * (code & 511), even_signs(code >> 9), codes, 8);
+      }
+    }
+    set_iq_int8_groups(scales, 16, 0.125f * load_fp16(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

@@ -49,6 +49,25 @@ float vec_dot_iq2_xxs(int64_t n, const uint8_t* w, const void* xv) {
   return 0.125f * sum;
 }
 
+// A row of IQ2_XXS blocks in the int8 GEMM's form: codes +-grid, each
+// 32's 2s + 1 its two groups' scale, d / 8 (vec_dot's sums regrouped).
+void int8_unpack_row_iq2_xxs(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq2xxs_grid");
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2xxsBytes) {
+    int8_t* codes = out[i].codes;
+    int scales[8];
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* indices = src + 2 + 8 * ib;
+      const uint32_t meta = load_u32(indices + 4);
+      scales[ib] = static_cast<int>(2 * (meta >> 28) + 1);
+      for (int l = 0; l < 4; ++l, codes += 8)
+        write_signed_codes(grid + 8 * indices[l], even_signs((meta >> (7 * l)) & 127), codes, 8);
+    }
+    set_iq_int8_groups(scales, 8, 0.125f * load_fp16(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

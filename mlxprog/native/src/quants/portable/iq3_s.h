@@ -63,6 +63,26 @@ float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
+// A row of IQ3_S blocks in the int8 GEMM's form: codes +-grid, each 32's
+// 1 + 2s its two groups' scale, d (vec_dot's sums regrouped).
+void int8_unpack_row_iq3_s(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq3s_grid");
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq3sBytes) {
+    int8_t* codes = out[i].codes;
+    int scales[8];
+    for (int ib = 0; ib < 8; ++ib) {
+      scales[ib] = iq3_s_scale(src, ib);
+      for (int l = 4 * ib; l < 4 * ib + 4; ++l, codes += 8) {
+        const uint32_t signs = src[74 + l];
+        write_signed_codes(iq3_s_row(grid, src, 2 * l), signs, codes, 4);
+        write_signed_codes(iq3_s_row(grid, src, 2 * l + 1), signs >> 4, codes + 4, 4);
+      }
+    }
+    set_iq_int8_groups(scales, 8, load_fp16(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

@@ -55,6 +55,28 @@ float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
   return 0.25f * sum;
 }
 
+// A row of IQ3_XXS blocks in the int8 GEMM's form: codes +-grid, each
+// 32's 2s + 1 its two groups' scale, d / 4 (vec_dot's sums regrouped).
+void int8_unpack_row_iq3_xxs(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq3xxs_grid");
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq3xxsBytes) {
+    int8_t* codes = out[i].codes;
+    const uint8_t* indices = src + 2;
+    int scales[8];
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint32_t meta = load_u32(src + 66 + 4 * ib);
+      scales[ib] = static_cast<int>(2 * (meta >> 28) + 1);
+      for (int l = 0; l < 4; ++l, codes += 8, indices += 2) {
+        const uint32_t signs = even_signs((meta >> (7 * l)) & 127);
+        write_signed_codes(grid + 4 * indices[0], signs, codes, 4);
+        write_signed_codes(grid + 4 * indices[1], signs >> 4, codes + 4, 4);
+      }
+    }
+    set_iq_int8_groups(scales, 8, 0.25f * load_fp16(src), out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

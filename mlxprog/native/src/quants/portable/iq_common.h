@@ -2,7 +2,7 @@
 // codebook rows, small integer dot products with q8_K codes).
 #pragma once
 
-#include "../common.h"
+#include "kquant_blocks.h"
 
 namespace mlxprog {
 namespace quants {
@@ -48,6 +48,23 @@ inline void write_signed_grid(float scale, const uint8_t* grid, uint32_t signs, 
   }
 }
 
+// Writes `width` codes grid[j], negated where bit j of `signs` is set: a
+// grid row in the int8 GEMM's form (Int8BlockK's signed codes).
+inline void write_signed_codes(const uint8_t* grid, uint32_t signs, int8_t* codes, int width) {
+  for (int j = 0; j < width; ++j) {
+    const int32_t value = grid[j];
+    codes[j] = static_cast<int8_t>((signs >> j) & 1 ? -value : value);
+  }
+}
+
+// Sets an IQ or ternary block's Int8BlockK groups: `subs` odd integer
+// scales (8: one per 32, 16: one per 16), d the block's float factor, no
+// mins (these types' shifts, where they have any, are in their codes).
+inline void set_iq_int8_groups(const int* scales, int subs, float d, Int8BlockK& out) {
+  static constexpr int kNoMins[16] = {};
+  kquant::set_int8_groups(scales, kNoMins, subs, d, 0.0f, out);
+}
+
 // sum_j grid[j] * q[j] over one 8-wide row of the ternary iq1s_grid
 // (int8 values -1, 0, 1) and its q8 codes.
 inline int32_t ternary_grid_dot(const int8_t* grid, const int8_t* q) {
@@ -67,6 +84,13 @@ inline int32_t code_sum8(const int8_t* q) {
 // order: the shift first, exact, then one rounding).
 inline void write_shifted_grid(float scale, const int8_t* grid, float delta, float* y) {
   for (int j = 0; j < 8; ++j) y[j] = scale * (static_cast<float>(grid[j]) + delta);
+}
+
+// Writes the 8 codes of an iq1s_grid row shifted by -1/8 (`negative`) or
+// +1/8, times 8: 8 * grid[j] -+ 1, so the values are the codes times the
+// block's scale / 8, exactly (gguf's shift of 0.125 is a power of two).
+inline void write_shifted_codes(const int8_t* grid, bool negative, int8_t* codes) {
+  for (int j = 0; j < 8; ++j) codes[j] = static_cast<int8_t>(8 * grid[j] + (negative ? -1 : 1));
 }
 
 // The little-endian uint32 at p (blocks are byte arrays: no alignment).

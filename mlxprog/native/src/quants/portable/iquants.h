@@ -31,17 +31,27 @@ namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 
-// Registers the group's row dequantizers and q8_K dot products.
+// Registers the group's row dequantizers, q8_K dot products and int8 GEMM
+// unpackers (signed codes).
 inline void add_iquants(QuantKernels& k) {
-  k.types[static_cast<int>(Type::IQ1_S)] = {dequantize_row_iq1_s, vec_dot_iq1_s};
-  k.types[static_cast<int>(Type::IQ1_M)] = {dequantize_row_iq1_m, vec_dot_iq1_m};
-  k.types[static_cast<int>(Type::IQ2_XXS)] = {dequantize_row_iq2_xxs, vec_dot_iq2_xxs};
-  k.types[static_cast<int>(Type::IQ2_XS)] = {dequantize_row_iq2_xs, vec_dot_iq2_xs};
-  k.types[static_cast<int>(Type::IQ2_S)] = {dequantize_row_iq2_s, vec_dot_iq2_s};
-  k.types[static_cast<int>(Type::IQ3_XXS)] = {dequantize_row_iq3_xxs, vec_dot_iq3_xxs};
-  k.types[static_cast<int>(Type::IQ3_S)] = {dequantize_row_iq3_s, vec_dot_iq3_s};
-  k.types[static_cast<int>(Type::TQ1_0)] = {dequantize_row_tq1_0, vec_dot_tq1_0};
-  k.types[static_cast<int>(Type::TQ2_0)] = {dequantize_row_tq2_0, vec_dot_tq2_0};
+  k.types[static_cast<int>(Type::IQ1_S)] = {dequantize_row_iq1_s, vec_dot_iq1_s,
+                                              int8_unpack_row_iq1_s, true};
+  k.types[static_cast<int>(Type::IQ1_M)] = {dequantize_row_iq1_m, vec_dot_iq1_m,
+                                              int8_unpack_row_iq1_m, true};
+  k.types[static_cast<int>(Type::IQ2_XXS)] = {dequantize_row_iq2_xxs, vec_dot_iq2_xxs,
+                                                int8_unpack_row_iq2_xxs, true};
+  k.types[static_cast<int>(Type::IQ2_XS)] = {dequantize_row_iq2_xs, vec_dot_iq2_xs,
+                                               int8_unpack_row_iq2_xs, true};
+  k.types[static_cast<int>(Type::IQ2_S)] = {dequantize_row_iq2_s, vec_dot_iq2_s,
+                                              int8_unpack_row_iq2_s, true};
+  k.types[static_cast<int>(Type::IQ3_XXS)] = {dequantize_row_iq3_xxs, vec_dot_iq3_xxs,
+                                                int8_unpack_row_iq3_xxs, true};
+  k.types[static_cast<int>(Type::IQ3_S)] = {dequantize_row_iq3_s, vec_dot_iq3_s,
+                                              int8_unpack_row_iq3_s, true};
+  k.types[static_cast<int>(Type::TQ1_0)] = {dequantize_row_tq1_0, vec_dot_tq1_0,
+                                              int8_unpack_row_tq1_0, true};
+  k.types[static_cast<int>(Type::TQ2_0)] = {dequantize_row_tq2_0, vec_dot_tq2_0,
+                                              int8_unpack_row_tq2_0, true};
 }
 
 }  // namespace MLXPROG_QUANTS_NS

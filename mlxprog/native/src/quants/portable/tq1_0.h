@@ -21,36 +21,29 @@ inline int32_t top_ternary_digit(uint8_t shifted) {
 // A TQ1_0 block packs its weights in three spans, each `Bytes` bytes holding
 // `Digits` digits: digit j of byte m is the span's weight Bytes * j + m
 // (gguf's order). The spans: 32 bytes x 5 digits from weight 0, 16 x 5 from
-// 160, and the 4 bytes at 48 with 4 digits from 240. This writes one span's
-// weights d * (q - 1) to y.
-template <int Bytes, int Digits>
-inline void dequantize_tq1_span(const uint8_t* packed, float d, float* y) {
-  uint8_t pow3 = 1;
-  for (int j = 0; j < Digits; ++j, pow3 *= 3)
-    for (int m = 0; m < Bytes; ++m) {
-      const int32_t q = top_ternary_digit(static_cast<uint8_t>(packed[m] * pow3));
-      y[Bytes * j + m] = d * static_cast<float>(q - 1);
-    }
-}
-
-// sum q * x over one span (see dequantize_tq1_span), q the digits in {0, 1, 2}.
-template <int Bytes, int Digits>
-inline int32_t tq1_span_dot(const uint8_t* packed, const int8_t* q8) {
-  int32_t sum = 0;
+// 160, and the 4 bytes at 48 with 4 digits from 240. This calls
+// visit(k, q) for each weight k of one span (from `first`) and its digit q.
+template <int Bytes, int Digits, class Visit>
+inline void visit_tq1_span(const uint8_t* packed, int first, Visit& visit) {
   uint8_t pow3 = 1;
   for (int j = 0; j < Digits; ++j, pow3 *= 3)
     for (int m = 0; m < Bytes; ++m)
-      sum += top_ternary_digit(static_cast<uint8_t>(packed[m] * pow3)) * q8[Bytes * j + m];
-  return sum;
+      visit(first + Bytes * j + m, top_ternary_digit(static_cast<uint8_t>(packed[m] * pow3)));
+}
+
+// visit(k, q) for each of a block's 256 weights k and its digit q in {0, 1, 2}.
+template <class Visit>
+inline void visit_tq1_block(const uint8_t* block, Visit visit) {
+  visit_tq1_span<32, 5>(block, 0, visit);
+  visit_tq1_span<16, 5>(block + 32, 160, visit);
+  visit_tq1_span<4, 4>(block + 48, 240, visit);
 }
 
 // A row of TQ1_0 blocks to float32, as gguf computes it.
 void dequantize_row_tq1_0(const uint8_t* src, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq1Bytes, y += kSuperBlock) {
     const float d = load_fp16(src + 52);
-    dequantize_tq1_span<32, 5>(src, d, y);
-    dequantize_tq1_span<16, 5>(src + 32, d, y + 160);
-    dequantize_tq1_span<4, 4>(src + 48, d, y + 240);
+    visit_tq1_block(src, [&](int k, int32_t q) { y[k] = d * static_cast<float>(q - 1); });
   }
 }
 
@@ -61,11 +54,23 @@ float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* xv) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kTq1Bytes) {
     const int8_t* q8 = x[i].qs;
-    const int32_t dot = tq1_span_dot<32, 5>(w, q8) + tq1_span_dot<16, 5>(w + 32, q8 + 160) +
-                        tq1_span_dot<4, 4>(w + 48, q8 + 240);
+    int32_t dot = 0;
+    visit_tq1_block(w, [&](int k, int32_t q) { dot += q * q8[k]; });
     sum += load_fp16(w + 52) * x[i].d * static_cast<float>(dot - q8k_code_sum(x[i]));
   }
   return sum;
+}
+
+// A row of TQ1_0 blocks in the int8 GEMM's form: codes q - 1, every group's
+// scale 1, d.
+void int8_unpack_row_tq1_0(const uint8_t* src, void* dst, int64_t n) {
+  static constexpr int kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq1Bytes) {
+    int8_t* codes = out[i].codes;
+    visit_tq1_block(src, [&](int k, int32_t q) { codes[k] = static_cast<int8_t>(q - 1); });
+    set_iq_int8_groups(kOnes, 8, load_fp16(src + 52), out[i]);
+  }
 }
 
 }  // namespace

@@ -12,14 +12,19 @@ namespace {
 
 constexpr int kTq2Bytes = 66;
 
+// visit(k, q) for each of a block's 256 weights k and its code q.
+template <class Visit>
+inline void visit_tq2_block(const uint8_t* block, Visit visit) {
+  for (int g = 0; g < 2; ++g)
+    for (int j = 0; j < 4; ++j)
+      for (int m = 0; m < 32; ++m) visit(128 * g + 32 * j + m, (block[32 * g + m] >> (2 * j)) & 3);
+}
+
 // A row of TQ2_0 blocks to float32, as gguf computes it.
 void dequantize_row_tq2_0(const uint8_t* src, float* y, int64_t n) {
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq2Bytes) {
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq2Bytes, y += kSuperBlock) {
     const float d = load_fp16(src + 64);
-    for (int g = 0; g < 2; ++g)
-      for (int j = 0; j < 4; ++j, y += 32)
-        for (int m = 0; m < 32; ++m)
-          y[m] = d * static_cast<float>(((src[32 * g + m] >> (2 * j)) & 3) - 1);
+    visit_tq2_block(src, [&](int k, int32_t q) { y[k] = d * static_cast<float>(q - 1); });
   }
 }
 
@@ -31,12 +36,22 @@ float vec_dot_tq2_0(int64_t n, const uint8_t* w, const void* xv) {
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kTq2Bytes) {
     const int8_t* q8 = x[i].qs;
     int32_t dot = 0;
-    for (int g = 0; g < 2; ++g)
-      for (int j = 0; j < 4; ++j, q8 += 32)
-        for (int m = 0; m < 32; ++m) dot += ((w[32 * g + m] >> (2 * j)) & 3) * q8[m];
+    visit_tq2_block(w, [&](int k, int32_t q) { dot += q * q8[k]; });
     sum += load_fp16(w + 64) * x[i].d * static_cast<float>(dot - q8k_code_sum(x[i]));
   }
   return sum;
+}
+
+// A row of TQ2_0 blocks in the int8 GEMM's form: codes q - 1, every group's
+// scale 1, d.
+void int8_unpack_row_tq2_0(const uint8_t* src, void* dst, int64_t n) {
+  static constexpr int kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq2Bytes) {
+    int8_t* codes = out[i].codes;
+    visit_tq2_block(src, [&](int k, int32_t q) { codes[k] = static_cast<int8_t>(q - 1); });
+    set_iq_int8_groups(kOnes, 8, load_fp16(src + 64), out[i]);
+  }
 }
 
 }  // namespace
