@@ -174,6 +174,17 @@ inline void set_int8_groups(const int* scales, const int* mins, int subs, float 
   out.dm = dm;
 }
 
+// An Int8BlockK's scales and mins from a Q4_K/Q5_K block's packed 6-bit
+// fields, d and dm = -dmin (each 32's scale and min for its two groups).
+inline void set_q4_k_int8_groups(const uint8_t* packed, const uint8_t* d, const uint8_t* dmin,
+                                 Int8BlockK& out) {
+  uint8_t scales_mins[16];
+  q4_k_scales_mins(packed, scales_mins);
+  int scales[8], mins[8];
+  for (int s = 0; s < 8; ++s) scales[s] = scales_mins[s], mins[s] = scales_mins[8 + s];
+  set_int8_groups(scales, mins, 8, load_fp16(d), -load_fp16(dmin), out);
+}
+
 }  // namespace kquant
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -76,24 +76,13 @@ float vec_dot_q4_k(int64_t n, const uint8_t* w, const void* xv) {
   return sum;
 }
 
-// An Int8BlockK's scales and mins from a Q4_K/Q5_K block's packed 6-bit
-// fields, d and dm = -dmin (each 32's scale and min for its two groups).
-inline void set_q4_k_int8_groups(const uint8_t* packed, const uint8_t* d, const uint8_t* dmin,
-                                 Int8BlockK& out) {
-  uint8_t scales_mins[16];
-  kquant::q4_k_scales_mins(packed, scales_mins);
-  int scales[8], mins[8];
-  for (int s = 0; s < 8; ++s) scales[s] = scales_mins[s], mins[s] = scales_mins[8 + s];
-  kquant::set_int8_groups(scales, mins, 8, load_fp16(d), -load_fp16(dmin), out);
-}
-
 // A row of Q4_K blocks in the int8 GEMM's form: codes 0..15.
 void int8_unpack_row_q4_k(const uint8_t* src, void* dst, int64_t n) {
   const kquant::Q4K* blocks = reinterpret_cast<const kquant::Q4K*>(src);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
     unpack_q4_k(blocks[i].qs, out[i].codes);
-    set_q4_k_int8_groups(blocks[i].scales, blocks[i].d, blocks[i].dmin, out[i]);
+    kquant::set_q4_k_int8_groups(blocks[i].scales, blocks[i].d, blocks[i].dmin, out[i]);
   }
 }
 

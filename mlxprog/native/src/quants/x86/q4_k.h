@@ -89,6 +89,24 @@ template <typename CodesOfHalf>
   }
 }
 
+// One Q4_K/Q5_K block in the int8 GEMM's form, codes_of as for
+// q4_k_block_dot: a vector store per 32 codes (the portable unpacker's
+// bytes), the portable scales and mins.
+template <typename CodesOfHalf>
+[[gnu::always_inline]] inline void q4_k_unpack_block(const uint8_t* d, const uint8_t* dmin,
+                                                     const uint8_t* packed_scales,
+                                                     CodesOfHalf codes_of, Int8BlockK& out) {
+#pragma GCC unroll 16
+  for (int half = 0; half < 2; ++half) {
+    __m256i codes[4];
+    codes_of(half, codes);
+#pragma GCC unroll 16
+    for (int k = 0; k < 4; ++k)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.codes + 128 * half + 32 * k), codes[k]);
+  }
+  kquant::set_q4_k_int8_groups(packed_scales, d, dmin, out);
+}
+
 // A row of Q4_K blocks to float32, as gguf computes it.
 void dequantize_row_q4_k(const uint8_t* src, float* y, int64_t n) {
   const kquant::Q4K* blocks = reinterpret_cast<const kquant::Q4K*>(src);

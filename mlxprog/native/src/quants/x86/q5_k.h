@@ -51,6 +51,18 @@ float vec_dot_q5_k(int64_t n, const uint8_t* w, const void* xv) {
   return hsum_ps(acc) - kquant::hsum_128(acc_min);
 }
 
+// A row of Q5_K blocks in the int8 GEMM's form: codes 0..31.
+void int8_unpack_row_q5_k(const uint8_t* src, void* dst, int64_t n) {
+  const kquant::Q5K* blocks = reinterpret_cast<const kquant::Q5K*>(src);
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
+    const kquant::Q5K& b = blocks[i];
+    q4_k_unpack_block(
+        b.d, b.dmin, b.scales, [&](int half, __m256i* codes) { q5_k_codes(b, half, codes); },
+        out[i]);
+  }
+}
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants
