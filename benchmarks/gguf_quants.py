@@ -100,7 +100,8 @@ SHIPPED = "Q4_1"
 #: the ``LLAMA_FTYPE_MOSTLY_*`` constants are used when llama_cpp has them.
 FTYPES = {"Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15,
           "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "Q4_0": 2, "Q5_0": 8, "Q5_1": 9,
-          "IQ4_NL": 25, "IQ4_XS": 30}
+          "IQ4_NL": 25, "IQ4_XS": 30, "IQ3_S": 26, "IQ3_M": 27, "TQ1_0": 36,
+          "TQ2_0": 37}
 DEFAULT_FILES = "Q2_K,Q3_K_M,Q4_K_M,Q5_K_M,Q6_K,Q8_0,IQ4_XS,Q4_1"
 DEFAULT_DIR = Path.home() / ".cache" / "mlxprog" / "bench-ggufs"
 ENGINES = ("mlxprog", "llama.cpp")

@@ -5,37 +5,12 @@
 // 12 bits and the fp16 d in their top nibbles; w = d * (2s + 1) * (grid + delta).
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq1mBytes = 56;
-
-// The block's fp16 d, gathered from the top nibbles of its scale words.
-inline float iq1_m_d(const uint8_t* block) {
-  const uint32_t s0 = load_u16(block + 48), s1 = load_u16(block + 50);
-  const uint32_t s2 = load_u16(block + 52), s3 = load_u16(block + 54);
-  const uint32_t bits = (s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000);
-  return fp16_to_fp32(static_cast<uint16_t>(bits));
-}
-
-// The scale of the block's h-th 16 weights as the odd factor 2s + 1.
-inline int32_t iq1_m_scale(const uint8_t* block, int h) {
-  return static_cast<int32_t>(2 * ((load_u16(block + 48 + 2 * (h / 4)) >> (3 * (h % 4))) & 7) + 1);
-}
-
-// The 4-bit field of the block's k-th group of 8 weights.
-inline uint32_t iq1_m_field(const uint8_t* block, int k) {
-  return (block[32 + k / 2] >> (4 * (k % 2))) & 15;
-}
-
-// The grid row of the block's k-th group of 8 weights.
-inline const int8_t* iq1_m_row(const int8_t* grid, const uint8_t* block, int k) {
-  return grid + 8 * (block[k] | ((iq1_m_field(block, k) & 7) << 8));
-}
 
 // A row of IQ1_M blocks to float32, as gguf computes it.
 void dequantize_row_iq1_m(const uint8_t* src, float* y, int64_t n) {
@@ -46,7 +21,7 @@ void dequantize_row_iq1_m(const uint8_t* src, float* y, int64_t n) {
       const float dl = d * static_cast<float>(iq1_m_scale(src, h));
       for (int k = 2 * h; k < 2 * h + 2; ++k, y += 8) {
         const float delta = iq1_m_field(src, k) & 8 ? -0.125f : 0.125f;
-        write_shifted_grid(dl, iq1_m_row(grid, src, k), delta, y);
+        write_shifted_grid(dl, grid + 8 * iq1_m_index(src, k), delta, y);
       }
     }
   }
@@ -65,7 +40,7 @@ float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
     for (int h = 0; h < 16; ++h) {
       int32_t sub_grid = 0, sub_shift = 0;
       for (int k = 2 * h; k < 2 * h + 2; ++k, q += 8) {
-        sub_grid += ternary_grid_dot(iq1_m_row(grid, w, k), q);
+        sub_grid += ternary_grid_dot(grid + 8 * iq1_m_index(w, k), q);
         const int32_t codes = code_sum8(q);
         sub_shift += iq1_m_field(w, k) & 8 ? -codes : codes;
       }
@@ -91,7 +66,7 @@ void int8_unpack_row_iq1_m(const uint8_t* src, void* dst, int64_t n) {
     for (int h = 0; h < 16; ++h) {
       scales[h] = iq1_m_scale(src, h);
       for (int k = 2 * h; k < 2 * h + 2; ++k, codes += 8)
-        write_shifted_codes(iq1_m_row(grid, src, k), iq1_m_field(src, k) & 8, codes);
+        write_shifted_codes(grid + 8 * iq1_m_index(src, k), iq1_m_field(src, k) & 8, codes);
     }
     set_iq_int8_groups(scales, 16, 0.125f * iq1_m_d(src), out[i]);
   }

@@ -4,19 +4,12 @@
 // a shift delta = +-1/8; w = d * (2s + 1) * (grid + delta).
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq1sBytes = 50;
-
-// The grid row of group l (8 weights) of the 32 weights whose uint16 is `high`.
-inline const int8_t* iq1_s_row(const int8_t* grid, const uint8_t* low, uint32_t high, int l) {
-  return grid + 8 * (low[l] | (((high >> (3 * l)) & 7) << 8));
-}
 
 // A row of IQ1_S blocks to float32, as gguf computes it.
 void dequantize_row_iq1_s(const uint8_t* src, float* y, int64_t n) {
@@ -28,7 +21,7 @@ void dequantize_row_iq1_s(const uint8_t* src, float* y, int64_t n) {
       const float dl = d * static_cast<float>(2 * ((high >> 12) & 7) + 1);
       const float delta = high & 0x8000 ? -0.125f : 0.125f;
       for (int l = 0; l < 4; ++l, y += 8)
-        write_shifted_grid(dl, iq1_s_row(grid, src + 2 + 4 * ib, high, l), delta, y);
+        write_shifted_grid(dl, grid + 8 * iq1_s_index(src + 2 + 4 * ib, high, l), delta, y);
     }
   }
 }
@@ -47,7 +40,7 @@ float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
       const uint32_t high = load_u16(w + 34 + 2 * ib);
       int32_t sub_sum = 0;
       for (int l = 0; l < 4; ++l, q += 8)
-        sub_sum += ternary_grid_dot(iq1_s_row(grid, w + 2 + 4 * ib, high, l), q);
+        sub_sum += ternary_grid_dot(grid + 8 * iq1_s_index(w + 2 + 4 * ib, high, l), q);
       const int32_t scale = static_cast<int32_t>(2 * ((high >> 12) & 7) + 1);
       const int32_t codes = x[i].bsums[2 * ib] + x[i].bsums[2 * ib + 1];
       grid_sum += scale * sub_sum;
@@ -72,7 +65,8 @@ void int8_unpack_row_iq1_s(const uint8_t* src, void* dst, int64_t n) {
       const uint32_t high = load_u16(src + 34 + 2 * ib);
       scales[ib] = static_cast<int>(2 * ((high >> 12) & 7) + 1);
       for (int l = 0; l < 4; ++l, codes += 8)
-        write_shifted_codes(iq1_s_row(grid, src + 2 + 4 * ib, high, l), high & 0x8000, codes);
+        write_shifted_codes(grid + 8 * iq1_s_index(src + 2 + 4 * ib, high, l), high & 0x8000,
+                            codes);
     }
     set_iq_int8_groups(scales, 8, 0.125f * load_fp16(src), out[i]);
   }

@@ -4,20 +4,12 @@
 // per 16; w = d * (0.5 + s) / 4 * grid * sign.
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq2sBytes = 82;
-
-// The grid row of the block's k-th group of 8 weights.
-inline const uint8_t* iq2_s_row(const uint8_t* grid, const uint8_t* block, int k) {
-  const uint32_t high = (block[66 + k / 4] >> (2 * (k % 4))) & 3;
-  return grid + 8 * (block[2 + k] | (high << 8));
-}
 
 // A row of IQ2_S blocks to float32, as gguf computes it.
 void dequantize_row_iq2_s(const uint8_t* src, float* y, int64_t n) {
@@ -28,7 +20,7 @@ void dequantize_row_iq2_s(const uint8_t* src, float* y, int64_t n) {
       const uint32_t s = (src[74 + half / 2] >> (4 * (half % 2))) & 15;
       const float db = d * (0.5f + static_cast<float>(s)) * 0.25f;
       for (int k = 2 * half; k < 2 * half + 2; ++k, y += 8)
-        write_signed_grid(db, iq2_s_row(grid, src, k), src[34 + k], y, 8);
+        write_signed_grid(db, grid + 8 * iq2_s_index(src, k), src[34 + k], y, 8);
     }
   }
 }
@@ -45,7 +37,7 @@ float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
     for (int half = 0; half < 16; ++half) {
       int32_t sub_sum = 0;
       for (int k = 2 * half; k < 2 * half + 2; ++k, q += 8)
-        sub_sum += signed_grid_dot(iq2_s_row(grid, w, k), w[34 + k], q, 8);
+        sub_sum += signed_grid_dot(grid + 8 * iq2_s_index(w, k), w[34 + k], q, 8);
       const int32_t s = (w[74 + half / 2] >> (4 * (half % 2))) & 15;
       block_sum += sub_sum * (2 * s + 1);
     }
@@ -65,7 +57,7 @@ void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
     for (int half = 0; half < 16; ++half) {
       scales[half] = 2 * ((src[74 + half / 2] >> (4 * (half % 2))) & 15) + 1;
       for (int k = 2 * half; k < 2 * half + 2; ++k, codes += 8)
-        write_signed_codes(iq2_s_row(grid, src, k), src[34 + k], codes, 8);
+        write_signed_codes(grid + 8 * iq2_s_index(src, k), src[34 + k], codes, 8);
     }
     set_iq_int8_groups(scales, 16, 0.125f * load_fp16(src), out[i]);
   }

@@ -3,14 +3,12 @@
 // and 8 bytes of 4-bit scales s, one per 16; w = d * (0.5 + s) / 4 * grid * sign.
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq2xsBytes = 74;
 
 // A row of IQ2_XS blocks to float32, as gguf computes it.
 void dequantize_row_iq2_xs(const uint8_t* src, float* y, int64_t n) {

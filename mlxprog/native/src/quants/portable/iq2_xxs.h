@@ -3,14 +3,12 @@
 // 7-bit sign indices plus a 4-bit scale s; w = d * (0.5 + s) / 4 * grid * sign.
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq2xxsBytes = 66;
 
 // A row of IQ2_XXS blocks to float32, as gguf computes it.
 void dequantize_row_iq2_xxs(const uint8_t* src, float* y, int64_t n) {

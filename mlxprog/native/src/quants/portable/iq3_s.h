@@ -4,25 +4,12 @@
 // 4-bit scales s, one per 32; w = d * (1 + 2s) * grid * sign.
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq3sBytes = 110;
-
-// The grid row of the block's k-th group of 4 weights.
-inline const uint8_t* iq3_s_row(const uint8_t* grid, const uint8_t* block, int k) {
-  const uint32_t high = (block[66 + k / 8] >> (k % 8)) & 1;
-  return grid + 4 * (block[2 + k] | (high << 8));
-}
-
-// The block's scale of its ib-th 32 weights, as the odd factor 1 + 2s.
-inline int32_t iq3_s_scale(const uint8_t* block, int ib) {
-  return 1 + 2 * ((block[106 + ib / 2] >> (4 * (ib % 2))) & 15);
-}
 
 // A row of IQ3_S blocks to float32, as gguf computes it.
 void dequantize_row_iq3_s(const uint8_t* src, float* y, int64_t n) {
@@ -33,8 +20,8 @@ void dequantize_row_iq3_s(const uint8_t* src, float* y, int64_t n) {
       const float db = d * static_cast<float>(iq3_s_scale(src, ib));
       for (int l = 4 * ib; l < 4 * ib + 4; ++l, y += 8) {  // l: 8 weights, one sign byte
         const uint32_t signs = src[74 + l];
-        write_signed_grid(db, iq3_s_row(grid, src, 2 * l), signs, y, 4);
-        write_signed_grid(db, iq3_s_row(grid, src, 2 * l + 1), signs >> 4, y + 4, 4);
+        write_signed_grid(db, grid + 4 * iq3_s_index(src, 2 * l), signs, y, 4);
+        write_signed_grid(db, grid + 4 * iq3_s_index(src, 2 * l + 1), signs >> 4, y + 4, 4);
       }
     }
   }
@@ -53,8 +40,8 @@ float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
       int32_t sub_sum = 0;
       for (int l = 4 * ib; l < 4 * ib + 4; ++l, q += 8) {
         const uint32_t signs = w[74 + l];
-        sub_sum += signed_grid_dot(iq3_s_row(grid, w, 2 * l), signs, q, 4) +
-                   signed_grid_dot(iq3_s_row(grid, w, 2 * l + 1), signs >> 4, q + 4, 4);
+        sub_sum += signed_grid_dot(grid + 4 * iq3_s_index(w, 2 * l), signs, q, 4) +
+                   signed_grid_dot(grid + 4 * iq3_s_index(w, 2 * l + 1), signs >> 4, q + 4, 4);
       }
       block_sum += sub_sum * iq3_s_scale(w, ib);
     }
@@ -75,8 +62,8 @@ void int8_unpack_row_iq3_s(const uint8_t* src, void* dst, int64_t n) {
       scales[ib] = iq3_s_scale(src, ib);
       for (int l = 4 * ib; l < 4 * ib + 4; ++l, codes += 8) {
         const uint32_t signs = src[74 + l];
-        write_signed_codes(iq3_s_row(grid, src, 2 * l), signs, codes, 4);
-        write_signed_codes(iq3_s_row(grid, src, 2 * l + 1), signs >> 4, codes + 4, 4);
+        write_signed_codes(grid + 4 * iq3_s_index(src, 2 * l), signs, codes, 4);
+        write_signed_codes(grid + 4 * iq3_s_index(src, 2 * l + 1), signs >> 4, codes + 4, 4);
       }
     }
     set_iq_int8_groups(scales, 8, load_fp16(src), out[i]);

@@ -3,14 +3,12 @@
 // four 7-bit sign indices and a 4-bit scale s; w = d * (0.5 + s) / 2 * grid * sign.
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kIq3xxsBytes = 98;
 
 // A row of IQ3_XXS blocks to float32, as gguf computes it.
 void dequantize_row_iq3_xxs(const uint8_t* src, float* y, int64_t n) {

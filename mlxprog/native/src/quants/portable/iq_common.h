@@ -14,7 +14,7 @@ constexpr int kSuperBlock = 256;  // elements of every type in this group
 // The 8 sign bits of a 7-bit sign index (IQ2_XXS, IQ2_XS, IQ3_XXS): the
 // encoder only stores sign patterns with an even number of minus signs, so
 // the eighth bit is the parity of the other seven (llama.cpp's ksigns table).
-inline uint32_t even_signs(uint32_t index7) {
+constexpr uint32_t even_signs(uint32_t index7) {
   uint32_t parity = index7 ^ (index7 >> 4);
   parity ^= parity >> 2;
   parity ^= parity >> 1;

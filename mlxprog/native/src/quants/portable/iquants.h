@@ -1,7 +1,8 @@
 // portable: the IQ types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 // IQ3_S) and the ternary ones (TQ1_0, TQ2_0): 256-weight super-blocks dotted
-// with q8_K activations, plain C++ (no vector tables: every table resolves
-// these types to the kernels here).
+// with q8_K activations, plain C++. The x86 tables have their own dot
+// products of the grid types (x86/iquants.h); everything else of the group
+// resolves to the kernels here on every table.
 //
 // The IQ grids are not written here: mlxprog/ggml/codebooks.py builds them
 // from the gguf package and sets them (quants::set_codebook) before any

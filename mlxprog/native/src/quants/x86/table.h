@@ -18,6 +18,7 @@
 #include "activations.h"
 #include "legacy.h"
 #include "kquants.h"
+#include "iquants.h"
 #include "int8_gemm.h"
 
 namespace mlxprog {
@@ -31,6 +32,7 @@ const QuantKernels& table() {
     add_activations(k);
     add_legacy(k);
     add_kquants(k);
+    add_iquants(k);
     add_int8_gemm(k);
     return k;
   }();

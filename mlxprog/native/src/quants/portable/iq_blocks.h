@@ -1,0 +1,71 @@
+// The IQ types' block layouts (bytes per 256-weight block) and the
+// decoders of their packed fields, shared by every ISA's kernels of the
+// group (plain C++; each table compiles them into its own namespace).
+#pragma once
+
+#include "iq_common.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+
+constexpr int kIq2xxsBytes = 66;
+constexpr int kIq2xsBytes = 74;
+constexpr int kIq2sBytes = 82;
+constexpr int kIq3xxsBytes = 98;
+constexpr int kIq3sBytes = 110;
+constexpr int kIq1sBytes = 50;
+constexpr int kIq1mBytes = 56;
+
+// IQ2_S: the iq2s_grid row of the block's k-th group of 8 weights.
+inline uint32_t iq2_s_index(const uint8_t* block, int k) {
+  const uint32_t high = (block[66 + k / 4] >> (2 * (k % 4))) & 3;
+  return block[2 + k] | (high << 8);
+}
+
+// IQ3_S: the iq3s_grid row of the block's k-th group of 4 weights.
+inline uint32_t iq3_s_index(const uint8_t* block, int k) {
+  const uint32_t high = (block[66 + k / 8] >> (k % 8)) & 1;
+  return block[2 + k] | (high << 8);
+}
+
+// IQ3_S: the scale of the block's ib-th 32 weights, as the odd factor 1 + 2s.
+inline int32_t iq3_s_scale(const uint8_t* block, int ib) {
+  return 1 + 2 * ((block[106 + ib / 2] >> (4 * (ib % 2))) & 15);
+}
+
+// IQ1_S: the iq1s_grid row of group l (8 weights) of the 32 weights whose
+// low index bytes are `low` and whose uint16 is `high`.
+inline uint32_t iq1_s_index(const uint8_t* low, uint32_t high, int l) {
+  return low[l] | (((high >> (3 * l)) & 7) << 8);
+}
+
+// IQ1_M: the block's fp16 d, gathered from the top nibbles of its scale words.
+inline float iq1_m_d(const uint8_t* block) {
+  const uint32_t s0 = load_u16(block + 48), s1 = load_u16(block + 50);
+  const uint32_t s2 = load_u16(block + 52), s3 = load_u16(block + 54);
+  const uint32_t bits = (s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000);
+  return fp16_to_fp32(static_cast<uint16_t>(bits));
+}
+
+// IQ1_M: the scale of the block's h-th 16 weights as the odd factor 2s + 1.
+inline int32_t iq1_m_scale(const uint8_t* block, int h) {
+  return static_cast<int32_t>(2 * ((load_u16(block + 48 + 2 * (h / 4)) >> (3 * (h % 4))) & 7) + 1);
+}
+
+// IQ1_M: the 4-bit field of the block's k-th group of 8 weights (bit 3 the
+// shift's sign, bits 0..2 the index's high bits).
+inline uint32_t iq1_m_field(const uint8_t* block, int k) {
+  return (block[32 + k / 2] >> (4 * (k % 2))) & 15;
+}
+
+// IQ1_M: the iq1s_grid row of the block's k-th group of 8 weights.
+inline uint32_t iq1_m_index(const uint8_t* block, int k) {
+  return block[k] | ((iq1_m_field(block, k) & 7) << 8);
+}
+
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog
