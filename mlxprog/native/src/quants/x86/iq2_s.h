@@ -1,5 +1,6 @@
-// x86 IQ2_S (AVX2): the dot product with q8_K activations (the portable
-// kernels dequantize and unpack; portable/iq2_s.h has the layout).
+// x86 IQ2_S (AVX2): the dot product with q8_K activations and the int8
+// unpacker (portable/iq2_s.h has the layout; its row dequantizer is the
+// portable one).
 #pragma once
 
 #include "iq_simd.h"
@@ -9,29 +10,30 @@ namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
 
-// IQ2_S row . q8_K row: per 32, four 10-bit grid rows and a sign byte for
-// each, each 16 weighted by its 2s + 1; the portable kernel's integer sums,
-// one float product per block.
-float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
+// The 32 weights ib of an IQ2_S block: four grid rows (iq2_s_index in
+// lanes: low bytes, 2-bit highs), a sign byte each, each 16's 2s + 1.
+[[gnu::always_inline]] inline iq_x86::Group32 iq2_s_group(const uint8_t* grid,
+                                                         const uint8_t* block, int ib) {
   using namespace iq_x86;
+  const __m128i indices =
+      _mm_or_si128(bytes_4(block + 2 + 4 * ib), high_bits_4(block[66 + ib], 2, 3));
+  const uint32_t s = block[74 + ib];
+  return {rows_of_8(grid, indices), sign_bytes(load_u32(block + 34 + 4 * ib)),
+          static_cast<int>(2 * (s & 15) + 1), static_cast<int>(2 * (s >> 4) + 1)};
+}
+
+// IQ2_S row . q8_K row (per 32 four 10-bit grid rows with a sign byte each, 2s + 1 per 16).
+float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes("iq2s_grid");
-  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq2sBytes) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      // iq2_s_index of the four groups in lanes: low bytes, 2-bit highs.
-      const __m128i indices =
-          _mm_or_si128(bytes_4(w + 2 + 4 * ib), high_bits_4(w[66 + ib], 2, 3));
-      const uint32_t s = w[74 + ib];
-      dot = _mm256_add_epi32(
-          dot, scaled_dot(rows_of_8(grid, indices),
-                          sign_bytes(load_u32(w + 34 + 4 * ib)), x[i].qs + 32 * ib,
-                          scales_16(2 * (s & 15) + 1, 2 * (s >> 4) + 1)));
-    }
-    sum += load_fp16(w) * x[i].d * static_cast<float>(hsum_epi32(dot));
-  }
-  return 0.125f * sum;
+  auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };
+  return iq_x86::row_dot<kIq2sBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
+}
+
+// A row of IQ2_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
+void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq2s_grid");
+  auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };
+  iq_x86::unpack_row<kIq2sBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// x86 IQ2_XS (AVX2): the dot product with q8_K activations (the portable
-// kernels dequantize and unpack; portable/iq2_xs.h has the layout).
+// x86 IQ2_XS (AVX2): the dot product with q8_K activations and the int8
+// unpacker (portable/iq2_xs.h has the layout; its row dequantizer is the
+// portable one).
 #pragma once
 
 #include "iq_simd.h"
@@ -9,32 +10,35 @@ namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
 
-// IQ2_XS row . q8_K row: per 32, four 9-bit grid indices and 7-bit sign
-// indices, each 16 weighted by its 2s + 1; the portable kernel's integer
-// sums, one float product per block.
-float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
+// The 32 weights ib of an IQ2_XS block: four uint16 (a 9-bit grid index and
+// a 7-bit sign index each), each 16's 2s + 1.
+[[gnu::always_inline]] inline iq_x86::Group32 iq2_xs_group(const uint8_t* grid,
+                                                          const uint8_t* block, int ib) {
   using namespace iq_x86;
+  const uint8_t* codes = block + 2 + 8 * ib;
+  uint32_t signs = 0;
+  for (int l = 0; l < 4; ++l)
+    signs |= static_cast<uint32_t>(kEvenSigns.bits[load_u16(codes + 2 * l) >> 9]) << (8 * l);
+  const __m128i indices = _mm_and_si128(
+      _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))),
+      _mm_set1_epi32(511));
+  const uint32_t s = block[66 + ib];
+  return {rows_of_8(grid, indices), sign_bytes(signs), static_cast<int>(2 * (s & 15) + 1),
+          static_cast<int>(2 * (s >> 4) + 1)};
+}
+
+// IQ2_XS row . q8_K row (per 32 four 9-bit grid indices and 7-bit sign indices, 2s + 1 per 16).
+float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes("iq2xs_grid");
-  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq2xsBytes) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint8_t* codes = w + 2 + 8 * ib;  // four uint16: 9-bit index, 7-bit sign index
-      uint32_t signs = 0;
-      for (int l = 0; l < 4; ++l)
-        signs |= static_cast<uint32_t>(kEvenSigns.bits[load_u16(codes + 2 * l) >> 9]) << (8 * l);
-      const __m128i indices = _mm_and_si128(
-          _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))),
-          _mm_set1_epi32(511));
-      const uint32_t s = w[66 + ib];
-      dot = _mm256_add_epi32(
-          dot, scaled_dot(rows_of_8(grid, indices), sign_bytes(signs), x[i].qs + 32 * ib,
-                          scales_16(2 * (s & 15) + 1, 2 * (s >> 4) + 1)));
-    }
-    sum += load_fp16(w) * x[i].d * static_cast<float>(hsum_epi32(dot));
-  }
-  return 0.125f * sum;
+  auto group = [grid](const uint8_t* block, int ib) { return iq2_xs_group(grid, block, ib); };
+  return iq_x86::row_dot<kIq2xsBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
+}
+
+// A row of IQ2_XS blocks in the int8 GEMM's form (the portable unpacker's bytes).
+void int8_unpack_row_iq2_xs(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq2xs_grid");
+  auto group = [grid](const uint8_t* block, int ib) { return iq2_xs_group(grid, block, ib); };
+  iq_x86::unpack_row<kIq2xsBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
 }
 
 }  // namespace

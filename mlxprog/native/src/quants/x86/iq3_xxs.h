@@ -1,5 +1,6 @@
-// x86 IQ3_XXS (AVX2): the dot product with q8_K activations (the portable
-// kernels dequantize and unpack; portable/iq3_xxs.h has the layout).
+// x86 IQ3_XXS (AVX2): the dot product with q8_K activations and the int8
+// unpacker (portable/iq3_xxs.h has the layout; its row dequantizer is the
+// portable one).
 #pragma once
 
 #include "iq_simd.h"
@@ -9,26 +10,29 @@ namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
 
-// IQ3_XXS row . q8_K row: per 32, eight 4-byte grid rows and the 32 sign
-// bits of four 7-bit indices, weighted by 2s + 1; the portable kernel's
-// integer sums, one float product per block.
-float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
+// The 32 weights ib of an IQ3_XXS block: eight 4-byte grid rows, the 32
+// sign bits of four 7-bit sign indices, 2s + 1 for both 16s.
+[[gnu::always_inline]] inline iq_x86::Group32 iq3_xxs_group(const uint8_t* grid,
+                                                           const uint8_t* block, int ib) {
   using namespace iq_x86;
+  const uint32_t meta = load_u32(block + 66 + 4 * ib);
+  const int scale = static_cast<int>(2 * (meta >> 28) + 1);
+  return {rows_of_4(grid, bytes_8(block + 2 + 8 * ib)), sign_bytes(even_signs_32(meta)), scale,
+          scale};
+}
+
+// IQ3_XXS row . q8_K row (per 32 eight 4-byte grid rows, four 7-bit sign indices and 2s + 1).
+float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes("iq3xxs_grid");
-  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq3xxsBytes) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint32_t meta = load_u32(w + 66 + 4 * ib);
-      const int scale = static_cast<int>(2 * (meta >> 28) + 1);
-      dot = _mm256_add_epi32(dot, scaled_dot(rows_of_4(grid, bytes_8(w + 2 + 8 * ib)),
-                                             sign_bytes(even_signs_32(meta)), x[i].qs + 32 * ib,
-                                             scales_16(scale, scale)));
-    }
-    sum += load_fp16(w) * x[i].d * static_cast<float>(hsum_epi32(dot));
-  }
-  return 0.25f * sum;
+  auto group = [grid](const uint8_t* block, int ib) { return iq3_xxs_group(grid, block, ib); };
+  return iq_x86::row_dot<kIq3xxsBytes>(n, w, xv, group, iq_x86::leading_d, 0.25f);
+}
+
+// A row of IQ3_XXS blocks in the int8 GEMM's form (the portable unpacker's bytes).
+void int8_unpack_row_iq3_xxs(const uint8_t* src, void* dst, int64_t n) {
+  const uint8_t* grid = grid_bytes("iq3xxs_grid");
+  auto group = [grid](const uint8_t* block, int ib) { return iq3_xxs_group(grid, block, ib); };
+  iq_x86::unpack_row<kIq3xxsBytes>(src, dst, n, group, iq_x86::leading_d, 0.25f);
 }
 
 }  // namespace

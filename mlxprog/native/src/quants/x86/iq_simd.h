@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../portable/iq_blocks.h"
+#include "kquant_simd.h"
 
 namespace mlxprog {
 namespace quants {
@@ -89,19 +90,65 @@ constexpr EvenSignTable kEvenSigns = make_even_sign_table();
                           _mm_set1_epi16(static_cast<int16_t>(low)));
 }
 
-// sum_j codes[j] * q8[j] * scale(j) over 32 elements as eight int32 lanes:
-// codes unsigned (below 128), `signs` (sign_bytes) moved onto q8.
-[[gnu::always_inline]] inline __m256i scaled_dot(__m256i codes, __m256i signs, const int8_t* q8,
-                                                 __m256i scales) {
-  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, _mm256_sign_epi8(q, signs)), scales);
+// 32 weights of a block decoded: their magnitudes (unsigned, below 128),
+// their signs (sign_bytes' form: never zero) and the odd integer scales of
+// their two 16s.
+struct Group32 {
+  __m256i magnitudes, signs;
+  int low_scale, high_scale;
+};
+
+// A row of blocks (BlockBytes each) . a q8_K row: group(block, ib) decodes
+// a block's 32 weights ib; per block the integer sum of magnitudes * (q8
+// with the signs) * scale, times the block's d(block) * x.d; the sum times
+// `factor`. The portable kernels' integer sums and float products.
+template <int BlockBytes, class Group, class D>
+float row_dot(int64_t n, const uint8_t* w, const void* xv, Group group, D d, float factor) {
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += BlockBytes) {
+    __m256i dot = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const Group32 g = group(w, ib);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * ib));
+      const __m256i pairs = _mm256_maddubs_epi16(g.magnitudes, _mm256_sign_epi8(q, g.signs));
+      dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale)));
+    }
+    sum += d(w) * x[i].d * static_cast<float>(hsum_epi32(dot));
+  }
+  return factor * sum;
 }
 
-// The same for signed codes (|code| < 128): magnitudes times q8 with the
-// codes' signs.
-[[gnu::always_inline]] inline __m256i scaled_dot_signed(__m256i codes, const int8_t* q8,
-                                                        __m256i scales) {
-  return scaled_dot(_mm256_sign_epi8(codes, codes), codes, q8, scales);
+// The same row in the int8 GEMM's form, the portable unpacker's bytes:
+// signed codes by a vector store per 32, the groups' scales, d = factor *
+// d(block).
+template <int BlockBytes, class Group, class D>
+void unpack_row(const uint8_t* src, void* dst, int64_t n, Group group, D d, float factor) {
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += BlockBytes) {
+    int scales[16];
+    for (int ib = 0; ib < 8; ++ib) {
+      const Group32 g = group(src, ib);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].codes + 32 * ib),
+                          _mm256_sign_epi8(g.magnitudes, g.signs));
+      scales[2 * ib] = g.low_scale;
+      scales[2 * ib + 1] = g.high_scale;
+    }
+    set_iq_int8_groups(scales, 16, factor * d(src), out[i]);
+  }
+}
+
+// The fp16 d at the start of a block (every grid type but IQ1_M).
+[[gnu::always_inline]] inline float leading_d(const uint8_t* block) {
+  return kquant::fp16_at(block);
+}
+
+// An IQ1 group's codes 8 * grid +- 1 (the rows of the ternary grid, the
+// shift bytes +-1) in Group32's form: magnitudes and the codes as signs.
+[[gnu::always_inline]] inline Group32 shifted_group(__m256i rows, __m256i shifts, int low_scale,
+                                                    int high_scale) {
+  const __m256i codes = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), rows), shifts);
+  return {_mm256_sign_epi8(codes, codes), codes, low_scale, high_scale};
 }
 
 }  // namespace iq_x86
