@@ -666,6 +666,15 @@ def test_cache_attention_a_nan_key_among_many_gives_nan_where_seen(ext, isa):
                 np.testing.assert_allclose(got[:, :, t:t + 1], want, rtol=1e-4, atol=1e-5)
 
 
+def test_set_codebook_names_what_it_refuses(ext):
+    """The binding's refusal of an unknown codebook or a wrong size is a
+    ValueError naming both."""
+    with pytest.raises(ValueError, match="no codebook 'iq3s_grid' of 4 bytes"):
+        ext.set_codebook("iq3s_grid", mx.zeros((4,), dtype=mx.uint8))
+    with pytest.raises(ValueError, match="no codebook 'grid' of 4 bytes"):
+        ext.set_codebook("grid", mx.zeros((4,), dtype=mx.uint8))
+
+
 def test_thread_and_isa_environment_variables(ext):
     import os
     import subprocess

@@ -144,3 +144,15 @@ def test_vec_dot_extreme_codes(quants, name, table):
     ref = float(w64 @ x64)
     got = quants.vec_dot(table.isa, TYPES[name], 8 * QK_K, w, x.view(np.uint8))
     assert abs(got - ref) <= 1e-5 * float(np.abs(w64) @ np.abs(x64)) + 1e-6
+
+
+def test_set_codebook_refuses_unknown_names_and_wrong_sizes(machines):
+    """A codebook reaches the kernels only under a known name and at its
+    size (the kernels index it without bounds): anything else is refused."""
+    host = machines["host"]
+    grid = np.ascontiguousarray(codebooks()["iq3s_grid"])
+    for name, data in (("iq3s_grid", grid.view(np.uint8)[:-4]), ("iq3s", grid), ("", grid)):
+        rc, _ = host.call("set_codebook", name, 0, 0, data, np.empty(0), 0)
+        assert rc != 0, name
+    rc, _ = host.call("set_codebook", "iq3s_grid", 0, 0, grid, np.empty(0), 0)
+    assert rc == 0

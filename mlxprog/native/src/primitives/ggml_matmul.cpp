@@ -561,7 +561,9 @@ void bind_ggml(nb::module_& m) {
       [](const std::string& name, const mx::array& data) {
         mx::array dense = mx::contiguous(data);
         dense.eval();
-        quants::set_codebook(name.c_str(), dense.data<void>(), dense.nbytes());
+        if (!quants::set_codebook(name.c_str(), dense.data<void>(), dense.nbytes()))
+          throw std::invalid_argument("set_codebook: no codebook '" + name + "' of " +
+                                      std::to_string(dense.nbytes()) + " bytes");
       },
       nb::arg("name"), nb::arg("data"),
       "Give the IQ kernels codebook `name` (the array's bytes; see mlxprog.ggml.codebooks).");

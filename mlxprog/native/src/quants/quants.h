@@ -164,12 +164,16 @@ Int8Gemm resolve_int8_gemm(const QuantKernels& table, Activation a);
 DotF32 resolve_dot_f32(const QuantKernels& table);
 
 // The IQ types' codebooks, taken from the gguf package at run time
-// (mlxprog/ggml) rather than written into this code: set_codebook copies
-// `bytes` bytes under `name`; codebook returns them (null until set).
+// (mlxprog/ggml) rather than written into this code. set_codebook copies
+// `bytes` bytes under `name` (portable/iquants.h lists the names and
+// sizes); false for an unknown name or a wrong size. codebook returns the
+// bytes (null until set): one load, as the kernels ask it once per row.
 // Kernels of a type whose codebook is missing are not called: the Python
 // side sets every codebook before the first kernel of such a type runs.
-void set_codebook(const char* name, const void* data, size_t bytes);
-const void* codebook(const char* name);
+enum class Codebook : int { iq2xxs, iq2xs, iq2s, iq3xxs, iq3s, iq1s };
+constexpr int kCodebooks = 6;
+bool set_codebook(const char* name, const void* data, size_t bytes);
+const void* codebook(Codebook book);
 
 }  // namespace quants
 }  // namespace mlxprog

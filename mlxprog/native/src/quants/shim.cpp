@@ -112,8 +112,7 @@ int mlxprog_quants_unpack(const char* isa, int type, int64_t n, const uint8_t* w
 }
 
 int mlxprog_quants_set_codebook(const char* name, const void* data, int64_t bytes) {
-  set_codebook(name, data, static_cast<size_t>(bytes));
-  return 0;
+  return set_codebook(name, data, static_cast<size_t>(bytes)) ? 0 : -1;
 }
 
 }  // extern "C"

@@ -1,10 +1,8 @@
 // The type list, table lookup and the IQ codebooks: what every quant table
 // shares.
+#include <atomic>
 #include <cstring>
-#include <map>
 #include <mutex>
-#include <string>
-#include <vector>
 
 #include "quants.h"
 
@@ -62,11 +60,16 @@ constexpr TypeInfo kTypes[] = {
     {Type::MXFP4, "MXFP4", 32, 17, Activation::q8_0},
 };
 
-std::mutex codebook_mutex;
-std::map<std::string, std::vector<uint8_t>>& codebooks() {
-  static std::map<std::string, std::vector<uint8_t>> books;
-  return books;
-}
+// Each codebook's name and size (Codebook's order), and its bytes once set.
+struct CodebookSlot {
+  const char* name;
+  size_t bytes;
+  std::atomic<const uint8_t*> data;
+};
+CodebookSlot codebook_slots[kCodebooks] = {
+    {"iq2xxs_grid", 256 * 8, {}}, {"iq2xs_grid", 512 * 8, {}}, {"iq2s_grid", 1024 * 8, {}},
+    {"iq3xxs_grid", 256 * 4, {}}, {"iq3s_grid", 512 * 4, {}},  {"iq1s_grid", 2048 * 8, {}}};
+std::mutex codebook_mutex;  // serializes the setters
 
 }  // namespace
 
@@ -147,16 +150,25 @@ DotF32 resolve_dot_f32(const QuantKernels& table) {
   return table.dot_f32 ? table.dot_f32 : portable::table().dot_f32;
 }
 
-void set_codebook(const char* name, const void* data, size_t bytes) {
-  std::lock_guard<std::mutex> lock(codebook_mutex);
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  codebooks()[name] = std::vector<uint8_t>(p, p + bytes);
+bool set_codebook(const char* name, const void* data, size_t bytes) {
+  for (CodebookSlot& slot : codebook_slots) {
+    if (std::strcmp(slot.name, name) != 0) continue;
+    if (bytes != slot.bytes) return false;
+    std::lock_guard<std::mutex> lock(codebook_mutex);
+    const uint8_t* current = slot.data.load(std::memory_order_acquire);
+    if (current != nullptr && std::memcmp(current, data, bytes) == 0) return true;
+    // A new copy, never freed: a kernel on another thread may still read
+    // the one it replaces (gguf's grids are fixed: in practice one set).
+    uint8_t* copy = new uint8_t[bytes];
+    std::memcpy(copy, data, bytes);
+    slot.data.store(copy, std::memory_order_release);
+    return true;
+  }
+  return false;
 }
 
-const void* codebook(const char* name) {
-  std::lock_guard<std::mutex> lock(codebook_mutex);
-  auto it = codebooks().find(name);
-  return it == codebooks().end() ? nullptr : it->second.data();
+const void* codebook(Codebook book) {
+  return codebook_slots[static_cast<int>(book)].data.load(std::memory_order_acquire);
 }
 
 }  // namespace quants

@@ -14,7 +14,7 @@ namespace {
 
 // A row of IQ1_M blocks to float32, as gguf computes it.
 void dequantize_row_iq1_m(const uint8_t* src, float* y, int64_t n) {
-  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes(Codebook::iq1s));
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1mBytes) {
     const float d = iq1_m_d(src);
     for (int h = 0; h < 16; ++h) {
@@ -31,7 +31,7 @@ void dequantize_row_iq1_m(const uint8_t* src, float* y, int64_t n) {
 // signed shifts (+-1 times each 8 codes' sum), each weighted by 2s + 1, meet
 // in one float: d * (grid part + shift part / 8).
 float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
-  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes(Codebook::iq1s));
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq1mBytes) {
@@ -58,7 +58,7 @@ float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
 // 8's shift folded in), each 16's 2s + 1 its group's scale, d / 8
 // (vec_dot's grid and shift sums as one integer sum).
 void int8_unpack_row_iq1_m(const uint8_t* src, void* dst, int64_t n) {
-  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes(Codebook::iq1s));
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1mBytes) {
     int8_t* codes = out[i].codes;

@@ -13,7 +13,7 @@ namespace {
 
 // A row of IQ1_S blocks to float32, as gguf computes it.
 void dequantize_row_iq1_s(const uint8_t* src, float* y, int64_t n) {
-  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes(Codebook::iq1s));
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1sBytes) {
     const float d = load_fp16(src);
     for (int ib = 0; ib < 8; ++ib) {
@@ -30,7 +30,7 @@ void dequantize_row_iq1_s(const uint8_t* src, float* y, int64_t n) {
 // signed shifts (+-1 times the q8 block's per-16 sums), each weighted by
 // 2s + 1, meet in one float: d * (grid part + shift part / 8).
 float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
-  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes(Codebook::iq1s));
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq1sBytes) {
@@ -56,7 +56,7 @@ float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
 // shift folded in), each 32's 2s + 1 its two groups' scale, d / 8
 // (vec_dot's grid and shift sums as one integer sum).
 void int8_unpack_row_iq1_s(const uint8_t* src, void* dst, int64_t n) {
-  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes("iq1s_grid"));
+  const int8_t* grid = reinterpret_cast<const int8_t*>(grid_bytes(Codebook::iq1s));
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq1sBytes) {
     int8_t* codes = out[i].codes;

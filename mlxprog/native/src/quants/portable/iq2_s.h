@@ -13,7 +13,7 @@ namespace {
 
 // A row of IQ2_S blocks to float32, as gguf computes it.
 void dequantize_row_iq2_s(const uint8_t* src, float* y, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq2s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2s);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2sBytes) {
     const float d = load_fp16(src);
     for (int half = 0; half < 16; ++half) {  // 16 weights per scale
@@ -28,7 +28,7 @@ void dequantize_row_iq2_s(const uint8_t* src, float* y, int64_t n) {
 // IQ2_S row . q8_K row: exact integer sums per 16 weighted by 2s + 1 (the
 // scale times 8), one float product per block.
 float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq2s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2s);
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq2sBytes) {
@@ -49,7 +49,7 @@ float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
 // A row of IQ2_S blocks in the int8 GEMM's form: codes +-grid, each 16's
 // 2s + 1 its group's scale, d / 8 (vec_dot's sums regrouped).
 void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq2s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2s);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2sBytes) {
     int8_t* codes = out[i].codes;

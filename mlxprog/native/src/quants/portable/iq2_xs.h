@@ -12,7 +12,7 @@ namespace {
 
 // A row of IQ2_XS blocks to float32, as gguf computes it.
 void dequantize_row_iq2_xs(const uint8_t* src, float* y, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq2xs_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2xs);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2xsBytes) {
     const float d = load_fp16(src);
     const uint8_t* scales = src + 66;
@@ -30,7 +30,7 @@ void dequantize_row_iq2_xs(const uint8_t* src, float* y, int64_t n) {
 // IQ2_XS row . q8_K row: exact integer sums per 16 weighted by 2s + 1 (the
 // scale times 8), one float product per block.
 float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq2xs_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2xs);
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq2xsBytes) {
@@ -54,7 +54,7 @@ float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
 // A row of IQ2_XS blocks in the int8 GEMM's form: codes +-grid, each 16's
 // 2s + 1 its group's scale, d / 8 (vec_dot's sums regrouped).
 void int8_unpack_row_iq2_xs(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq2xs_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2xs);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq2xsBytes) {
     int8_t* codes = out[i].codes;

@@ -13,7 +13,7 @@ namespace {
 
 // A row of IQ3_S blocks to float32, as gguf computes it.
 void dequantize_row_iq3_s(const uint8_t* src, float* y, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq3s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3s);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq3sBytes) {
     const float d = load_fp16(src);
     for (int ib = 0; ib < 8; ++ib) {
@@ -30,7 +30,7 @@ void dequantize_row_iq3_s(const uint8_t* src, float* y, int64_t n) {
 // IQ3_S row . q8_K row: exact integer sums per 32 weighted by 1 + 2s, one
 // float product per block.
 float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq3s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3s);
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq3sBytes) {
@@ -53,7 +53,7 @@ float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
 // A row of IQ3_S blocks in the int8 GEMM's form: codes +-grid, each 32's
 // 1 + 2s its two groups' scale, d (vec_dot's sums regrouped).
 void int8_unpack_row_iq3_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq3s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3s);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq3sBytes) {
     int8_t* codes = out[i].codes;

@@ -12,7 +12,7 @@ namespace {
 
 // A row of IQ3_XXS blocks to float32, as gguf computes it.
 void dequantize_row_iq3_xxs(const uint8_t* src, float* y, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq3xxs_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3xxs);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq3xxsBytes) {
     const float d = load_fp16(src);
     const uint8_t* indices = src + 2;
@@ -31,7 +31,7 @@ void dequantize_row_iq3_xxs(const uint8_t* src, float* y, int64_t n) {
 // IQ3_XXS row . q8_K row: exact integer sums per 32 weighted by 2s + 1 (the
 // scale times 4), one float product per block.
 float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq3xxs_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3xxs);
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kIq3xxsBytes) {
@@ -56,7 +56,7 @@ float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
 // A row of IQ3_XXS blocks in the int8 GEMM's form: codes +-grid, each
 // 32's 2s + 1 its two groups' scale, d / 4 (vec_dot's sums regrouped).
 void int8_unpack_row_iq3_xxs(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq3xxs_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3xxs);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kIq3xxsBytes) {
     int8_t* codes = out[i].codes;

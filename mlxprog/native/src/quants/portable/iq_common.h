@@ -22,8 +22,8 @@ constexpr uint32_t even_signs(uint32_t index7) {
 }
 
 // A codebook set from Python (mlxprog/ggml/codebooks.py) as its bytes.
-inline const uint8_t* grid_bytes(const char* name) {
-  return static_cast<const uint8_t*>(codebook(name));
+inline const uint8_t* grid_bytes(Codebook book) {
+  return static_cast<const uint8_t*>(codebook(book));
 }
 
 // sum_j grid[j] * (+-q[j]) over `width` values, q[j] negated where bit j of

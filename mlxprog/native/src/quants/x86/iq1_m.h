@@ -28,14 +28,14 @@ namespace {
 
 // IQ1_M row . q8_K row (codes 8 * grid +- 1: 8 times the portable kernel's grid sum plus its shift sum, exactly).
 float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq1s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq1s);
   auto group = [grid](const uint8_t* block, int ib) { return iq1_m_group(grid, block, ib); };
   return iq_x86::row_dot<kIq1mBytes>(n, w, xv, group, iq1_m_d, 0.125f);
 }
 
 // A row of IQ1_M blocks in the int8 GEMM's form (the portable unpacker's bytes).
 void int8_unpack_row_iq1_m(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq1s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq1s);
   auto group = [grid](const uint8_t* block, int ib) { return iq1_m_group(grid, block, ib); };
   iq_x86::unpack_row<kIq1mBytes>(src, dst, n, group, iq1_m_d, 0.125f);
 }

@@ -25,14 +25,14 @@ namespace {
 
 // IQ1_S row . q8_K row (codes 8 * grid +- 1: 8 times the portable kernel's grid sum plus its shift sum, exactly).
 float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq1s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq1s);
   auto group = [grid](const uint8_t* block, int ib) { return iq1_s_group(grid, block, ib); };
   return iq_x86::row_dot<kIq1sBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
 }
 
 // A row of IQ1_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
 void int8_unpack_row_iq1_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq1s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq1s);
   auto group = [grid](const uint8_t* block, int ib) { return iq1_s_group(grid, block, ib); };
   iq_x86::unpack_row<kIq1sBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
 }

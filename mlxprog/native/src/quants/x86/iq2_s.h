@@ -24,14 +24,14 @@ namespace {
 
 // IQ2_S row . q8_K row (per 32 four 10-bit grid rows with a sign byte each, 2s + 1 per 16).
 float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq2s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2s);
   auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };
   return iq_x86::row_dot<kIq2sBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
 }
 
 // A row of IQ2_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
 void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq2s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq2s);
   auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };
   iq_x86::unpack_row<kIq2sBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
 }

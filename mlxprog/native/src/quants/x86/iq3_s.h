@@ -26,14 +26,14 @@ namespace {
 
 // IQ3_S row . q8_K row (per 32 eight 9-bit grid rows of 4, four sign bytes and 1 + 2s).
 float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes("iq3s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3s);
   auto group = [grid](const uint8_t* block, int ib) { return iq3_s_group(grid, block, ib); };
   return iq_x86::row_dot<kIq3sBytes>(n, w, xv, group, iq_x86::leading_d, 1.0f);
 }
 
 // A row of IQ3_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
 void int8_unpack_row_iq3_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes("iq3s_grid");
+  const uint8_t* grid = grid_bytes(Codebook::iq3s);
   auto group = [grid](const uint8_t* block, int ib) { return iq3_s_group(grid, block, ib); };
   iq_x86::unpack_row<kIq3sBytes>(src, dst, n, group, iq_x86::leading_d, 1.0f);
 }
