@@ -36,23 +36,23 @@ namespace MLXPROG_QUANTS_NS {
 // unpackers (signed codes).
 inline void add_iquants(QuantKernels& k) {
   k.types[static_cast<int>(Type::IQ1_S)] = {dequantize_row_iq1_s, vec_dot_iq1_s,
-                                              int8_unpack_row_iq1_s, true};
+                                            int8_unpack_row_iq1_s, true};
   k.types[static_cast<int>(Type::IQ1_M)] = {dequantize_row_iq1_m, vec_dot_iq1_m,
-                                              int8_unpack_row_iq1_m, true};
+                                            int8_unpack_row_iq1_m, true};
   k.types[static_cast<int>(Type::IQ2_XXS)] = {dequantize_row_iq2_xxs, vec_dot_iq2_xxs,
-                                                int8_unpack_row_iq2_xxs, true};
+                                              int8_unpack_row_iq2_xxs, true};
   k.types[static_cast<int>(Type::IQ2_XS)] = {dequantize_row_iq2_xs, vec_dot_iq2_xs,
-                                               int8_unpack_row_iq2_xs, true};
+                                             int8_unpack_row_iq2_xs, true};
   k.types[static_cast<int>(Type::IQ2_S)] = {dequantize_row_iq2_s, vec_dot_iq2_s,
-                                              int8_unpack_row_iq2_s, true};
+                                            int8_unpack_row_iq2_s, true};
   k.types[static_cast<int>(Type::IQ3_XXS)] = {dequantize_row_iq3_xxs, vec_dot_iq3_xxs,
-                                                int8_unpack_row_iq3_xxs, true};
+                                              int8_unpack_row_iq3_xxs, true};
   k.types[static_cast<int>(Type::IQ3_S)] = {dequantize_row_iq3_s, vec_dot_iq3_s,
-                                              int8_unpack_row_iq3_s, true};
+                                            int8_unpack_row_iq3_s, true};
   k.types[static_cast<int>(Type::TQ1_0)] = {dequantize_row_tq1_0, vec_dot_tq1_0,
-                                              int8_unpack_row_tq1_0, true};
+                                            int8_unpack_row_tq1_0, true};
   k.types[static_cast<int>(Type::TQ2_0)] = {dequantize_row_tq2_0, vec_dot_tq2_0,
-                                              int8_unpack_row_tq2_0, true};
+                                            int8_unpack_row_tq2_0, true};
 }
 
 }  // namespace MLXPROG_QUANTS_NS

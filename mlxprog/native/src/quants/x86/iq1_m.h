@@ -26,7 +26,7 @@ namespace {
                        iq1_m_scale(block, 2 * ib), iq1_m_scale(block, 2 * ib + 1));
 }
 
-// IQ1_M row . q8_K row (codes 8 * grid +- 1: 8 times the portable kernel's grid sum plus its shift sum, exactly).
+// IQ1_M row . q8_K row: iq1_m_group's 32s, the portable kernel's sums.
 float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq1s);
   auto group = [grid](const uint8_t* block, int ib) { return iq1_m_group(grid, block, ib); };

@@ -23,7 +23,7 @@ namespace {
                        scale);
 }
 
-// IQ1_S row . q8_K row (codes 8 * grid +- 1: 8 times the portable kernel's grid sum plus its shift sum, exactly).
+// IQ1_S row . q8_K row: iq1_s_group's 32s, the portable kernel's sums.
 float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq1s);
   auto group = [grid](const uint8_t* block, int ib) { return iq1_s_group(grid, block, ib); };

@@ -22,7 +22,7 @@ namespace {
           static_cast<int>(2 * (s & 15) + 1), static_cast<int>(2 * (s >> 4) + 1)};
 }
 
-// IQ2_S row . q8_K row (per 32 four 10-bit grid rows with a sign byte each, 2s + 1 per 16).
+// IQ2_S row . q8_K row: iq2_s_group's 32s, the portable kernel's sums.
 float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq2s);
   auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };

@@ -27,7 +27,7 @@ namespace {
           static_cast<int>(2 * (s >> 4) + 1)};
 }
 
-// IQ2_XS row . q8_K row (per 32 four 9-bit grid indices and 7-bit sign indices, 2s + 1 per 16).
+// IQ2_XS row . q8_K row: iq2_xs_group's 32s, the portable kernel's sums.
 float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq2xs);
   auto group = [grid](const uint8_t* block, int ib) { return iq2_xs_group(grid, block, ib); };

@@ -21,7 +21,7 @@ namespace {
   return {rows_of_8(grid, bytes_4(indices)), sign_bytes(even_signs_32(meta)), scale, scale};
 }
 
-// IQ2_XXS row . q8_K row (per 32 four 8-byte grid rows, four 7-bit sign indices and 2s + 1).
+// IQ2_XXS row . q8_K row: iq2_xxs_group's 32s, the portable kernel's sums.
 float vec_dot_iq2_xxs(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq2xxs);
   auto group = [grid](const uint8_t* block, int ib) { return iq2_xxs_group(grid, block, ib); };

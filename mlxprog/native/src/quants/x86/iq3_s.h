@@ -16,15 +16,16 @@ namespace {
 [[gnu::always_inline]] inline iq_x86::Group32 iq3_s_group(const uint8_t* grid,
                                                          const uint8_t* block, int ib) {
   using namespace iq_x86;
-  const __m256i high = _mm256_and_si256(
-      _mm256_sllv_epi32(_mm256_set1_epi32(block[66 + ib]), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
-      _mm256_set1_epi32(0x100));
+  const __m256i high =
+      _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(block[66 + ib]),
+                                         _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+                       _mm256_set1_epi32(0x100));
   const int scale = iq3_s_scale(block, ib);
   return {rows_of_4(grid, _mm256_or_si256(bytes_8(block + 2 + 8 * ib), high)),
           sign_bytes(load_u32(block + 74 + 4 * ib)), scale, scale};
 }
 
-// IQ3_S row . q8_K row (per 32 eight 9-bit grid rows of 4, four sign bytes and 1 + 2s).
+// IQ3_S row . q8_K row: iq3_s_group's 32s, the portable kernel's sums.
 float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq3s);
   auto group = [grid](const uint8_t* block, int ib) { return iq3_s_group(grid, block, ib); };

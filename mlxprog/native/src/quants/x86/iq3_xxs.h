@@ -21,7 +21,7 @@ namespace {
           scale};
 }
 
-// IQ3_XXS row . q8_K row (per 32 eight 4-byte grid rows, four 7-bit sign indices and 2s + 1).
+// IQ3_XXS row . q8_K row: iq3_xxs_group's 32s, the portable kernel's sums.
 float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
   const uint8_t* grid = grid_bytes(Codebook::iq3xxs);
   auto group = [grid](const uint8_t* block, int ib) { return iq3_xxs_group(grid, block, ib); };

@@ -1,8 +1,9 @@
-// x86 helpers the IQ types' dot products share (AVX2): grid rows gathered
-// into vectors, sign bits spread to bytes, and the scaled integer dot of 32
-// codes with 32 q8 codes. Each block's integer sum is the portable kernel's
-// (exact), so the dot products equal the portable ones but for the float
-// products' contraction.
+// x86 helpers the IQ grid types' kernels share (AVX2): grid rows loaded
+// into vectors, sign bits spread to bytes, and the rows of blocks walked
+// once per type's decoder of 32 weights (Group32) for the dot product with
+// q8 codes and for the int8 unpacker. Each block's integer sum is the
+// portable kernel's (exact), so the dot products equal the portable ones
+// but for the float products' contraction.
 #pragma once
 
 #include "../portable/iq_blocks.h"
@@ -75,8 +76,9 @@ constexpr EvenSignTable kEvenSigns = make_even_sign_table();
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Bit fields of `bits`, `width` bits at `first`, `first + step`, ... as four
-// int32 lanes, moved up by 8 (the high bits of 8-bit grid indices).
+// The fields of `bits` at bits 0, step, 2 * step and 3 * step (masked by
+// `mask`) as four int32 lanes, moved up by 8: the high bits of four grid
+// indices whose low 8 bits are bytes.
 [[gnu::always_inline]] inline __m128i high_bits_4(uint32_t bits, int step, uint32_t mask) {
   const __m128i fields = _mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(bits)),
                                         _mm_setr_epi32(0, step, 2 * step, 3 * step));

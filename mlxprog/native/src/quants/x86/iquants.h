@@ -21,13 +21,20 @@ namespace MLXPROG_QUANTS_NS {
 // Registers the group's q8_K dot products and int8 unpackers (the row
 // dequantizers resolve to the portable ones).
 inline void add_iquants(QuantKernels& k) {
-  k.types[static_cast<int>(Type::IQ1_S)] = {nullptr, vec_dot_iq1_s, int8_unpack_row_iq1_s, true};
-  k.types[static_cast<int>(Type::IQ1_M)] = {nullptr, vec_dot_iq1_m, int8_unpack_row_iq1_m, true};
-  k.types[static_cast<int>(Type::IQ2_XXS)] = {nullptr, vec_dot_iq2_xxs, int8_unpack_row_iq2_xxs, true};
-  k.types[static_cast<int>(Type::IQ2_XS)] = {nullptr, vec_dot_iq2_xs, int8_unpack_row_iq2_xs, true};
-  k.types[static_cast<int>(Type::IQ2_S)] = {nullptr, vec_dot_iq2_s, int8_unpack_row_iq2_s, true};
-  k.types[static_cast<int>(Type::IQ3_XXS)] = {nullptr, vec_dot_iq3_xxs, int8_unpack_row_iq3_xxs, true};
-  k.types[static_cast<int>(Type::IQ3_S)] = {nullptr, vec_dot_iq3_s, int8_unpack_row_iq3_s, true};
+  k.types[static_cast<int>(Type::IQ1_S)] = {nullptr, vec_dot_iq1_s,
+                                            int8_unpack_row_iq1_s, true};
+  k.types[static_cast<int>(Type::IQ1_M)] = {nullptr, vec_dot_iq1_m,
+                                            int8_unpack_row_iq1_m, true};
+  k.types[static_cast<int>(Type::IQ2_XXS)] = {nullptr, vec_dot_iq2_xxs,
+                                              int8_unpack_row_iq2_xxs, true};
+  k.types[static_cast<int>(Type::IQ2_XS)] = {nullptr, vec_dot_iq2_xs,
+                                             int8_unpack_row_iq2_xs, true};
+  k.types[static_cast<int>(Type::IQ2_S)] = {nullptr, vec_dot_iq2_s,
+                                            int8_unpack_row_iq2_s, true};
+  k.types[static_cast<int>(Type::IQ3_XXS)] = {nullptr, vec_dot_iq3_xxs,
+                                              int8_unpack_row_iq3_xxs, true};
+  k.types[static_cast<int>(Type::IQ3_S)] = {nullptr, vec_dot_iq3_s,
+                                            int8_unpack_row_iq3_s, true};
 }
 
 }  // namespace MLXPROG_QUANTS_NS
