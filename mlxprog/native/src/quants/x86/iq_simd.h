@@ -109,14 +109,16 @@ float row_dot(int64_t n, const uint8_t* w, const void* xv, Group group, D d, flo
   const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, w += BlockBytes) {
-    __m256i dot = _mm256_setzero_si256();
+    __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
     for (int ib = 0; ib < 8; ++ib) {
       const Group32 g = group(w, ib);
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * ib));
       const __m256i pairs = _mm256_maddubs_epi16(g.magnitudes, _mm256_sign_epi8(q, g.signs));
-      dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale)));
+      dot[ib % 2] = _mm256_add_epi32(dot[ib % 2],
+                                     _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale)));
     }
-    sum += d(w) * x[i].d * static_cast<float>(hsum_epi32(dot));
+    sum += d(w) * x[i].d * static_cast<float>(hsum_epi32(_mm256_add_epi32(dot[0], dot[1])));
   }
   return factor * sum;
 }
