@@ -26,19 +26,8 @@ namespace {
                        iq1_m_scale(block, 2 * ib), iq1_m_scale(block, 2 * ib + 1));
 }
 
-// IQ1_M row . q8_K row: iq1_m_group's 32s, the portable kernel's sums.
-float vec_dot_iq1_m(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq1s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq1_m_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq1mBytes>(n, w, xv, group, iq1_m_d, 0.125f);
-}
-
-// A row of IQ1_M blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq1_m(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq1s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq1_m_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq1mBytes>(src, dst, n, group, iq1_m_d, 0.125f);
-}
+// IQ1_M's dot product and int8 unpacker.
+using Iq1MKernels = iq_x86::GridKernels<Codebook::iq1s, kIq1mBytes, iq1_m_group, iq1_m_d, 8>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -23,19 +23,9 @@ namespace {
                        scale);
 }
 
-// IQ1_S row . q8_K row: iq1_s_group's 32s, the portable kernel's sums.
-float vec_dot_iq1_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq1s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq1_s_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq1sBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
-}
-
-// A row of IQ1_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq1_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq1s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq1_s_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq1sBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
-}
+// IQ1_S's dot product and int8 unpacker.
+using Iq1SKernels =
+    iq_x86::GridKernels<Codebook::iq1s, kIq1sBytes, iq1_s_group, iq_x86::leading_d, 8>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

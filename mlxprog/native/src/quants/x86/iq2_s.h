@@ -22,19 +22,9 @@ namespace {
           static_cast<int>(2 * (s & 15) + 1), static_cast<int>(2 * (s >> 4) + 1)};
 }
 
-// IQ2_S row . q8_K row: iq2_s_group's 32s, the portable kernel's sums.
-float vec_dot_iq2_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq2s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq2sBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
-}
-
-// A row of IQ2_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq2s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq2_s_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq2sBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
-}
+// IQ2_S's dot product and int8 unpacker.
+using Iq2SKernels =
+    iq_x86::GridKernels<Codebook::iq2s, kIq2sBytes, iq2_s_group, iq_x86::leading_d, 8>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -27,19 +27,9 @@ namespace {
           static_cast<int>(2 * (s >> 4) + 1)};
 }
 
-// IQ2_XS row . q8_K row: iq2_xs_group's 32s, the portable kernel's sums.
-float vec_dot_iq2_xs(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq2xs);
-  auto group = [grid](const uint8_t* block, int ib) { return iq2_xs_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq2xsBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
-}
-
-// A row of IQ2_XS blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq2_xs(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq2xs);
-  auto group = [grid](const uint8_t* block, int ib) { return iq2_xs_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq2xsBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
-}
+// IQ2_XS's dot product and int8 unpacker.
+using Iq2XsKernels =
+    iq_x86::GridKernels<Codebook::iq2xs, kIq2xsBytes, iq2_xs_group, iq_x86::leading_d, 8>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

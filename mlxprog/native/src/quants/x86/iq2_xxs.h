@@ -21,19 +21,9 @@ namespace {
   return {rows_of_8(grid, bytes_4(indices)), sign_bytes(even_signs_32(meta)), scale, scale};
 }
 
-// IQ2_XXS row . q8_K row: iq2_xxs_group's 32s, the portable kernel's sums.
-float vec_dot_iq2_xxs(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq2xxs);
-  auto group = [grid](const uint8_t* block, int ib) { return iq2_xxs_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq2xxsBytes>(n, w, xv, group, iq_x86::leading_d, 0.125f);
-}
-
-// A row of IQ2_XXS blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq2_xxs(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq2xxs);
-  auto group = [grid](const uint8_t* block, int ib) { return iq2_xxs_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq2xxsBytes>(src, dst, n, group, iq_x86::leading_d, 0.125f);
-}
+// IQ2_XXS's dot product and int8 unpacker.
+using Iq2XxsKernels =
+    iq_x86::GridKernels<Codebook::iq2xxs, kIq2xxsBytes, iq2_xxs_group, iq_x86::leading_d, 8>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

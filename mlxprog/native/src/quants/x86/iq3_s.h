@@ -25,19 +25,9 @@ namespace {
           sign_bytes(load_u32(block + 74 + 4 * ib)), scale, scale};
 }
 
-// IQ3_S row . q8_K row: iq3_s_group's 32s, the portable kernel's sums.
-float vec_dot_iq3_s(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq3s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq3_s_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq3sBytes>(n, w, xv, group, iq_x86::leading_d, 1.0f);
-}
-
-// A row of IQ3_S blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq3_s(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq3s);
-  auto group = [grid](const uint8_t* block, int ib) { return iq3_s_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq3sBytes>(src, dst, n, group, iq_x86::leading_d, 1.0f);
-}
+// IQ3_S's dot product and int8 unpacker.
+using Iq3SKernels =
+    iq_x86::GridKernels<Codebook::iq3s, kIq3sBytes, iq3_s_group, iq_x86::leading_d, 1>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

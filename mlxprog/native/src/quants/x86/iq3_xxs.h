@@ -21,19 +21,9 @@ namespace {
           scale};
 }
 
-// IQ3_XXS row . q8_K row: iq3_xxs_group's 32s, the portable kernel's sums.
-float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
-  const uint8_t* grid = grid_bytes(Codebook::iq3xxs);
-  auto group = [grid](const uint8_t* block, int ib) { return iq3_xxs_group(grid, block, ib); };
-  return iq_x86::row_dot<kIq3xxsBytes>(n, w, xv, group, iq_x86::leading_d, 0.25f);
-}
-
-// A row of IQ3_XXS blocks in the int8 GEMM's form (the portable unpacker's bytes).
-void int8_unpack_row_iq3_xxs(const uint8_t* src, void* dst, int64_t n) {
-  const uint8_t* grid = grid_bytes(Codebook::iq3xxs);
-  auto group = [grid](const uint8_t* block, int ib) { return iq3_xxs_group(grid, block, ib); };
-  iq_x86::unpack_row<kIq3xxsBytes>(src, dst, n, group, iq_x86::leading_d, 0.25f);
-}
+// IQ3_XXS's dot product and int8 unpacker.
+using Iq3XxsKernels =
+    iq_x86::GridKernels<Codebook::iq3xxs, kIq3xxsBytes, iq3_xxs_group, iq_x86::leading_d, 4>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

@@ -115,8 +115,8 @@ float row_dot(int64_t n, const uint8_t* w, const void* xv, Group group, D d, flo
       const Group32 g = group(w, ib);
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * ib));
       const __m256i pairs = _mm256_maddubs_epi16(g.magnitudes, _mm256_sign_epi8(q, g.signs));
-      dot[ib % 2] = _mm256_add_epi32(dot[ib % 2],
-                                     _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale)));
+      const __m256i scaled = _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale));
+      dot[ib % 2] = _mm256_add_epi32(dot[ib % 2], scaled);
     }
     sum += d(w) * x[i].d * static_cast<float>(hsum_epi32(_mm256_add_epi32(dot[0], dot[1])));
   }
@@ -154,6 +154,26 @@ void unpack_row(const uint8_t* src, void* dst, int64_t n, Group group, D d, floa
   const __m256i codes = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), rows), shifts);
   return {_mm256_sign_epi8(codes, codes), codes, low_scale, high_scale};
 }
+
+// One grid type's kernels: Group(grid, block, ib) decodes a block's 32
+// weights ib (grid: codebook Book), D(block) is its d, and its dot product
+// is the integer sums' times d / Divisor (the scales' factor: 1/8, 1/4, 1).
+template <Codebook Book, int BlockBytes, Group32 (*Group)(const uint8_t*, const uint8_t*, int),
+          float (*D)(const uint8_t*), int Divisor>
+struct GridKernels {
+  // A row . a q8_K row.
+  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
+    const uint8_t* grid = grid_bytes(Book);
+    auto group = [grid](const uint8_t* block, int ib) { return Group(grid, block, ib); };
+    return row_dot<BlockBytes>(n, w, x, group, D, 1.0f / Divisor);
+  }
+  // A row in the int8 GEMM's form (the portable unpacker's bytes).
+  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
+    const uint8_t* grid = grid_bytes(Book);
+    auto group = [grid](const uint8_t* block, int ib) { return Group(grid, block, ib); };
+    iq_x86::unpack_row<BlockBytes>(src, dst, n, group, D, 1.0f / Divisor);
+  }
+};
 
 }  // namespace iq_x86
 }  // namespace

@@ -18,23 +18,23 @@ namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 
+// A grid type's table entry: GridKernels' dot product and unpacker (its
+// row dequantizer resolves to the portable one).
+template <class Grid>
+TypeKernels grid_type() {
+  return {nullptr, Grid::vec_dot, Grid::unpack_row, true};
+}
+
 // Registers the group's q8_K dot products and int8 unpackers (the row
 // dequantizers resolve to the portable ones).
 inline void add_iquants(QuantKernels& k) {
-  k.types[static_cast<int>(Type::IQ1_S)] = {nullptr, vec_dot_iq1_s,
-                                            int8_unpack_row_iq1_s, true};
-  k.types[static_cast<int>(Type::IQ1_M)] = {nullptr, vec_dot_iq1_m,
-                                            int8_unpack_row_iq1_m, true};
-  k.types[static_cast<int>(Type::IQ2_XXS)] = {nullptr, vec_dot_iq2_xxs,
-                                              int8_unpack_row_iq2_xxs, true};
-  k.types[static_cast<int>(Type::IQ2_XS)] = {nullptr, vec_dot_iq2_xs,
-                                             int8_unpack_row_iq2_xs, true};
-  k.types[static_cast<int>(Type::IQ2_S)] = {nullptr, vec_dot_iq2_s,
-                                            int8_unpack_row_iq2_s, true};
-  k.types[static_cast<int>(Type::IQ3_XXS)] = {nullptr, vec_dot_iq3_xxs,
-                                              int8_unpack_row_iq3_xxs, true};
-  k.types[static_cast<int>(Type::IQ3_S)] = {nullptr, vec_dot_iq3_s,
-                                            int8_unpack_row_iq3_s, true};
+  k.types[static_cast<int>(Type::IQ1_S)] = grid_type<Iq1SKernels>();
+  k.types[static_cast<int>(Type::IQ1_M)] = grid_type<Iq1MKernels>();
+  k.types[static_cast<int>(Type::IQ2_XXS)] = grid_type<Iq2XxsKernels>();
+  k.types[static_cast<int>(Type::IQ2_XS)] = grid_type<Iq2XsKernels>();
+  k.types[static_cast<int>(Type::IQ2_S)] = grid_type<Iq2SKernels>();
+  k.types[static_cast<int>(Type::IQ3_XXS)] = grid_type<Iq3XxsKernels>();
+  k.types[static_cast<int>(Type::IQ3_S)] = grid_type<Iq3SKernels>();
 }
 
 }  // namespace MLXPROG_QUANTS_NS
