@@ -185,6 +185,16 @@ inline void set_q4_k_int8_groups(const uint8_t* packed, const uint8_t* d, const 
   set_int8_groups(scales, mins, 8, load_fp16(d), -load_fp16(dmin), out);
 }
 
+
+// An Int8BlockK's scales and mins from a Q6_K block: each 16's scale, its
+// min -32 * scale, d and dm = d (the codes stored as q + 32).
+inline void set_q6_k_int8_groups(const Q6K& block, Int8BlockK& out) {
+  int scales[16], mins[16];
+  for (int g = 0; g < 16; ++g) scales[g] = block.scales[g], mins[g] = -32 * scales[g];
+  const float d = load_fp16(block.d);
+  set_int8_groups(scales, mins, 16, d, d, out);
+}
+
 }  // namespace kquant
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

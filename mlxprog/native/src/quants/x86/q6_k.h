@@ -68,8 +68,8 @@ float vec_dot_q6_k(int64_t n, const uint8_t* w, const void* xv) {
 }
 
 // A row of Q6_K blocks in the int8 GEMM's form, the portable unpacker's
-// bytes: the unsigned codes q (0..63) by vector stores, each 16's scale
-// with min -32 * scale, d and dm = d.
+// bytes: the unsigned codes q (0..63) by vector stores, the portable
+// scales and mins.
 void int8_unpack_row_q6_k(const uint8_t* src, void* dst, int64_t n) {
   const kquant::Q6K* blocks = reinterpret_cast<const kquant::Q6K*>(src);
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
@@ -83,10 +83,7 @@ void int8_unpack_row_q6_k(const uint8_t* src, void* dst, int64_t n) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].codes + 128 * half + 32 * s),
                             codes[s]);
     }
-    int scales[16], mins[16];
-    for (int g = 0; g < 16; ++g) scales[g] = blocks[i].scales[g], mins[g] = -32 * scales[g];
-    const float d = kquant::fp16_at(blocks[i].d);
-    kquant::set_int8_groups(scales, mins, 16, d, d, out[i]);
+    kquant::set_q6_k_int8_groups(blocks[i], out[i]);
   }
 }
 
