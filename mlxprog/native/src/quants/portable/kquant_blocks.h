@@ -175,23 +175,23 @@ inline void set_int8_groups(const int* scales, const int* mins, int subs, float 
 }
 
 // An Int8BlockK's scales and mins from a Q4_K/Q5_K block's packed 6-bit
-// fields, d and dm = -dmin (each 32's scale and min for its two groups).
-inline void set_q4_k_int8_groups(const uint8_t* packed, const uint8_t* d, const uint8_t* dmin,
-                                 Int8BlockK& out) {
+// fields, d and dm = -dmin (each 32's scale and min for its two groups; d
+// and dmin converted by the caller, each table with its own fp16 code).
+inline void set_q4_k_int8_groups(const uint8_t* packed, float d, float dmin, Int8BlockK& out) {
   uint8_t scales_mins[16];
   q4_k_scales_mins(packed, scales_mins);
   int scales[8], mins[8];
   for (int s = 0; s < 8; ++s) scales[s] = scales_mins[s], mins[s] = scales_mins[8 + s];
-  set_int8_groups(scales, mins, 8, load_fp16(d), -load_fp16(dmin), out);
+  set_int8_groups(scales, mins, 8, d, -dmin, out);
 }
 
 
 // An Int8BlockK's scales and mins from a Q6_K block: each 16's scale, its
-// min -32 * scale, d and dm = d (the codes stored as q + 32).
-inline void set_q6_k_int8_groups(const Q6K& block, Int8BlockK& out) {
+// min -32 * scale, d and dm = d (the codes stored as q + 32; d converted by
+// the caller).
+inline void set_q6_k_int8_groups(const Q6K& block, float d, Int8BlockK& out) {
   int scales[16], mins[16];
   for (int g = 0; g < 16; ++g) scales[g] = block.scales[g], mins[g] = -32 * scales[g];
-  const float d = load_fp16(block.d);
   set_int8_groups(scales, mins, 16, d, d, out);
 }
 

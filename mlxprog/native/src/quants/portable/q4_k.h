@@ -82,7 +82,8 @@ void int8_unpack_row_q4_k(const uint8_t* src, void* dst, int64_t n) {
   Int8BlockK* out = static_cast<Int8BlockK*>(dst);
   for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
     unpack_q4_k(blocks[i].qs, out[i].codes);
-    kquant::set_q4_k_int8_groups(blocks[i].scales, blocks[i].d, blocks[i].dmin, out[i]);
+    kquant::set_q4_k_int8_groups(blocks[i].scales, load_fp16(blocks[i].d),
+                                  load_fp16(blocks[i].dmin), out[i]);
   }
 }
 

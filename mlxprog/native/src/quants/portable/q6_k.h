@@ -61,7 +61,7 @@ void int8_unpack_row_q6_k(const uint8_t* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / kquant::kBlock; ++i) {
     unpack_q6_k(blocks[i], out[i].codes);
     for (int8_t& c : out[i].codes) c = static_cast<int8_t>(c + 32);
-    kquant::set_q6_k_int8_groups(blocks[i], out[i]);
+    kquant::set_q6_k_int8_groups(blocks[i], load_fp16(blocks[i].d), out[i]);
   }
 }
 

@@ -104,7 +104,7 @@ template <typename CodesOfHalf>
     for (int k = 0; k < 4; ++k)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.codes + 128 * half + 32 * k), codes[k]);
   }
-  kquant::set_q4_k_int8_groups(packed_scales, d, dmin, out);
+  kquant::set_q4_k_int8_groups(packed_scales, kquant::fp16_at(d), kquant::fp16_at(dmin), out);
 }
 
 // A row of Q4_K blocks to float32, as gguf computes it.

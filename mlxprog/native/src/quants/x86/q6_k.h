@@ -83,7 +83,7 @@ void int8_unpack_row_q6_k(const uint8_t* src, void* dst, int64_t n) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].codes + 128 * half + 32 * s),
                             codes[s]);
     }
-    kquant::set_q6_k_int8_groups(blocks[i], out[i]);
+    kquant::set_q6_k_int8_groups(blocks[i], kquant::fp16_at(blocks[i].d), out[i]);
   }
 }
 
