@@ -15,6 +15,15 @@ def reference(type_name: str, blocks: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[type_name]).astype(np.float32)
 
 
+def set_iq1_m_d(blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write fp16 ``d`` (one per block) into IQ1_M ``blocks`` (uint8
+    ``[n, 56]``) in place: its four nibbles top the four uint16 scale words
+    at byte 48, lowest first; their low 12 bits (the sub-scales) stay."""
+    words = blocks[:, 48:56].copy().view(np.uint16)
+    nibbles = (d.view(np.uint16)[:, None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(0xF)
+    blocks[:, 48:56] = ((words & np.uint16(0x0FFF)) | (nibbles << np.uint16(12))).view(np.uint8)
+
+
 def random_blocks(rng: np.random.Generator, type_name: str, rows: int, elements: int,
                   scale: float = 0.01) -> np.ndarray:
     """``rows`` rows of ``elements`` values (a whole number of blocks) of
@@ -28,11 +37,7 @@ def random_blocks(rng: np.random.Generator, type_name: str, rows: int, elements:
         halves = rng.uniform(scale / 5, scale, count).astype(np.float16)
         raw[:, offset:offset + 2] = halves.view(np.uint8).reshape(count, 2)
     if type_name == "IQ1_M":
-        words = raw[:, 48:56].copy().view(np.uint16)
-        half = rng.uniform(scale / 5, scale, count).astype(np.float16).view(np.uint16)
-        for j in range(4):
-            words[:, j] = (words[:, j] & 0x0FFF) | (((half >> (4 * j)) & 0xF) << 12)
-        raw[:, 48:56] = words.view(np.uint8)
+        set_iq1_m_d(raw, rng.uniform(scale / 5, scale, count).astype(np.float16))
     if type_name == "MXFP4":
         exponent = int(np.floor(np.log2(scale))) + 127
         raw[:, 0] = rng.integers(exponent - 3, exponent + 1, count)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import quants_lib
+from ggml_blocks import set_iq1_m_d
 
 from mlxprog.ggml import types as ggml_types
 
@@ -49,10 +50,7 @@ def random_rows(name: str, rows: int, k: int, rng: np.random.Generator,
         values = rng.uniform(-1.0, 1.0, n_blocks).astype(np.float16)
         blocks[:, offset:offset + 2] = values[:, None].view(np.uint8)
     if name == "IQ1_M":
-        d = rng.uniform(-1.0, 1.0, n_blocks).astype(np.float16).view(np.uint16)
-        words = blocks[:, 48:56].copy().view(np.uint16)
-        nibbles = (d[:, None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(0xF)
-        blocks[:, 48:56] = ((words & np.uint16(0x0FFF)) | (nibbles << np.uint16(12))).view(np.uint8)
+        set_iq1_m_d(blocks, rng.uniform(-1.0, 1.0, n_blocks).astype(np.float16))
     return blocks.reshape(rows, -1)
 
 

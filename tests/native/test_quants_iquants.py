@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import quants_lib
+from ggml_blocks import set_iq1_m_d
 from mlxprog.ggml.codebooks import CODEBOOKS, codebooks
 
 #: Name -> GGUF id of the group's types (all 256-weight super-blocks).
@@ -45,14 +46,11 @@ def random_blocks(name: str, n_blocks: int, rng: np.random.Generator) -> np.ndar
     (all bit patterns occur), finite fp16 d uniform in [-1, 1]."""
     block_bytes = gguf.GGML_QUANT_SIZES[qtype(name)][1]
     blocks = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
-    d = rng.uniform(-1, 1, n_blocks).astype(np.float16).view(np.uint16)
-    if name == "IQ1_M":  # d's 4 nibbles top the 4 uint16 scale words at byte 48
-        words = blocks[:, 48:56].copy().view(np.uint16)
-        nibbles = (d[:, None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(0xF)
-        words = (words & np.uint16(0x0FFF)) | (nibbles << np.uint16(12))
-        blocks[:, 48:56] = words.view(np.uint8)
+    d = rng.uniform(-1, 1, n_blocks).astype(np.float16)
+    if name == "IQ1_M":
+        set_iq1_m_d(blocks, d)
     else:
-        blocks[:, D_OFFSET[name]:D_OFFSET[name] + 2] = d[:, None].view(np.uint8)
+        blocks[:, D_OFFSET[name]:D_OFFSET[name] + 2] = d.view(np.uint16)[:, None].view(np.uint8)
     return blocks
 
 
