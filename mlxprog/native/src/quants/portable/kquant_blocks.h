@@ -185,7 +185,6 @@ inline void set_q4_k_int8_groups(const uint8_t* packed, float d, float dmin, Int
   set_int8_groups(scales, mins, 8, d, -dmin, out);
 }
 
-
 // An Int8BlockK's scales and mins from a Q6_K block: each 16's scale, its
 // min -32 * scale, d and dm = d (the codes stored as q + 32; d converted by
 // the caller).
