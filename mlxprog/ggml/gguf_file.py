@@ -438,28 +438,36 @@ class _Parser:
 
     def strings(self, count: int, where: str) -> list[str]:
         """``count`` strings from ``pos``: the loop of a tokenizer's vocabulary
-        (tens of thousands), so kept to slicing and decoding."""
-        view, pos, size = self.view, self.pos, self.size
+        and merges (tens of thousands each), so kept to an unpack and a slice
+        per string, every check after the loop; a string array that fails
+        one is walked again by :meth:`checked_strings`, which names the
+        string at fault."""
+        view, pos = self.view, self.pos
         unpack = _U64.unpack_from
-        strings: list[str] = []
-        append = strings.append
-        index = 0
+        raw: list[bytes] = []
+        append = raw.append
         try:
-            for index in range(count):
-                if size - pos < 8:
-                    raise self.truncated(8, pos, f"{where}[{index}] (its length)")
+            for _ in range(count):
                 (length,) = unpack(view, pos)
-                pos += 8
-                if length > size - pos:
-                    raise self.fail(f"{where}[{index}]: a string of {length} bytes at offset "
-                                    f"{pos}, but the file ends at {size}")
-                append(str(view[pos:pos + length], "utf-8"))
-                pos += length
-        except UnicodeDecodeError as e:
-            raise self.fail(f"{where}[{index}] is not valid UTF-8 ({e.reason} at byte "
-                            f"{e.start} of the string)") from None
+                pos += 8 + length
+                # A slice of the map past its end is cut short, not an
+                # error: the end is checked once, below.
+                append(view[pos - length:pos])
+            if pos > self.size:
+                return self.checked_strings(count, where)
+            strings = list(map(bytes.decode, raw))
+        except (struct.error, OverflowError, UnicodeDecodeError):
+            # Past the end (struct.error; OverflowError: an offset beyond
+            # any index), or bytes that are not UTF-8.
+            return self.checked_strings(count, where)
         self.pos = pos
         return strings
+
+    def checked_strings(self, count: int, where: str) -> list[str]:
+        """:meth:`strings` one string at a time, each checked as it is read:
+        the first one that runs past the file's end or is not UTF-8 is a
+        :class:`ModelError` naming its index."""
+        return [self.string(f"{where}[{index}]") for index in range(count)]
 
     def alignment(self, metadata: dict[str, Any]) -> int:
         if _ALIGNMENT_KEY not in metadata:

@@ -61,19 +61,25 @@ def read_tensors(gguf: GGUFFile, names: set[str], *, on_gpu: bool, native: bool
     expanded: dict[str, int] = {}
     all_blocks = not on_gpu and (native or any(gguf.tensors[name].type.storage == "blocks"
                                                for name in names))
+    # Float tensors, and block tensors the model keeps as blocks, are read
+    # straight into the arrays the model keeps (one copy); the rest are
+    # converted.
+    kept_as_read: list[TensorInfo] = []
+    converted: list[TensorInfo] = []
     for name, info in gguf.tensors.items():
-        if name not in names:
+        if name in names:
+            kept = info.type.storage == "float" or (
+                not on_gpu and (info.type.storage == "blocks" or all_blocks))
+            (kept_as_read if kept else converted).append(info)
+    for info, array in zip(kept_as_read, _read_arrays(gguf, kept_as_read)):
+        if info.type.storage == "float":
+            tensors[info.name] = _as_float(info, array)
             continue
-        t = info.type
-        if t.storage == "float":
-            tensors[name] = float_tensor(gguf, info)
-            continue
-        if not on_gpu and (t.storage == "blocks" or all_blocks):
-            # Read straight into the array the model keeps: one copy.
-            tensors[name] = _read_array(gguf, info, mx.uint8)
-            _check_scales(gguf, info, np.asarray(tensors[name]))
-            block_types[name] = t.name
-            continue
+        _check_scales(gguf, info, np.asarray(array))
+        tensors[info.name] = array
+        block_types[info.name] = info.type.name
+    for info in converted:
+        name, t = info.name, info.type
         blocks = gguf.read(name)
         _check_scales(gguf, info, blocks)
         if (t.storage == "affine" and not all_blocks) or (on_gpu and
@@ -98,24 +104,37 @@ def float_tensor(gguf: GGUFFile, info: TensorInfo) -> mx.array:
     """A tensor of a float type (F32, F16, BF16) as an MLX array; any other
     type dequantized to float32."""
     if info.type.storage == "float":
-        stored = {"F32": mx.float32, "F16": mx.float16, "BF16": mx.uint16}[info.type.name]
-        array = _read_array(gguf, info, stored)
-        return array.view(mx.bfloat16) if info.type.name == "BF16" else array
+        return _as_float(info, _read_arrays(gguf, [info])[0])
     data = gguf.read(info.name)
     _check_scales(gguf, info, data)
     return _expanded(info.type, data).astype(mx.float32)
 
 
-def _read_array(gguf: GGUFFile, info: TensorInfo, dtype: mx.Dtype) -> mx.array:
-    """Tensor ``info``'s bytes read into a new MLX array of ``dtype``
-    (blocks: ``uint8 [..., row_bytes]``), through a numpy view of its
-    memory."""
-    shape = info.shape if dtype != mx.uint8 else (
-        *info.shape[:-1], info.type.row_bytes(info.shape[-1]))
-    array = mx.zeros(shape, dtype)
-    mx.eval(array)
-    gguf.read_into(info.name, np.asarray(array))
-    return array
+# The MLX dtype a float type's bytes are read as (BF16's as bit patterns).
+_FLOAT_STORAGE = {"F32": mx.float32, "F16": mx.float16, "BF16": mx.uint16}
+
+
+def _as_float(info: TensorInfo, array: mx.array) -> mx.array:
+    """A float tensor's array as read (:func:`_read_arrays`) as its float
+    dtype: BF16's bit patterns viewed as bfloat16."""
+    return array.view(mx.bfloat16) if info.type.name == "BF16" else array
+
+
+def _read_arrays(gguf: GGUFFile, infos: list[TensorInfo]) -> list[mx.array]:
+    """Each tensor's bytes read into a new MLX array (float types of their
+    shape, as :data:`_FLOAT_STORAGE` says; blocks ``uint8 [...,
+    row_bytes]``), through a numpy view of its memory. The arrays are
+    made in one evaluation: one each cost more than the file's reads."""
+    arrays = []
+    for info in infos:
+        dtype = _FLOAT_STORAGE.get(info.type.name, mx.uint8)
+        shape = info.shape if dtype != mx.uint8 else (
+            *info.shape[:-1], info.type.row_bytes(info.shape[-1]))
+        arrays.append(mx.zeros(shape, dtype))
+    mx.eval(arrays)
+    for info, array in zip(infos, arrays):
+        gguf.read_into(info.name, np.asarray(array))
+    return arrays
 
 
 def _expanded(t: ggml_types.GGMLType, blocks: np.ndarray) -> mx.array:

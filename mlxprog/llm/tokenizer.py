@@ -324,8 +324,13 @@ def _tokens_found_whole(metadata: Mapping[str, Any], tokens: list[str],
     for keys, texts in _FILL_IN_THE_MIDDLE_TEXTS.items():
         if all(metadata.get(f"tokenizer.ggml.{key}") is None for key in keys):
             control_texts |= texts
+    # Only the tokens of a special kind or text are visited: a vocabulary
+    # has tens of thousands of tokens, and the load waits on this loop.
+    candidates = {*_indices_of(token_types, (_UNKNOWN, _CONTROL, _USER_DEFINED)),
+                  *_indices_of(tokens, (control_texts | _USER_DEFINED_TEXTS).intersection(tokens))}
     found = {}
-    for i, (text, kind) in enumerate(zip(tokens, token_types)):
+    for i in sorted(candidates):
+        text, kind = tokens[i], token_types[i]
         if text in _USER_DEFINED_TEXTS:
             found[i] = False
         elif kind in (_UNKNOWN, _CONTROL) or text in control_texts:
@@ -335,13 +340,30 @@ def _tokens_found_whole(metadata: Mapping[str, Any], tokens: list[str],
     return found
 
 
+def _indices_of(items: list[Any], values: Iterable[Any]) -> list[int]:
+    """The indices of the items equal to one of ``values``, ascending: one
+    list search (in C) per value, where a Python loop over a vocabulary of
+    tens of thousands of tokens would cost the load milliseconds."""
+    indices = []
+    for value in values:
+        start = 0
+        while True:
+            try:
+                start = items.index(value, start)
+            except ValueError:
+                break
+            indices.append(start)
+            start += 1
+    return sorted(indices)
+
+
 def _ends_by_text(tokens: list[str]) -> list[int]:
     """The tokens that end a generation by their text, as llama.cpp takes
     them whatever the file's EOS keys say (a Qwen file's ``<|im_end|>``
     beside its ``<|endoftext|>``). Harmony vocabularies (gpt-oss) end a
     reply at ``<|return|>`` or ``<|call|>``: their ``<|end|>`` closes one
     channel of the reply, not the reply."""
-    ends = [i for i, text in enumerate(tokens) if text in _END_OF_GENERATION_TEXTS]
+    ends = _indices_of(tokens, _END_OF_GENERATION_TEXTS.intersection(tokens))
     texts = {tokens[i] for i in ends}
     if {"<|return|>", "<|call|>"} <= texts:
         ends = [i for i in ends if tokens[i] != "<|end|>"]
