@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import reprlib
 import struct
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -273,6 +275,47 @@ def metadata_value(value: Any) -> Any:
     if isinstance(value, mx.array):
         return value.item() if value.ndim == 0 else value.tolist()
     return value
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+#: What :func:`metadata_field` checks each kind of value against: a test
+#: and the words an error gives for it.
+_FIELD_KINDS: dict[str, tuple[Any, str]] = {
+    "integer": (is_int, "an integer"),
+    "number": (_is_number, "a finite number"),
+    "string": (lambda v: isinstance(v, str), "a string"),
+    "flag": (lambda v: isinstance(v, bool) or (is_int(v) and v in (0, 1)), "a boolean"),
+    "strings": (lambda v: isinstance(v, list) and set(map(type, v)) <= {str},
+                "an array of strings"),
+    "integers": (lambda v: isinstance(v, list) and set(map(type, v)) <= {int},
+                 "an array of integers"),
+    "numbers": (lambda v: isinstance(v, list) and all(map(_is_number, v)),
+                "an array of finite numbers"),
+}
+_REQUIRED: Any = object()
+
+
+def metadata_field(metadata: Mapping[str, Any], key: str, kind: str,
+                   default: Any = _REQUIRED) -> Any:
+    """Metadata value ``key`` as plain Python (:func:`metadata_value`),
+    checked to be of ``kind`` (a key of :data:`_FIELD_KINDS`: "integer",
+    "number", "string", "flag", "strings", "integers", "numbers"); ``default``
+    when the key is absent. A missing key without a default, or a value of
+    another kind, is a :class:`ModelError` naming the key: a file's metadata
+    is as hostile as its tensors."""
+    value = metadata_value(metadata.get(key))
+    if value is None:
+        if default is _REQUIRED:
+            raise ModelError(f"GGUF metadata lacks {key}")
+        return default
+    test, words = _FIELD_KINDS[kind]
+    if not test(value):
+        raise ModelError(f"GGUF metadata key {key} must be {words}, got {reprlib.repr(value)}")
+    return bool(value) if kind == "flag" else value
 
 
 def _error(path: Path, problem: str) -> ModelError:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +60,12 @@ class ModelConfig:
         for name, value in sizes.items():
             if not isinstance(value, int) or value <= 0:
                 raise ModelError(f"model config: {name} must be a positive integer, got {value!r}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ModelError(f"model config: rope_theta must be a positive number, got "
+                             f"{self.rope_theta!r}")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps >= 0):
+            raise ModelError(f"model config: norm_eps must be a number of at least 0, got "
+                             f"{self.norm_eps!r}")
         if self.num_heads % self.num_kv_heads:
             raise ModelError(f"model config: num_heads ({self.num_heads}) is not a multiple "
                              f"of num_kv_heads ({self.num_kv_heads})")

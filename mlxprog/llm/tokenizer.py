@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +29,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as Backend
 
 from ..errors import ModelError, SettingError
-from ..ggml.gguf_file import metadata_value
+from ..ggml.gguf_file import metadata_field, metadata_value
 
 # GGUF token types (llama.cpp's llama_token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -192,15 +193,27 @@ def _byte_level_backend(metadata: Mapping[str, Any], tokens: list[str],
     ``tokenizer.ggml.merges`` and llama.cpp's pre-tokenizer for
     ``tokenizer.ggml.pre``."""
     pre = _pre_tokenizer(metadata)
-    try:
-        merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
-    except KeyError as e:
-        raise ModelError(f"GGUF tokenizer metadata lacks {e.args[0]}") from None
-    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                 ignore_merges=pre.ignore_merges))
+    merges = [tuple(m.split(" ")) for m in
+              metadata_field(metadata, "tokenizer.ggml.merges", "strings")]
+    if set(map(len, merges)) - {2}:
+        index = next(i for i, m in enumerate(merges) if len(m) != 2)
+        raise ModelError(f"GGUF metadata key tokenizer.ggml.merges: entry {index} "
+                         f"({' '.join(merges[index])!r}) is not two tokens joined by a space")
+    backend = Backend(_bpe(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                           ignore_merges=pre.ignore_merges))
     backend.pre_tokenizer = pre.make()
     backend.decoder = decoders.ByteLevel()
     return backend
+
+
+def _bpe(**kwargs: Any) -> models.BPE:
+    """tokenizers' BPE model of ``kwargs``; what it refuses (a merge of a
+    token the vocabulary lacks, ...) is a :class:`ModelError`."""
+    try:
+        return models.BPE(**kwargs)
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise ModelError(f"GGUF tokenizer metadata: the tokens and merges make no BPE "
+                         f"tokenizer ({e})") from None
 
 
 def _pre_tokenizer(metadata: Mapping[str, Any]) -> _PreTokenizer:
@@ -255,20 +268,19 @@ def _sentencepiece_backend(metadata: Mapping[str, Any], tokens: list[str],
     (:func:`_sentencepiece_merges`) and characters outside the vocabulary as
     their UTF-8 byte tokens. Decoding turns ``\u2581`` back into spaces (less
     the prefix space) and byte tokens into bytes."""
-    scores = metadata_value(metadata.get("tokenizer.ggml.scores"))
+    scores = metadata_field(metadata, "tokenizer.ggml.scores", "numbers", None)
     scores = [0.0] * len(tokens) if scores is None else [float(x) for x in scores]
     if len(scores) != len(tokens):
         raise ModelError(f"GGUF tokenizer metadata: {len(scores)} scores for "
                          f"{len(tokens)} tokens")
-    unk_id = metadata_value(metadata.get("tokenizer.ggml.unknown_token_id"))
+    unk_id = _token_id(metadata, "unknown_token_id", len(tokens))
     if unk_id is None:
-        unk_id = next((i for i, t in enumerate(token_types) if t == _UNKNOWN), None)
-    unk = tokens[int(unk_id)] if unk_id is not None and 0 <= int(unk_id) < len(tokens) else None
-    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                                 merges=_sentencepiece_merges(tokens, scores),
-                                 unk_token=unk, fuse_unk=True, byte_fallback=True))
-    space_prefix = metadata_value(metadata.get("tokenizer.ggml.add_space_prefix"))
-    space_prefix = True if space_prefix is None else bool(space_prefix)
+        unk_id = next(iter(_indices_of(token_types, (_UNKNOWN,))), None)
+    unk = None if unk_id is None else tokens[unk_id]
+    backend = Backend(_bpe(vocab={t: i for i, t in enumerate(tokens)},
+                           merges=_sentencepiece_merges(tokens, scores),
+                           unk_token=unk, fuse_unk=True, byte_fallback=True))
+    space_prefix = metadata_field(metadata, "tokenizer.ggml.add_space_prefix", "flag", True)
     replace = normalizers.Replace(" ", _SPM_SPACE)
     backend.normalizer = (normalizers.Sequence([normalizers.Prepend(_SPM_SPACE), replace])
                           if space_prefix else replace)
@@ -338,6 +350,18 @@ def _tokens_found_whole(metadata: Mapping[str, Any], tokens: list[str],
         elif kind == _USER_DEFINED:
             found[i] = False
     return found
+
+
+def _token_id(metadata: Mapping[str, Any], key: str, vocab_size: int) -> int | None:
+    """Token id ``tokenizer.ggml.<key>`` (None when absent). An id outside
+    the vocabulary is left out with a notice, as llama.cpp does ("bad
+    special token"): its files are not refused for it."""
+    value = metadata_field(metadata, f"tokenizer.ggml.{key}", "integer", None)
+    if value is not None and not 0 <= value < vocab_size:
+        print(f"mlxprog: GGUF metadata key tokenizer.ggml.{key} is {value}, outside the "
+              f"vocabulary of {vocab_size} tokens; ignored", file=sys.stderr)
+        return None
+    return value
 
 
 def _indices_of(items: list[Any], values: Iterable[Any]) -> list[int]:
@@ -460,16 +484,13 @@ class Tokenizer:
         :func:`mlxprog.ggml.gguf_file.open_gguf` reads it, or ``mx.load(path,
         return_metadata=True)``): ``tokenizer.ggml.model`` "gpt2"
         (byte-level BPE) or "llama" (SentencePiece)."""
-        model = metadata_value(metadata.get("tokenizer.ggml.model"))
+        model = metadata_field(metadata, "tokenizer.ggml.model", "string", None)
         if model not in _GGUF_MODELS:
             raise ModelError(f"GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not "
                              "supported; supported: 'gpt2' (byte-level BPE), 'llama' "
                              "(SentencePiece)")
-        try:
-            tokens = list(metadata["tokenizer.ggml.tokens"])
-        except KeyError as e:
-            raise ModelError(f"GGUF tokenizer metadata lacks {e.args[0]}") from None
-        token_types = metadata_value(metadata.get("tokenizer.ggml.token_type"))
+        tokens = metadata_field(metadata, "tokenizer.ggml.tokens", "strings")
+        token_types = metadata_field(metadata, "tokenizer.ggml.token_type", "integers", None)
         token_types = [_NORMAL] * len(tokens) if token_types is None else token_types
         if len(token_types) != len(tokens):
             raise ModelError(f"GGUF tokenizer metadata: {len(token_types)} token types for "
@@ -486,12 +507,10 @@ class Tokenizer:
         backend.add_tokens([t for t in added if not t.special])
 
         def token_id(key: str) -> int | None:
-            value = metadata_value(metadata.get(f"tokenizer.ggml.{key}"))
-            return None if value is None else int(value)
+            return _token_id(metadata, key, len(tokens))
 
         def flag(key: str, default: bool) -> bool:
-            value = metadata_value(metadata.get(f"tokenizer.ggml.{key}"))
-            return default if value is None else bool(value)
+            return metadata_field(metadata, f"tokenizer.ggml.{key}", "flag", default)
 
         bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
         # llama.cpp's defaults: SentencePiece vocabularies add BOS, BPE ones
@@ -506,7 +525,8 @@ class Tokenizer:
         eos_ids = [i for i in (eos, token_id("eot_token_id"), token_id("eom_token_id"))
                    if i is not None] + _ends_by_text(tokens)
         return cls(backend, bos_token_id=bos, eos_token_ids=eos_ids,
-                   chat_template=metadata_value(metadata.get("tokenizer.chat_template")))
+                   chat_template=metadata_field(metadata, "tokenizer.chat_template", "string",
+                                                None))
 
     @classmethod
     def from_hf(cls, directory: str | Path) -> Tokenizer:

@@ -280,8 +280,9 @@ def test_hf_mlx_quantized_checkpoint(tmp_path, bits, group_size):
 def test_tiny_gguf_round_trip(tmp_path, arch, tied):
     weights = write_gguf(tmp_path / "tiny.gguf", arch=arch, tied=tied)
     ckpt = load_checkpoint(tmp_path / "tiny.gguf")
+    assert ckpt.config.norm_eps == pytest.approx(1e-5)  # stored as float32
     assert ckpt.config == ModelConfig(
-        architecture=arch, **TINY, norm_eps=pytest.approx(1e-5), rope_theta=10000.0,
+        architecture=arch, **TINY, norm_eps=ckpt.config.norm_eps, rope_theta=10000.0,
         # llama.cpp permutes Llama's Q/K rows only; Qwen2 keeps the NEOX layout.
         rope_traditional=arch == "llama", tie_embeddings=tied, context_length=256, bos_token_id=1,
         eos_token_ids=(2, 0), attention_bias=arch == "qwen2")  # 0: <|endoftext|>, by its text

@@ -36,7 +36,7 @@ import mlx.core as mx
 from ...arrays import is_int
 from ...errors import ModelError
 from ...ggml import types as ggml_types
-from ...ggml.gguf_file import metadata_value
+from ...ggml.gguf_file import metadata_field, metadata_value
 from ..cache import CacheLayout, LayerCache
 from ..checkpoint import Checkpoint, GGMLQuantization, Quantization, infer_quantization
 from ..config import ModelConfig, MoEConfig, check_expert_counts
@@ -487,7 +487,9 @@ class HFConfig:
             eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
         return dict(
             architecture=self.model_type,
-            num_layers=self.integer("num_hidden_layers"),
+            num_layers=layer_count("config.json: num_hidden_layers",
+                                   self.integer("num_hidden_layers"), MAX_LAYERS,
+                                   "mlxprog's limit"),
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -504,6 +506,20 @@ class HFConfig:
                                   self.tokenizer.bos_token_id if self.tokenizer else None),
             eos_token_ids=eos_ids,
         )
+
+
+#: The most layers a config.json may give (models have hundreds at most).
+MAX_LAYERS = 1 << 16
+
+
+def layer_count(field: str, count: int, bound: int, why: str) -> int:
+    """A model's number of layers (``field`` of its config), checked to be
+    positive and at most ``bound`` (``why``: what bounds it) before the
+    families build per-layer lists from it: a hostile count would make them
+    without end."""
+    if not 0 < count <= bound:
+        raise ModelError(f"{field} is {count:,}; it must be from 1 to {bound:,} ({why})")
+    return count
 
 
 @dataclass
@@ -533,31 +549,65 @@ class GGUFMetadata:
             return default
         return value
 
+    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+        """``<arch>.<key>``, an integer (:func:`metadata_field`)."""
+        return self._field(key, "integer", default)
+
+    def size(self, key: str, default: Any = _REQUIRED) -> int:
+        """``<arch>.<key>``, a positive integer (a width, a count)."""
+        value = self.integer(key, default)
+        if value <= 0:
+            raise ModelError(f"GGUF metadata key {self.architecture}.{key} must be positive, "
+                             f"got {value}")
+        return value
+
+    def number(self, key: str, default: Any = _REQUIRED) -> float:
+        """``<arch>.<key>``, a finite number, as a float (None when absent
+        and the default is None)."""
+        value = self._field(key, "number", default)
+        return None if value is None else float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """``<arch>.<key>``, a boolean."""
+        return self._field(key, "flag", default)
+
+    def string(self, key: str, default: Any = _REQUIRED) -> str:
+        """``<arch>.<key>``, a string."""
+        return self._field(key, "string", default)
+
+    def _field(self, key: str, kind: str, default: Any) -> Any:
+        return metadata_field(self.metadata, f"{self.architecture}.{key}", kind,
+                              *(() if default is _REQUIRED else (default,)))
+
     def common(self) -> dict[str, Any]:
         """The :class:`ModelConfig` fields every decoder family reads alike
         from GGUF metadata (RoPE layout left to the family)."""
-        hidden, heads = int(self.get("embedding_length")), int(self.get("attention.head_count"))
-        kv_heads = self.get("attention.head_count_kv", heads)
-        if isinstance(kv_heads, list):
+        hidden, heads = self.size("embedding_length"), self.size("attention.head_count")
+        if isinstance(self.get("attention.head_count_kv", None), list):
             raise ModelError(f"GGUF metadata: per-layer {self.architecture}.attention."
                              "head_count_kv is not supported")
-        head_dim = int(self.get("attention.key_length", hidden // heads))
-        if int(self.get("attention.value_length", head_dim)) != head_dim:
+        kv_heads = self.size("attention.head_count_kv", heads)
+        head_dim = self.size("attention.key_length", hidden // heads)
+        if self.integer("attention.value_length", head_dim) != head_dim:
             raise ModelError(f"GGUF metadata: {self.architecture}.attention.value_length "
                              "differs from key_length: not supported")
         return dict(
             architecture=self.architecture,
-            num_layers=int(self.get("block_count")),
+            # Each layer has tensors of its own: a count above the file's
+            # tensors is a hostile file's.
+            num_layers=layer_count(f"GGUF metadata key {self.architecture}.block_count",
+                                   self.integer("block_count"), len(self.tensor_names),
+                                   "the file's tensors"),
             hidden_size=hidden,
             num_heads=heads,
-            num_kv_heads=int(kv_heads),
+            num_kv_heads=kv_heads,
             head_dim=head_dim,
-            intermediate_size=int(self.get("feed_forward_length")),
-            vocab_size=int(self.get("vocab_size", self.tokenizer.vocab_size)),
-            norm_eps=float(self.get("attention.layer_norm_rms_epsilon")),
-            rope_theta=float(self.get("rope.freq_base", 10000.0)),
+            intermediate_size=self.size("feed_forward_length"),
+            vocab_size=self.integer("vocab_size", self.tokenizer.vocab_size),
+            norm_eps=self.number("attention.layer_norm_rms_epsilon"),
+            rope_theta=self.number("rope.freq_base", 10000.0),
             tie_embeddings="output.weight" not in self.tensor_names,
-            context_length=int(self.get("context_length")),
+            context_length=self.size("context_length"),
             bos_token_id=self.tokenizer.bos_token_id,
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
@@ -574,7 +624,7 @@ class GGUFMetadata:
         """A :class:`ModelError` unless RoPE turns all ``head_dim`` features
         of a head (``rope.dimension_count`` absent or equal): ``family`` has
         no partial RoPE."""
-        dims = int(self.get("rope.dimension_count", head_dim))
+        dims = self.integer("rope.dimension_count", head_dim)
         if dims != head_dim:
             raise ModelError(f"GGUF metadata: partial RoPE ({self.architecture}.rope."
                              f"dimension_count {dims} of head_dim {head_dim}) is not supported "
@@ -586,20 +636,23 @@ class GGUFMetadata:
         :meth:`experts`) and ``expert_intermediate_size``
         (``expert_feed_forward_length``, else ``feed_forward_length``)."""
         count, used = self.experts()
-        width = self.get("expert_feed_forward_length", None)
+        width = self.integer("expert_feed_forward_length", None)
         return dict(num_experts=count, experts_per_token=used,
-                    expert_intermediate_size=int(self.get("feed_forward_length")
-                                                 if width is None else width))
+                    expert_intermediate_size=(self.size("feed_forward_length")
+                                              if width is None else width))
 
     def linear_rope_scale(self) -> float:
         """The position scale of GGUF's linear RoPE scaling (1 without it);
         other scaling types are a :class:`ModelError`."""
-        linear_factor = self.get("rope.scale_linear", None)  # older key for linear scaling
-        scaling = self.get("rope.scaling.type", "none" if linear_factor is None else "linear")
-        factor = float(self.get("rope.scaling.factor", linear_factor or 1.0))
+        linear_factor = self.number("rope.scale_linear", None)  # older key for linear scaling
+        scaling = self.string("rope.scaling.type", "none" if linear_factor is None else "linear")
+        factor = self.number("rope.scaling.factor", linear_factor or 1.0)
         if scaling not in ("none", "linear"):
             raise ModelError(f"GGUF metadata: {self.architecture}.rope.scaling.type "
                              f"{scaling!r} is not supported (none, linear)")
+        if scaling == "linear" and not factor > 0:
+            raise ModelError(f"GGUF metadata key {self.architecture}.rope.scaling.factor must "
+                             f"be positive, got {factor}")
         return 1.0 / factor if scaling == "linear" else 1.0
 
 
@@ -608,8 +661,7 @@ class GGUFMetadata:
 def gguf_expert_count(architecture: str, metadata: Mapping[str, Any]) -> int:
     """``<architecture>.expert_count`` of a GGUF file's metadata (0 without
     the key: a dense model)."""
-    count = metadata_value(metadata.get(f"{architecture}.expert_count"))
-    return 0 if count is None else count
+    return metadata_field(metadata, f"{architecture}.expert_count", "integer", 0)
 
 
 def moe_weights(hf_block: str = "mlp", hf_experts: Sequence[str] = ("gate_proj", "up_proj",

@@ -194,12 +194,12 @@ class Gemma2Family(Family):
         """Gemma 2 GGUF metadata, with llama.cpp's defaults (soft-caps 50
         and 30, sliding window 4096 on even layers) and attention scale."""
         fields = gguf_gemma_fields(gguf, self.name)
-        sliding_window = int(gguf.get("attention.sliding_window", 4096))
+        sliding_window = gguf.integer("attention.sliding_window", 4096)
         return GemmaConfig(
             **fields, family=self.name, query_scale=gguf_query_scale(fields, big_layers=46),
-            attn_softcap=positive(float(gguf.get("attn_logit_softcapping", 50.0)),
+            attn_softcap=positive(gguf.number("attn_logit_softcapping", 50.0),
                                   "GGUF metadata: gemma2.attn_logit_softcapping"),
-            final_softcap=positive(float(gguf.get("final_logit_softcapping", 30.0)),
+            final_softcap=positive(gguf.number("final_logit_softcapping", 30.0),
                                    "GGUF metadata: gemma2.final_logit_softcapping"),
             sliding_window=positive(sliding_window,
                                     "GGUF metadata: gemma2.attention.sliding_window"),

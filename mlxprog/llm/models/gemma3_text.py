@@ -19,6 +19,7 @@ global, the local base 10000, and the attention scale by model size
 
 from __future__ import annotations
 
+from ...arrays import is_int
 from ...errors import ModelError
 from ..config import ModelConfig
 from .base import PLUS_ONE, Family, GGUFMetadata, HFConfig, Weight
@@ -83,14 +84,17 @@ class Gemma3TextFamily(Family):
         ``gemma3.final_logit_softcapping`` is set."""
         fields = gguf_gemma_fields(gguf, self.name)
         n = fields["num_layers"]
-        sliding_window = int(gguf.get("attention.sliding_window", 0)) or None
-        cap = float(gguf.get("final_logit_softcapping", 0.0)) or None
+        sliding_window = gguf.integer("attention.sliding_window", 0) or None
+        cap = gguf.number("final_logit_softcapping", 0.0) or None
         pattern = gguf.get("attention.sliding_window_pattern", GGUF_PATTERN)
         if isinstance(pattern, list):
             if len(pattern) != n:
                 raise ModelError(f"GGUF metadata: gemma3.attention.sliding_window_pattern has "
                                  f"{len(pattern)} entries for {n} layers")
             sliding = [bool(p) for p in pattern]
+        elif not is_int(pattern) or pattern < 0:
+            raise ModelError(f"GGUF metadata key gemma3.attention.sliding_window_pattern must "
+                             f"be a period of at least 0 or a list of layers, got {pattern!r}")
         elif pattern == 0:
             sliding = [True] * n
         else:
@@ -101,7 +105,8 @@ class Gemma3TextFamily(Family):
             sliding_window=positive(sliding_window,
                                     "GGUF metadata: gemma3.attention.sliding_window"),
             sliding_layers=tuple(sliding_window is not None and s for s in sliding),
-            local_rope_theta=float(gguf.get("rope.freq_base_swa", GGUF_LOCAL_ROPE_THETA)))
+            local_rope_theta=positive(gguf.number("rope.freq_base_swa", GGUF_LOCAL_ROPE_THETA),
+                                      "GGUF metadata: gemma3.rope.freq_base_swa"))
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
         """Gemma 2's table plus the per-head q/k norms."""

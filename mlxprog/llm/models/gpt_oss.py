@@ -173,10 +173,10 @@ class GptOssFamily(Family):
         fields = gguf.common()
         arch = gguf.architecture
         gguf.require_full_rope(fields["head_dim"], "gpt_oss")
-        fields["intermediate_size"] = int(gguf.get("expert_feed_forward_length",
-                                                   fields["intermediate_size"]))
+        fields["intermediate_size"] = gguf.integer("expert_feed_forward_length",
+                                                   fields["intermediate_size"])
         rope: dict[str, Any] = {}
-        kind = gguf.get("rope.scaling.type", "none")
+        kind = gguf.string("rope.scaling.type", "none")
         if kind == "yarn":
             for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_attn_factor",
                         "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_multiplier"):
@@ -196,7 +196,7 @@ class GptOssFamily(Family):
         return GptOssConfig(
             **fields, **gguf.expert_fields(), family=self.name, rope_traditional=False,
             attention_bias=True,
-            sliding_window=int(_positive_key(gguf, "attention.sliding_window", 128)),
+            sliding_window=gguf.size("attention.sliding_window", 128),
             sliding_layers=tuple(i % 2 == 0 for i in range(n)), **rope)
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:

@@ -72,7 +72,7 @@ class OlmoeFamily(Family):
         return MoEConfig(**fields, **gguf.expert_fields(), family=self.name,
                          rope_traditional=False, rope_scale=gguf.linear_rope_scale(),
                          router="softmax_topk",
-                         renormalize=bool(gguf.get("expert_weights_norm", False)))
+                         renormalize=gguf.flag("expert_weights_norm", False))
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
         """The llama layout with the whole-projection q/k norms and the

@@ -191,15 +191,15 @@ class Phi3Family(Family):
         :meth:`config_from_hf`."""
         fields = gguf.common()
         dims = _rope_dims(fields["head_dim"],
-                          int(gguf.get("rope.dimension_count", fields["head_dim"])),
+                          gguf.integer("rope.dimension_count", fields["head_dim"]),
                           f"GGUF metadata: {gguf.architecture}.rope.dimension_count")
         rope: dict[str, Any] = dict(rope_dims=dims, rope_scale=gguf.linear_rope_scale())
         long_factor = gguf.setting_tensors.get("rope_factors_long.weight")
         if long_factor is not None:
             rope["rotary_freqs"], rope["rotated_scale"] = _longrope(
                 fields["rope_theta"], dims, long_factor.astype(mx.float32).tolist(),
-                fields["context_length"], int(gguf.get("rope.scaling.original_context_length")),
-                gguf.get("rope.scaling.attn_factor", None),
+                fields["context_length"], gguf.integer("rope.scaling.original_context_length"),
+                gguf.number("rope.scaling.attn_factor", None),
                 ("GGUF tensor rope_factors_long.weight",
                  f"GGUF metadata: {gguf.architecture}.rope.scaling.original_context_length",
                  f"GGUF metadata: {gguf.architecture}.rope.scaling.attn_factor"))

@@ -69,9 +69,9 @@ class Qwen2MoeFamily(Family):
                          rope_traditional=False, rope_scale=gguf.linear_rope_scale(),
                          attention_bias="blk.0.attn_q.bias" in gguf.tensor_names,
                          router="softmax_topk",
-                         renormalize=bool(gguf.get("expert_weights_norm", False)),
-                         shared_expert_intermediate_size=int(
-                             gguf.get("expert_shared_feed_forward_length")))
+                         renormalize=gguf.flag("expert_weights_norm", False),
+                         shared_expert_intermediate_size=gguf.integer(
+                             "expert_shared_feed_forward_length"))
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
         """The llama layout (q/k/v biases) with the experts and the shared

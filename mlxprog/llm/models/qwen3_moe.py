@@ -95,7 +95,7 @@ class Qwen3MoeFamily(Family):
         return MoEConfig(**fields, **gguf.expert_fields(), family=self.name,
                          rope_traditional=False, rope_scale=gguf.linear_rope_scale(),
                          router="softmax_topk",
-                         renormalize=bool(gguf.get("expert_weights_norm", True)))
+                         renormalize=gguf.flag("expert_weights_norm", True))
 
     def weights(self, config: ModelConfig) -> tuple[Weight, ...]:
         """Qwen3's layout with the experts (:func:`~.base.moe_weights`) in

@@ -158,7 +158,8 @@ def gguf_metadata(num_layers: int = 3, **keys) -> GGUFMetadata:
     metadata.update({f"gemma2.{k}": v for k, v in keys.items()})
     tokenizer = SimpleNamespace(vocab_size=TINY_CONFIG["vocab_size"], bos_token_id=1,
                                 eos_token_ids=(2,))
-    return GGUFMetadata(metadata, {"token_embd.weight"}, tokenizer)
+    tensors = {"token_embd.weight", *(f"blk.{i}.attn_q.weight" for i in range(num_layers))}
+    return GGUFMetadata(metadata, tensors, tokenizer)
 
 
 def test_gguf_config_is_llama_cpps():

@@ -402,7 +402,9 @@ def gguf_metadata(**keys):
                 "gpt-oss.rope.scaling.original_context_length": 4096}
     metadata.update({f"gpt-oss.{k}": v for k, v in keys.items()})
     tokenizer = SimpleNamespace(vocab_size=201088, bos_token_id=199998, eos_token_ids=(200002,))
-    return GGUFMetadata(metadata, {"token_embd.weight", "output.weight"}, tokenizer)
+    layers = range(metadata["gpt-oss.block_count"])
+    tensors = {"token_embd.weight", "output.weight", *(f"blk.{i}.attn_q.weight" for i in layers)}
+    return GGUFMetadata(metadata, tensors, tokenizer)
 
 
 def test_gguf_config_is_llama_cpps():
