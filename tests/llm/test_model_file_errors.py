@@ -3,6 +3,7 @@ file) rather than MLX's, and exported directories given where a model is."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import mlx.core as mx
@@ -11,7 +12,10 @@ from llm_fixtures import tiny_tokenizer_metadata, write_gguf, write_hf
 
 from mlxprog.ggml.gguf_file import open_gguf
 from mlxprog.llm import ModelError, export, load, load_checkpoint
-from mlxprog.llm.models import FAMILIES, family_for_gguf, supported_gguf_architectures
+from mlxprog.llm.hf import config_from_hf
+from mlxprog.llm.models import (
+    FAMILIES, family_for_gguf, supported_gguf_architectures, supported_model_types,
+)
 from mlxprog.llm.models.base import GGUFMetadata
 from mlxprog.llm.tokenizer import Tokenizer
 
@@ -181,3 +185,25 @@ def test_every_familys_gguf_keys_of_another_kind_are_refused_in_our_words():
                 except ModelError:
                     pass
     assert reached == set(FAMILIES)
+
+
+def test_every_model_types_config_fields_of_another_kind_are_refused_in_our_words(tmp_path):
+    """config.json is hostile input too: each field a family reads, with
+    values of every other kind, is a :class:`ModelError` or a config."""
+    write_hf(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    tokenizer = Tokenizer.from_hf(tmp_path)
+    fields = [*raw, "rope_scaling", "sliding_window", "num_local_experts", "num_experts",
+              "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+              "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+              "rope_local_base_freq", "sliding_window_pattern", "partial_rotary_factor",
+              "original_max_position_embeddings", "norm_topk_prob", "rope_parameters",
+              "layer_types", "mlp_only_layers"]
+    wrong = ["abc", ["a", "b"], [[1]], {"a": 1}, -1, 0, 2**40, 1.5, float("nan"), True]
+    for model_type in supported_model_types():
+        for field in fields:
+            for value in wrong:
+                try:
+                    config_from_hf({**raw, "model_type": model_type, field: value}, tokenizer)
+                except ModelError:
+                    pass

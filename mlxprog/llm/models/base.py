@@ -26,6 +26,7 @@ stacked at load (``Weight.hf_experts``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -407,17 +408,23 @@ class HFConfig:
         return self.raw[key]
 
     def integer(self, key: str, default: Any = _REQUIRED) -> int:
-        """Integer field ``key``."""
+        """Integer field ``key`` (None when absent and ``default`` is None)."""
         value = self.get(key, default)
+        if value is None:
+            return None
         if not is_int(value):
             raise ModelError(f"config.json: {key} must be an integer, got {value!r}")
         return value
 
     def number(self, key: str, default: Any = _REQUIRED) -> float:
-        """Numeric field ``key`` as a float."""
+        """Numeric field ``key`` (finite) as a float (None when absent and
+        ``default`` is None)."""
         value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelError(f"config.json: {key} must be a number, got {value!r}")
+        if value is None:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value)):
+            raise ModelError(f"config.json: {key} must be a finite number, got {value!r}")
         return float(value)
 
     def choice(self, key: str, allowed: Sequence[Any], default: Any) -> Any:
@@ -442,7 +449,11 @@ class HFConfig:
         ``default``; None without scaling."""
         parameters = self._rope_parameters()
         if parameters is None:
-            return self.get("rope_scaling", None)
+            scaling = self.get("rope_scaling", None)
+            if scaling is not None and not isinstance(scaling, Mapping):
+                raise ModelError(f"config.json: rope_scaling must be an object, got "
+                                 f"{scaling!r}")
+            return scaling
         kind = parameters.get("rope_type", "default")
         return None if kind == "default" else parameters
 

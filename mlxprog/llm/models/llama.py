@@ -216,7 +216,7 @@ def reject_sliding_window(hf: HFConfig, context: int) -> None:
     """A family without sliding-window attention refuses a sliding window
     shorter than the context it would run (Mistral v0.1 declares one; later
     Mistral and Qwen2 leave it off or at the context)."""
-    sliding_window = (hf.get("sliding_window", None) if hf.get("use_sliding_window", True)
+    sliding_window = (hf.integer("sliding_window", None) if hf.get("use_sliding_window", True)
                       else None)
     if sliding_window is not None and sliding_window < context:
         raise ModelError(f"config.json: sliding_window {sliding_window} (< "
