@@ -541,19 +541,29 @@ class Tokenizer:
             backend = Backend.from_file(str(path))
         except Exception as e:  # tokenizers raises plain Exception subclasses
             raise ModelError(f"{path}: cannot read tokenizer: {e}") from e
-        config = _read_json(directory / "tokenizer_config.json") or {}
+        config_path = directory / "tokenizer_config.json"
+        config = _read_json(config_path) or {}
 
         def token_id(key: str) -> int | None:
             token = config.get(key)
             token = token.get("content") if isinstance(token, dict) else token
+            if token is not None and not isinstance(token, str):
+                raise ModelError(f"{config_path}: {key} must be a token's text, got {token!r:.80}")
             return None if token is None else backend.token_to_id(token)
 
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: use the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+            template = next((t.get("template") for t in template
+                             if isinstance(t, dict) and t.get("name") == "default"), None)
+        if template is not None and not isinstance(template, str):
+            raise ModelError(f"{config_path}: chat_template must be a template's text (or a "
+                             f"list of named ones), got {template!r:.80}")
         template_file = directory / "chat_template.jinja"
         if template_file.is_file():
-            template = template_file.read_text(encoding="utf-8")
+            try:
+                template = template_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ModelError(f"{template_file}: cannot read the chat template: {e}") from None
         eos = token_id("eos_token")
         return cls(backend, bos_token_id=token_id("bos_token"),
                    eos_token_ids=([] if eos is None else [eos]) + _generation_ends(directory),
@@ -764,9 +774,14 @@ def _generation_ends(directory: Path) -> list[int]:
 
 
 def _read_json(path: Path) -> dict | None:
+    """The JSON object in ``path`` (None when there is no such file); a file
+    that is not a JSON object is a :class:`ModelError`."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot read JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ModelError(f"{path}: not a JSON object (a {type(value).__name__})")
+    return value

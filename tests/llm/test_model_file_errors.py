@@ -207,3 +207,25 @@ def test_every_model_types_config_fields_of_another_kind_are_refused_in_our_word
                     config_from_hf({**raw, "model_type": model_type, field: value}, tokenizer)
                 except ModelError:
                     pass
+
+
+def test_tokenizer_config_fields_of_another_kind_are_refused_in_our_words(tmp_path):
+    write_hf(tmp_path)
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    wrong = [7, ["a"], [{"name": "default"}], [7], {"content": 7}, {"a": 1}, True, 1.5]
+    for key in ("bos_token", "eos_token", "chat_template"):
+        for value in wrong:
+            config_path.write_text(json.dumps({**config, key: value}))
+            try:
+                Tokenizer.from_hf(tmp_path)
+            except ModelError as e:
+                assert str(config_path) in str(e)
+    for text in ("[1, 2]", '"text"', "7"):
+        config_path.write_text(text)
+        with pytest.raises(ModelError, match=re.escape(f"{config_path}: not a JSON object")):
+            Tokenizer.from_hf(tmp_path)
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "chat_template.jinja").write_bytes(b"\xff\xfe{{ bad")
+    with pytest.raises(ModelError, match="cannot read the chat template"):
+        Tokenizer.from_hf(tmp_path)
