@@ -1,4 +1,4 @@
-// The IQ types' block layouts (bytes per 256-weight block) and the
+// The IQ and TQ types' block layouts (bytes per 256-weight block) and the
 // decoders of their packed fields, shared by every ISA's kernels of the
 // group (plain C++; each table compiles them into its own namespace).
 #pragma once
@@ -17,6 +17,10 @@ constexpr int kIq3xxsBytes = 98;
 constexpr int kIq3sBytes = 110;
 constexpr int kIq1sBytes = 50;
 constexpr int kIq1mBytes = 56;
+// TQ1_0: 48 + 4 bytes of packed base-3 digits, then an fp16 d.
+constexpr int kTq1Bytes = 54;
+// TQ2_0: 64 bytes of 2-bit codes, then an fp16 d.
+constexpr int kTq2Bytes = 66;
 
 // IQ2_S: the iq2s_grid row of the block's k-th group of 8 weights.
 inline uint32_t iq2_s_index(const uint8_t* block, int k) {

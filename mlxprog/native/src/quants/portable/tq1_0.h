@@ -3,14 +3,12 @@
 // (byte = ceil(value * 256 / 243)), then an fp16 d; w = d * (q - 1).
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kTq1Bytes = 54;
 
 // The base-3 digit at the top of a packed byte's fraction; multiplying the
 // byte by 3^j (mod 256) first brings digit j there.

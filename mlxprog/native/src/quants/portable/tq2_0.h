@@ -3,14 +3,12 @@
 // then an fp16 d; w = d * (q - 1).
 #pragma once
 
-#include "iq_common.h"
+#include "iq_blocks.h"
 
 namespace mlxprog {
 namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
-
-constexpr int kTq2Bytes = 66;
 
 // visit(k, q) for each of a block's 256 weights k and its code q.
 template <class Visit>

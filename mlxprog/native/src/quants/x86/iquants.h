@@ -3,8 +3,9 @@
 // gathered into one vector, their sign bits spread to bytes and moved onto
 // the q8 codes, one byte multiply-add and one int16 multiply-add with the
 // scales; the block's integer sum is the portable kernel's. The int8
-// unpackers store the same decoded codes. The row dequantizers and the TQ
-// types are the portable ones (resolve()).
+// unpackers store the same decoded codes. The ternary types TQ1_0 and
+// TQ2_0 have their dot products and unpackers here too (tq1_0.h, tq2_0.h);
+// the row dequantizers are the portable ones (resolve()).
 #include "iq_simd.h"
 #include "iq1_m.h"
 #include "iq1_s.h"
@@ -13,6 +14,8 @@
 #include "iq2_xxs.h"
 #include "iq3_s.h"
 #include "iq3_xxs.h"
+#include "tq1_0.h"
+#include "tq2_0.h"
 
 namespace mlxprog {
 namespace quants {
@@ -35,6 +38,11 @@ inline void add_iquants(QuantKernels& k) {
   k.types[static_cast<int>(Type::IQ2_S)] = grid_type<Iq2SKernels>();
   k.types[static_cast<int>(Type::IQ3_XXS)] = grid_type<Iq3XxsKernels>();
   k.types[static_cast<int>(Type::IQ3_S)] = grid_type<Iq3SKernels>();
+  // The ternary types (their row dequantizers are the portable ones).
+  k.types[static_cast<int>(Type::TQ1_0)] = {nullptr, tq1_x86::vec_dot_tq1_0,
+                                            tq1_x86::int8_unpack_row_tq1_0, true};
+  k.types[static_cast<int>(Type::TQ2_0)] = {nullptr, tq2_x86::vec_dot_tq2_0,
+                                            tq2_x86::int8_unpack_row_tq2_0, true};
 }
 
 }  // namespace MLXPROG_QUANTS_NS

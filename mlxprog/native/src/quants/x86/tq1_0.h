@@ -1,0 +1,98 @@
+// x86 TQ1_0 (AVX2): the dot product with q8_K activations and the int8
+// unpacker (portable/tq1_0.h has the layout; its row dequantizer is the
+// portable one). Digit j of a packed byte is the top base-3 digit of byte * 3^j
+// (mod 256); 32 bytes' digits come at once from 16-bit multiplies, the low
+// and high byte of each lane apart so that no product carries into its
+// neighbour. The block's integer sums and unpacked codes are the
+// portable kernels'.
+#pragma once
+
+#include "../portable/iq_blocks.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+namespace tq1_x86 {
+
+// The top base-3 digit (0, 1 or 2) of each byte of `bytes` times the byte
+// of `pow3` in the same place, mod 256: (t * 3) >> 8 of t = b * p mod 256,
+// as the high half of t * 768 (low bytes) or of (t << 8) * 3 (high bytes).
+[[gnu::always_inline]] inline __m256i top_digits(__m256i bytes, __m256i pow3) {
+  const __m256i low = _mm256_set1_epi16(0x00FF);
+  const __m256i low_t = _mm256_and_si256(
+      _mm256_mullo_epi16(_mm256_and_si256(bytes, low), _mm256_and_si256(pow3, low)), low);
+  // (b << 8) * p = (b * p mod 256) << 8 (mod 2^16): the high byte's t.
+  const __m256i high_t =
+      _mm256_mullo_epi16(_mm256_andnot_si256(low, bytes), _mm256_srli_epi16(pow3, 8));
+  return _mm256_or_si256(
+      _mm256_mulhi_epu16(low_t, _mm256_set1_epi16(768)),
+      _mm256_slli_epi16(_mm256_mulhi_epu16(high_t, _mm256_set1_epi16(3)), 8));
+}
+
+// 3^j mod 256 in every byte.
+inline __m256i power_of_3(int j) {
+  static constexpr uint8_t kPowers[5] = {1, 3, 9, 27, 81};
+  return _mm256_set1_epi8(static_cast<char>(kPowers[j]));
+}
+
+// visit(k, digits) for the eight vectors of a block's digits (0 to 2),
+// digits holding those of weights k to k + 31: the 32-byte span's five
+// digits; the 16-byte span's digits two at a time (one in each half), its
+// last with the 4-byte span's four (digit j in 32-bit group j of the high
+// half).
+template <class Visit>
+[[gnu::always_inline]] inline void visit_digit_vectors(const uint8_t* block, Visit visit) {
+  const __m256i last_powers = _mm256_setr_epi8(
+      81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81,  //
+      1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+  const __m256i span32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+  for (int j = 0; j < 5; ++j) visit(32 * j, top_digits(span32, power_of_3(j)));
+  const __m128i span16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32));
+  const __m256i span16_twice = _mm256_broadcastsi128_si256(span16);
+  for (int j = 0; j < 4; j += 2)
+    visit(160 + 16 * j,
+          top_digits(span16_twice, _mm256_set_m128i(_mm256_castsi256_si128(power_of_3(j + 1)),
+                                                    _mm256_castsi256_si128(power_of_3(j)))));
+  const __m256i last =
+      _mm256_set_m128i(_mm_set1_epi32(static_cast<int>(load_u32(block + 48))), span16);
+  visit(224, top_digits(last, last_powers));
+}
+
+// TQ1_0 row . q8_K row: per block sum (q - 1) * x = sum q * x - sum x.
+float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* xv) {
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kTq1Bytes) {
+    const int8_t* q8 = x[i].qs;
+    __m256i dot = _mm256_setzero_si256();
+    visit_digit_vectors(w, [&](int k, __m256i digits) {
+      dot = dot_u8s8_add(dot, digits,
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + k)));
+    });
+    sum += _cvtsh_ss(static_cast<uint16_t>(load_u16(w + 52))) * x[i].d *
+           static_cast<float>(hsum_epi32(dot) - q8k_code_sum(x[i]));
+  }
+  return sum;
+}
+
+// A row of TQ1_0 blocks in the int8 GEMM's form: codes q - 1, every group's
+// scale 1, d.
+void int8_unpack_row_tq1_0(const uint8_t* src, void* dst, int64_t n) {
+  static constexpr int kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq1Bytes) {
+    int8_t* codes = out[i].codes;
+    visit_digit_vectors(src, [&](int k, __m256i q) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k),
+                          _mm256_sub_epi8(q, _mm256_set1_epi8(1)));
+    });
+    set_iq_int8_groups(kOnes, 8, _cvtsh_ss(static_cast<uint16_t>(load_u16(src + 52))), out[i]);
+  }
+}
+
+}  // namespace tq1_x86
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog
