@@ -19,8 +19,10 @@ constexpr int kIq1sBytes = 50;
 constexpr int kIq1mBytes = 56;
 // TQ1_0: 48 + 4 bytes of packed base-3 digits, then an fp16 d.
 constexpr int kTq1Bytes = 54;
+constexpr int kTq1DOffset = 52;
 // TQ2_0: 64 bytes of 2-bit codes, then an fp16 d.
 constexpr int kTq2Bytes = 66;
+constexpr int kTq2DOffset = 64;
 
 // IQ2_S: the iq2s_grid row of the block's k-th group of 8 weights.
 inline uint32_t iq2_s_index(const uint8_t* block, int k) {
@@ -67,6 +69,37 @@ inline uint32_t iq1_m_field(const uint8_t* block, int k) {
 // IQ1_M: the iq1s_grid row of the block's k-th group of 8 weights.
 inline uint32_t iq1_m_index(const uint8_t* block, int k) {
   return block[k] | ((iq1_m_field(block, k) & 7) << 8);
+}
+
+// The rows of the ternary types (TQ1_0, TQ2_0: kBytes a block, its fp16 d
+// at kDOffset, weights d * (q - 1)), written once for every ISA's kernels:
+// each ISA gives a block's integer sum q . x (block_dot) or its codes
+// (write_codes), and its fp16 conversion (to_float).
+
+// A ternary row . q8_K row: per block sum (q - 1) * x = sum q * x - sum x
+// in integers, one float product per block.
+template <int kBytes, int kDOffset, class BlockDot, class ToFloat>
+inline float dot_ternary_row(int64_t n, const uint8_t* w, const void* xv, BlockDot block_dot,
+                             ToFloat to_float) {
+  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kBytes)
+    sum += to_float(w + kDOffset) * x[i].d *
+           static_cast<float>(block_dot(w, x[i].qs) - q8k_code_sum(x[i]));
+  return sum;
+}
+
+// A ternary row in the int8 GEMM's form: write_codes(block, codes) stores
+// the 256 codes q - 1; every group's scale 1, d.
+template <int kBytes, int kDOffset, class WriteCodes, class ToFloat>
+inline void unpack_ternary_row(const uint8_t* src, void* dst, int64_t n, WriteCodes write_codes,
+                               ToFloat to_float) {
+  static constexpr int kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kBytes) {
+    write_codes(src, out[i].codes);
+    set_iq_int8_groups(kOnes, 8, to_float(src + kDOffset), out[i]);
+  }
 }
 
 }  // namespace

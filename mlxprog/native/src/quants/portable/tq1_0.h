@@ -40,35 +40,31 @@ inline void visit_tq1_block(const uint8_t* block, Visit visit) {
 // A row of TQ1_0 blocks to float32, as gguf computes it.
 void dequantize_row_tq1_0(const uint8_t* src, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq1Bytes, y += kSuperBlock) {
-    const float d = load_fp16(src + 52);
+    const float d = load_fp16(src + kTq1DOffset);
     visit_tq1_block(src, [&](int k, int32_t q) { y[k] = d * static_cast<float>(q - 1); });
   }
 }
 
-// TQ1_0 row . q8_K row: per block sum (q - 1) * x = sum q * x - sum x in
-// integers, one float product per block.
-float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* xv) {
-  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kTq1Bytes) {
-    const int8_t* q8 = x[i].qs;
-    int32_t dot = 0;
-    visit_tq1_block(w, [&](int k, int32_t q) { dot += q * q8[k]; });
-    sum += load_fp16(w + 52) * x[i].d * static_cast<float>(dot - q8k_code_sum(x[i]));
-  }
-  return sum;
+// TQ1_0 row . q8_K row (dot_ternary_row).
+float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* x) {
+  return dot_ternary_row<kTq1Bytes, kTq1DOffset>(
+      n, w, x,
+      [](const uint8_t* block, const int8_t* q8) {
+        int32_t dot = 0;
+        visit_tq1_block(block, [&](int k, int32_t q) { dot += q * q8[k]; });
+        return dot;
+      },
+      load_fp16);
 }
 
-// A row of TQ1_0 blocks in the int8 GEMM's form: codes q - 1, every group's
-// scale 1, d.
+// A row of TQ1_0 blocks in the int8 GEMM's form (unpack_ternary_row).
 void int8_unpack_row_tq1_0(const uint8_t* src, void* dst, int64_t n) {
-  static constexpr int kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq1Bytes) {
-    int8_t* codes = out[i].codes;
-    visit_tq1_block(src, [&](int k, int32_t q) { codes[k] = static_cast<int8_t>(q - 1); });
-    set_iq_int8_groups(kOnes, 8, load_fp16(src + 52), out[i]);
-  }
+  unpack_ternary_row<kTq1Bytes, kTq1DOffset>(
+      src, dst, n,
+      [](const uint8_t* block, int8_t* codes) {
+        visit_tq1_block(block, [&](int k, int32_t q) { codes[k] = static_cast<int8_t>(q - 1); });
+      },
+      load_fp16);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "../portable/iq_blocks.h"
+#include "kquant_simd.h"
 
 namespace mlxprog {
 namespace quants {
@@ -59,36 +60,32 @@ template <class Visit>
   visit(224, top_digits(last, last_powers));
 }
 
-// TQ1_0 row . q8_K row: per block sum (q - 1) * x = sum q * x - sum x.
-float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* xv) {
-  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += kTq1Bytes) {
-    const int8_t* q8 = x[i].qs;
-    __m256i dot = _mm256_setzero_si256();
-    visit_digit_vectors(w, [&](int k, __m256i digits) {
-      dot = dot_u8s8_add(dot, digits,
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + k)));
-    });
-    sum += _cvtsh_ss(static_cast<uint16_t>(load_u16(w + 52))) * x[i].d *
-           static_cast<float>(hsum_epi32(dot) - q8k_code_sum(x[i]));
-  }
-  return sum;
+// TQ1_0 row . q8_K row (dot_ternary_row).
+float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* x) {
+  return dot_ternary_row<kTq1Bytes, kTq1DOffset>(
+      n, w, x,
+      [](const uint8_t* block, const int8_t* q8) {
+        __m256i dot = _mm256_setzero_si256();
+        visit_digit_vectors(block, [&](int k, __m256i digits) {
+          dot = dot_u8s8_add(dot, digits,
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + k)));
+        });
+        return hsum_epi32(dot);
+      },
+      kquant::fp16_at);
 }
 
-// A row of TQ1_0 blocks in the int8 GEMM's form: codes q - 1, every group's
-// scale 1, d.
+// A row of TQ1_0 blocks in the int8 GEMM's form (unpack_ternary_row).
 void int8_unpack_row_tq1_0(const uint8_t* src, void* dst, int64_t n) {
-  static constexpr int kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq1Bytes) {
-    int8_t* codes = out[i].codes;
-    visit_digit_vectors(src, [&](int k, __m256i q) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k),
-                          _mm256_sub_epi8(q, _mm256_set1_epi8(1)));
-    });
-    set_iq_int8_groups(kOnes, 8, _cvtsh_ss(static_cast<uint16_t>(load_u16(src + 52))), out[i]);
-  }
+  unpack_ternary_row<kTq1Bytes, kTq1DOffset>(
+      src, dst, n,
+      [](const uint8_t* block, int8_t* codes) {
+        visit_digit_vectors(block, [&](int k, __m256i q) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k),
+                              _mm256_sub_epi8(q, _mm256_set1_epi8(1)));
+        });
+      },
+      kquant::fp16_at);
 }
 
 }  // namespace tq1_x86
