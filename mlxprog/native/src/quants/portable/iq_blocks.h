@@ -102,6 +102,40 @@ inline void unpack_ternary_row(const uint8_t* src, void* dst, int64_t n, WriteCo
   }
 }
 
+// A ternary type's portable kernels from Weights::visit(block, visit),
+// which calls visit(k, q) for each of a block's 256 weights k and its code
+// q (0 to 2).
+template <int kBytes, int kDOffset, class Weights>
+struct TernaryKernels {
+  // A row to float32, as gguf computes it.
+  static void dequantize_row(const uint8_t* src, float* y, int64_t n) {
+    for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kBytes, y += kSuperBlock) {
+      const float d = load_fp16(src + kDOffset);
+      Weights::visit(src, [&](int k, int32_t q) { y[k] = d * static_cast<float>(q - 1); });
+    }
+  }
+  // A row . a q8_K row (dot_ternary_row).
+  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
+    return dot_ternary_row<kBytes, kDOffset>(
+        n, w, x,
+        [](const uint8_t* block, const int8_t* q8) {
+          int32_t dot = 0;
+          Weights::visit(block, [&](int k, int32_t q) { dot += q * q8[k]; });
+          return dot;
+        },
+        load_fp16);
+  }
+  // A row in the int8 GEMM's form (unpack_ternary_row).
+  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
+    unpack_ternary_row<kBytes, kDOffset>(
+        src, dst, n,
+        [](const uint8_t* block, int8_t* codes) {
+          Weights::visit(block, [&](int k, int32_t q) { codes[k] = static_cast<int8_t>(q - 1); });
+        },
+        load_fp16);
+  }
+};
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants

@@ -49,10 +49,10 @@ inline void add_iquants(QuantKernels& k) {
                                               int8_unpack_row_iq3_xxs, true};
   k.types[static_cast<int>(Type::IQ3_S)] = {dequantize_row_iq3_s, vec_dot_iq3_s,
                                             int8_unpack_row_iq3_s, true};
-  k.types[static_cast<int>(Type::TQ1_0)] = {dequantize_row_tq1_0, vec_dot_tq1_0,
-                                            int8_unpack_row_tq1_0, true};
-  k.types[static_cast<int>(Type::TQ2_0)] = {dequantize_row_tq2_0, vec_dot_tq2_0,
-                                            int8_unpack_row_tq2_0, true};
+  k.types[static_cast<int>(Type::TQ1_0)] = {Tq1Kernels::dequantize_row, Tq1Kernels::vec_dot,
+                                            Tq1Kernels::unpack_row, true};
+  k.types[static_cast<int>(Type::TQ2_0)] = {Tq2Kernels::dequantize_row, Tq2Kernels::vec_dot,
+                                            Tq2Kernels::unpack_row, true};
 }
 
 }  // namespace MLXPROG_QUANTS_NS

@@ -10,43 +10,19 @@ namespace quants {
 namespace MLXPROG_QUANTS_NS {
 namespace {
 
-// visit(k, q) for each of a block's 256 weights k and its code q.
-template <class Visit>
-inline void visit_tq2_block(const uint8_t* block, Visit visit) {
-  for (int g = 0; g < 2; ++g)
-    for (int j = 0; j < 4; ++j)
-      for (int m = 0; m < 32; ++m) visit(128 * g + 32 * j + m, (block[32 * g + m] >> (2 * j)) & 3);
-}
-
-// A row of TQ2_0 blocks to float32, as gguf computes it.
-void dequantize_row_tq2_0(const uint8_t* src, float* y, int64_t n) {
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += kTq2Bytes, y += kSuperBlock) {
-    const float d = load_fp16(src + kTq2DOffset);
-    visit_tq2_block(src, [&](int k, int32_t q) { y[k] = d * static_cast<float>(q - 1); });
+// TQ2_0's weights: visit(k, q) for each of a block's 256 weights k and its
+// code q.
+struct Tq2Weights {
+  template <class Visit>
+  static void visit(const uint8_t* block, Visit each) {
+    for (int g = 0; g < 2; ++g)
+      for (int j = 0; j < 4; ++j)
+        for (int m = 0; m < 32; ++m) each(128 * g + 32 * j + m, (block[32 * g + m] >> (2 * j)) & 3);
   }
-}
+};
 
-// TQ2_0 row . q8_K row (dot_ternary_row).
-float vec_dot_tq2_0(int64_t n, const uint8_t* w, const void* x) {
-  return dot_ternary_row<kTq2Bytes, kTq2DOffset>(
-      n, w, x,
-      [](const uint8_t* block, const int8_t* q8) {
-        int32_t dot = 0;
-        visit_tq2_block(block, [&](int k, int32_t q) { dot += q * q8[k]; });
-        return dot;
-      },
-      load_fp16);
-}
-
-// A row of TQ2_0 blocks in the int8 GEMM's form (unpack_ternary_row).
-void int8_unpack_row_tq2_0(const uint8_t* src, void* dst, int64_t n) {
-  unpack_ternary_row<kTq2Bytes, kTq2DOffset>(
-      src, dst, n,
-      [](const uint8_t* block, int8_t* codes) {
-        visit_tq2_block(block, [&](int k, int32_t q) { codes[k] = static_cast<int8_t>(q - 1); });
-      },
-      load_fp16);
-}
+// TQ2_0's row dequantizer, dot product and int8 unpacker.
+using Tq2Kernels = TernaryKernels<kTq2Bytes, kTq2DOffset, Tq2Weights>;
 
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS

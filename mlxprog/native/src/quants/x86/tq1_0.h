@@ -1,14 +1,14 @@
-// x86 TQ1_0 (AVX2): the dot product with q8_K activations and the int8
-// unpacker (portable/tq1_0.h has the layout; its row dequantizer is the
-// portable one). Digit j of a packed byte is the top base-3 digit of byte * 3^j
+// x86 TQ1_0 (AVX2): its digit vectors, from which iq_x86::TernaryKernels
+// makes the dot product with q8_K activations and the int8 unpacker
+// (portable/tq1_0.h has the layout; its row dequantizer is the portable
+// one). Digit j of a packed byte is the top base-3 digit of byte * 3^j
 // (mod 256); 32 bytes' digits come at once from 16-bit multiplies, the low
 // and high byte of each lane apart so that no product carries into its
 // neighbour. The block's integer sums and unpacked codes are the
 // portable kernels'.
 #pragma once
 
-#include "../portable/iq_blocks.h"
-#include "kquant_simd.h"
+#include "iq_simd.h"
 
 namespace mlxprog {
 namespace quants {
@@ -37,58 +37,36 @@ inline __m256i power_of_3(int j) {
   return _mm256_set1_epi8(static_cast<char>(kPowers[j]));
 }
 
-// visit(k, digits) for the eight vectors of a block's digits (0 to 2),
-// digits holding those of weights k to k + 31: the 32-byte span's five
-// digits; the 16-byte span's digits two at a time (one in each half), its
-// last with the 4-byte span's four (digit j in 32-bit group j of the high
-// half).
-template <class Visit>
-[[gnu::always_inline]] inline void visit_digit_vectors(const uint8_t* block, Visit visit) {
-  const __m256i last_powers = _mm256_setr_epi8(
-      81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81,  //
-      1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
-  const __m256i span32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-  for (int j = 0; j < 5; ++j) visit(32 * j, top_digits(span32, power_of_3(j)));
-  const __m128i span16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32));
-  const __m256i span16_twice = _mm256_broadcastsi128_si256(span16);
-  for (int j = 0; j < 4; j += 2)
-    visit(160 + 16 * j,
-          top_digits(span16_twice, _mm256_set_m128i(_mm256_castsi256_si128(power_of_3(j + 1)),
-                                                    _mm256_castsi256_si128(power_of_3(j)))));
-  const __m256i last =
-      _mm256_set_m128i(_mm_set1_epi32(static_cast<int>(load_u32(block + 48))), span16);
-  visit(224, top_digits(last, last_powers));
-}
-
-// TQ1_0 row . q8_K row (dot_ternary_row).
-float vec_dot_tq1_0(int64_t n, const uint8_t* w, const void* x) {
-  return dot_ternary_row<kTq1Bytes, kTq1DOffset>(
-      n, w, x,
-      [](const uint8_t* block, const int8_t* q8) {
-        __m256i dot = _mm256_setzero_si256();
-        visit_digit_vectors(block, [&](int k, __m256i digits) {
-          dot = dot_u8s8_add(dot, digits,
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + k)));
-        });
-        return hsum_epi32(dot);
-      },
-      kquant::fp16_at);
-}
-
-// A row of TQ1_0 blocks in the int8 GEMM's form (unpack_ternary_row).
-void int8_unpack_row_tq1_0(const uint8_t* src, void* dst, int64_t n) {
-  unpack_ternary_row<kTq1Bytes, kTq1DOffset>(
-      src, dst, n,
-      [](const uint8_t* block, int8_t* codes) {
-        visit_digit_vectors(block, [&](int k, __m256i q) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k),
-                              _mm256_sub_epi8(q, _mm256_set1_epi8(1)));
-        });
-      },
-      kquant::fp16_at);
-}
+// TQ1_0's digit vectors: each(k, digits) for the eight vectors of a
+// block's digits (0 to 2), digits holding those of weights k to k + 31: the
+// 32-byte span's five digits; the 16-byte span's digits two at a time (one
+// in each half), its last with the 4-byte span's four (digit j in 32-bit
+// group j of the high half).
+struct Vectors {
+  template <class Each>
+  [[gnu::always_inline]] static void visit(const uint8_t* block, Each each) {
+    const __m256i last_powers = _mm256_setr_epi8(
+        81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81, 81,  //
+        1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+    const __m256i span32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+    for (int j = 0; j < 5; ++j) each(32 * j, top_digits(span32, power_of_3(j)));
+    const __m128i span16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32));
+    const __m256i span16_twice = _mm256_broadcastsi128_si256(span16);
+    for (int j = 0; j < 4; j += 2)
+      each(160 + 16 * j,
+           top_digits(span16_twice, _mm256_set_m128i(_mm256_castsi256_si128(power_of_3(j + 1)),
+                                                     _mm256_castsi256_si128(power_of_3(j)))));
+    const __m256i last =
+        _mm256_set_m128i(_mm_set1_epi32(static_cast<int>(load_u32(block + 48))), span16);
+    each(224, top_digits(last, last_powers));
+  }
+};
 
 }  // namespace tq1_x86
+
+// TQ1_0's dot product and int8 unpacker.
+using Tq1Kernels = iq_x86::TernaryKernels<kTq1Bytes, kTq1DOffset, tq1_x86::Vectors>;
+
 }  // namespace
 }  // namespace MLXPROG_QUANTS_NS
 }  // namespace quants
