@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from .format.program import encode_nonfinite
-from .ops.attrs import Axes, Axis, DType, Float, InsertAxis, Size
+from .ops.attrs import Axes, Axis, DType, Float, InsertAxis, Size, attribute_docs
 from .ops.registry import OpSpec, all_ops
 
 REGENERATE = "mlxprog ops --markdown > docs/ops.md"
@@ -83,8 +83,9 @@ def _defined_in(spec: OpSpec) -> str:
 
 def attr_docs(spec: OpSpec) -> list[AttrDoc]:
     """The attributes of an op, in declaration order."""
+    described = attribute_docs(spec.attrs)
     return [
-        AttrDoc(name, type_name(_field_type(field)), _default(field), field.description or "")
+        AttrDoc(name, type_name(_field_type(field)), _default(field), described.get(name, ""))
         for name, field in spec.attrs.model_fields.items()
     ]
 

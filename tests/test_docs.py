@@ -7,17 +7,19 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 import mlxprog as mp
 from mlxprog.docs import (REGENERATE, GithubAnchors, attr_docs, builtin_ops, render_op_reference,
                           type_name)
 from mlxprog.format.program import Instruction
-from mlxprog.ops.attrs import Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size
+from mlxprog.format.schema import full_schema
+from mlxprog.ops.attrs import (Axes, Axis, DType, Float, InsertAxis, PositiveInt, Size,
+                               attribute_docs)
 
 from helpers import readme_commands
 
@@ -117,6 +119,56 @@ def test_links_follow_github_anchors(user_op):
     text = render_op_reference({user_op.name: same_name})
     assert f"- [{user_op.name}](#{user_op.name}) (1)" in text
     assert f"[`{user_op.name}`](#{user_op.name}-1)" in text
+
+
+class _DescribedBase(mp.Attrs):
+    size: Size = 1
+    """How many.
+
+    Two lines."""
+    tolerance: Float = 0.0
+    """Replaced below."""
+
+
+class _Described(_DescribedBase):
+    tolerance: Float = 0.5
+    """How far off a result may be."""
+    label: str = Field("x", description="Set explicitly.")
+    plain: int = 0
+    kind: ClassVar[str] = "described"
+    """A class variable's, not a field's."""
+
+
+def test_attribute_docs_read_the_source_on_demand():
+    # Docstrings under fields (inherited, overridden), explicit descriptions,
+    # and nothing for a field without either or a model without source.
+    assert attribute_docs(_Described) == {"size": "How many.\n\nTwo lines.",
+                                          "tolerance": "How far off a result may be.",
+                                          "label": "Set explicitly."}
+    made = create_model("Made", __base__=mp.Attrs, n=(int, 1),
+                        m=(int, Field(1, description="An m.")))
+    assert attribute_docs(made) == {"m": "An m."}
+    # pydantic itself no longer reads the source when the class is made.
+    assert _Described.model_fields["tolerance"].description is None
+
+
+def test_op_reference_and_schema_describe_attributes():
+    @mp.register_op("test_docs_described_op", attrs=_Described, family="userfamily")
+    def impl(operands, attrs):
+        """Described."""
+        return operands[0]
+
+    try:
+        spec = mp.lookup("test_docs_described_op")
+        assert {a.name: a.description for a in attr_docs(spec)}["size"] == "How many.\n\nTwo lines."
+        text = render_op_reference({spec.name: spec})
+        assert "How far off a result may be." in text
+        properties = full_schema({spec.name: spec})["$defs"]["_Described"]["properties"]
+        assert properties["tolerance"]["description"] == "How far off a result may be."
+        assert properties["label"]["description"] == "Set explicitly."
+        assert "description" not in properties["plain"]
+    finally:
+        mp.unregister_op("test_docs_described_op")
 
 
 def test_attr_docs(user_op):

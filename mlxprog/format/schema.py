@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from pydantic.json_schema import models_json_schema
 
 from .program import Instruction, Program, encode_nonfinite
+from ..ops.attrs import attribute_docs
 from ..ops.registry import OpSpec, all_ops
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -39,6 +40,12 @@ def full_schema(ops: Mapping[str, OpSpec] | None = None) -> dict[str, Any]:
     def name_of(model: type) -> str:
         return refs[(model, "validation")]["$ref"].rsplit("/", 1)[-1]
 
+    for model in attr_models:
+        properties = defs[name_of(model)].get("properties", {})
+        for field, description in attribute_docs(model).items():
+            listed = properties.get(model.model_fields[field].alias or field)
+            if listed is not None:
+                listed.setdefault("description", description)
     root = defs.pop(name_of(Program))
     root["required"] = ["format", "version"]
     root["description"] = (

@@ -16,6 +16,10 @@ lives elsewhere:
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
 import types
 import typing
 from dataclasses import dataclass
@@ -54,14 +58,54 @@ class Attrs(BaseModel):
     ``true`` not a number), while lists and tuples fill each other's fields
     (JSON has only lists; Python callers pass either)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
-                              strict=True)
+    # For the import's sake (about 0.25 s of it, docs/benchmarks.md): each
+    # model's validator is built on its first use (defer_build: a program
+    # uses a few of ~90 models), and the docstrings under the fields, which
+    # describe them in docs/ops.md and the JSON schema, are read by
+    # attribute_docs when those ask, not by pydantic from the source of every
+    # model as it is made.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
         schema = handler(source)
         _lax_sequences(schema)
         return schema
+
+
+@functools.cache
+def attribute_docs(model: type[Attrs]) -> dict[str, str]:
+    """The description of each field of attribute model ``model``: its
+    ``Field(description=...)``, else the string written on the line after the
+    field's annotation (its docstring, cleaned as ``inspect.cleandoc`` does),
+    inherited from the model's bases; fields without either are left out. A
+    model whose source cannot be read (one made at run time) has only its
+    explicit descriptions."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, Attrs) and cls is not Attrs:
+            docs.update(_field_docstrings(cls))
+    for name, field in model.model_fields.items():
+        if field.description:
+            docs[name] = field.description
+    return {name: docs[name] for name in model.model_fields if name in docs}
+
+
+def _field_docstrings(cls: type) -> dict[str, str]:
+    """The docstrings of the annotated fields in ``cls``'s own body."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = next((node.body for node in tree.body if isinstance(node, ast.ClassDef)), [])
+    docs = {}
+    for field, after in zip(body, body[1:]):
+        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[field.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 class NoAttrs(Attrs):
