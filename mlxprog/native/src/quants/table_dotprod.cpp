@@ -13,6 +13,7 @@
 #include "arm/activations.h"
 #include "arm/legacy.h"
 #include "arm/kquants.h"
+#include "arm/ternary.h"
 
 namespace mlxprog {
 namespace quants {
@@ -25,6 +26,7 @@ const QuantKernels& table() {
     add_activations(k);
     add_legacy(k);
     add_kquants(k);
+    add_ternary(k);
     return k;
   }();
   return kernels;
