@@ -1,13 +1,12 @@
-"""The IQ and ternary types' kernels (native/src/quants/{portable,x86}/iquants.h,
-arm/ternary.h):
+"""The IQ and ternary types' kernels (native/src/quants/{portable,x86,arm}/iquants.h):
 row dequantization bit for bit equal to gguf's numpy dequantizer, and the dot
 products with q8_K activation blocks within float rounding of the float64
 dot product of the dequantized operands, on every table this CPU runs and on
 the arm64 tables under qemu (without the cross tools those skip, or fail
 where CI is set: quants_lib.cross_tools). The x86 tables have their own dot
-products of the grid and ternary types, the arm64 one of the ternary
-types; the rest resolve to the portable kernels, which the tests check
-too."""
+products and unpackers of the grid and ternary types, and so has the
+arm64 one; the row dequantizers resolve to the portable kernels, which the
+tests check too."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@
 #include "arm/activations.h"
 #include "arm/legacy.h"
 #include "arm/kquants.h"
-#include "arm/ternary.h"
+#include "arm/iquants.h"
 
 namespace mlxprog {
 namespace quants {
@@ -26,7 +26,7 @@ const QuantKernels& table() {
     add_activations(k);
     add_legacy(k);
     add_kquants(k);
-    add_ternary(k);
+    add_iquants(k);
     return k;
   }();
   return kernels;

@@ -21,6 +21,26 @@ constexpr uint32_t even_signs(uint32_t index7) {
   return index7 | ((parity & 1) << 7);
 }
 
+// The 8 sign bits of every 7-bit sign index (even_signs), looked up (the
+// vector kernels' form).
+struct EvenSignTable {
+  uint8_t bits[128];
+};
+constexpr EvenSignTable make_even_sign_table() {
+  EvenSignTable table{};
+  for (uint32_t i = 0; i < 128; ++i) table.bits[i] = static_cast<uint8_t>(even_signs(i));
+  return table;
+}
+constexpr EvenSignTable kEvenSigns = make_even_sign_table();
+
+// The 32 sign bits of four 7-bit sign indices packed 7 bits apart in `meta`
+// (IQ2_XXS, IQ3_XXS): index l's 8 bits at 8l.
+[[gnu::always_inline]] inline uint32_t even_signs_32(uint32_t meta) {
+  return kEvenSigns.bits[meta & 127] | kEvenSigns.bits[(meta >> 7) & 127] << 8 |
+         kEvenSigns.bits[(meta >> 14) & 127] << 16 |
+         static_cast<uint32_t>(kEvenSigns.bits[(meta >> 21) & 127]) << 24;
+}
+
 // A codebook set from Python (mlxprog/ggml/codebooks.py) as its bytes.
 inline const uint8_t* grid_bytes(Codebook book) {
   return static_cast<const uint8_t*>(codebook(book));

@@ -1,8 +1,9 @@
 // portable: the IQ types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
 // IQ3_S) and the ternary ones (TQ1_0, TQ2_0): 256-weight super-blocks dotted
-// with q8_K activations, plain C++. The x86 tables have their own dot
-// products of the grid types (x86/iquants.h); everything else of the group
-// resolves to the kernels here on every table.
+// with q8_K activations, plain C++. The x86 and arm64 tables have their
+// own dot products and int8 unpackers of the group (x86/iquants.h,
+// arm/iquants.h); the row dequantizers resolve to the ones here on every
+// table.
 //
 // The IQ grids are not written here: mlxprog/ggml/codebooks.py builds them
 // from the gguf package and sets them (quants::set_codebook) before any

@@ -15,25 +15,6 @@ namespace MLXPROG_QUANTS_NS {
 namespace {
 namespace iq_x86 {
 
-// The 8 sign bits of every 7-bit sign index (even_signs), looked up.
-struct EvenSignTable {
-  uint8_t bits[128];
-};
-constexpr EvenSignTable make_even_sign_table() {
-  EvenSignTable table{};
-  for (uint32_t i = 0; i < 128; ++i) table.bits[i] = static_cast<uint8_t>(even_signs(i));
-  return table;
-}
-constexpr EvenSignTable kEvenSigns = make_even_sign_table();
-
-// The 32 sign bits of four 7-bit sign indices packed 7 bits apart in `meta`
-// (IQ2_XXS, IQ3_XXS): index l's 8 bits at 8l.
-[[gnu::always_inline]] inline uint32_t even_signs_32(uint32_t meta) {
-  return kEvenSigns.bits[meta & 127] | kEvenSigns.bits[(meta >> 7) & 127] << 8 |
-         kEvenSigns.bits[(meta >> 14) & 127] << 16 |
-         static_cast<uint32_t>(kEvenSigns.bits[(meta >> 21) & 127]) << 24;
-}
-
 // 32 bytes, byte j -1 where bit j of `bits` is set and +1 otherwise: the
 // second operand of _mm256_sign_epi8 that negates those elements.
 [[gnu::always_inline]] inline __m256i sign_bytes(uint32_t bits) {

@@ -17,32 +17,4 @@
 #include "tq1_0.h"
 #include "tq2_0.h"
 
-namespace mlxprog {
-namespace quants {
-namespace MLXPROG_QUANTS_NS {
-
-// A type's table entry from its kernels (iq_x86::GridKernels or
-// TernaryKernels): the dot product and the unpacker of signed codes (its
-// row dequantizer resolves to the portable one).
-template <class Kernels>
-TypeKernels vector_type() {
-  return {nullptr, Kernels::vec_dot, Kernels::unpack_row, true};
-}
-
-// Registers the group's q8_K dot products and int8 unpackers (the row
-// dequantizers resolve to the portable ones).
-inline void add_iquants(QuantKernels& k) {
-  k.types[static_cast<int>(Type::IQ1_S)] = vector_type<Iq1SKernels>();
-  k.types[static_cast<int>(Type::IQ1_M)] = vector_type<Iq1MKernels>();
-  k.types[static_cast<int>(Type::IQ2_XXS)] = vector_type<Iq2XxsKernels>();
-  k.types[static_cast<int>(Type::IQ2_XS)] = vector_type<Iq2XsKernels>();
-  k.types[static_cast<int>(Type::IQ2_S)] = vector_type<Iq2SKernels>();
-  k.types[static_cast<int>(Type::IQ3_XXS)] = vector_type<Iq3XxsKernels>();
-  k.types[static_cast<int>(Type::IQ3_S)] = vector_type<Iq3SKernels>();
-  k.types[static_cast<int>(Type::TQ1_0)] = vector_type<Tq1Kernels>();
-  k.types[static_cast<int>(Type::TQ2_0)] = vector_type<Tq2Kernels>();
-}
-
-}  // namespace MLXPROG_QUANTS_NS
-}  // namespace quants
-}  // namespace mlxprog
+#include "../iq_vector_table.h"

@@ -1,0 +1,165 @@
+// arm helpers the IQ grid and ternary types' kernels share (NEON with the
+// dot-product extension): grid rows loaded into vectors, sign bits spread
+// to byte masks, and the rows of blocks walked once per type's decoder of
+// 32 weights (Group32) or of its codes (the ternary types) for the dot
+// product with q8_K codes (sdot) and for the int8 unpacker. Each block's
+// integer sum is the portable kernel's (exact), so the dot products equal
+// the portable ones but for the float products' contraction, and the
+// unpacked bytes are the portable unpacker's.
+#pragma once
+
+#include "kquant_neon.h"
+#include "../portable/iq_blocks.h"
+
+namespace mlxprog {
+namespace quants {
+namespace MLXPROG_QUANTS_NS {
+namespace {
+namespace iq_arm {
+
+// 32 weights of a block decoded: their signed codes, 16 a vector, and the
+// odd integer scales of the two 16s.
+struct Group32 {
+  int8x16_t codes[2];
+  int low_scale, high_scale;
+};
+
+// The 8-byte grid rows of four indices as two vectors (rows 0 and 1, rows
+// 2 and 3).
+[[gnu::always_inline]] inline void rows_of_8(const uint8_t* grid, const uint32_t index[4],
+                                             int8x16_t rows[2]) {
+  for (int v = 0; v < 2; ++v)
+    rows[v] = vreinterpretq_s8_u8(
+        vcombine_u8(vld1_u8(grid + 8 * index[2 * v]), vld1_u8(grid + 8 * index[2 * v + 1])));
+}
+
+// The 4-byte grid rows of eight indices as two vectors (rows 0-3, 4-7).
+[[gnu::always_inline]] inline void rows_of_4(const uint8_t* grid, const uint32_t index[8],
+                                             int8x16_t rows[2]) {
+  for (int v = 0; v < 2; ++v) {
+    uint32_t four[4];
+    for (int k = 0; k < 4; ++k) four[k] = load_u32(grid + 4 * index[4 * v + k]);
+    rows[v] = vreinterpretq_s8_u32(vld1q_u32(four));
+  }
+}
+
+// rows with element j negated where bit j of `bits` is set.
+[[gnu::always_inline]] inline void apply_signs(uint32_t bits, int8x16_t rows[2]) {
+  static constexpr uint8_t kBits[16] = {1, 2, 4, 8, 16, 32, 64, 128,
+                                        1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x16_t bit = vld1q_u8(kBits);
+  for (int v = 0; v < 2; ++v) {
+    const uint8x16_t spread = vcombine_u8(vdup_n_u8(static_cast<uint8_t>(bits >> (16 * v))),
+                                          vdup_n_u8(static_cast<uint8_t>(bits >> (16 * v + 8))));
+    rows[v] = vbslq_s8(vtstq_u8(spread, bit), vnegq_s8(rows[v]), rows[v]);
+  }
+}
+
+// A group of grid rows `rows` with sign bits `signs` and its two scales.
+[[gnu::always_inline]] inline Group32 signed_group(int8x16_t rows[2], uint32_t signs,
+                                                   int low_scale, int high_scale) {
+  apply_signs(signs, rows);
+  return {{rows[0], rows[1]}, low_scale, high_scale};
+}
+
+// An IQ1 group's codes 8 * grid + shift (the ternary grid rows -1/0/1; the
+// shift +-1 per 8 weights, shifts[l] negative for row l).
+[[gnu::always_inline]] inline Group32 shifted_group(const int8x16_t rows[2],
+                                                    const bool negative[4], int low_scale,
+                                                    int high_scale) {
+  Group32 g{{}, low_scale, high_scale};
+  for (int v = 0; v < 2; ++v) {
+    const int8x16_t shifts = vcombine_s8(vdup_n_s8(negative[2 * v] ? -1 : 1),
+                                         vdup_n_s8(negative[2 * v + 1] ? -1 : 1));
+    g.codes[v] = vaddq_s8(vshlq_n_s8(rows[v], 3), shifts);
+  }
+  return g;
+}
+
+// The fp16 d at the start of a block (every grid type but IQ1_M).
+[[gnu::always_inline]] inline float leading_d(const uint8_t* block) {
+  return kquant::fp16_value(block);
+}
+
+// One grid type's kernels: Group(grid, block, ib) decodes a block's 32
+// weights ib (grid: codebook Book), D(block) is its d, and its dot product
+// is the integer sums' times d / Divisor (the scales' factor: 1/8, 1/4, 1).
+template <Codebook Book, int BlockBytes, Group32 (*Group)(const uint8_t*, const uint8_t*, int),
+          float (*D)(const uint8_t*), int Divisor>
+struct GridKernels {
+  // A row . a q8_K row: per block the integer sum of codes . q8 weighted
+  // by the 16s' scales, times d(block) * x.d.
+  static float vec_dot(int64_t n, const uint8_t* w, const void* xv) {
+    const uint8_t* grid = grid_bytes(Book);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / kSuperBlock; ++i, w += BlockBytes) {
+      int32x4_t dot = vdupq_n_s32(0);
+#pragma GCC unroll 8
+      for (int ib = 0; ib < 8; ++ib) {
+        const Group32 g = Group(grid, w, ib);
+        const int8_t* q = x[i].qs + 32 * ib;
+        dot = vmlaq_n_s32(dot, kquant::dot_16(vdupq_n_s32(0), g.codes[0], q), g.low_scale);
+        dot = vmlaq_n_s32(dot, kquant::dot_16(vdupq_n_s32(0), g.codes[1], q + 16), g.high_scale);
+      }
+      sum += D(w) * x[i].d * static_cast<float>(vaddvq_s32(dot));
+    }
+    return (1.0f / Divisor) * sum;
+  }
+  // A row in the int8 GEMM's form, the portable unpacker's bytes: the
+  // signed codes, the 16s' scales, d(block) / Divisor.
+  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
+    const uint8_t* grid = grid_bytes(Book);
+    Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+    for (int64_t i = 0; i < n / kSuperBlock; ++i, src += BlockBytes) {
+      int scales[16];
+      for (int ib = 0; ib < 8; ++ib) {
+        const Group32 g = Group(grid, src, ib);
+        vst1q_s8(out[i].codes + 32 * ib, g.codes[0]);
+        vst1q_s8(out[i].codes + 32 * ib + 16, g.codes[1]);
+        scales[2 * ib] = g.low_scale;
+        scales[2 * ib + 1] = g.high_scale;
+      }
+      set_iq_int8_groups(scales, 16, (1.0f / Divisor) * D(src), out[i]);
+    }
+  }
+};
+
+// A ternary type's dot product and int8 unpacker from Vectors::visit(block,
+// each), which calls each(k, codes) for the 16 vectors of a block's codes
+// (0 to 2), codes holding those of weights k to k + 15 (the row dequantizer
+// is the portable one).
+template <int kBytes, int kDOffset, class Vectors>
+struct TernaryKernels {
+  // A row . a q8_K row (dot_ternary_row).
+  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
+    return dot_ternary_row<kBytes, kDOffset>(
+        n, w, x,
+        [](const uint8_t* block, const int8_t* q8) {
+          int32x4_t dot = vdupq_n_s32(0);
+          Vectors::visit(block, [&](int k, uint8x16_t codes) {
+            dot = kquant::dot_16(dot, vreinterpretq_s8_u8(codes), q8 + k);
+          });
+          return vaddvq_s32(dot);
+        },
+        kquant::fp16_value);
+  }
+  // A row in the int8 GEMM's form (unpack_ternary_row): the portable
+  // unpacker's bytes.
+  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
+    unpack_ternary_row<kBytes, kDOffset>(
+        src, dst, n,
+        [](const uint8_t* block, int8_t* codes) {
+          Vectors::visit(block, [&](int k, uint8x16_t q) {
+            vst1q_s8(codes + k, vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(1)));
+          });
+        },
+        kquant::fp16_value);
+  }
+};
+
+}  // namespace iq_arm
+}  // namespace
+}  // namespace MLXPROG_QUANTS_NS
+}  // namespace quants
+}  // namespace mlxprog
