@@ -11,17 +11,15 @@ namespace MLXPROG_QUANTS_NS {
 namespace {
 
 // A block's 32 weights ib: codes 8 * grid +- 1.
-[[gnu::always_inline]] inline iq_arm::Group32 iq1_m_group(const uint8_t* grid,
-                                                         const uint8_t* block, int ib) {
+[[gnu::always_inline]] inline iq_arm::Group32 iq1_m_group(const uint8_t* grid, const uint8_t* block,
+                                                          int ib) {
   uint32_t index[4];
   bool shifts[4];
   for (int l = 0; l < 4; ++l) {
     index[l] = iq1_m_index(block, 4 * ib + l);
     shifts[l] = iq1_m_field(block, 4 * ib + l) & 8;
   }
-  int8x16_t rows[2];
-  iq_arm::rows_of_8(grid, index, rows);
-  return iq_arm::shifted_group(rows, shifts, iq1_m_scale(block, 2 * ib),
+  return iq_arm::shifted_group(iq_arm::rows_of_8(grid, index), shifts, iq1_m_scale(block, 2 * ib),
                                iq1_m_scale(block, 2 * ib + 1));
 }
 

@@ -11,17 +11,15 @@ namespace MLXPROG_QUANTS_NS {
 namespace {
 
 // A block's 32 weights ib: codes 8 * grid +- 1.
-[[gnu::always_inline]] inline iq_arm::Group32 iq1_s_group(const uint8_t* grid,
-                                                         const uint8_t* block, int ib) {
+[[gnu::always_inline]] inline iq_arm::Group32 iq1_s_group(const uint8_t* grid, const uint8_t* block,
+                                                          int ib) {
   const uint32_t high = load_u16(block + 34 + 2 * ib);
   uint32_t index[4];
   for (int l = 0; l < 4; ++l) index[l] = iq1_s_index(block + 2 + 4 * ib, high, l);
-  int8x16_t rows[2];
-  iq_arm::rows_of_8(grid, index, rows);
   const bool negative = high & 0x8000;
   const bool shifts[4] = {negative, negative, negative, negative};
   const int scale = static_cast<int>(2 * ((high >> 12) & 7) + 1);
-  return iq_arm::shifted_group(rows, shifts, scale, scale);
+  return iq_arm::shifted_group(iq_arm::rows_of_8(grid, index), shifts, scale, scale);
 }
 
 // IQ1_S's dot product and int8 unpacker.

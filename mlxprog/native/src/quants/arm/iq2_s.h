@@ -10,14 +10,12 @@ namespace MLXPROG_QUANTS_NS {
 namespace {
 
 // A block's 32 weights ib.
-[[gnu::always_inline]] inline iq_arm::Group32 iq2_s_group(const uint8_t* grid,
-                                                         const uint8_t* block, int ib) {
+[[gnu::always_inline]] inline iq_arm::Group32 iq2_s_group(const uint8_t* grid, const uint8_t* block,
+                                                          int ib) {
   uint32_t index[4];
   for (int l = 0; l < 4; ++l) index[l] = iq2_s_index(block, 4 * ib + l);
-  int8x16_t rows[2];
-  iq_arm::rows_of_8(grid, index, rows);
   const uint32_t s = block[74 + ib];
-  return iq_arm::signed_group(rows, load_u32(block + 34 + 4 * ib),
+  return iq_arm::signed_group(iq_arm::rows_of_8(grid, index), load_u32(block + 34 + 4 * ib),
                               static_cast<int>(2 * (s & 15) + 1),
                               static_cast<int>(2 * (s >> 4) + 1));
 }

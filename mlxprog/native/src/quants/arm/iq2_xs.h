@@ -11,7 +11,7 @@ namespace {
 
 // A block's 32 weights ib.
 [[gnu::always_inline]] inline iq_arm::Group32 iq2_xs_group(const uint8_t* grid,
-                                                          const uint8_t* block, int ib) {
+                                                           const uint8_t* block, int ib) {
   const uint8_t* codes = block + 2 + 8 * ib;
   uint32_t index[4], signs = 0;
   for (int l = 0; l < 4; ++l) {
@@ -19,10 +19,9 @@ namespace {
     index[l] = code & 511;
     signs |= static_cast<uint32_t>(kEvenSigns.bits[code >> 9]) << (8 * l);
   }
-  int8x16_t rows[2];
-  iq_arm::rows_of_8(grid, index, rows);
   const uint32_t s = block[66 + ib];
-  return iq_arm::signed_group(rows, signs, static_cast<int>(2 * (s & 15) + 1),
+  return iq_arm::signed_group(iq_arm::rows_of_8(grid, index), signs,
+                              static_cast<int>(2 * (s & 15) + 1),
                               static_cast<int>(2 * (s >> 4) + 1));
 }
 

@@ -11,14 +11,12 @@ namespace {
 
 // A block's 32 weights ib.
 [[gnu::always_inline]] inline iq_arm::Group32 iq2_xxs_group(const uint8_t* grid,
-                                                           const uint8_t* block, int ib) {
+                                                            const uint8_t* block, int ib) {
   const uint8_t* indices = block + 2 + 8 * ib;
   const uint32_t meta = load_u32(indices + 4);
   const uint32_t index[4] = {indices[0], indices[1], indices[2], indices[3]};
-  int8x16_t rows[2];
-  iq_arm::rows_of_8(grid, index, rows);
   const int scale = static_cast<int>(2 * (meta >> 28) + 1);
-  return iq_arm::signed_group(rows, even_signs_32(meta), scale, scale);
+  return iq_arm::signed_group(iq_arm::rows_of_8(grid, index), even_signs_32(meta), scale, scale);
 }
 
 // IQ2_XXS's dot product and int8 unpacker.

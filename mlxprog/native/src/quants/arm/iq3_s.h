@@ -11,14 +11,13 @@ namespace MLXPROG_QUANTS_NS {
 namespace {
 
 // A block's 32 weights ib.
-[[gnu::always_inline]] inline iq_arm::Group32 iq3_s_group(const uint8_t* grid,
-                                                         const uint8_t* block, int ib) {
+[[gnu::always_inline]] inline iq_arm::Group32 iq3_s_group(const uint8_t* grid, const uint8_t* block,
+                                                          int ib) {
   uint32_t index[8];
   for (int k = 0; k < 8; ++k) index[k] = iq3_s_index(block, 8 * ib + k);
-  int8x16_t rows[2];
-  iq_arm::rows_of_4(grid, index, rows);
   const int scale = iq3_s_scale(block, ib);
-  return iq_arm::signed_group(rows, load_u32(block + 74 + 4 * ib), scale, scale);
+  return iq_arm::signed_group(iq_arm::rows_of_4(grid, index), load_u32(block + 74 + 4 * ib), scale,
+                              scale);
 }
 
 // IQ3_S's dot product and int8 unpacker.

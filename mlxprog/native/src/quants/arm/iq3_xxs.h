@@ -11,14 +11,12 @@ namespace {
 
 // A block's 32 weights ib.
 [[gnu::always_inline]] inline iq_arm::Group32 iq3_xxs_group(const uint8_t* grid,
-                                                           const uint8_t* block, int ib) {
+                                                            const uint8_t* block, int ib) {
   uint32_t index[8];
   for (int k = 0; k < 8; ++k) index[k] = block[2 + 8 * ib + k];
-  int8x16_t rows[2];
-  iq_arm::rows_of_4(grid, index, rows);
   const uint32_t meta = load_u32(block + 66 + 4 * ib);
   const int scale = static_cast<int>(2 * (meta >> 28) + 1);
-  return iq_arm::signed_group(rows, even_signs_32(meta), scale, scale);
+  return iq_arm::signed_group(iq_arm::rows_of_4(grid, index), even_signs_32(meta), scale, scale);
 }
 
 // IQ3_XXS's dot product and int8 unpacker.

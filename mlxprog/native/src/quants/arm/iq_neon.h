@@ -24,54 +24,55 @@ struct Group32 {
   int low_scale, high_scale;
 };
 
-// The 8-byte grid rows of four indices as two vectors (rows 0 and 1, rows
-// 2 and 3).
-[[gnu::always_inline]] inline void rows_of_8(const uint8_t* grid, const uint32_t index[4],
-                                             int8x16_t rows[2]) {
+// Two vectors of grid rows: 32 weights' magnitudes or ternary values.
+struct Rows {
+  int8x16_t v[2];
+};
+
+// The 8-byte grid rows of four indices (rows 0 and 1, rows 2 and 3).
+[[gnu::always_inline]] inline Rows rows_of_8(const uint8_t* grid, const uint32_t index[4]) {
+  Rows rows;
   for (int v = 0; v < 2; ++v)
-    rows[v] = vreinterpretq_s8_u8(
+    rows.v[v] = vreinterpretq_s8_u8(
         vcombine_u8(vld1_u8(grid + 8 * index[2 * v]), vld1_u8(grid + 8 * index[2 * v + 1])));
+  return rows;
 }
 
-// The 4-byte grid rows of eight indices as two vectors (rows 0-3, 4-7).
-[[gnu::always_inline]] inline void rows_of_4(const uint8_t* grid, const uint32_t index[8],
-                                             int8x16_t rows[2]) {
+// The 4-byte grid rows of eight indices (rows 0-3, rows 4-7).
+[[gnu::always_inline]] inline Rows rows_of_4(const uint8_t* grid, const uint32_t index[8]) {
+  Rows rows;
   for (int v = 0; v < 2; ++v) {
     uint32_t four[4];
     for (int k = 0; k < 4; ++k) four[k] = load_u32(grid + 4 * index[4 * v + k]);
-    rows[v] = vreinterpretq_s8_u32(vld1q_u32(four));
+    rows.v[v] = vreinterpretq_s8_u32(vld1q_u32(four));
   }
+  return rows;
 }
 
-// rows with element j negated where bit j of `bits` is set.
-[[gnu::always_inline]] inline void apply_signs(uint32_t bits, int8x16_t rows[2]) {
-  static constexpr uint8_t kBits[16] = {1, 2, 4, 8, 16, 32, 64, 128,
-                                        1, 2, 4, 8, 16, 32, 64, 128};
+// The group of grid rows `rows` with element j negated where bit j of
+// `signs` is set, and its two scales.
+[[gnu::always_inline]] inline Group32 signed_group(Rows rows, uint32_t signs, int low_scale,
+                                                   int high_scale) {
+  static constexpr uint8_t kBits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
   const uint8x16_t bit = vld1q_u8(kBits);
+  Group32 g{{}, low_scale, high_scale};
   for (int v = 0; v < 2; ++v) {
-    const uint8x16_t spread = vcombine_u8(vdup_n_u8(static_cast<uint8_t>(bits >> (16 * v))),
-                                          vdup_n_u8(static_cast<uint8_t>(bits >> (16 * v + 8))));
-    rows[v] = vbslq_s8(vtstq_u8(spread, bit), vnegq_s8(rows[v]), rows[v]);
+    const uint8x16_t spread = vcombine_u8(vdup_n_u8(static_cast<uint8_t>(signs >> (16 * v))),
+                                          vdup_n_u8(static_cast<uint8_t>(signs >> (16 * v + 8))));
+    g.codes[v] = vbslq_s8(vtstq_u8(spread, bit), vnegq_s8(rows.v[v]), rows.v[v]);
   }
-}
-
-// A group of grid rows `rows` with sign bits `signs` and its two scales.
-[[gnu::always_inline]] inline Group32 signed_group(int8x16_t rows[2], uint32_t signs,
-                                                   int low_scale, int high_scale) {
-  apply_signs(signs, rows);
-  return {{rows[0], rows[1]}, low_scale, high_scale};
+  return g;
 }
 
 // An IQ1 group's codes 8 * grid + shift (the ternary grid rows -1/0/1; the
-// shift +-1 per 8 weights, shifts[l] negative for row l).
-[[gnu::always_inline]] inline Group32 shifted_group(const int8x16_t rows[2],
-                                                    const bool negative[4], int low_scale,
-                                                    int high_scale) {
+// shift +-1 per 8 weights, negative[l] for row l's -1) and its two scales.
+[[gnu::always_inline]] inline Group32 shifted_group(Rows rows, const bool negative[4],
+                                                    int low_scale, int high_scale) {
   Group32 g{{}, low_scale, high_scale};
   for (int v = 0; v < 2; ++v) {
-    const int8x16_t shifts = vcombine_s8(vdup_n_s8(negative[2 * v] ? -1 : 1),
-                                         vdup_n_s8(negative[2 * v + 1] ? -1 : 1));
-    g.codes[v] = vaddq_s8(vshlq_n_s8(rows[v], 3), shifts);
+    const int8x16_t shifts =
+        vcombine_s8(vdup_n_s8(negative[2 * v] ? -1 : 1), vdup_n_s8(negative[2 * v + 1] ? -1 : 1));
+    g.codes[v] = vaddq_s8(vshlq_n_s8(rows.v[v], 3), shifts);
   }
   return g;
 }
@@ -125,38 +126,24 @@ struct GridKernels {
   }
 };
 
-// A ternary type's dot product and int8 unpacker from Vectors::visit(block,
-// each), which calls each(k, codes) for the 16 vectors of a block's codes
-// (0 to 2), codes holding those of weights k to k + 15 (the row dequantizer
-// is the portable one).
-template <int kBytes, int kDOffset, class Vectors>
-struct TernaryKernels {
-  // A row . a q8_K row (dot_ternary_row).
-  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
-    return dot_ternary_row<kBytes, kDOffset>(
-        n, w, x,
-        [](const uint8_t* block, const int8_t* q8) {
-          int32x4_t dot = vdupq_n_s32(0);
-          Vectors::visit(block, [&](int k, uint8x16_t codes) {
-            dot = kquant::dot_16(dot, vreinterpretq_s8_u8(codes), q8 + k);
-          });
-          return vaddvq_s32(dot);
-        },
-        kquant::fp16_value);
+// The NEON operations of the ternary types' TernaryVectorKernels (16 codes
+// a vector).
+struct TernaryOps {
+  static int32x4_t zero() { return vdupq_n_s32(0); }
+  [[gnu::always_inline]] static int32x4_t dot(int32x4_t acc, uint8x16_t codes, const int8_t* q8) {
+    return kquant::dot_16(acc, vreinterpretq_s8_u8(codes), q8);
   }
-  // A row in the int8 GEMM's form (unpack_ternary_row): the portable
-  // unpacker's bytes.
-  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
-    unpack_ternary_row<kBytes, kDOffset>(
-        src, dst, n,
-        [](const uint8_t* block, int8_t* codes) {
-          Vectors::visit(block, [&](int k, uint8x16_t q) {
-            vst1q_s8(codes + k, vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(1)));
-          });
-        },
-        kquant::fp16_value);
+  static int32_t total(int32x4_t acc) { return vaddvq_s32(acc); }
+  [[gnu::always_inline]] static void store_minus_one(uint8x16_t codes, int8_t* out) {
+    vst1q_s8(out, vsubq_s8(vreinterpretq_s8_u8(codes), vdupq_n_s8(1)));
   }
+  static float fp16(const uint8_t* p) { return kquant::fp16_value(p); }
 };
+
+// A ternary type's kernels (TQ1_0, TQ2_0) from its code vectors (16 a
+// vector).
+template <int kBytes, int kDOffset, class Vectors>
+using TernaryKernels = TernaryVectorKernels<kBytes, kDOffset, Vectors, TernaryOps>;
 
 }  // namespace iq_arm
 }  // namespace

@@ -31,8 +31,7 @@ struct Vectors {
   template <class Each>
   [[gnu::always_inline]] static void visit(const uint8_t* block, Each each) {
     static constexpr uint8_t kPowers[5] = {1, 3, 9, 27, 81};
-    static constexpr uint8_t kLastPowers[16] = {1, 1, 1, 1, 3, 3, 3, 3,
-                                                9, 9, 9, 9, 27, 27, 27, 27};
+    static constexpr uint8_t kLastPowers[16] = {1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27};
     const uint8x16_t span32[2] = {vld1q_u8(block), vld1q_u8(block + 16)};
 #pragma GCC unroll 5
     for (int j = 0; j < 5; ++j) {

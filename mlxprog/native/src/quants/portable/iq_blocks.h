@@ -102,6 +102,37 @@ inline void unpack_ternary_row(const uint8_t* src, void* dst, int64_t n, WriteCo
   }
 }
 
+// A ternary type's vector kernels (an ISA's), from Vectors::visit(block,
+// each), which calls each(k, codes) for each vector of a block's codes (0
+// to 2) holding those of weights k on, and the ISA's Ops: zero() an integer
+// accumulator, dot(acc, codes, q8) acc plus codes . the q8 codes at q8,
+// total(acc) its sum, store_minus_one(codes, out) codes - 1 written at out,
+// fp16(p) the fp16 at p as float. The row dequantizer is the portable one.
+template <int kBytes, int kDOffset, class Vectors, class Ops>
+struct TernaryVectorKernels {
+  // A row . a q8_K row (dot_ternary_row).
+  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
+    return dot_ternary_row<kBytes, kDOffset>(
+        n, w, x,
+        [](const uint8_t* block, const int8_t* q8) {
+          auto dot = Ops::zero();
+          Vectors::visit(block, [&](int k, auto codes) { dot = Ops::dot(dot, codes, q8 + k); });
+          return Ops::total(dot);
+        },
+        Ops::fp16);
+  }
+  // A row in the int8 GEMM's form (unpack_ternary_row): the portable
+  // unpacker's bytes.
+  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
+    unpack_ternary_row<kBytes, kDOffset>(
+        src, dst, n,
+        [](const uint8_t* block, int8_t* codes) {
+          Vectors::visit(block, [&](int k, auto q) { Ops::store_minus_one(q, codes + k); });
+        },
+        Ops::fp16);
+  }
+};
+
 // A ternary type's portable kernels from Weights::visit(block, visit),
 // which calls visit(k, q) for each of a block's 256 weights k and its code
 // q (0 to 2).

@@ -156,40 +156,25 @@ struct GridKernels {
   }
 };
 
-// A ternary type's kernels (TQ1_0, TQ2_0) from Vectors::visit(block,
-// each), which calls each(k, codes) for the eight vectors of a block's codes
-// (0 to 3), codes holding those of weights k to k + 31 (the row dequantizer
-// is the portable one).
-template <int kBytes, int kDOffset, class Vectors>
-struct TernaryKernels {
-  // A row . a q8_K row (dot_ternary_row).
-  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
-    return dot_ternary_row<kBytes, kDOffset>(
-        n, w, x,
-        [](const uint8_t* block, const int8_t* q8) {
-          __m256i dot = _mm256_setzero_si256();
-          Vectors::visit(block, [&](int k, __m256i codes) {
-            dot = dot_u8s8_add(dot, codes,
-                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + k)));
-          });
-          return hsum_epi32(dot);
-        },
-        kquant::fp16_at);
+// The AVX2 operations of the ternary types' TernaryVectorKernels (32 codes
+// a vector).
+struct TernaryOps {
+  static __m256i zero() { return _mm256_setzero_si256(); }
+  [[gnu::always_inline]] static __m256i dot(__m256i acc, __m256i codes, const int8_t* q8) {
+    return dot_u8s8_add(acc, codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8)));
   }
-  // A row in the int8 GEMM's form (unpack_ternary_row): the portable
-  // unpacker's bytes.
-  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
-    unpack_ternary_row<kBytes, kDOffset>(
-        src, dst, n,
-        [](const uint8_t* block, int8_t* codes) {
-          Vectors::visit(block, [&](int k, __m256i q) {
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k),
-                                _mm256_sub_epi8(q, _mm256_set1_epi8(1)));
-          });
-        },
-        kquant::fp16_at);
+  static int32_t total(__m256i acc) { return hsum_epi32(acc); }
+  [[gnu::always_inline]] static void store_minus_one(__m256i codes, int8_t* out) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        _mm256_sub_epi8(codes, _mm256_set1_epi8(1)));
   }
+  static float fp16(const uint8_t* p) { return kquant::fp16_at(p); }
 };
+
+// A ternary type's kernels (TQ1_0, TQ2_0) from its code vectors (32 a
+// vector).
+template <int kBytes, int kDOffset, class Vectors>
+using TernaryKernels = TernaryVectorKernels<kBytes, kDOffset, Vectors, TernaryOps>;
 
 }  // namespace iq_x86
 }  // namespace
