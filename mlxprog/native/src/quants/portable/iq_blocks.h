@@ -103,11 +103,13 @@ inline void unpack_ternary_row(const uint8_t* src, void* dst, int64_t n, WriteCo
 }
 
 // A ternary type's vector kernels (an ISA's), from Vectors::visit(block,
-// each), which calls each(k, codes) for each vector of a block's codes (0
-// to 2) holding those of weights k on, and the ISA's Ops: zero() an integer
-// accumulator, dot(acc, codes, q8) acc plus codes . the q8 codes at q8,
-// total(acc) its sum, store_minus_one(codes, out) codes - 1 written at out,
-// fp16(p) the fp16 at p as float. The row dequantizer is the portable one.
+// each), which calls each(k, codes) for each vector of a block's codes
+// (0 to 2; TQ2_0's 2-bit field may hold 3 in a damaged file, read as the
+// portable kernels read it) holding those of weights k on, and the ISA's
+// Ops: zero() an integer accumulator, dot(acc, codes, q8) acc plus codes .
+// the q8 codes at q8, total(acc) its sum, store_minus_one(codes, out) codes
+// - 1 written at out, fp16(p) the fp16 at p as float. The row dequantizer is
+// the portable one.
 template <int kBytes, int kDOffset, class Vectors, class Ops>
 struct TernaryVectorKernels {
   // A row . a q8_K row (dot_ternary_row).
