@@ -88,13 +88,16 @@ def check_gemm(quants, table, name: str, w: np.ndarray, x: np.ndarray, k: int) -
 @pytest.mark.parametrize("table", TABLES, ids=str)
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows_x", [1, 4, 7])
-def test_int8_gemm_matches_float64_and_vec_dot(quants, table, name, rows_x):
+@pytest.mark.parametrize("rows_w", [5, 13])
+def test_int8_gemm_matches_float64_and_vec_dot(quants, table, name, rows_x, rows_w):
     """Random blocks (every bit pattern of the codes) and activations with
-    outliers; 1, 4 and 7 rows of x (the four-row tile and the rest)."""
+    outliers; 1, 4 and 7 rows of x (the four-row tile and the rest); 5 and
+    13 weight rows (the 32-element types' panels of eight: one partial, one
+    whole and one partial)."""
     t = ggml_types.BY_NAME[name]
-    rng = np.random.default_rng(100 * t.id + rows_x)
+    rng = np.random.default_rng(100 * t.id + rows_x + 1000 * rows_w)
     k = 3 * t.block if t.block == 256 else 576
-    w = random_rows(name, 5, k, rng)
+    w = random_rows(name, rows_w, k, rng)
     x = rng.standard_normal((rows_x, k)).astype(np.float32)
     x[:, rng.integers(0, k, k // 64)] *= 20
     check_gemm(quants, table, name, w, x, k)

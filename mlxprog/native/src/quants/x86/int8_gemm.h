@@ -122,28 +122,52 @@ struct Panel32 {
   std::vector<__m256> d, m;    // [block]: each row's d and m
 };
 
+// The 8 x 8 int32 transpose of v: lane r of out[k] is lane k of v[r].
+[[gnu::always_inline]] inline void transpose_8x8(const __m256i v[8], __m256i out[8]) {
+  __m256i pairs[8], quads[8];
+  for (int r = 0; r < 8; r += 2) {
+    pairs[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);      // r0 r1 r0 r1 (k 0, 1 | 4, 5)
+    pairs[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);  // (k 2, 3 | 6, 7)
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int q = 0; q < 2; ++q) {
+      quads[4 * q + 2 * h] = _mm256_unpacklo_epi64(pairs[4 * q + h], pairs[4 * q + 2 + h]);
+      quads[4 * q + 2 * h + 1] = _mm256_unpackhi_epi64(pairs[4 * q + h], pairs[4 * q + 2 + h]);
+    }
+  // quads[4q + j] holds rows 4q..4q+3 of k = j (low half) and k = j + 4 (high half).
+  for (int j = 0; j < 4; ++j) {
+    out[j] = _mm256_permute2x128_si256(quads[j], quads[4 + j], 0x20);
+    out[j + 4] = _mm256_permute2x128_si256(quads[j], quads[4 + j], 0x31);
+  }
+}
+
 // Rows [j0, j0 + rows) (rows <= 8) of unpacked weight rows w into `panel`
-// (missing rows are zero).
+// (missing rows are zero): each block's eight rows of codes transposed as
+// 8 x 8 groups of four bytes. The panel's vectors are sized once and
+// overwritten whole.
 inline void interleave(const Int8Block32* w, int64_t blocks, int64_t j0, int64_t rows,
                        bool signed_codes, Panel32& panel) {
-  panel.codes.assign(blocks * 8, _mm256_setzero_si256());
-  panel.mag.assign(signed_codes ? blocks * 8 : 0, _mm256_setzero_si256());
-  panel.d.assign(blocks, _mm256_setzero_ps());
-  panel.m.assign(blocks, _mm256_setzero_ps());
+  panel.codes.resize(blocks * 8);
+  panel.mag.resize(signed_codes ? blocks * 8 : 0);
+  panel.d.resize(blocks);
+  panel.m.resize(blocks);
   for (int64_t b = 0; b < blocks; ++b) {
-    alignas(32) int32_t lanes[8][8] = {};  // [k][row]
+    __m256i row_codes[8];
     alignas(32) float d[8] = {}, m[8] = {};
-    for (int64_t j = 0; j < rows; ++j) {
-      const Int8Block32& wb = w[(j0 + j) * blocks + b];
-      for (int k = 0; k < 8; ++k) std::memcpy(&lanes[k][j], wb.codes + 4 * k, 4);
-      d[j] = wb.d;
-      m[j] = wb.m;
+    for (int64_t j = 0; j < 8; ++j) {
+      if (j < rows) {
+        const Int8Block32& wb = w[(j0 + j) * blocks + b];
+        row_codes[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.codes));
+        d[j] = wb.d;
+        m[j] = wb.m;
+      } else {
+        row_codes[j] = _mm256_setzero_si256();
+      }
     }
-    for (int k = 0; k < 8; ++k) {
-      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes[k]));
-      panel.codes[b * 8 + k] = v;
-      if (signed_codes) panel.mag[b * 8 + k] = _mm256_abs_epi8(v);
-    }
+    __m256i* codes = &panel.codes[b * 8];
+    transpose_8x8(row_codes, codes);
+    if (signed_codes)
+      for (int k = 0; k < 8; ++k) panel.mag[b * 8 + k] = _mm256_abs_epi8(codes[k]);
     panel.d[b] = _mm256_load_ps(d);
     panel.m[b] = _mm256_load_ps(m);
   }
