@@ -14,10 +14,9 @@ namespace {
                                                           int ib) {
   uint32_t index[4];
   for (int l = 0; l < 4; ++l) index[l] = iq2_s_index(block, 4 * ib + l);
-  const uint32_t s = block[74 + ib];
   return iq_arm::signed_group(iq_arm::rows_of_8(grid, index), load_u32(block + 34 + 4 * ib),
-                              static_cast<int>(2 * (s & 15) + 1),
-                              static_cast<int>(2 * (s >> 4) + 1));
+                              nibble_scale(block + 74, 2 * ib),
+                              nibble_scale(block + 74, 2 * ib + 1));
 }
 
 // IQ2_S's dot product and int8 unpacker.

@@ -19,10 +19,9 @@ namespace {
     index[l] = code & 511;
     signs |= static_cast<uint32_t>(kEvenSigns.bits[code >> 9]) << (8 * l);
   }
-  const uint32_t s = block[66 + ib];
   return iq_arm::signed_group(iq_arm::rows_of_8(grid, index), signs,
-                              static_cast<int>(2 * (s & 15) + 1),
-                              static_cast<int>(2 * (s >> 4) + 1));
+                              nibble_scale(block + 66, 2 * ib),
+                              nibble_scale(block + 66, 2 * ib + 1));
 }
 
 // IQ2_XS's dot product and int8 unpacker.

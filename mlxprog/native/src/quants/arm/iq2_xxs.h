@@ -15,7 +15,7 @@ namespace {
   const uint8_t* indices = block + 2 + 8 * ib;
   const uint32_t meta = load_u32(indices + 4);
   const uint32_t index[4] = {indices[0], indices[1], indices[2], indices[3]};
-  const int scale = static_cast<int>(2 * (meta >> 28) + 1);
+  const int scale = xxs_scale(meta);
   return iq_arm::signed_group(iq_arm::rows_of_8(grid, index), even_signs_32(meta), scale, scale);
 }
 

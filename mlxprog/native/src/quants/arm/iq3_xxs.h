@@ -15,7 +15,7 @@ namespace {
   uint32_t index[8];
   for (int k = 0; k < 8; ++k) index[k] = block[2 + 8 * ib + k];
   const uint32_t meta = load_u32(block + 66 + 4 * ib);
-  const int scale = static_cast<int>(2 * (meta >> 28) + 1);
+  const int scale = xxs_scale(meta);
   return iq_arm::signed_group(iq_arm::rows_of_4(grid, index), even_signs_32(meta), scale, scale);
 }
 

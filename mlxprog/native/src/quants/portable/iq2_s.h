@@ -55,7 +55,7 @@ void int8_unpack_row_iq2_s(const uint8_t* src, void* dst, int64_t n) {
     int8_t* codes = out[i].codes;
     int scales[16];
     for (int half = 0; half < 16; ++half) {
-      scales[half] = 2 * ((src[74 + half / 2] >> (4 * (half % 2))) & 15) + 1;
+      scales[half] = nibble_scale(src + 74, half);
       for (int k = 2 * half; k < 2 * half + 2; ++k, codes += 8)
         write_signed_codes(grid + 8 * iq2_s_index(src, k), src[34 + k], codes, 8);
     }

@@ -60,7 +60,7 @@ void int8_unpack_row_iq2_xs(const uint8_t* src, void* dst, int64_t n) {
     int8_t* codes = out[i].codes;
     int scales[16];
     for (int half = 0; half < 16; ++half) {
-      scales[half] = 2 * ((src[66 + half / 2] >> (4 * (half % 2))) & 15) + 1;
+      scales[half] = nibble_scale(src + 66, half);
       for (int k = 2 * half; k < 2 * half + 2; ++k, codes += 8) {
         const uint32_t code = load_u16(src + 2 + 2 * k);
         write_signed_codes(grid + 8 * (code & 511), even_signs(code >> 9), codes, 8);

@@ -40,7 +40,7 @@ float vec_dot_iq2_xxs(int64_t n, const uint8_t* w, const void* xv) {
       int32_t sub_sum = 0;
       for (int l = 0; l < 4; ++l, q += 8)
         sub_sum += signed_grid_dot(grid + 8 * indices[l], even_signs((meta >> (7 * l)) & 127), q, 8);
-      block_sum += sub_sum * static_cast<int32_t>(2 * (meta >> 28) + 1);
+      block_sum += sub_sum * xxs_scale(meta);
     }
     sum += load_fp16(w) * x[i].d * static_cast<float>(block_sum);
   }
@@ -58,7 +58,7 @@ void int8_unpack_row_iq2_xxs(const uint8_t* src, void* dst, int64_t n) {
     for (int ib = 0; ib < 8; ++ib) {
       const uint8_t* indices = src + 2 + 8 * ib;
       const uint32_t meta = load_u32(indices + 4);
-      scales[ib] = static_cast<int>(2 * (meta >> 28) + 1);
+      scales[ib] = xxs_scale(meta);
       for (int l = 0; l < 4; ++l, codes += 8)
         write_signed_codes(grid + 8 * indices[l], even_signs((meta >> (7 * l)) & 127), codes, 8);
     }

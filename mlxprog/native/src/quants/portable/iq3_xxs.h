@@ -46,7 +46,7 @@ float vec_dot_iq3_xxs(int64_t n, const uint8_t* w, const void* xv) {
         sub_sum += signed_grid_dot(grid + 4 * indices[0], signs, q, 4) +
                    signed_grid_dot(grid + 4 * indices[1], signs >> 4, q + 4, 4);
       }
-      block_sum += sub_sum * static_cast<int32_t>(2 * (meta >> 28) + 1);
+      block_sum += sub_sum * xxs_scale(meta);
     }
     sum += load_fp16(w) * x[i].d * static_cast<float>(block_sum);
   }
@@ -64,7 +64,7 @@ void int8_unpack_row_iq3_xxs(const uint8_t* src, void* dst, int64_t n) {
     int scales[8];
     for (int ib = 0; ib < 8; ++ib) {
       const uint32_t meta = load_u32(src + 66 + 4 * ib);
-      scales[ib] = static_cast<int>(2 * (meta >> 28) + 1);
+      scales[ib] = xxs_scale(meta);
       for (int l = 0; l < 4; ++l, codes += 8, indices += 2) {
         const uint32_t signs = even_signs((meta >> (7 * l)) & 127);
         write_signed_codes(grid + 4 * indices[0], signs, codes, 4);

@@ -36,10 +36,19 @@ inline uint32_t iq3_s_index(const uint8_t* block, int k) {
   return block[2 + k] | (high << 8);
 }
 
-// IQ3_S: the scale of the block's ib-th 32 weights, as the odd factor 1 + 2s.
-inline int32_t iq3_s_scale(const uint8_t* block, int ib) {
-  return 1 + 2 * ((block[106 + ib / 2] >> (4 * (ib % 2))) & 15);
+// The h-th of the 4-bit scales packed two a byte (low nibble first) at
+// `scales`, as the odd factor 2s + 1 (IQ2_XS's and IQ2_S's per 16 weights,
+// IQ3_S's per 32).
+inline int32_t nibble_scale(const uint8_t* scales, int h) {
+  return 2 * ((scales[h / 2] >> (4 * (h % 2))) & 15) + 1;
 }
+
+// IQ2_XXS, IQ3_XXS: the scale of 32 weights, the top 4 bits of the uint32
+// that holds their sign indices, as the odd factor 2s + 1.
+inline int32_t xxs_scale(uint32_t meta) { return static_cast<int32_t>(2 * (meta >> 28) + 1); }
+
+// IQ3_S: the scale of the block's ib-th 32 weights, as the odd factor 2s + 1.
+inline int32_t iq3_s_scale(const uint8_t* block, int ib) { return nibble_scale(block + 106, ib); }
 
 // IQ1_S: the iq1s_grid row of group l (8 weights) of the 32 weights whose
 // low index bytes are `low` and whose uint16 is `high`.

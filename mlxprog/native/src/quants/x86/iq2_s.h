@@ -17,9 +17,8 @@ namespace {
   using namespace iq_x86;
   const __m128i indices =
       _mm_or_si128(bytes_4(block + 2 + 4 * ib), high_bits_4(block[66 + ib], 2, 3));
-  const uint32_t s = block[74 + ib];
   return {rows_of_8(grid, indices), sign_bytes(load_u32(block + 34 + 4 * ib)),
-          static_cast<int>(2 * (s & 15) + 1), static_cast<int>(2 * (s >> 4) + 1)};
+          nibble_scale(block + 74, 2 * ib), nibble_scale(block + 74, 2 * ib + 1)};
 }
 
 // IQ2_S's dot product and int8 unpacker.

@@ -22,9 +22,8 @@ namespace {
   const __m128i indices = _mm_and_si128(
       _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))),
       _mm_set1_epi32(511));
-  const uint32_t s = block[66 + ib];
-  return {rows_of_8(grid, indices), sign_bytes(signs), static_cast<int>(2 * (s & 15) + 1),
-          static_cast<int>(2 * (s >> 4) + 1)};
+  return {rows_of_8(grid, indices), sign_bytes(signs), nibble_scale(block + 66, 2 * ib),
+          nibble_scale(block + 66, 2 * ib + 1)};
 }
 
 // IQ2_XS's dot product and int8 unpacker.

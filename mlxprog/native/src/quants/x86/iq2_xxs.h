@@ -17,7 +17,7 @@ namespace {
   using namespace iq_x86;
   const uint8_t* indices = block + 2 + 8 * ib;
   const uint32_t meta = load_u32(indices + 4);
-  const int scale = static_cast<int>(2 * (meta >> 28) + 1);
+  const int scale = xxs_scale(meta);
   return {rows_of_8(grid, bytes_4(indices)), sign_bytes(even_signs_32(meta)), scale, scale};
 }
 

@@ -16,7 +16,7 @@ namespace {
                                                            const uint8_t* block, int ib) {
   using namespace iq_x86;
   const uint32_t meta = load_u32(block + 66 + 4 * ib);
-  const int scale = static_cast<int>(2 * (meta >> 28) + 1);
+  const int scale = xxs_scale(meta);
   return {rows_of_4(grid, bytes_8(block + 2 + 8 * ib)), sign_bytes(even_signs_32(meta)), scale,
           scale};
 }
