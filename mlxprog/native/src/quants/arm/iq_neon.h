@@ -1,8 +1,9 @@
 // arm helpers the IQ grid and ternary types' kernels share (NEON with the
 // dot-product extension): grid rows loaded into vectors, sign bits spread
-// to byte masks, and the rows of blocks walked once per type's decoder of
-// 32 weights (Group32) or of its codes (the ternary types) for the dot
-// product with q8_K codes (sdot) and for the int8 unpacker. Each block's
+// to byte masks, each type's 32 weights decoded into Group32, and the NEON
+// operations (GridOps, TernaryOps, sdot) with which portable/iq_blocks.h's
+// GridVectorKernels and TernaryVectorKernels walk the rows for the dot
+// product with q8_K codes and for the int8 unpacker. Each block's
 // integer sum is the portable kernel's (exact), so the dot products equal
 // the portable ones but for the float products' contraction, and the
 // unpacked bytes are the portable unpacker's.
@@ -82,49 +83,32 @@ struct Rows {
   return kquant::fp16_value(block);
 }
 
-// One grid type's kernels: Group(grid, block, ib) decodes a block's 32
-// weights ib (grid: codebook Book), D(block) is its d, and its dot product
-// is the integer sums' times d / Divisor (the scales' factor: 1/8, 1/4, 1).
-template <Codebook Book, int BlockBytes, Group32 (*Group)(const uint8_t*, const uint8_t*, int),
-          float (*D)(const uint8_t*), int Divisor>
-struct GridKernels {
-  // A row . a q8_K row: per block the integer sum of codes . q8 weighted
-  // by the 16s' scales, times d(block) * x.d.
-  static float vec_dot(int64_t n, const uint8_t* w, const void* xv) {
-    const uint8_t* grid = grid_bytes(Book);
-    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / kSuperBlock; ++i, w += BlockBytes) {
-      int32x4_t dot = vdupq_n_s32(0);
+// The NEON operations of the grid types' GridVectorKernels: per 16
+// weights one sdot of the signed codes with the q8 codes, multiplied by
+// the 16's scale into the block's accumulator.
+struct GridOps {
+  template <class Group>
+  [[gnu::always_inline]] static int32_t block_dot(Group group, const int8_t* q8) {
+    int32x4_t dot = vdupq_n_s32(0);
 #pragma GCC unroll 8
-      for (int ib = 0; ib < 8; ++ib) {
-        const Group32 g = Group(grid, w, ib);
-        const int8_t* q = x[i].qs + 32 * ib;
-        dot = vmlaq_n_s32(dot, kquant::dot_16(vdupq_n_s32(0), g.codes[0], q), g.low_scale);
-        dot = vmlaq_n_s32(dot, kquant::dot_16(vdupq_n_s32(0), g.codes[1], q + 16), g.high_scale);
-      }
-      sum += D(w) * x[i].d * static_cast<float>(vaddvq_s32(dot));
+    for (int ib = 0; ib < 8; ++ib) {
+      const Group32 g = group(ib);
+      const int8_t* q = q8 + 32 * ib;
+      dot = vmlaq_n_s32(dot, kquant::dot_16(vdupq_n_s32(0), g.codes[0], q), g.low_scale);
+      dot = vmlaq_n_s32(dot, kquant::dot_16(vdupq_n_s32(0), g.codes[1], q + 16), g.high_scale);
     }
-    return (1.0f / Divisor) * sum;
+    return vaddvq_s32(dot);
   }
-  // A row in the int8 GEMM's form, the portable unpacker's bytes: the
-  // signed codes, the 16s' scales, d(block) / Divisor.
-  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
-    const uint8_t* grid = grid_bytes(Book);
-    Int8BlockK* out = static_cast<Int8BlockK*>(dst);
-    for (int64_t i = 0; i < n / kSuperBlock; ++i, src += BlockBytes) {
-      int scales[16];
-      for (int ib = 0; ib < 8; ++ib) {
-        const Group32 g = Group(grid, src, ib);
-        vst1q_s8(out[i].codes + 32 * ib, g.codes[0]);
-        vst1q_s8(out[i].codes + 32 * ib + 16, g.codes[1]);
-        scales[2 * ib] = g.low_scale;
-        scales[2 * ib + 1] = g.high_scale;
-      }
-      set_iq_int8_groups(scales, 16, (1.0f / Divisor) * D(src), out[i]);
-    }
+  [[gnu::always_inline]] static void store_codes(const Group32& g, int8_t* out) {
+    vst1q_s8(out, g.codes[0]);
+    vst1q_s8(out + 16, g.codes[1]);
   }
 };
+
+// One grid type's kernels (see GridVectorKernels).
+template <Codebook Book, int BlockBytes, Group32 (*Group)(const uint8_t*, const uint8_t*, int),
+          float (*D)(const uint8_t*), int Divisor>
+using GridKernels = GridVectorKernels<Book, BlockBytes, Group32, Group, D, Divisor, GridOps>;
 
 // The NEON operations of the ternary types' TernaryVectorKernels (16 codes
 // a vector).

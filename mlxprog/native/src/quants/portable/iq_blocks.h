@@ -111,6 +111,48 @@ inline void unpack_ternary_row(const uint8_t* src, void* dst, int64_t n, WriteCo
   }
 }
 
+// A grid type's vector kernels (an ISA's): Group(grid, block, ib) decodes
+// a block's 32 weights ib into the ISA's Group32T (its codes in the ISA's
+// form and the odd scales low_scale and high_scale of its two 16s; grid:
+// codebook Book), D(block) is the block's d, and the integer sums are
+// taken times d / Divisor (the scales' factor: 1/8, 1/4, 1). The ISA's
+// Ops: block_dot(group, q8) a block's integer sum of its eight groups
+// (group(ib) each) with the q8 codes, each 16 weighted by its scale;
+// store_codes(g, out) g's 32 signed codes written at out. The row
+// dequantizer is the portable one.
+template <Codebook Book, int BlockBytes, class Group32T,
+          Group32T (*Group)(const uint8_t*, const uint8_t*, int), float (*D)(const uint8_t*),
+          int Divisor, class Ops>
+struct GridVectorKernels {
+  // A row . a q8_K row: per block its integer sum times d(block) * x.d.
+  static float vec_dot(int64_t n, const uint8_t* w, const void* xv) {
+    const uint8_t* grid = grid_bytes(Book);
+    const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / kSuperBlock; ++i, w += BlockBytes) {
+      auto group = [grid, w](int ib) { return Group(grid, w, ib); };
+      sum += D(w) * x[i].d * static_cast<float>(Ops::block_dot(group, x[i].qs));
+    }
+    return (1.0f / Divisor) * sum;
+  }
+  // A row in the int8 GEMM's form, the portable unpacker's bytes: the
+  // signed codes, the 16s' scales, d(block) / Divisor.
+  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
+    const uint8_t* grid = grid_bytes(Book);
+    Int8BlockK* out = static_cast<Int8BlockK*>(dst);
+    for (int64_t i = 0; i < n / kSuperBlock; ++i, src += BlockBytes) {
+      int scales[16];
+      for (int ib = 0; ib < 8; ++ib) {
+        const Group32T g = Group(grid, src, ib);
+        Ops::store_codes(g, out[i].codes + 32 * ib);
+        scales[2 * ib] = g.low_scale;
+        scales[2 * ib + 1] = g.high_scale;
+      }
+      set_iq_int8_groups(scales, 16, (1.0f / Divisor) * D(src), out[i]);
+    }
+  }
+};
+
 // A ternary type's vector kernels (an ISA's), from Vectors::visit(block,
 // each), which calls each(k, codes) for each vector of a block's codes
 // (0 to 2; TQ2_0's 2-bit field may hold 3 in a damaged file, read as the

@@ -1,9 +1,11 @@
 // x86 helpers the IQ grid types' kernels share (AVX2): grid rows loaded
-// into vectors, sign bits spread to bytes, and the rows of blocks walked
-// once per type's decoder of 32 weights (Group32) for the dot product with
-// q8 codes and for the int8 unpacker. Each block's integer sum is the
-// portable kernel's (exact), so the dot products equal the portable ones
-// but for the float products' contraction.
+// into vectors, sign bits spread to bytes, each type's 32 weights decoded
+// into Group32, and the AVX2 operations (GridOps, TernaryOps) with which
+// portable/iq_blocks.h's GridVectorKernels and TernaryVectorKernels walk
+// the rows for the dot product with q8 codes and for the int8 unpacker.
+// Each block's integer sum is the portable kernel's (exact), so the dot
+// products equal the portable ones but for the float products'
+// contraction.
 #pragma once
 
 #include "../portable/iq_blocks.h"
@@ -81,48 +83,6 @@ struct Group32 {
   int low_scale, high_scale;
 };
 
-// A row of blocks (BlockBytes each) . a q8_K row: group(block, ib) decodes
-// a block's 32 weights ib; per block the integer sum of magnitudes * (q8
-// with the signs) * scale, times the block's d(block) * x.d; the sum times
-// `factor`. The portable kernels' integer sums and float products.
-template <int BlockBytes, class Group, class D>
-float row_dot(int64_t n, const uint8_t* w, const void* xv, Group group, D d, float factor) {
-  const BlockQ8_K* x = static_cast<const BlockQ8_K*>(xv);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, w += BlockBytes) {
-    __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-#pragma GCC unroll 8
-    for (int ib = 0; ib < 8; ++ib) {
-      const Group32 g = group(w, ib);
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * ib));
-      const __m256i pairs = _mm256_maddubs_epi16(g.magnitudes, _mm256_sign_epi8(q, g.signs));
-      const __m256i scaled = _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale));
-      dot[ib % 2] = _mm256_add_epi32(dot[ib % 2], scaled);
-    }
-    sum += d(w) * x[i].d * static_cast<float>(hsum_epi32(_mm256_add_epi32(dot[0], dot[1])));
-  }
-  return factor * sum;
-}
-
-// The same row in the int8 GEMM's form, the portable unpacker's bytes:
-// signed codes by a vector store per 32, the groups' scales, d = factor *
-// d(block).
-template <int BlockBytes, class Group, class D>
-void unpack_row(const uint8_t* src, void* dst, int64_t n, Group group, D d, float factor) {
-  Int8BlockK* out = static_cast<Int8BlockK*>(dst);
-  for (int64_t i = 0; i < n / kSuperBlock; ++i, src += BlockBytes) {
-    int scales[16];
-    for (int ib = 0; ib < 8; ++ib) {
-      const Group32 g = group(src, ib);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].codes + 32 * ib),
-                          _mm256_sign_epi8(g.magnitudes, g.signs));
-      scales[2 * ib] = g.low_scale;
-      scales[2 * ib + 1] = g.high_scale;
-    }
-    set_iq_int8_groups(scales, 16, factor * d(src), out[i]);
-  }
-}
-
 // The fp16 d at the start of a block (every grid type but IQ1_M).
 [[gnu::always_inline]] inline float leading_d(const uint8_t* block) {
   return kquant::fp16_at(block);
@@ -136,25 +96,33 @@ void unpack_row(const uint8_t* src, void* dst, int64_t n, Group group, D d, floa
   return {_mm256_sign_epi8(codes, codes), codes, low_scale, high_scale};
 }
 
-// One grid type's kernels: Group(grid, block, ib) decodes a block's 32
-// weights ib (grid: codebook Book), D(block) is its d, and its dot product
-// is the integer sums' times d / Divisor (the scales' factor: 1/8, 1/4, 1).
-template <Codebook Book, int BlockBytes, Group32 (*Group)(const uint8_t*, const uint8_t*, int),
-          float (*D)(const uint8_t*), int Divisor>
-struct GridKernels {
-  // A row . a q8_K row.
-  static float vec_dot(int64_t n, const uint8_t* w, const void* x) {
-    const uint8_t* grid = grid_bytes(Book);
-    auto group = [grid](const uint8_t* block, int ib) { return Group(grid, block, ib); };
-    return row_dot<BlockBytes>(n, w, x, group, D, 1.0f / Divisor);
+// The AVX2 operations of the grid types' GridVectorKernels: per 32
+// weights one byte multiply-add of the magnitudes with the q8 codes
+// carrying the signs, one int16 multiply-add with the scales; two integer
+// accumulators a block.
+struct GridOps {
+  template <class Group>
+  [[gnu::always_inline]] static int32_t block_dot(Group group, const int8_t* q8) {
+    __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int ib = 0; ib < 8; ++ib) {
+      const Group32 g = group(ib);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * ib));
+      const __m256i pairs = _mm256_maddubs_epi16(g.magnitudes, _mm256_sign_epi8(q, g.signs));
+      const __m256i scaled = _mm256_madd_epi16(pairs, scales_16(g.low_scale, g.high_scale));
+      dot[ib % 2] = _mm256_add_epi32(dot[ib % 2], scaled);
+    }
+    return hsum_epi32(_mm256_add_epi32(dot[0], dot[1]));
   }
-  // A row in the int8 GEMM's form (the portable unpacker's bytes).
-  static void unpack_row(const uint8_t* src, void* dst, int64_t n) {
-    const uint8_t* grid = grid_bytes(Book);
-    auto group = [grid](const uint8_t* block, int ib) { return Group(grid, block, ib); };
-    iq_x86::unpack_row<BlockBytes>(src, dst, n, group, D, 1.0f / Divisor);
+  [[gnu::always_inline]] static void store_codes(const Group32& g, int8_t* out) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_sign_epi8(g.magnitudes, g.signs));
   }
 };
+
+// One grid type's kernels (see GridVectorKernels).
+template <Codebook Book, int BlockBytes, Group32 (*Group)(const uint8_t*, const uint8_t*, int),
+          float (*D)(const uint8_t*), int Divisor>
+using GridKernels = GridVectorKernels<Book, BlockBytes, Group32, Group, D, Divisor, GridOps>;
 
 // The AVX2 operations of the ternary types' TernaryVectorKernels (32 codes
 // a vector).
